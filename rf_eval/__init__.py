@@ -1,0 +1,16 @@
+"""rf-eval: evaluate approximate prefill (RidgeFill, RaReCache) under lm-eval."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["RidgeFill", "__version__"]
+
+
+def __getattr__(name: str):
+    # Lazy: `import rf_eval` must stay cheap (the lm-eval startup hook imports it).
+    if name == "RidgeFill":
+        from rf_eval.api import RidgeFill
+
+        return RidgeFill
+    raise AttributeError(f"module 'rf_eval' has no attribute {name!r}")

@@ -1,0 +1,58 @@
+"""`rf-eval` command line: one subcommand per module in `rf_eval.commands`.
+
+Subcommands are imported only when chosen, so `rf-eval --help` stays fast.
+Each command module defines `add_arguments(parser)` and `run(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Add a command by adding a module and a line.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "tiny-model": ("rf_eval.commands.tiny_model", "write a tiny random model + local tokenizer"),
+    "fit": ("rf_eval.commands.fit", "capture a model's hidden states and fit RidgeFill maps"),
+    "check-equivalence": (
+        "rf_eval.commands.check_equivalence",
+        "check that the engine with the fill off is bitwise equal to the plain model",
+    ),
+}
+
+
+def _usage() -> str:
+    width = max(len(n) for n in COMMANDS)
+    lines = ["usage: rf-eval COMMAND [options]", "", "commands:"]
+    lines += [f"  {name.ljust(width)}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "`rf-eval COMMAND --help` describes one command."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"rf-eval: unknown command {name!r}; valid commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module_name, help_ = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"rf-eval {name}", description=help_)
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    try:
+        return int(module.run(args) or 0)
+    except UserError as err:  # bad input: a clear message, no traceback
+        print(f"rf-eval {name}: error: {err}", file=sys.stderr)
+        return 2
+
+
+class UserError(ValueError):
+    """Bad input from the user (a value, a path, a file): reported without a traceback."""
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per `rf-eval` subcommand (see rf_eval.cli.COMMANDS)."""

@@ -1,0 +1,45 @@
+"""Shared fixtures: tiny random models of each family, built once per session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+FAMILIES = ("llama", "qwen3", "qwen3_5", "qwen3_next")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """`tiny_model_dir(family)` -> path of a tiny model folder (built once per family)."""
+    from rf_eval.testing import make_tiny_model
+
+    built: dict[str, str] = {}
+
+    def get(family: str) -> str:
+        if family not in built:
+            built[family] = str(make_tiny_model(family, tmp_path_factory.mktemp(f"tiny_{family}")))
+        return built[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_dir):
+    """`tiny_model(family)` -> (model, tokenizer), fp32, eval mode, loaded once per family."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    loaded: dict = {}
+
+    def get(family: str):
+        if family not in loaded:
+            path = tiny_model_dir(family)
+            model = AutoModelForCausalLM.from_pretrained(path).eval()
+            loaded[family] = (model, AutoTokenizer.from_pretrained(path))
+        return loaded[family]
+
+    return get
