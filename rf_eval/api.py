@@ -1,0 +1,153 @@
+"""Public Python API: `RidgeFill.from_pretrained(...)`, `.prefill`, `.extend`, `.generate`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rf_eval import engine
+from rf_eval.engine import FILL_SOURCES, Plan, PrefillResult
+from rf_eval.maps import RidgeMaps, identity_fill, load_maps
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    """A torch dtype from a name; `auto`/None picks bf16 on CUDA and fp32 on CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: auto, {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class RidgeFill:
+    """A causal LM whose prompt prefill runs through the partial-prefill engine.
+
+    `fill`: exact | nofill | identity | ridge. `split` defaults to the maps' split
+    (or L/2 without maps); `tail` is the count of last prompt rows kept exact.
+    `selector`, when given, is a callable `(PrefillContext) -> LongTensor of prefix rows`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any = None,
+        *,
+        maps: RidgeMaps | str | Path | None = None,
+        split: int | None = None,
+        tail: int = 1024,
+        fill: str = "exact",
+        chunk_size: int | None = None,
+        selector=None,
+    ):
+        if fill not in FILL_SOURCES:
+            raise ValueError(f"unknown fill {fill!r}; valid fills: {', '.join(FILL_SOURCES)}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        n_layers = engine.num_layers(model)
+        if maps is not None and not isinstance(maps, RidgeMaps):
+            maps = load_maps(maps, split)
+        if maps is not None:
+            maps.check_model(model.config)
+            if split is not None and split != maps.split:
+                raise ValueError(f"split {split} does not match the maps' split {maps.split}")
+            split = maps.split
+        if fill == "ridge" and maps is None:
+            raise ValueError("fill='ridge' needs maps= (a folder or file written by `rf-eval fit`)")
+        if split is None:
+            split = n_layers // 2
+        if not 1 <= split <= n_layers - 1:
+            raise ValueError(f"split {split} is outside 1..{n_layers - 1} for this {n_layers}-layer model")
+        self.maps = maps
+        self.plan = Plan(split=split, tail=tail, fill=fill, chunk_size=chunk_size)
+        self.selector = selector
+        param = next(model.parameters())
+        if fill == "ridge":
+            self._fill = maps.fill_fn(param.dtype, param.device)
+        elif fill == "identity":
+            self._fill = identity_fill
+        else:
+            self._fill = None
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained: str | Path,
+        *,
+        maps: RidgeMaps | str | Path | None = None,
+        split: int | None = None,
+        tail: int = 1024,
+        fill: str = "exact",
+        device: str | None = None,
+        dtype: str | torch.dtype | None = None,
+        trust_remote_code: bool = False,
+        **options: Any,
+    ) -> RidgeFill:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        device = device or default_device()
+        torch_dtype = parse_dtype(dtype, device)
+        model = AutoModelForCausalLM.from_pretrained(
+            pretrained, dtype=torch_dtype, trust_remote_code=trust_remote_code
+        ).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(pretrained, trust_remote_code=trust_remote_code)
+        return cls(model, tokenizer, maps=maps, split=split, tail=tail, fill=fill, **options)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def prefill(self, input_ids: torch.Tensor, plan: Plan | None = None) -> PrefillResult:
+        """Prefill a 1 x N prompt; `.cache` is the model's own cache, `.logits` the last row's."""
+        return engine.prefill(
+            self.model, input_ids.to(self.device), plan or self.plan, fill=self._fill, select=self.selector
+        )
+
+    def extend(self, result: PrefillResult, tokens: torch.Tensor) -> torch.Tensor:
+        """Run the stock model over `tokens` (1 x k) after the prompt; returns their logits (1, k, V).
+
+        Continuation tokens are never filled: they read the prompt's cache like
+        decoding steps. Caches whose late layers hold fewer rows (nofill) are
+        extended one token at a time, since the stock mask assumes equal lengths.
+        """
+        return engine.extend(self.model, result, tokens.to(self.device))
+
+    def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        """`model.generate` over an engine-prefilled cache; kwargs are generate's own."""
+        input_ids = input_ids.to(self.device)
+        n = input_ids.shape[1]
+        if n < 2:
+            return self.model.generate(input_ids, **kwargs)
+        # The engine prefills all but the last prompt row (with the tail shortened by one,
+        # so every row keeps its class); generate then runs that row exactly, as a tail row.
+        plan = self.plan
+        shorter = Plan(plan.split, max(plan.tail - 1, 1), plan.fill, plan.exact_rows, plan.chunk_size)
+        result = self.prefill(input_ids[:, :-1], shorter)
+        return self.model.generate(input_ids, cache=result.cache, **kwargs)
+
+    def provenance(self) -> dict[str, Any]:
+        """What ran: the arm and the maps' identity, for results files."""
+        info: dict[str, Any] = {
+            "fill": self.plan.fill,
+            "split": self.plan.split,
+            "tail": self.plan.tail,
+            "chunk_size": self.plan.chunk_size,
+            "selector": getattr(self.selector, "describe", lambda: None)() if self.selector else None,
+            "model_type": self.model.config.model_type,
+            "model_name": getattr(self.model.config, "_name_or_path", ""),
+        }
+        if self.maps is not None:
+            info["maps_sha256"] = self.maps.sha256()
+            info["maps_metadata"] = {k: v for k, v in self.maps.metadata.items() if k != "file_sha256"}
+        return info

@@ -1,0 +1,31 @@
+"""Model families, chosen by the HF config's `model_type`."""
+
+from __future__ import annotations
+
+import importlib
+
+from rf_eval.families.base import Family
+
+# model_type -> "module:Class"; modules import lazily (each pulls in a transformers model file).
+FAMILY_MODULES: dict[str, str] = {
+    "llama": "rf_eval.families.llama:Llama",
+    "qwen3": "rf_eval.families.qwen3:Qwen3",
+    "qwen3_5_text": "rf_eval.families.qwen3_5:Qwen3_5",
+    "qwen3_5": "rf_eval.families.qwen3_5:Qwen3_5",
+    "qwen3_next": "rf_eval.families.qwen3_next:Qwen3Next",
+}
+
+
+def family_for(config) -> Family:
+    """The family object for a model config; a clear error for unsupported types."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FAMILY_MODULES:
+        raise ValueError(
+            f"model_type {model_type!r} has no rf-eval family; supported: {', '.join(sorted(FAMILY_MODULES))}. "
+            "Add one module under rf_eval/families/ (see README, 'Adding a model family')."
+        )
+    module, cls = FAMILY_MODULES[model_type].split(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+__all__ = ["FAMILY_MODULES", "Family", "family_for"]

@@ -1,0 +1,84 @@
+"""What the engine needs to know about one architecture's layers.
+
+A *family* computes, for a decoder layer of its architecture and a set of
+rows, the pieces the partial-prefill engine runs separately: keys/values
+from a (normed) layer input, queries (and an output gate where the family
+has one), the attention output projection, and the MLP. Everything else
+(embedding, masks, RoPE tables, final norm) stays inside the `transformers`
+model, and every weight and function used here is the module's own.
+
+A new architecture is one module that subclasses `Family`, sets
+`model_types`, and is listed in `rf_eval.families.FAMILY_MODULES`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+
+class Family:
+    """Layer internals of one architecture (default: Llama-style attention)."""
+
+    model_types: ClassVar[tuple[str, ...]] = ()
+    #: function `(q, k, cos, sin) -> (q_rot, k_rot)` from the model's modeling module
+    apply_rope: ClassVar = None
+
+    # -- layer kinds -------------------------------------------------------------
+    @staticmethod
+    def is_recurrent(layer: nn.Module) -> bool:
+        """True for Gated DeltaNet (linear-attention) layers."""
+        return hasattr(layer, "linear_attn")
+
+    # -- attention pieces ---------------------------------------------------------
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """RoPE on one tensor (B, heads, n, D) with the model's own rotation function."""
+        return type(self).apply_rope(x, x, cos, sin)[1]
+
+    def project_kv(self, attn: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys before RoPE and values, (B, kv_heads, n, D), from normed input h (B, n, d)."""
+        shape = (*h.shape[:-1], -1, attn.head_dim)
+        k = attn.k_proj(h).view(shape)
+        if hasattr(attn, "k_norm"):
+            k = attn.k_norm(k)
+        v = attn.v_proj(h).view(shape)
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def kv(self, attn: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Keys (rotated at their positions) and values as the layer writes them to its cache."""
+        k, v = self.project_kv(attn, h)
+        return self.rotate(k, cos, sin), v
+
+    def query(self, attn: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Rotated queries (B, heads, n, D) and the output gate (None without one)."""
+        shape = (*h.shape[:-1], -1, attn.head_dim)
+        q = attn.q_proj(h).view(shape)
+        if hasattr(attn, "q_norm"):
+            q = attn.q_norm(q)
+        return self.rotate(q.transpose(1, 2), cos, sin), None
+
+    def attention_output(self, attn: nn.Module, context: torch.Tensor, gate: torch.Tensor | None):
+        """o_proj of the attention context (B, n, heads*D), gated where the family gates."""
+        if gate is not None:
+            context = context * torch.sigmoid(gate)
+        return attn.o_proj(context)
+
+    # -- the rest of the block ------------------------------------------------------
+    def mlp(self, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        """The block's second half: h + MLP(post_attention_layernorm(h))."""
+        out = layer.mlp(layer.post_attention_layernorm(h))
+        if isinstance(out, tuple):  # MoE blocks may also return router logits
+            out = out[0]
+        return h + out
+
+
+class GatedAttentionFamily(Family):
+    """Qwen3.5 / Qwen3-Next attention: q_proj yields query and a sigmoid output gate."""
+
+    def query(self, attn: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        lead = h.shape[:-1]
+        q, gate = torch.chunk(attn.q_proj(h).view(*lead, -1, attn.head_dim * 2), 2, dim=-1)
+        q = attn.q_norm(q).transpose(1, 2)
+        return self.rotate(q, cos, sin), gate.reshape(*lead, -1)

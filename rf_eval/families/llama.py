@@ -1,0 +1,10 @@
+"""Llama: plain multi-head / grouped-query attention, no QK-norm."""
+
+from transformers.models.llama import modeling_llama
+
+from rf_eval.families.base import Family
+
+
+class Llama(Family):
+    model_types = ("llama",)
+    apply_rope = staticmethod(modeling_llama.apply_rotary_pos_emb)

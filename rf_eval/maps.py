@@ -1,0 +1,188 @@
+"""RidgeFill map files: one safetensors file per split.
+
+Tensors `A.{l}` (d_out x d_in) and `b.{l}` (d_out) for every late layer l
+(the split's own layer included), with string metadata: the model config's
+hash, split, lambda, calibration row count and the sha256 of the calibration
+inputs. The paper's release format, `A.{l}` stored as int8 with one scale
+per 128 weights of each row (`A.{l}.scales`, d_out x ceil(d_in/128)), is
+dequantized on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+FORMAT = "rf-eval-ridgefill-maps/1"
+INT8_GROUP = 128
+
+# Config fields that fix the shapes and meaning of hidden states.
+_HASHED_FIELDS = (
+    "model_type",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "layer_types",
+    "rope_theta",
+    "rope_parameters",
+)
+
+
+class MapError(ValueError):
+    """A map file that is missing, corrupt, or made for another model or split."""
+
+
+def config_hash(config) -> str:
+    """sha256 of the config fields that fix what a hidden state means."""
+    cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    picked = {k: cfg.get(k) for k in _HASHED_FIELDS if k in cfg}
+    return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def map_filename(split: int) -> str:
+    return f"ridgefill_split{split}.safetensors"
+
+
+@dataclass
+class RidgeMaps:
+    """Fitted maps for one split: x̂_l = A[l] @ x_S + b[l] for l in A."""
+
+    split: int
+    A: dict[int, torch.Tensor]
+    b: dict[int, torch.Tensor]
+    metadata: dict[str, str]
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(self.A)
+
+    def sha256(self) -> str:
+        return self.metadata.get("file_sha256", "")
+
+    def save(self, out_dir: str | Path) -> Path:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        tensors = {}
+        for layer in self.layers:
+            tensors[f"A.{layer}"] = self.A[layer].float().contiguous()
+            tensors[f"b.{layer}"] = self.b[layer].float().contiguous()
+        meta = {k: str(v) for k, v in self.metadata.items() if k != "file_sha256"}
+        meta.update(format=FORMAT, split=str(self.split))
+        path = out / map_filename(self.split)
+        tmp = path.with_suffix(".tmp")
+        save_file(tensors, str(tmp), metadata=meta)
+        tmp.replace(path)  # atomic: a crash never leaves a half-written map file
+        return path
+
+    def check_model(self, config) -> None:
+        """Refuse maps fitted for another model (by config hash) or with the wrong layer set."""
+        want = self.metadata.get("config_hash")
+        have = config_hash(config)
+        if want != have:
+            raise MapError(
+                f"maps were fitted for another model (config hash {str(want)[:12]}..., "
+                f"this model {have[:12]}...)"
+            )
+        n_layers = config.num_hidden_layers
+        expected = list(range(self.split, n_layers))
+        if self.layers != expected:
+            raise MapError(f"maps hold layers {self.layers}, expected {expected} for split {self.split}")
+
+    def fill_fn(self, dtype: torch.dtype, device: torch.device | str):
+        """The engine's fill function: x̂_l = x_S A_l^T + b_l, in the model's dtype on its device."""
+        weights = {layer: self.A[layer].to(device=device, dtype=dtype).t().contiguous() for layer in self.A}
+        biases = {layer: self.b[layer].to(device=device, dtype=dtype) for layer in self.b}
+
+        def fill(layer: int, x_split: torch.Tensor) -> torch.Tensor:
+            return torch.addmm(biases[layer], x_split.reshape(-1, x_split.shape[-1]), weights[layer]).view(
+                *x_split.shape[:-1], -1
+            )
+
+        return fill
+
+
+def identity_fill(layer: int, x_split: torch.Tensor) -> torch.Tensor:
+    """POP's fill: every late layer's input is the split state itself."""
+    return x_split
+
+
+def _dequantize(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    d_in = q.shape[1]
+    expanded = scales.float().repeat_interleave(INT8_GROUP, dim=1)[:, :d_in]
+    return q.float() * expanded
+
+
+def quantize_int8(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The release format: int8 weights with one scale per 128 weights of each row."""
+    d_out, d_in = a.shape
+    groups = math.ceil(d_in / INT8_GROUP)
+    padded = torch.zeros(d_out, groups * INT8_GROUP, dtype=torch.float32)
+    padded[:, :d_in] = a.float()
+    blocks = padded.view(d_out, groups, INT8_GROUP)
+    scales = blocks.abs().amax(-1).clamp_min(1e-12) / 127.0
+    q = torch.round(blocks / scales[..., None]).clamp(-127, 127).to(torch.int8).view(d_out, -1)[:, :d_in]
+    return q.contiguous(), scales
+
+
+def resolve_map_file(path: str | Path, split: int | None) -> Path:
+    """A map file from a file path, or from a folder plus a split."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    if p.is_dir():
+        files = sorted(p.glob("ridgefill_split*.safetensors"))
+        if not files:
+            raise MapError(f"no map files (ridgefill_split*.safetensors) in {p}")
+        if split is None:
+            if len(files) == 1:
+                return files[0]
+            raise MapError(f"{p} holds maps for several splits ({', '.join(f.name for f in files)}); give split=")
+        wanted = p / map_filename(split)
+        if not wanted.is_file():
+            have = ", ".join(f.name for f in files)
+            raise MapError(f"no maps for split {split} in {p}; available: {have}")
+        return wanted
+    raise MapError(f"map path {p} does not exist")
+
+
+def load_maps(path: str | Path, split: int | None = None) -> RidgeMaps:
+    """Load maps (float or int8 release format); a clear MapError for any bad file."""
+    file = resolve_map_file(path, split)
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            names = list(f.keys())
+            tensors = {name: f.get_tensor(name) for name in names}
+    except Exception as err:  # safetensors raises several types for corrupt files
+        raise MapError(f"cannot read map file {file}: {err}") from err
+    if "split" not in meta:
+        raise MapError(f"{file} has no 'split' metadata: not an rf-eval map file")
+    file_split = int(meta["split"])
+    if split is not None and file_split != split:
+        raise MapError(f"{file} holds maps for split {file_split}, not {split}")
+    A, b = {}, {}
+    for name, t in tensors.items():
+        kind, _, rest = name.partition(".")
+        if kind == "A" and not rest.endswith("scales"):
+            layer = int(rest)
+            scales = tensors.get(f"A.{layer}.scales")
+            A[layer] = _dequantize(t, scales) if t.dtype == torch.int8 else t.float()
+            if t.dtype == torch.int8 and scales is None:
+                raise MapError(f"{file}: int8 tensor A.{layer} without A.{layer}.scales")
+        elif kind == "b":
+            b[int(rest)] = t.float()
+    if not A or set(A) != set(b):
+        raise MapError(f"{file}: A and b tensors do not cover the same layers")
+    meta["file_sha256"] = hashlib.sha256(file.read_bytes()).hexdigest()
+    return RidgeMaps(split=file_split, A=A, b=b, metadata=meta)
