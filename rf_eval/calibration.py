@@ -1,0 +1,54 @@
+"""Calibration documents: plain-text files (one document each) or JSONL with a `text` field."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+
+class CalibrationError(ValueError):
+    """Missing, unreadable or empty calibration input."""
+
+
+def iter_documents(paths: Sequence[str | Path]) -> Iterator[str]:
+    """Documents in the order given: a .jsonl file yields one per line, any other file one."""
+    for raw in paths:
+        path = Path(raw)
+        if not path.is_file():
+            raise CalibrationError(f"calibration file {path} does not exist")
+        if path.suffix == ".jsonl":
+            with path.open(encoding="utf-8") as fh:
+                for lineno, line in enumerate(fh, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError as err:
+                        raise CalibrationError(f"{path}:{lineno}: not JSON ({err.msg})") from err
+                    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                        raise CalibrationError(f"{path}:{lineno}: each JSONL line needs a string 'text' field")
+                    if record["text"].strip():
+                        yield record["text"]
+        else:
+            text = path.read_text(encoding="utf-8")
+            if text.strip():
+                yield text
+
+
+def sha256_of_files(paths: Sequence[str | Path]) -> str:
+    """One digest over the files' bytes, in the order given."""
+    digest = hashlib.sha256()
+    for raw in paths:
+        digest.update(Path(raw).read_bytes())
+    return digest.hexdigest()
+
+
+def check_nonempty(paths: Sequence[str | Path]) -> None:
+    """Fail before any model work if the inputs hold no document."""
+    if not paths:
+        raise CalibrationError("no calibration files given")
+    for _ in iter_documents(paths):
+        return
+    raise CalibrationError(f"calibration input is empty: no non-blank document in {', '.join(map(str, paths))}")

@@ -1,0 +1,122 @@
+"""The capture pass: the unmodified model over calibration text, feeding ridge sums.
+
+One forward pass per document serves every split chosen before it runs
+(paper section 2.2): forward pre-hooks on the late layers see x_l, the
+hidden state entering layer l (what `output_hidden_states` reports as
+`hidden_states[l]`), and hand it to each split's sums at once, so no
+document's states outlive its own pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+from torch import nn
+
+from rf_eval.engine import decoder_layers
+from rf_eval.families import Family, family_for
+from rf_eval.ridge import RidgeSums
+
+Hook = Callable[[int, torch.Tensor, dict], None]
+
+
+def _layer_input(args: tuple, kwargs: dict) -> torch.Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+@torch.no_grad()
+def run_with_layer_hooks(model: nn.Module, input_ids: torch.Tensor, first_layer: int, hook: Hook) -> None:
+    """One plain forward (no cache, no lm_head) calling hook(l, x_l, layer_kwargs) for l >= first_layer."""
+    handles = []
+    for index, layer in enumerate(decoder_layers(model)):
+        if index < first_layer:
+            continue
+
+        def pre(_module, args, kwargs, index=index):
+            hook(index, _layer_input(args, kwargs), kwargs)
+
+        handles.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
+    try:
+        model.model(input_ids=input_ids, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def capture_sums(
+    model: nn.Module,
+    documents: Iterable[torch.Tensor],
+    splits: Sequence[int],
+    device: torch.device | str | None = None,
+) -> dict[int, RidgeSums]:
+    """Ridge sums for every split from one pass per document (each a 1 x n LongTensor)."""
+    n_layers = len(decoder_layers(model))
+    d = model.config.hidden_size
+    device = device or next(model.parameters()).device
+    sums = {s: RidgeSums(split=s, d_in=d, layers=list(range(s, n_layers)), device=device) for s in splits}
+
+    def hook(index: int, x: torch.Tensor, _kwargs: dict) -> None:
+        rows = x[0]
+        for split, acc in sums.items():
+            if index == split:
+                acc.start_document(rows)
+            if index >= split:
+                acc.add_layer(index, rows)
+
+    for input_ids in documents:
+        run_with_layer_hooks(model, input_ids, min(splits), hook)
+        for acc in sums.values():
+            acc.finish_document()
+    return sums
+
+
+def cache_writes(family: Family, layer: nn.Module, x: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    """What a late layer writes for each row from input x (1, n, d), flattened per row.
+
+    Attention: the keys (after k-norm and RoPE) and values it caches.
+    Gated DeltaNet: the projections that drive its state update (q, k, v, beta, gate inputs).
+    """
+    h = layer.input_layernorm(x)
+    if family.is_recurrent(layer):
+        mixer = layer.linear_attn
+        parts = [mixer.in_proj_qkv(h), mixer.in_proj_b(h), mixer.in_proj_a(h)]
+        return torch.cat(parts, -1)[0]
+    cos, sin = kwargs["position_embeddings"]
+    k, v = family.kv(layer.self_attn, h, cos, sin)
+    n = x.shape[1]
+    return torch.cat([k.transpose(1, 2).reshape(n, -1), v.transpose(1, 2).reshape(n, -1)], -1)
+
+
+@torch.no_grad()
+def heldout_cosines(
+    model: nn.Module,
+    documents: Iterable[torch.Tensor],
+    split: int,
+    candidates: dict[float, tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]],
+) -> dict[float, tuple[float, int]]:
+    """Per lambda: (sum of row cosines, row count) between cache writes from predicted and true inputs.
+
+    Layer S is skipped: the engine feeds it the true split state, so every lambda scores 1 there.
+    """
+    family = family_for(model.config)
+    layers = decoder_layers(model)
+    totals = {lam: [0.0, 0] for lam in candidates}
+    state: dict[str, torch.Tensor] = {}
+
+    def hook(index: int, x: torch.Tensor, kwargs: dict) -> None:
+        if index == split:
+            state["x"] = x
+            return
+        true_writes = cache_writes(family, layers[index], x, kwargs).float()
+        for lam, (A, b) in candidates.items():
+            a = A[index].to(device=x.device, dtype=x.dtype)
+            pred = state["x"] @ a.T + b[index].to(device=x.device, dtype=x.dtype)
+            writes = cache_writes(family, layers[index], pred, kwargs).float()
+            cos = torch.nn.functional.cosine_similarity(writes, true_writes, dim=-1)
+            totals[lam][0] += float(cos.double().sum())
+            totals[lam][1] += cos.numel()
+
+    for input_ids in documents:
+        run_with_layer_hooks(model, input_ids, split, hook)
+    return {lam: (s, n) for lam, (s, n) in totals.items()}

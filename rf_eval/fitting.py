@@ -1,0 +1,202 @@
+"""Fit RidgeFill maps: capture sums, solve per lambda, choose lambda on held-out text, save.
+
+Under torchrun / accelerate (torch.distributed initialised) documents are
+sharded by rank, the sums and held-out scores are all-reduced, and rank 0
+writes the files; the maps equal a one-process fit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+import rf_eval
+from rf_eval.calibration import check_nonempty, iter_documents, sha256_of_files
+from rf_eval.capture import capture_sums, heldout_cosines
+from rf_eval.engine import num_layers
+from rf_eval.maps import RidgeMaps, config_hash
+from rf_eval.ridge import LAMBDA_GRID, RidgeSums, sums_filename
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LAMBDA = 0.03  # the value the paper's grid search chose on most models (section 2.2)
+
+
+@dataclass
+class FitResult:
+    paths: dict[int, Path]
+    chosen: dict[int, float]
+    scores: dict[int, dict[float, float]]
+    rows: int
+
+
+def _dist() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def check_lambdas(lambdas: Sequence[float] | None, have_heldout: bool) -> tuple[float, ...]:
+    if lambdas is None:
+        return LAMBDA_GRID if have_heldout else (DEFAULT_LAMBDA,)
+    bad = [lam for lam in lambdas if not lam > 0]
+    if bad or not lambdas:
+        raise ValueError(f"lambda must be > 0; got {list(lambdas)}")
+    if len(lambdas) > 1 and not have_heldout:
+        raise ValueError(f"choosing among {len(lambdas)} lambdas needs held-out documents (--heldout)")
+    return tuple(lambdas)
+
+
+def check_splits(splits: Sequence[int], n_layers: int) -> list[int]:
+    if not splits:
+        raise ValueError("give at least one split")
+    bad = [s for s in splits if not 1 <= s <= n_layers - 1]
+    if bad:
+        raise ValueError(f"split {bad[0]} is outside 1..{n_layers - 1} for this {n_layers}-layer model")
+    return sorted(set(splits))
+
+
+def tokenized(
+    tokenizer, paths: Sequence[str | Path], device, max_tokens: int, desc: str, progress: bool
+) -> Iterator[torch.Tensor]:
+    """This rank's share of the documents as 1 x n id tensors (truncated to max_tokens)."""
+    rank, world = _dist()
+    docs = list(iter_documents(paths))
+    for i, text in enumerate(tqdm(docs, desc=desc, disable=not progress or rank != 0, unit="doc")):
+        if i % world != rank:
+            continue
+        ids = tokenizer(text, return_tensors="pt", truncation=True, max_length=max_tokens).input_ids
+        if ids.shape[1] >= 2:
+            yield ids.to(device)
+
+
+def choose_lambda(
+    model: nn.Module,
+    tokenizer,
+    sums: RidgeSums,
+    lambdas: Sequence[float],
+    heldout: Sequence[str | Path],
+    max_tokens: int,
+    progress: bool,
+) -> tuple[float, dict[float, float], dict[float, tuple]]:
+    """Solve for every lambda; pick the best mean cache-write cosine on held-out documents."""
+    solved = {lam: sums.solve(lam) for lam in lambdas}
+    if len(lambdas) == 1:
+        return lambdas[0], {}, solved
+    device = next(model.parameters()).device
+    docs = tokenized(tokenizer, heldout, device, max_tokens, f"held-out (split {sums.split})", progress)
+    raw = heldout_cosines(model, docs, sums.split, solved)
+    import torch.distributed as dist
+
+    totals = torch.tensor([[raw[lam][0], raw[lam][1]] for lam in lambdas], dtype=torch.float64)
+    if _dist()[1] > 1:
+        dist.all_reduce(totals)
+    scores = {lam: float(totals[i, 0] / max(totals[i, 1], 1)) for i, lam in enumerate(lambdas)}
+    best = max(lambdas, key=lambda lam: scores[lam])
+    return best, scores, solved
+
+
+def _write_maps(sums, solved, best, scores, meta, out: Path) -> Path:
+    A, b = solved[best]
+    metadata = dict(meta)
+    metadata.update(
+        **{"lambda": repr(best), "rows": str(sums.count),
+           "lambda_scores": json.dumps({repr(k): v for k, v in scores.items()})}
+    )
+    return RidgeMaps(split=sums.split, A=A, b=b, metadata=metadata).save(out)
+
+
+def fit_maps(
+    model: nn.Module,
+    tokenizer,
+    *,
+    splits: Sequence[int],
+    calibration: Sequence[str | Path],
+    out: str | Path,
+    heldout: Sequence[str | Path] = (),
+    lambdas: Sequence[float] | None = None,
+    max_tokens: int = 32768,
+    progress: bool = True,
+    save_sums: bool = True,
+) -> FitResult:
+    """One capture pass for every split, solves, lambda choice, and the map files in `out`."""
+    splits = check_splits(splits, num_layers(model))
+    lambdas = check_lambdas(lambdas, bool(heldout))
+    check_nonempty(calibration)
+    if heldout:
+        check_nonempty(heldout)
+    out = Path(out)
+    rank, _ = _dist()
+    model.eval()
+    device = next(model.parameters()).device
+    t0 = time.perf_counter()
+    docs = tokenized(tokenizer, calibration, device, max_tokens, "capture", progress)
+    all_sums = capture_sums(model, docs, splits)
+    for sums in all_sums.values():
+        sums.all_reduce()
+    capture_s = time.perf_counter() - t0
+    meta = {
+        "config_hash": config_hash(model.config),
+        "model": str(getattr(model.config, "_name_or_path", "")),
+        "calibration_sha256": sha256_of_files(calibration),
+        "heldout_sha256": sha256_of_files(heldout) if heldout else "",
+        "max_tokens": str(max_tokens),
+        "rf_eval_version": rf_eval.__version__,
+    }
+    result = FitResult(paths={}, chosen={}, scores={}, rows=0)
+    for split, sums in all_sums.items():
+        if sums.count == 0:
+            raise ValueError("the calibration documents produced no rows (all shorter than 2 tokens?)")
+        best, scores, solved = choose_lambda(model, tokenizer, sums, lambdas, heldout, max_tokens, progress)
+        result.chosen[split], result.scores[split], result.rows = best, scores, sums.count
+        if rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            if save_sums:
+                sums.save(out / sums_filename(split), meta)
+            result.paths[split] = _write_maps(sums, solved, best, scores, meta, out)
+    log.info("fit: %d rows, capture %.1fs, total %.1fs", result.rows, capture_s, time.perf_counter() - t0)
+    return result
+
+
+def refit_from_sums(
+    sums_dir: str | Path,
+    *,
+    out: str | Path,
+    lambdas: Sequence[float],
+    model: nn.Module | None = None,
+    tokenizer=None,
+    heldout: Sequence[str | Path] = (),
+    max_tokens: int = 32768,
+    progress: bool = True,
+) -> FitResult:
+    """New solves from saved sums: a new lambda costs no capture pass."""
+    sums_dir, out = Path(sums_dir), Path(out)
+    files = sorted(sums_dir.glob("sums_split*.safetensors"))
+    if not files:
+        raise ValueError(f"no saved sums (sums_split*.safetensors) in {sums_dir}")
+    lambdas = check_lambdas(lambdas, bool(heldout))
+    if len(lambdas) > 1 and model is None:
+        raise ValueError("choosing among several lambdas needs the model (--model) to score held-out text")
+    result = FitResult(paths={}, chosen={}, scores={}, rows=0)
+    for file in files:
+        sums, meta = RidgeSums.load(file)
+        if model is not None and meta.get("config_hash") != config_hash(model.config):
+            raise ValueError(f"{file} was captured from another model (config hash differs)")
+        keep = {k: v for k, v in meta.items() if k not in ("split", "count", "layers")}
+        if len(lambdas) == 1:
+            best, scores, solved = lambdas[0], {}, {lambdas[0]: sums.solve(lambdas[0])}
+        else:
+            best, scores, solved = choose_lambda(model, tokenizer, sums, lambdas, heldout, max_tokens, progress)
+        result.chosen[sums.split], result.scores[sums.split], result.rows = best, scores, sums.count
+        result.paths[sums.split] = _write_maps(sums, solved, best, scores, keep, out)
+    return result

@@ -1,0 +1,170 @@
+"""Streaming ridge regression for RidgeFill maps (paper section 2.2).
+
+For one split S the fit keeps, over all calibration rows, the centred sums
+C_xx = X^T X and C_xy[l] = X^T Y_l (X, Y_l with their means removed) plus the
+means and the row count. Documents arrive one at a time: each document's
+products are taken in fp32 on its own centred rows and merged into fp64
+running sums with the pairwise-update formula (Chan et al.), so memory does
+not grow with the calibration text and the result equals a solve on all rows
+stacked. The sums are additive across processes (`all_reduce`), and are
+saved so that a new lambda needs only new solves.
+
+Solve: A_l = C_yx (C_xx + alpha I)^-1, b_l = mu_l - A_l mu_S,
+alpha = lambda * tr(C_xx) / d_in.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+# The paper's grid: nine values between 1e-4 and 1 (appendix G).
+LAMBDA_GRID = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)
+
+
+@dataclass
+class RidgeSums:
+    """Running centred sums for one split S and its late layers."""
+
+    split: int
+    d_in: int
+    layers: list[int]
+    device: torch.device | str = "cpu"
+    count: int = 0
+    mean_x: torch.Tensor = field(init=False)
+    cxx: torch.Tensor = field(init=False)
+    mean_y: dict[int, torch.Tensor] = field(init=False)
+    cxy: dict[int, torch.Tensor] = field(init=False)
+    # per-document scratch: the document's split states (fp32) and their mean
+    _doc_x: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self):
+        f64 = dict(dtype=torch.float64, device=self.device)
+        self.mean_x = torch.zeros(self.d_in, **f64)
+        self.cxx = torch.zeros(self.d_in, self.d_in, **f64)
+        self.mean_y, self.cxy = {}, {}
+
+    # -- accumulation ---------------------------------------------------------------
+    def start_document(self, x_split: torch.Tensor) -> None:
+        """Begin a document with its split states (n x d_in, any float dtype)."""
+        self._doc_x = x_split.reshape(-1, self.d_in).to(device=self.device, dtype=torch.float32)
+
+    def add_layer(self, layer: int, y: torch.Tensor) -> None:
+        """Merge the current document's rows for late layer `layer` (n x d_out)."""
+        x = self._doc_x
+        y = y.reshape(x.shape[0], -1).to(device=self.device, dtype=torch.float32)
+        n_a, n_b = self.count, x.shape[0]
+        mx_b = x.double().mean(0)
+        my_b = y.double().mean(0)
+        prod = ((x - mx_b.float()).T @ (y - my_b.float())).double()  # fp32 product, fp64 sum
+        if layer not in self.cxy:
+            self.cxy[layer] = torch.zeros(self.d_in, y.shape[1], dtype=torch.float64, device=self.device)
+            self.mean_y[layer] = torch.zeros(y.shape[1], dtype=torch.float64, device=self.device)
+        n = n_a + n_b
+        dx = mx_b - self.mean_x
+        dy = my_b - self.mean_y[layer]
+        self.cxy[layer] += prod + (n_a * n_b / n) * torch.outer(dx, dy)
+        self.mean_y[layer] += dy * (n_b / n)
+
+    def finish_document(self) -> None:
+        """Merge the current document's X^T X and advance the row count."""
+        x = self._doc_x
+        n_a, n_b = self.count, x.shape[0]
+        mx_b = x.double().mean(0)
+        xc = x - mx_b.float()
+        n = n_a + n_b
+        dx = mx_b - self.mean_x
+        self.cxx += (xc.T @ xc).double() + (n_a * n_b / n) * torch.outer(dx, dx)
+        self.mean_x += dx * (n_b / n)
+        self.count = n
+        self._doc_x = None
+
+    def add_document(self, x_split: torch.Tensor, ys: dict[int, torch.Tensor]) -> None:
+        """One document at once: split states and each late layer's inputs."""
+        self.start_document(x_split)
+        for layer, y in ys.items():
+            self.add_layer(layer, y)
+        self.finish_document()
+
+    # -- combining ----------------------------------------------------------------
+    def all_reduce(self) -> None:
+        """Sum these statistics over all torch.distributed processes (documents sharded by rank)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return
+        # Raw (uncentred) fp64 sums are additive; convert, reduce, and centre again.
+        count = torch.tensor([float(self.count)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(count)
+        sx = self.mean_x * self.count
+        sxx = self.cxx + self.count * torch.outer(self.mean_x, self.mean_x)
+        for t in (sx, sxx):
+            dist.all_reduce(t)
+        total = int(count.item())
+        new_mean_x = sx / total
+        for layer in self.layers:
+            sy = self.mean_y[layer] * self.count
+            sxy = self.cxy[layer] + self.count * torch.outer(self.mean_x, self.mean_y[layer])
+            dist.all_reduce(sy)
+            dist.all_reduce(sxy)
+            self.mean_y[layer] = sy / total
+            self.cxy[layer] = sxy - total * torch.outer(new_mean_x, self.mean_y[layer])
+        self.cxx = sxx - total * torch.outer(new_mean_x, new_mean_x)
+        self.mean_x = new_mean_x
+        self.count = total
+
+    # -- solving -----------------------------------------------------------------
+    def solve(self, lam: float) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """A_l (d_out x d_in, fp32) and b_l (d_out, fp32) for every late layer, in fp64 on the CPU."""
+        if not lam > 0:
+            raise ValueError(f"lambda must be > 0, got {lam}")
+        if self.count == 0:
+            raise ValueError("no calibration rows were accumulated")
+        cxx = self.cxx.cpu()
+        alpha = lam * torch.trace(cxx) / self.d_in
+        chol = torch.linalg.cholesky(cxx + alpha * torch.eye(self.d_in, dtype=torch.float64))
+        mean_x = self.mean_x.cpu()
+        A, b = {}, {}
+        for layer in self.layers:
+            a_t = torch.cholesky_solve(self.cxy[layer].cpu(), chol)  # (d_in x d_out) = (Cxx+aI)^-1 Cxy
+            A[layer] = a_t.T.float().contiguous()
+            b[layer] = (self.mean_y[layer].cpu() - a_t.T @ mean_x).float()
+        return A, b
+
+    # -- persistence ---------------------------------------------------------------
+    def save(self, path: str | Path, metadata: dict[str, str]) -> Path:
+        tensors = {"mean_x": self.mean_x.cpu(), "cxx": self.cxx.cpu()}
+        for layer in self.layers:
+            tensors[f"mean_y.{layer}"] = self.mean_y[layer].cpu()
+            tensors[f"cxy.{layer}"] = self.cxy[layer].cpu()
+        meta = dict(metadata)
+        meta.update(split=str(self.split), count=str(self.count), layers=json.dumps(self.layers))
+        path = Path(path)
+        tmp = path.with_suffix(".tmp")
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> tuple[RidgeSums, dict[str, str]]:
+        with safe_open(str(path), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            layers = json.loads(meta["layers"])
+            mean_x = f.get_tensor("mean_x")
+            sums = cls(split=int(meta["split"]), d_in=mean_x.shape[0], layers=layers)
+            sums.mean_x = mean_x
+            sums.cxx = f.get_tensor("cxx")
+            for layer in layers:
+                sums.mean_y[layer] = f.get_tensor(f"mean_y.{layer}")
+                sums.cxy[layer] = f.get_tensor(f"cxy.{layer}")
+            sums.count = int(meta["count"])
+        return sums, meta
+
+
+def sums_filename(split: int) -> str:
+    return f"sums_split{split}.safetensors"
