@@ -125,8 +125,14 @@ def new_cache(model: nn.Module) -> DynamicCache:
     return DynamicCache(config=model.config)
 
 
+@torch.no_grad()
 def plain_prefill(model: nn.Module, input_ids: torch.Tensor) -> PrefillResult:
-    """The unmodified model's prefill: what every filled arm is compared with."""
+    """The unmodified model's prefill: what every filled arm is compared with.
+
+    `logits_to_keep=1` (the stock way to skip the vocabulary projection of
+    every other row) is the reference: an lm_head over all N rows can round
+    the last row differently in the last bit.
+    """
     t0 = time.perf_counter()
     cache = new_cache(model)
     out = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)

@@ -1,0 +1,146 @@
+"""Compute model for RidgeFill prefill (paper section 2.5).
+
+`ceiling_r` is the layer-pass count: the share of exact prefill's layer
+passes that remain, r = S/L + (1 - S/L) T/N; the speedup is at most 1/r.
+
+`prefill_macs` is the multiply-accumulate count the paper uses for
+comparisons that are close: every layer each row runs, attention over the
+causal context included, plus the maps (d_in * d_out per filled row per
+layer). What a filled row costs in a late layer is what the engine computes
+for it: K/V projections in an attention layer; the state-update side of a
+Gated DeltaNet layer (input projections, short convolution, recurrent
+update); nothing in `nofill`. The engine feeds layer S the true split state,
+so maps are charged from layer S+1 on. Selected exact prefix rows are
+charged attention at the mean prefix position, (N - T) / 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FILLS_WITH_MAPS = ("ridge",)
+
+
+def ceiling_r(L: int, S: int, T: int, N: int) -> float:
+    """Share of exact prefill's layer passes that remain (section 2.5); 1/r is the speedup ceiling."""
+    if not 0 <= S <= L or N <= 0:
+        raise ValueError(f"need 0 <= S <= L and N > 0; got L={L}, S={S}, N={N}")
+    T = min(max(T, 0), N)
+    return (S * (N - T) + L * T) / (L * N)
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """MACs per row of one layer, split into what filled rows still pay and the rest."""
+
+    kind: str  # "attention" or "recurrent"
+    write: int  # per row: what a filled row computes (K/V, or the state update)
+    rest: int  # per row: everything else an exact row computes (queries, output, MLP, ...)
+    attn_per_key: int  # per (query, key) pair: scores + weighted values (attention layers)
+
+
+def _mlp_macs(config, layer_index: int) -> int:
+    d = config.hidden_size
+    experts = getattr(config, "num_experts", 0) or 0
+    sparse_step = getattr(config, "decoder_sparse_step", 1) or 1
+    mlp_only = getattr(config, "mlp_only_layers", None) or []
+    if experts and layer_index not in mlp_only and (layer_index + 1) % sparse_step == 0:
+        k = config.num_experts_per_tok
+        shared = getattr(config, "shared_expert_intermediate_size", 0) or 0
+        return d * experts + 3 * d * config.moe_intermediate_size * k + 3 * d * shared + (d if shared else 0)
+    return 3 * d * config.intermediate_size
+
+
+def layer_costs(config) -> list[LayerCost]:
+    d = config.hidden_size
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", heads) or heads
+    head_dim = getattr(config, "head_dim", None) or d // heads
+    gated = config.model_type in ("qwen3_5", "qwen3_5_text", "qwen3_next")
+    types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+    costs = []
+    for i, kind in enumerate(types):
+        mlp = _mlp_macs(config, i)
+        if kind == "linear_attention":
+            kd = config.linear_key_head_dim * config.linear_num_key_heads
+            vd = config.linear_value_head_dim * config.linear_num_value_heads
+            nv = config.linear_num_value_heads
+            conv = (2 * kd + vd) * config.linear_conv_kernel_dim
+            # delta rule per value head: S k (read), outer-product update, and the query read
+            state = 3 * nv * config.linear_key_head_dim * config.linear_value_head_dim
+            write = d * (2 * kd + vd) + 2 * d * nv + conv + state
+            rest = d * vd + vd * d + mlp  # output gate projection, out_proj, MLP
+            costs.append(LayerCost("recurrent", write, rest, 0))
+        else:
+            write = 2 * d * kv_heads * head_dim
+            q = d * heads * head_dim * (2 if gated else 1)
+            rest = q + heads * head_dim * d + mlp
+            costs.append(LayerCost("attention", write, rest, 2 * heads * head_dim))
+    return costs
+
+
+def _causal_pairs(start: int, stop: int) -> int:
+    """Sum over query positions i in [start, stop) of (i + 1) keys."""
+    return (stop * (stop + 1) - start * (start + 1)) // 2
+
+
+def prefill_macs(
+    config,
+    N: int,
+    *,
+    split: int | None = None,
+    tail: int = 0,
+    exact_rows: int = 0,
+    fill: str = "exact",
+    probe_rows: int = 0,
+) -> int:
+    """Multiply-accumulates of one prompt's prefill under an arm (lm_head on the last row only)."""
+    costs = layer_costs(config)
+    L = len(costs)
+    d = config.hidden_size
+    total = d * config.vocab_size  # last row's logits
+    if fill == "exact" or split is None or tail >= N:
+        for c in costs:
+            total += N * (c.write + c.rest) + c.attn_per_key * _causal_pairs(0, N)
+        return total
+    if not 1 <= split <= L - 1:
+        raise ValueError(f"split {split} is outside 1..{L - 1}")
+    T = max(tail, 1)
+    prefix = N - T
+    E = min(max(exact_rows, 0), prefix)
+    filled = prefix - E
+    for i, c in enumerate(costs):
+        if i < split:
+            total += N * (c.write + c.rest) + c.attn_per_key * _causal_pairs(0, N)
+            continue
+        exact_n = T + E
+        total += exact_n * (c.write + c.rest)
+        if fill == "nofill":
+            # exact rows attend only to exact rows: tail over (E + its own causal part), selected among themselves
+            total += c.attn_per_key * (T * E + _causal_pairs(0, T) + _causal_pairs(0, E))
+        else:
+            total += filled * c.write
+            total += c.attn_per_key * (_causal_pairs(prefix, N) + E * (prefix // 2 + 1))
+            if fill in FILLS_WITH_MAPS and i > split:
+                total += filled * d * d
+        if probe_rows:
+            total += probe_rows * (c.write + c.rest) + c.attn_per_key * probe_rows * N
+    return total
+
+
+def speedup_ceiling(config, N: int, **arm) -> float:
+    """MAC-model speedup ceiling of an arm: exact MACs / arm MACs."""
+    return prefill_macs(config, N) / prefill_macs(config, N, **arm)
+
+
+def cost_matched_tail(config, N: int, split: int, target_macs: int) -> int:
+    """The longest nofill tail whose MAC count does not exceed `target_macs` (the paper's
+    compute-matched `nofill` control, section 3.3)."""
+    lo, hi = 1, N
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if prefill_macs(config, N, split=split, tail=mid, fill="nofill") <= target_macs:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -1,0 +1,183 @@
+"""Fitting maps end to end on a tiny model: files, lambda choice, refits, errors, distributed sums."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rf_eval.api import RidgeFill
+from rf_eval.cli import main
+from rf_eval.fitting import fit_maps, refit_from_sums
+from rf_eval.maps import MapError, RidgeMaps, load_maps, quantize_int8
+
+
+def write_corpus(path, n_docs, seed):
+    words = ["alpha", "beta", "gamma", "delta", "river", "stone", "1234", "north", "seven", "quiet"]
+    g = torch.Generator().manual_seed(seed)
+    with open(path, "w") as fh:
+        for _ in range(n_docs):
+            idx = torch.randint(0, len(words), (40,), generator=g).tolist()
+            fh.write(json.dumps({"text": " ".join(words[i] for i in idx)}) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    return write_corpus(d / "calib.jsonl", 6, 0), write_corpus(d / "held.jsonl", 2, 1)
+
+
+@pytest.fixture(scope="module")
+def fitted(tiny_model, corpus, tmp_path_factory):
+    model, tok = tiny_model("qwen3")
+    out = tmp_path_factory.mktemp("maps")
+    result = fit_maps(model, tok, splits=[2, 4], calibration=[corpus[0]], heldout=[corpus[1]],
+                      lambdas=[1e-3, 1e-1], out=out, progress=False)
+    return out, result
+
+
+def test_fit_writes_one_file_per_split_with_metadata(fitted, tiny_model):
+    out, result = fitted
+    model, _ = tiny_model("qwen3")
+    for split in (2, 4):
+        maps = load_maps(out, split)
+        assert maps.layers == list(range(split, 6))
+        assert maps.A[split].shape == (64, 64) and maps.b[split].shape == (64,)
+        meta = maps.metadata
+        assert float(meta["lambda"]) == result.chosen[split]
+        assert int(meta["rows"]) == result.rows > 0
+        assert len(meta["calibration_sha256"]) == 64
+        scores = json.loads(meta["lambda_scores"])
+        assert set(scores) == {"0.001", "0.1"} and max(scores.values()) == scores[meta["lambda"]]
+        maps.check_model(model.config)
+
+
+def test_refit_from_sums_equals_fresh_fit(fitted, tiny_model, corpus, tmp_path):
+    out, _ = fitted
+    model, tok = tiny_model("qwen3")
+    refit = refit_from_sums(out, out=tmp_path / "refit", lambdas=[0.3], progress=False)
+    fresh = fit_maps(model, tok, splits=[2, 4], calibration=[corpus[0]], lambdas=[0.3],
+                     out=tmp_path / "fresh", progress=False)
+    assert refit.chosen == fresh.chosen == {2: 0.3, 4: 0.3}
+    for split in (2, 4):
+        a, b = load_maps(tmp_path / "refit", split), load_maps(tmp_path / "fresh", split)
+        for layer in a.layers:
+            assert torch.equal(a.A[layer], b.A[layer]) and torch.equal(a.b[layer], b.b[layer])
+
+
+def test_ridge_arm_uses_maps_and_differs_from_identity(fitted, tiny_model):
+    out, _ = fitted
+    model, _ = tiny_model("qwen3")
+    ids = torch.randint(0, 250, (1, 40), generator=torch.Generator().manual_seed(0))
+    ridge = RidgeFill(model, maps=out, split=4, tail=8, fill="ridge").prefill(ids)
+    ident = RidgeFill(model, split=4, tail=8, fill="identity").prefill(ids)
+    assert not torch.equal(ridge.logits, ident.logits)
+    full_tail = RidgeFill(model, maps=out, split=4, tail=40, fill="ridge").prefill(ids)
+    exact = RidgeFill(model, split=4, tail=1, fill="exact").prefill(ids)
+    assert torch.equal(full_tail.logits, exact.logits)
+
+
+def test_int8_release_format_loads(fitted, tmp_path):
+    out, _ = fitted
+    maps = load_maps(out, 4)
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for layer in maps.layers:
+        q, scales = quantize_int8(maps.A[layer])
+        tensors[f"A.{layer}"], tensors[f"A.{layer}.scales"] = q, scales
+        tensors[f"b.{layer}"] = maps.b[layer]
+    meta = {k: v for k, v in maps.metadata.items() if k != "file_sha256"}
+    save_file(tensors, str(tmp_path / "ridgefill_split4.safetensors"), metadata=meta)
+    q = load_maps(tmp_path, 4)
+    for layer in maps.layers:
+        err = (q.A[layer] - maps.A[layer]).abs().max() / maps.A[layer].abs().max()
+        assert 0 < err < 1 / 127
+        assert q.A[layer].dtype == torch.float32
+
+
+def test_map_errors_are_clear(fitted, tiny_model, tmp_path):
+    out, _ = fitted
+    llama, _ = tiny_model("llama")
+    with pytest.raises(MapError, match="fitted for another model"):
+        RidgeFill(llama, maps=out, split=4, fill="ridge")
+    with pytest.raises(MapError, match="no maps for split 3 .* available: ridgefill_split2"):
+        load_maps(out, 3)
+    with pytest.raises(MapError, match="holds maps for split 4, not 2"):
+        load_maps(out / "ridgefill_split4.safetensors", 2)
+    bad = tmp_path / "ridgefill_split4.safetensors"
+    bad.write_bytes((out / "ridgefill_split4.safetensors").read_bytes()[:200])
+    with pytest.raises(MapError, match="cannot read map file"):
+        load_maps(bad)
+    with pytest.raises(MapError, match="does not exist"):
+        load_maps(tmp_path / "nope")
+    model, _ = tiny_model("qwen3")
+    with pytest.raises(ValueError, match="split 2 does not match the maps' split 4"):
+        RidgeFill(model, maps=load_maps(out, 4), split=2, fill="ridge")
+    maps = load_maps(out, 4)
+    partial = RidgeMaps(4, {4: maps.A[4]}, {4: maps.b[4]}, maps.metadata)
+    with pytest.raises(MapError, match="expected"):
+        partial.check_model(model.config)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--splits", "6"], "split 6 is outside 1..5"),
+        (["--splits", "0"], "split 0 is outside 1..5"),
+        (["--splits", "3", "--lambdas", "0"], "lambda must be > 0"),
+        (["--splits", "3", "--lambdas", "-0.5", "0.1"], "lambda must be > 0"),
+        (["--splits", "3", "--lambdas", "0.1", "0.2"], "needs held-out documents"),
+    ],
+)
+def test_cli_bad_input_names_the_value_and_writes_nothing(tiny_model_dir, corpus, tmp_path, capsys, extra, message):
+    out = tmp_path / "out"
+    code = main(["fit", "--model", tiny_model_dir("llama"), "--calibration", corpus[0], "--out", str(out),
+                 "--no-progress", *extra])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_cli_empty_and_missing_calibration(tiny_model_dir, tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    out = tmp_path / "out"
+    assert main(["fit", "--model", tiny_model_dir("llama"), "--splits", "3", "--calibration", str(empty),
+                 "--out", str(out)]) == 2
+    assert "calibration input is empty" in capsys.readouterr().err
+    assert main(["fit", "--model", tiny_model_dir("llama"), "--splits", "3", "--calibration",
+                 str(tmp_path / "missing.txt"), "--out", str(out)]) == 2
+    assert "missing.txt does not exist" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_gloo_processes_give_the_one_process_maps(tiny_model_dir, corpus, tmp_path):
+    model_dir = tiny_model_dir("llama")
+    args = ["fit", "--model", model_dir, "--splits", "3", "--calibration", corpus[0], "--lambdas", "0.01",
+            "--no-progress", "--device", "cpu", "--dtype", "float32"]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, "-m", "rf_eval", *args, "--out", str(tmp_path / "two")],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    one, two = load_maps(tmp_path / "one", 3), load_maps(tmp_path / "two", 3)
+    assert one.metadata["rows"] == two.metadata["rows"]
+    for layer in one.layers:
+        torch.testing.assert_close(two.A[layer], one.A[layer], rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(two.b[layer], one.b[layer], rtol=1e-6, atol=1e-7)
