@@ -1,0 +1,74 @@
+"""lm-eval model `ridgefill`: every prompt is prefilled by the RidgeFill engine.
+
+    lm_eval --model ridgefill \\
+        --model_args pretrained=PATH,fill=ridge,maps=MAPS_DIR,tail=4096[,split=S][,reference=exact] \\
+        --tasks ...
+
+Everything after the prompt is the stock `transformers` model reading the
+engine's cache (continuation tokens, generated tokens, later turns are never
+filled), so a run differs from lm-eval's `hf` model in nothing but the prefill.
+
+model_args (parsed once into `RidgeFillConfig`, see `config.py`; unknown,
+missing or contradictory keys fail before the model loads):
+  pretrained (required)  HF folder or hub id.      tokenizer   another tokenizer folder/id
+  fill (required)        exact | nofill | identity | ridge
+  maps     folder or file written by `rf-eval fit` (required for fill=ridge)
+  split    first filled layer (default: the maps' split, else L/2)
+  tail     last prompt rows kept exact (default 1024)
+  chunk_size  lower layers run in chunks of this many rows (memory)
+  reference   `exact`: also run the exact arm on the same inputs (see token_logprobs,
+              multiturn_generate); other request types ignore it
+  device, dtype (auto | float32 | bfloat16 | float16), max_length, trust_remote_code,
+  add_bos_token (as for `hf`), seed (seeds sampled generation per request)
+  batch_size  continuations of one prompt scored together over copies of its cache;
+              prompts are always prefilled one at a time (the engine takes 1 x N).
+
+Request types
+-------------
+loglikelihood        args (context, continuation) -> (logprob, is_greedy), as `hf`.
+    Tokenized and left-truncated to max_length exactly like `hf`. The context is
+    prefilled by the engine (once per distinct context); the first continuation
+    token is scored from the prefill's last-row logits, the rest by the stock
+    model over the cache.
+loglikelihood_rolling  args (text,) -> logprob, with `hf`'s windows: disjoint
+    windows of max_length tokens, each conditioned on the token before it; the
+    first window's context is the prefix token (BOS, else EOS), the last window
+    gets a full context. Each window's context is prefilled, its tokens scored as
+    a continuation. Since continuation tokens are never filled, nearly every token
+    here is scored exactly: rolling perplexity shows the fill only on the last
+    window of documents longer than max_length. Use token_logprobs to measure
+    loss over a filled prompt.
+generate_until       args (context, gen_kwargs) -> str, as `hf` (until, max_gen_toks,
+    do_sample, temperature, ...; --apply_chat_template / --system_instruction).
+token_logprobs       args (context, continuation) -> dict
+    `continuation` is a string, or {"exact_greedy": k}: the exact model's greedy
+    continuation of k tokens (to measure decode agreement and KL against it).
+    One engine prefill of the context and one stock pass over the continuation per
+    request (never one request per token). Returns, per continuation token:
+      {"tokens": [int], "logprobs": [float], "greedy": [bool],   # arm; greedy: argmax == token
+       "context_tokens": int, "truncated": int}                   # prompt rows, tokens cut on the left
+    and with reference=exact also
+      {"exact_logprobs": [float], "kl": [float],                   # KL(exact || arm), nats
+       "top1_agree": [bool]}                                        # argmax arm == argmax exact
+    and for {"exact_greedy": k} also {"text": str}. Tokenization and truncation as
+    loglikelihood (the continuation must fit in max_length).
+multiturn_generate   args (turns, gen_kwargs) -> dict
+    turns: [str, ...]. turns[0] is the prompt, prefilled by the engine (rows chosen
+    once); the answer is generated over that cache. Each later turn's text is
+    tokenized without special tokens and appended after the tokens of the previous
+    answer exactly as generated (including the stop string or EOS token that ended
+    it) through the stock model: no second prefill, no new row choice. Tasks write
+    any chat formatting of later turns into the turn text themselves.
+    gen_kwargs: one dict for every turn, or a list with one dict per turn.
+    Returns {"answers": [str per turn]} (stop strings removed, as generate_until)
+    and with reference=exact also {"exact_answers": [str per turn]}, the exact
+    arm's own multi-turn run on the same turns.
+
+Results of every request type are written to lm-eval's --use_cache database as
+they finish (custom types included, except sampled generations), so a killed
+run resumes. The cache keys on request arguments only (lm-eval's design): the
+adapter stores its arm in the database and refuses a database written by
+another arm.
+"""
+
+from __future__ import annotations
