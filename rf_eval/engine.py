@@ -91,6 +91,8 @@ FillFn = Callable[[int, torch.Tensor], torch.Tensor]
 # Hooks the arms plug in; each sees the layer index and may change the tensors it is given.
 KVHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 SelectFn = Callable[["PrefillContext"], torch.Tensor]
+# A cache-to-cache fill: (layer index, filled rows) -> that layer's keys (rotated) and values for those rows.
+KVFillFn = Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -222,9 +224,12 @@ def late_layers(
     exact: torch.Tensor,
     fill: FillFn | None,
     kv_hook: KVHook | None = None,
+    kv_fill: KVFillFn | None = None,
 ) -> torch.Tensor:
     """Run layers S..L-1 with exact rows `exact` and every other row filled (or absent for nofill).
 
+    With `kv_fill` the filled rows' keys and values come from it directly (a
+    cache-to-cache map, as RaReCache does) instead of from a predicted input.
     Returns the last layer's output for the exact rows, (1, |exact|, d).
     """
     layers = decoder_layers(model)
@@ -243,6 +248,13 @@ def late_layers(
 
     for index in range(plan.split, len(layers)):
         layer = layers[index]
+        if kv_fill is not None:
+            if family.is_recurrent(layer):
+                raise ValueError("a cache-to-cache fill needs attention layers; this model has recurrent layers")
+            x_exact = _exact_rows_over_mapped_cache(
+                family, layer, index, x_exact, exact, filled, kv_fill, cache, cos_q, sin_q, n, plan.query_chunk
+            )
+            continue
         # The layer's input for every row it sees, in prompt order.
         if absent:
             x_in = x_exact
@@ -277,6 +289,29 @@ def late_layers(
     return x_exact
 
 
+def _exact_rows_over_mapped_cache(family, layer, index, x_exact, exact, filled, kv_fill, cache, cos_q, sin_q, n,
+                                  query_chunk):
+    """One attention layer whose filled rows' K/V come from `kv_fill`; exact rows run the layer."""
+    attn = layer.self_attn
+    h_exact = layer.input_layernorm(x_exact)
+    k_exact, v_exact = family.kv(attn, h_exact, cos_q, sin_q)
+    k_filled, v_filled = kv_fill(index, filled)
+    shape = (*k_exact.shape[:2], n, k_exact.shape[-1])
+    k = k_exact.new_empty(shape)
+    v = v_exact.new_empty((*v_exact.shape[:2], n, v_exact.shape[-1]))
+    k[:, :, exact], v[:, :, exact] = k_exact, v_exact
+    k[:, :, filled], v[:, :, filled] = k_filled.to(k), v_filled.to(v)
+    keys, values = cache.update(k, v, index)
+    q, gate = family.query(attn, h_exact, cos_q, sin_q)
+    key_rows = torch.arange(n, device=x_exact.device)
+    pieces = [
+        _attend(q[:, :, i : i + query_chunk], keys, values, exact[i : i + query_chunk], key_rows, attn.scaling)
+        for i in range(0, q.shape[2], query_chunk)
+    ]
+    mixed = family.attention_output(attn, torch.cat(pieces, 1), gate)
+    return family.mlp(layer, x_exact + mixed)
+
+
 def exact_row_set(n: int, plan: Plan, selected: torch.Tensor | None, device) -> torch.Tensor:
     """Sorted late-layer exact rows: the tail plus selected prefix rows (tail rows never selected)."""
     prefix_end = max(n - plan.tail, 0)
@@ -299,14 +334,22 @@ def prefill(
     select: SelectFn | None = None,
     kv_hook: KVHook | None = None,
     capture: dict[int, slice] | None = None,
+    kv_fill: KVFillFn | None = None,
 ) -> PrefillResult:
-    """Prefill `input_ids` (1 x N) under `plan`; see the module docstring."""
+    """Prefill `input_ids` (1 x N) under `plan`; see the module docstring.
+
+    `kv_fill` (a cache-to-cache fill) allows split 0: every layer reads mapped
+    K/V for its filled rows and runs only the exact rows.
+    """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must be a 1 x N tensor, got shape {tuple(input_ids.shape)}")
     n_layers = num_layers(model)
-    if not 1 <= plan.split <= n_layers - 1:
-        raise ValueError(f"split {plan.split} is outside 1..{n_layers - 1} for this {n_layers}-layer model")
-    if plan.fill in ("identity", "ridge") and fill is None:
+    lowest = 0 if kv_fill is not None else 1
+    if not lowest <= plan.split <= n_layers - 1:
+        raise ValueError(
+            f"split {plan.split} is outside {lowest}..{n_layers - 1} for this {n_layers}-layer model"
+        )
+    if plan.fill in ("identity", "ridge") and fill is None and kv_fill is None:
         raise ValueError(f"fill {plan.fill!r} needs a fill function (maps for 'ridge')")
     n = input_ids.shape[1]
     no_filled_rows = plan.fill == "exact" or plan.tail >= n
@@ -326,7 +369,7 @@ def prefill(
     if no_filled_rows:
         exact = torch.arange(n, device=input_ids.device)
     t2 = time.perf_counter()
-    x_exact = late_layers(model, family, plan, inputs, cache, exact, fill, kv_hook)
+    x_exact = late_layers(model, family, plan, inputs, cache, exact, fill, kv_hook, kv_fill)
     last = model.model.norm(x_exact[:, -1:])
     logits = model.lm_head(last)[:, -1]
     t3 = time.perf_counter()
