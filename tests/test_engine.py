@@ -161,3 +161,18 @@ def test_bad_plans_are_refused(tiny_model):
         RidgeFill(model, fill="ridgy")
     with pytest.raises(ValueError, match="needs maps"):
         RidgeFill(model, fill="ridge")
+
+
+def test_check_equivalence_command(tiny_model_dir, tiny_model, capsys):
+    from rf_eval.cli import main
+
+    assert main(["check-equivalence", "--model", tiny_model_dir("qwen3_5"), "--lengths", "12", "--device", "cpu",
+                 "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("OK") == 4 and "FAIL" not in out
+    # and the comparison it relies on does catch a one-ulp change in any cache tensor
+    model, _ = tiny_model("llama")
+    a, b = plain_prefill(model, prompt(12)), plain_prefill(model, prompt(12))
+    assert compare(a, b) is None
+    b.cache.layers[5].values[0, 0, 3, 0] = torch.nextafter(b.cache.layers[5].values[0, 0, 3, 0], torch.tensor(9.0))
+    assert compare(a, b) == "cache tensor 11 differs"

@@ -52,33 +52,26 @@ def compare(a, b) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from rf_eval.api import RidgeFill
-    from rf_eval.engine import Plan, plain_prefill
+    from rf_eval.engine import Plan, plain_prefill, prefill
+    from rf_eval.maps import identity_fill
 
-    fills = [f for f in args.fills if f != "ridge" or args.maps]
     try:
         rf = RidgeFill.from_pretrained(args.model, maps=args.maps, split=args.split, device=args.device,
                                        dtype=args.dtype, fill="ridge" if args.maps else "exact")
     except ValueError as err:
         raise UserError(str(err)) from err
-    vocab = rf.model.config.vocab_size
+    fill_fns = {"identity": identity_fill, "ridge": rf._fill}
+    fills = [f for f in args.fills if f != "ridge" or args.maps]
     gen = torch.Generator().manual_seed(args.seed)
     failures = 0
     for n in args.lengths:
-        ids = torch.randint(0, vocab, (1, n), generator=gen).to(rf.device)
+        ids = torch.randint(0, rf.model.config.vocab_size, (1, n), generator=gen).to(rf.device)
         ref = plain_prefill(rf.model, ids)
-        for fill in fills:
-            for plan in (Plan(rf.plan.split, tail=n, fill=fill), Plan(rf.plan.split, tail=1, fill="exact")):
-                if plan.fill != fill:
-                    continue
-                if fill in ("identity", "ridge"):
-                    rf_fill = rf._fill if fill == "ridge" else (lambda layer, x: x)
-                else:
-                    rf_fill = None
-                from rf_eval.engine import prefill
-
-                got = prefill(rf.model, ids, plan, fill=rf_fill)
-                diff = compare(got, ref)
-                status = "OK  " if diff is None else "FAIL"
-                failures += diff is not None
-                print(f"{status} N={n} fill={fill} tail={plan.tail}: {diff or 'bitwise equal'}")
+        # fill switched off: the exact fill at the shortest tail, and every fill with the tail covering the prompt
+        plans = [Plan(rf.plan.split, tail=1, fill="exact")] + [Plan(rf.plan.split, tail=n, fill=f) for f in fills]
+        for plan in plans:
+            diff = compare(prefill(rf.model, ids, plan, fill=fill_fns.get(plan.fill)), ref)
+            failures += diff is not None
+            status = "OK  " if diff is None else "FAIL"
+            print(f"{status} N={n} fill={plan.fill} tail={plan.tail}: {diff or 'bitwise equal'}")
     return 1 if failures else 0
