@@ -1,0 +1,280 @@
+"""`keytoken_nll`: loss on the tokens that need the prefix (paper sections 3.1, 3.2 and 4.7).
+
+Each long document is scored on its last `score_tokens` tokens (default 512)
+with per-token log-probabilities from one `token_logprobs` request: one
+engine prefill of the rest of the document, one stock pass over the scored
+tokens (the adapter's request type; `--model ridgefill` / `rarecache`).
+
+Subsets (`token_masks`): novel tokens (no repeated `ngram`-token run, default
+8), key tokens (exact loss rises by more than `key_threshold` nats, default 2,
+when the context is cut to its last `key_context` tokens, default 4,096),
+copyable tokens (section 4.7). Key tokens are decided from the exact arm and
+shared by every arm, from one of two sources (metadata `key_reference`):
+
+- a path: the samples file (`--log_samples`) of an earlier run of this task on
+  the exact arm (`fill=exact`, or any arm with `reference=exact`); one request
+  per document;
+- `inprocess` (default): a second request per document scores the same tokens
+  after the cut context. The exact losses come from the arm itself when it is
+  exact (`fill=exact`) or from the adapter's `reference=exact` pass.
+
+Per-document metrics (loss in nats per token, documents weighted equally):
+`nll_all`, `nll_novel`, `nll_key`; against the exact losses (same-run
+`reference=exact`, else the reference file) `dnll_all`, `dnll_novel`,
+`dnll_key`; with a same-run reference `kl` (mean KL(exact||arm)) and
+`top1_agree`; `copyable_share`; counts `n_tokens`, `n_novel`, `n_key`.
+
+Documents (metadata `docs`): a folder of `.txt` files (one document each, id
+= file name, domain = subfolder name) and/or `.jsonl` files (one
+{"text", optional "id", "domain"} per line), or one such file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from lm_eval.api.task import ConfigurableTask
+
+from rf_eval.tasks import token_masks
+from rf_eval.tasks.common import (
+    as_bool,
+    mean_present,
+    metric_list,
+    option,
+    strip_task_keys,
+    sum_present,
+    tokenizer_from,
+)
+
+log = logging.getLogger(__name__)
+
+DOCS_OPTION = "docs"
+
+
+class KeyTokenDataError(RuntimeError):
+    """Missing documents or an unusable key-token reference."""
+
+
+def load_documents(path: str | Path) -> list[dict[str, str]]:
+    """Documents from a folder (recursively) or file of .txt / .jsonl, in sorted path order."""
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise KeyTokenDataError(f"{DOCS_OPTION}: {root} does not exist")
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.suffix in (".txt", ".jsonl"))
+    docs: list[dict[str, str]] = []
+    for f in files:
+        domain = "" if f.parent == root or root.is_file() else f.parent.relative_to(root).as_posix()
+        if f.suffix == ".txt":
+            docs.append({"doc_id": f.relative_to(root).as_posix() if root.is_dir() else f.name,
+                         "domain": domain, "text": f.read_text(encoding="utf-8")})
+            continue
+        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines()):
+            if line.strip():
+                row = json.loads(line)
+                docs.append({"doc_id": str(row.get("id", f"{f.name}:{n}")),
+                             "domain": str(row.get("domain", domain)), "text": row["text"]})
+    if not docs:
+        raise KeyTokenDataError(f"{DOCS_OPTION}: no .txt or .jsonl documents under {root}")
+    return docs
+
+
+def split_document(tokenizer: Any, text: str, score_tokens: int, key_context: int) -> dict[str, Any]:
+    """The document cut into (context, scored text) at its last `score_tokens` tokens, plus
+    the context cut to its last `key_context` tokens (None when the context is not longer)."""
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    offsets = enc["offset_mapping"]
+    if len(offsets) <= score_tokens:
+        raise KeyTokenDataError(f"document of {len(offsets)} tokens is not longer than score_tokens={score_tokens}")
+    at = offsets[len(offsets) - score_tokens][0]
+    n_context = len(offsets) - score_tokens
+    cut = None
+    if n_context > key_context:
+        cut = text[offsets[n_context - key_context][0] : at]
+    return {"context": text[:at], "continuation": text[at:], "cut_context": cut, "context_tokens": n_context}
+
+
+def _exact_logprobs(resp: dict[str, Any], arm_exact: bool) -> list[float] | None:
+    if "exact_logprobs" in resp:
+        return list(resp["exact_logprobs"])
+    return list(resp["logprobs"]) if arm_exact else None
+
+
+def read_reference(path: str | Path) -> dict[str, dict[str, Any]]:
+    """{doc_id: {"tokens", "exact", "cut_exact"}} from a samples file of an exact keytoken_nll run."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        found = sorted(p.rglob("samples_keytoken_nll*.jsonl"))
+        if not found:
+            raise KeyTokenDataError(f"key_reference: no samples_keytoken_nll*.jsonl under {p}")
+        p = found[-1]
+    if not p.is_file():
+        raise KeyTokenDataError(f"key_reference: {p} does not exist")
+    out: dict[str, dict[str, Any]] = {}
+    for line in p.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        resps = rec["filtered_resps"]
+        arm_exact = bool(rec.get("arm_exact"))
+        exact = _exact_logprobs(resps[0], arm_exact)
+        if exact is None:
+            raise KeyTokenDataError(
+                f"key_reference {p}: document {rec['doc']['doc_id']} holds no exact losses "
+                "(run the reference with fill=exact or reference=exact)"
+            )
+        cut = _exact_logprobs(resps[1], arm_exact) if len(resps) > 1 else None
+        out[rec["doc"]["doc_id"]] = {"tokens": list(resps[0]["tokens"]), "exact": exact, "cut_exact": cut}
+    return out
+
+
+class KeyTokenTask(ConfigurableTask):
+    """Per-document loss on all, novel and key tokens of a long document's last tokens."""
+
+    def __init__(self, data_dir=None, cache_dir=None, download_mode=None, config: dict | None = None) -> None:
+        cfg, _ = strip_task_keys(config)
+        meta = dict(cfg.get("metadata") or {})
+        self.score_tokens = option(meta, "score_tokens", 512, int)
+        self.key_context = option(meta, "key_context", 4096, int)
+        self.ngram = option(meta, "ngram", 8, int)
+        self.key_threshold = option(meta, "key_threshold", 2.0, float)
+        self.key_reference = str(option(meta, "key_reference", "inprocess", str))
+        self.arm_exact = str(meta.get("fill", "")) == "exact"
+        self.same_run_reference = str(meta.get("reference", "")) == "exact"
+        self.verify_tokens = as_bool(option(meta, "verify_tokens", True))
+        self._reference: dict[str, dict[str, Any]] | None = None
+        self._splits: dict[str, dict[str, Any]] = {}
+        cfg["metric_list"] = metric_list(self.metric_spec())
+        cfg["process_results"] = self.process_results
+        super().__init__(config=cfg)
+
+    @staticmethod
+    def metric_spec() -> dict[str, tuple[Any, bool]]:
+        spec: dict[str, tuple[Any, bool]] = {}
+        for name in ("nll_all", "nll_novel", "nll_key", "dnll_all", "dnll_novel", "dnll_key", "kl"):
+            spec[name] = (mean_present, False)
+        spec["top1_agree"] = (mean_present, True)
+        spec["copyable_share"] = (mean_present, False)
+        for name in ("n_tokens", "n_novel", "n_key"):
+            spec[name] = (sum_present, True)
+        spec["arm_exact"] = (mean_present, True)
+        return spec
+
+    # ---- data
+
+    def download(self, dataset_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        import datasets
+
+        path = (self.config.metadata or {}).get(DOCS_OPTION)
+        if not path:
+            raise KeyTokenDataError(
+                f"keytoken_nll reads long documents from a local folder: pass --metadata "
+                f"'{{\"{DOCS_OPTION}\": \"/path/to/documents\"}}' (.txt files and/or .jsonl with a `text` field)"
+            )
+        self.dataset = {"test": datasets.Dataset.from_list(load_documents(path))}
+
+    def doc_to_text(self, doc: dict[str, Any], doc_to_text: Any = None) -> str:
+        return ""
+
+    def doc_to_target(self, doc: dict[str, Any], doc_to_target: Any = None) -> str:
+        return ""
+
+    def split(self, doc: dict[str, Any]) -> dict[str, Any]:
+        key = doc["doc_id"]
+        if key not in self._splits:
+            tok = tokenizer_from(self.config.metadata)
+            self._splits[key] = split_document(tok, doc["text"], self.score_tokens, self.key_context)
+        return self._splits[key]
+
+    def reference(self) -> dict[str, dict[str, Any]] | None:
+        if self.key_reference == "inprocess":
+            return None
+        if self._reference is None:
+            self._reference = read_reference(self.key_reference)
+        return self._reference
+
+    # ---- requests
+
+    def construct_requests(self, doc: dict[str, Any], ctx: Any, **kwargs: Any):
+        from lm_eval.api.instance import Instance
+
+        kwargs.pop("apply_chat_template", None)
+        kwargs.pop("chat_template", None)
+        parts = self.split(doc)
+        reqs = [Instance(request_type="token_logprobs", doc=doc,
+                         arguments=(parts["context"], parts["continuation"]), idx=0, **kwargs)]
+        if self.reference() is None and parts["cut_context"] is not None:
+            if not (self.arm_exact or self.same_run_reference):
+                raise KeyTokenDataError(
+                    "keytoken_nll finds key tokens from exact losses: run the exact arm (fill=exact), add "
+                    "reference=exact to --model_args, or pass --metadata "
+                    "'{\"key_reference\": \"<samples file of an exact run>\"}'"
+                )
+            reqs.append(Instance(request_type="token_logprobs", doc=doc,
+                                 arguments=(parts["cut_context"], parts["continuation"]), idx=1, **kwargs))
+        return reqs
+
+    # ---- scoring
+
+    def token_sequence(self, doc: dict[str, Any], resp: dict[str, Any]) -> tuple[list[int], int]:
+        """(the tokens the model read then scored, index of the first scored token)."""
+        tok = tokenizer_from(self.config.metadata)
+        scored = list(resp["tokens"])
+        ids = tok(doc["text"], add_special_tokens=False)["input_ids"]
+        if self.verify_tokens and ids[-len(scored) :] != scored:
+            log.warning("keytoken_nll: %s: scored tokens differ from the document's own tokenization", doc["doc_id"])
+        context = ids[: len(ids) - len(scored)]
+        seen = int(resp.get("context_tokens", len(context)))
+        context = context[-seen:] if seen else []
+        return context + scored, len(context)
+
+    def key_tokens(self, doc: dict[str, Any], results: list[dict[str, Any]]) -> tuple[list[bool] | None, list[float] | None]:
+        """(key-token mask, exact full-context log-probabilities) for one document."""
+        ref = self.reference()
+        n = len(results[0]["tokens"])
+        if ref is not None:
+            entry = ref.get(doc["doc_id"])
+            if entry is None:
+                raise KeyTokenDataError(f"key_reference holds no document {doc['doc_id']!r}")
+            if entry["tokens"] != list(results[0]["tokens"]):
+                raise KeyTokenDataError(f"key_reference scored other tokens for {doc['doc_id']!r} (another tokenizer?)")
+            cut = entry["cut_exact"]
+            mask = [False] * n if cut is None else token_masks.key_mask(entry["exact"], cut, self.key_threshold)
+            same = _exact_logprobs(results[0], False)
+            return mask, same if same is not None else entry["exact"]
+        full = _exact_logprobs(results[0], self.arm_exact)
+        if len(results) < 2:  # context not longer than key_context: cutting removes nothing
+            return [False] * n, full
+        cut = _exact_logprobs(results[1], self.arm_exact)
+        return token_masks.key_mask(full, cut, self.key_threshold), full
+
+    def process_results(self, doc: dict[str, Any], results: list[Any]) -> dict[str, Any]:
+        resp = results[0]
+        arm_lp = list(resp["logprobs"])
+        seq, start = self.token_sequence(doc, resp)
+        novel = token_masks.novel_mask(seq, start, self.ngram)
+        copyable = token_masks.copyable_mask(seq, start, self.ngram)
+        key, exact_lp = self.key_tokens(doc, results)
+        nll = [-x for x in arm_lp]
+        out: dict[str, Any] = {
+            "nll_all": token_masks.masked_mean(nll),
+            "nll_novel": token_masks.masked_mean(nll, novel),
+            "nll_key": token_masks.masked_mean(nll, key),
+            "n_tokens": len(nll),
+            "n_novel": sum(novel),
+            "n_key": sum(key),
+            "copyable_share": sum(copyable) / len(copyable) if copyable else None,
+            "arm_exact": int(self.arm_exact),
+        }
+        if exact_lp is not None:
+            diff = [e - a for a, e in zip(arm_lp, exact_lp)]  # arm loss minus exact loss
+            out["dnll_all"] = token_masks.masked_mean(diff)
+            out["dnll_novel"] = token_masks.masked_mean(diff, novel)
+            out["dnll_key"] = token_masks.masked_mean(diff, key)
+        else:
+            out["dnll_all"] = out["dnll_novel"] = out["dnll_key"] = None
+        out["kl"] = token_masks.masked_mean(resp["kl"]) if "kl" in resp else None
+        out["top1_agree"] = token_masks.masked_mean([float(x) for x in resp["top1_agree"]]) if "top1_agree" in resp else None
+        return out

@@ -1,0 +1,258 @@
+"""`longbench_v2_cot`: LongBench v2 under its official chain-of-thought protocol (paper section 4.6).
+
+Per item, two generations (request type `two_pass_generate`, defined below
+for every lm-eval model on top of its `generate_until`, so `hf` runs it too):
+
+1. the CoT prompt with the document, `cot_tokens` new tokens (default 1,024);
+2. the extraction prompt with the first pass's reasoning in `$COT$` and without
+   the document, `answer_tokens` new tokens (default 128).
+
+Both sample at `temperature` 0.1 with a seed fixed per item and pass (from
+metadata `seed` and the item id), so every arm draws the same random stream.
+A pass-1 prompt longer than `max_prompt_tokens` (default 120,000) tokens is
+cut in the middle: its first half and last half of that many tokens are kept.
+The answer is read by the official rule (`extract_choice`); no match is wrong.
+
+Prompts: the official prompt files `0shot_cot.txt` and `0shot_cot_ans.txt` are
+read at run time from metadata `prompts_dir` (the `prompts/` folder of a
+LongBench checkout) and their sha256 recorded in the task's metadata. Without
+them the task uses prompts written for this project with the same placeholders
+(`$DOC$`, `$Q$`, `$C_A$`..`$C_D$`, `$COT$`) and labels its results
+"unofficial wording" (task alias and metadata `prompt_wording`).
+
+Data: metadata `data`, a local copy of the dataset's JSON (a list of items
+with `_id`, `domain`, `sub_domain`, `difficulty`, `length`, `question`,
+`choice_A`..`choice_D`, `answer`, `context`), or the same items as .jsonl.
+
+Metrics: `acc` overall, by difficulty (`acc_easy`, `acc_hard`), by length
+(`acc_short`, `acc_medium`, `acc_long`) and by domain (`acc_domain_<name>`);
+`answered` (an answer could be extracted).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from lm_eval.api.model import LM
+from lm_eval.api.task import ConfigurableTask
+
+from rf_eval.tasks.common import mean_present, metric_list, option, strip_task_keys, tokenizer_from
+
+DATA_OPTION = "data"
+PROMPTS_OPTION = "prompts_dir"
+OFFICIAL_FILES = ("0shot_cot.txt", "0shot_cot_ans.txt")
+UNOFFICIAL = "unofficial wording"
+FIELDS = ("_id", "domain", "difficulty", "length", "question", "choice_A", "choice_B", "choice_C",
+          "choice_D", "answer", "context")
+
+# Written for rf-eval; the official wording is read from the user's own copy of the prompt files.
+PROJECT_COT = """Read the document below and answer the multiple-choice question that follows it.
+
+<document>
+$DOC$
+</document>
+
+Question: $Q$
+(A) $C_A$
+(B) $C_B$
+(C) $C_C$
+(D) $C_D$
+
+Work through the question step by step before you settle on a choice."""
+
+PROJECT_COT_ANS = """A multiple-choice question was asked about a long document, which is left out here.
+
+Question: $Q$
+(A) $C_A$
+(B) $C_B$
+(C) $C_C$
+(D) $C_D$
+
+Reasoning written about the question:
+$COT$
+
+Based on that reasoning, give the final choice as "The correct answer is (X)", with X one of A, B, C or D."""
+
+DOC_LEFT_OUT = "(The document is left out here.)"
+
+
+class LongBenchDataError(RuntimeError):
+    """Missing dataset file or prompt files."""
+
+
+def load_items(path: str | Path | None) -> list[dict[str, Any]]:
+    """LongBench v2 items from a local JSON list or .jsonl file."""
+    if not path:
+        raise LongBenchDataError(
+            f"longbench_v2_cot reads the dataset from a local file: pass --metadata "
+            f"'{{\"{DATA_OPTION}\": \"/path/to/LongBench-v2/data.json\"}}'"
+        )
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise LongBenchDataError(f"{DATA_OPTION}: {p} does not exist")
+    text = p.read_text(encoding="utf-8")
+    items = [json.loads(x) for x in text.splitlines() if x.strip()] if p.suffix == ".jsonl" else json.loads(text)
+    for item in items:
+        missing = [f for f in FIELDS if f not in item]
+        if missing:
+            raise LongBenchDataError(f"{DATA_OPTION}: item {item.get('_id', '?')} lacks {', '.join(missing)}")
+    return items
+
+
+def load_templates(prompts_dir: str | Path | None) -> tuple[str, str, dict[str, Any]]:
+    """(pass-1 template, pass-2 template, provenance) from the official files or the project's own."""
+    if not prompts_dir:
+        return PROJECT_COT, PROJECT_COT_ANS, {"prompt_wording": UNOFFICIAL, "prompt_sha256": {}}
+    folder = Path(prompts_dir).expanduser()
+    texts, sums = [], {}
+    for name in OFFICIAL_FILES:
+        f = folder / name
+        if not f.is_file():
+            raise LongBenchDataError(f"{PROMPTS_OPTION}: {f} does not exist (the LongBench `prompts/` folder)")
+        raw = f.read_bytes()
+        sums[name] = hashlib.sha256(raw).hexdigest()
+        texts.append(raw.decode("utf-8"))
+    return texts[0], texts[1], {"prompt_wording": "official", "prompt_sha256": sums}
+
+
+def fill_template(template: str, item: dict[str, Any], document: str | None, cot: str | None = None) -> str:
+    """Placeholders replaced in the official order: $DOC$, $Q$, $C_A$..$C_D$, then $COT$."""
+    text = template.replace("$DOC$", (document if document is not None else DOC_LEFT_OUT).strip())
+    text = text.replace("$Q$", item["question"].strip())
+    for letter in "ABCD":
+        text = text.replace(f"$C_{letter}$", item[f"choice_{letter}"].strip())
+    if cot is not None:
+        text = text.replace("$COT$", cot)
+    return text
+
+
+def middle_cut(tokenizer: Any, text: str, max_tokens: int) -> str:
+    """The official truncation: over `max_tokens` tokens, keep the first max//2 and the last
+    max - max//2 tokens and decode them (special tokens skipped)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) <= max_tokens:
+        return text
+    head = max_tokens // 2
+    kept = ids[:head] + ids[len(ids) - (max_tokens - head) :]
+    return tokenizer.decode(kept, skip_special_tokens=True)
+
+
+def extract_choice(response: str) -> str | None:
+    """The official answer rule: drop `*`, then "The correct answer is (X)", else "... is X"."""
+    text = response.replace("*", "")
+    for pattern in (r"The correct answer is \(([A-D])\)", r"The correct answer is ([A-D])"):
+        m = re.search(pattern, text)
+        if m:
+            return m.group(1)
+    return None
+
+
+def item_seed(seed: int, item_id: str, pass_no: int) -> int:
+    digest = hashlib.sha256(f"{seed}:{item_id}:{pass_no}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def two_pass_generate(self: LM, requests: list) -> list[dict[str, Any]]:
+    """Request type `two_pass_generate`: args (context, gen_kwargs, pass-2 template, pass-2
+    gen_kwargs, options{chat, seeds}). Pass 2's prompt is the template with the pass-1 answer
+    (stripped) in `$COT$`, chat-formatted like pass 1 when `chat`. One request at a time, each
+    generation seeded from `seeds`. Returns {"cot", "response", "prompt_2"} per request."""
+    import torch
+    from lm_eval.api.instance import Instance
+
+    def generate(req: Any, context: str, gen_kwargs: dict, seed: int | None) -> str:
+        if seed is not None:
+            torch.manual_seed(seed)
+        inst = Instance("generate_until", req.doc, (context, gen_kwargs), 0, req.metadata)
+        return self.generate_until([inst], disable_tqdm=True)[0]
+
+    out = []
+    for req in requests:
+        context, gen1, template2, gen2, opts = req.args
+        seeds = opts.get("seeds") or [None, None]
+        cot = generate(req, context, gen1, seeds[0])
+        text2 = template2.replace("$COT$", cot.strip())
+        prompt2 = (
+            self.apply_chat_template([{"role": "user", "content": text2}], add_generation_prompt=True)
+            if opts.get("chat") else text2
+        )
+        response = generate(req, prompt2, gen2, seeds[1])
+        out.append({"cot": cot, "response": response, "prompt_2": prompt2})
+    return out
+
+
+if not hasattr(LM, "two_pass_generate"):
+    LM.two_pass_generate = two_pass_generate  # every lm-eval model gets the request type
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+class LongBenchCoTTask(ConfigurableTask):
+    """LongBench v2, official CoT protocol, results by domain, difficulty and length."""
+
+    def __init__(self, data_dir=None, cache_dir=None, download_mode=None, config: dict | None = None) -> None:
+        cfg, _ = strip_task_keys(config)
+        meta = dict(cfg.get("metadata") or {})
+        self.max_prompt_tokens = option(meta, "max_prompt_tokens", 120_000, int)
+        self.cot_tokens = option(meta, "cot_tokens", 1024, int)
+        self.answer_tokens = option(meta, "answer_tokens", 128, int)
+        self.temperature = option(meta, "temperature", 0.1, float)
+        self.seed = option(meta, "seed", 0, int)
+        self.template_cot, self.template_ans, provenance = load_templates(meta.get(PROMPTS_OPTION))
+        cfg["metadata"] = {**meta, **provenance}
+        if provenance["prompt_wording"] == UNOFFICIAL:
+            cfg["task_alias"] = f"{cfg['task']} ({UNOFFICIAL})"
+        self.items = load_items(meta.get(DATA_OPTION))
+        self.domains = sorted({item["domain"] for item in self.items})
+        cfg["metric_list"] = metric_list(self.metric_spec())
+        cfg["process_results"] = self.process_results
+        super().__init__(config=cfg)
+
+    def metric_spec(self) -> dict[str, tuple[Any, bool]]:
+        names = ["acc", "answered", "acc_easy", "acc_hard", "acc_short", "acc_medium", "acc_long"]
+        names += [f"acc_domain_{slug(d)}" for d in self.domains]
+        return {n: (mean_present, True) for n in names}
+
+    def download(self, dataset_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        import datasets
+
+        self.dataset = {"test": datasets.Dataset.from_list(self.items)}
+
+    def doc_to_text(self, doc: dict[str, Any], doc_to_text: Any = None) -> str:
+        prompt = fill_template(self.template_cot, doc, doc["context"])
+        return middle_cut(tokenizer_from(self.config.metadata), prompt, self.max_prompt_tokens)
+
+    def doc_to_target(self, doc: dict[str, Any], doc_to_target: Any = None) -> str:
+        return doc["answer"]
+
+    def gen_kwargs(self, max_gen_toks: int) -> dict[str, Any]:
+        sample = self.temperature > 0
+        return {"until": [], "max_gen_toks": max_gen_toks, "do_sample": sample, "temperature": self.temperature}
+
+    def construct_requests(self, doc: dict[str, Any], ctx: Any, **kwargs: Any):
+        from lm_eval.api.instance import Instance
+
+        kwargs.pop("chat_template", None)
+        chat = bool(kwargs.pop("apply_chat_template", False))
+        template2 = fill_template(self.template_ans, doc, document=None)
+        opts = {"chat": chat, "seeds": [item_seed(self.seed, doc["_id"], 1), item_seed(self.seed, doc["_id"], 2)]}
+        args = (ctx, self.gen_kwargs(self.cot_tokens), template2, self.gen_kwargs(self.answer_tokens), opts)
+        return Instance(request_type="two_pass_generate", doc=doc, arguments=args, idx=0, **kwargs)
+
+    def process_results(self, doc: dict[str, Any], results: list[Any]) -> dict[str, Any]:
+        pred = extract_choice(results[0]["response"])
+        correct = float(pred == doc["answer"])
+        out: dict[str, Any] = {"acc": correct, "answered": float(pred is not None)}
+        for level in ("easy", "hard"):
+            out[f"acc_{level}"] = correct if doc["difficulty"] == level else None
+        for level in ("short", "medium", "long"):
+            out[f"acc_{level}"] = correct if doc["length"] == level else None
+        for domain in self.domains:
+            out[f"acc_domain_{slug(domain)}"] = correct if doc["domain"] == domain else None
+        return out

@@ -1,0 +1,57 @@
+"""Token subsets of key-token loss (paper sections 3.1 and 4.7).
+
+All functions take a token sequence (the prompt the model read, then the
+scored tokens) and the index where scoring starts, and return one flag per
+scored token.
+
+- novel: not inside any `n`-token run (default 8) that also occurs earlier in
+  the sequence (section 3.1);
+- copyable: the token and the `n` tokens before it already occur earlier in
+  the sequence (section 4.7's slightly stricter rule);
+- key: the exact loss rises by more than `threshold` nats (default 2) when the
+  context is cut to its last 4,096 tokens (section 3.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def repeated_starts(tokens: Sequence[int], n: int) -> list[bool]:
+    """For each start s, whether the run tokens[s:s+n] also starts at some earlier position."""
+    seen: set[tuple[int, ...]] = set()
+    out = []
+    for s in range(len(tokens) - n + 1):
+        gram = tuple(tokens[s : s + n])
+        out.append(gram in seen)
+        seen.add(gram)
+    return out
+
+
+def novel_mask(tokens: Sequence[int], start: int, n: int = 8) -> list[bool]:
+    """Scored tokens (positions start..end) that lie inside no repeated `n`-token run."""
+    rep = repeated_starts(tokens, n)
+    out = []
+    for i in range(start, len(tokens)):
+        lo, hi = max(0, i - n + 1), min(i, len(rep) - 1)
+        out.append(not any(rep[s] for s in range(lo, hi + 1)))
+    return out
+
+
+def copyable_mask(tokens: Sequence[int], start: int, n: int = 8) -> list[bool]:
+    """Scored tokens whose run of n+1 tokens ending at them occurs earlier in the sequence."""
+    rep = repeated_starts(tokens, n + 1)
+    return [i - n >= 0 and rep[i - n] for i in range(start, len(tokens))]
+
+
+def key_mask(full_logprobs: Sequence[float], cut_logprobs: Sequence[float], threshold: float = 2.0) -> list[bool]:
+    """Tokens whose exact loss with the cut context exceeds the full-context loss by > threshold nats."""
+    if len(full_logprobs) != len(cut_logprobs):
+        raise ValueError(f"{len(full_logprobs)} full-context and {len(cut_logprobs)} cut-context log-probabilities")
+    return [(f - c) > threshold for f, c in zip(full_logprobs, cut_logprobs)]
+
+
+def masked_mean(values: Sequence[float], mask: Sequence[bool] | None = None) -> float | None:
+    """Mean of the values where mask is true (all values without a mask); None if none."""
+    xs = list(values) if mask is None else [v for v, m in zip(values, mask) if m]
+    return sum(xs) / len(xs) if xs else None
