@@ -1,0 +1,65 @@
+"""Names for the arms of a study, from the model_args each run recorded.
+
+An arm is one (model, model_args) setting. Its name is built from what tells it
+apart from the other arms: the model_args keys whose values differ across arms
+(the value alone when only one key differs; key=value pairs otherwise), with
+paths shortened to their last component. Explicit `arm=` or `name=` keys win.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["name_arms", "parse_model_args"]
+
+_EXPLICIT = ("arm", "name")
+
+
+def parse_model_args(value: str | Mapping[str, Any] | None) -> dict[str, str]:
+    """model_args as recorded by lm-eval (a dict, or the 'k=v,k=v' string of older releases)."""
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        return {str(k): _text(v) for k, v in value.items()}
+    out: dict[str, str] = {}
+    for part in str(value).split(","):
+        if part.strip():
+            key, _, val = part.partition("=")
+            out[key.strip()] = val.strip()
+    return out
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else str(value)
+
+
+def _short(value: str) -> str:
+    tail = value.rstrip("/").rsplit("/", 1)[-1]
+    return tail or value
+
+
+def name_arms(models: Sequence[str], model_args: Sequence[Mapping[str, str]]) -> list[str]:
+    """One unique, short name per arm (same order as the inputs)."""
+    settings = [{"model": m, **dict(a)} for m, a in zip(models, model_args)]
+    keys: list[str] = []
+    for s in settings:
+        keys += [k for k in s if k not in keys]
+    differing = [k for k in keys if len({s.get(k) for s in settings}) > 1]
+    names = []
+    for s in settings:
+        explicit = next((s[k] for k in _EXPLICIT if s.get(k)), None)
+        if explicit:
+            names.append(explicit)
+        elif len(differing) == 1:
+            names.append(_short(s.get(differing[0]) or "(unset)"))
+        elif differing:
+            names.append(",".join(f"{k}={_short(s[k])}" for k in differing if k in s))
+        else:
+            names.append(_short(s.get("pretrained") or s["model"]))
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        unique.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return unique

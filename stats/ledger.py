@@ -1,0 +1,181 @@
+"""The run ledger: a hash-chained log of registered claims (paper section 9, Registration).
+
+Each entry records a claim, its predictions with their decision rules, the
+sha256 of each of the run's configuration files and the hash of the entry
+before it, so no entry can be edited, reordered or deleted without breaking
+the chain. The file is JSON Lines; every line is the canonical serialization
+of its entry (sorted keys, no spaces, ASCII), and `hash` is the sha256 of that
+serialization without the `hash` field. Verification re-serializes every line
+and compares bytes, so changing any byte fails. Deleting the *last* entries
+leaves a valid shorter chain: record the head hash that `append_entry` returns
+(the paper publishes a chain index) and pass it to `verify_ledger`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+__all__ = [
+    "GENESIS", "LedgerEntry", "LedgerError", "append_entry", "file_sha256", "verify_ledger", "verify_ledger_bytes",
+]  # fmt: skip
+
+#: `prev` of the first entry.
+GENESIS = "0" * 64
+_FIELDS = ("arms", "claim", "configs", "hash", "index", "prediction", "prev", "time")
+
+
+class LedgerError(ValueError):
+    """The ledger is broken, or an entry cannot be added; the message names the line."""
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One registered claim. `configs` holds (path as given, sha256) pairs."""
+
+    index: int
+    time: datetime
+    claim: str
+    prediction: str
+    configs: tuple[tuple[str, str], ...]
+    arms: tuple[str, ...]
+    prev: str
+    hash: str
+
+    def config_hashes(self) -> frozenset[str]:
+        return frozenset(digest for _, digest in self.configs)
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file's bytes, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _canonical(record: dict) -> str:
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def _entry_hash(record: dict) -> str:
+    return hashlib.sha256(_canonical({k: v for k, v in record.items() if k != "hash"}).encode()).hexdigest()
+
+
+def _parse_line(number: int, line: str, prev: str) -> LedgerEntry:
+    where = f"line {number}"
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise LedgerError(f"{where}: not valid JSON ({err.msg})") from None
+    if not isinstance(record, dict) or tuple(sorted(record)) != _FIELDS:
+        raise LedgerError(f"{where}: fields differ from {', '.join(_FIELDS)}")
+    if _canonical(record) != line:
+        raise LedgerError(f"{where}: bytes differ from the entry's canonical form (edited)")
+    if record["index"] != number - 1:
+        raise LedgerError(f"{where}: index {record['index']} out of order (entries reordered or deleted)")
+    if record["prev"] != prev:
+        raise LedgerError(f"{where}: previous-entry hash does not match (entry edited, reordered or deleted)")
+    if record["hash"] != _entry_hash(record):
+        raise LedgerError(f"{where}: entry hash does not match its content (edited)")
+    try:
+        when = datetime.fromisoformat(record["time"])
+        configs = tuple((str(c["path"]), str(c["sha256"])) for c in record["configs"])
+    except (TypeError, ValueError, KeyError):
+        raise LedgerError(f"{where}: malformed time or config list") from None
+    return LedgerEntry(
+        index=record["index"],
+        time=when,
+        claim=record["claim"],
+        prediction=record["prediction"],
+        configs=configs,
+        arms=tuple(record["arms"]),
+        prev=record["prev"],
+        hash=record["hash"],
+    )
+
+
+def verify_ledger(path: str | Path, *, head: str | None = None) -> list[LedgerEntry]:
+    """Read and verify the whole chain; return its entries or raise `LedgerError`.
+
+    `head`, if given, must be the hash of the last entry (catches deleted tail entries).
+    """
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise LedgerError(f"no ledger at {path}") from None
+    return verify_ledger_bytes(data, head=head)
+
+
+def verify_ledger_bytes(data: bytes, *, head: str | None = None) -> list[LedgerEntry]:
+    """`verify_ledger` on the ledger's content."""
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError as err:
+        raise LedgerError(f"byte {err.start}: not ASCII (a canonical ledger is ASCII)") from None
+    if text and not text.endswith("\n"):
+        raise LedgerError("the last line does not end with a newline (truncated or edited)")
+    entries: list[LedgerEntry] = []
+    prev = GENESIS
+    lines = text[:-1].split("\n") if text else []
+    for number, line in enumerate(lines, start=1):
+        entry = _parse_line(number, line, prev)
+        if entries and entry.time < entries[-1].time:
+            raise LedgerError(f"line {number}: time goes backwards")
+        entries.append(entry)
+        prev = entry.hash
+    if head is not None and prev != head:
+        raise LedgerError(f"the last entry's hash {prev[:12]}... is not the expected head {head[:12]}...")
+    return entries
+
+
+def append_entry(
+    path: str | Path,
+    *,
+    claim: str,
+    prediction: str,
+    configs: Sequence[str | Path],
+    arms: Sequence[str] = (),
+    now: datetime | None = None,
+) -> LedgerEntry:
+    """Verify the ledger (a missing file starts a new one), then append one entry.
+
+    Returns the new entry; its `hash` is the new head of the chain.
+    """
+    path = Path(path)
+    entries = verify_ledger(path) if path.exists() else []
+    if not claim.strip() or not prediction.strip():
+        raise LedgerError("an entry needs a claim and a prediction")
+    if not configs:
+        raise LedgerError("an entry needs at least one config file")
+    hashed = []
+    for cfg in configs:
+        if not Path(cfg).is_file():
+            raise LedgerError(f"config file not found: {cfg}")
+        hashed.append({"path": str(cfg), "sha256": file_sha256(cfg)})
+    when = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    if entries and when < entries[-1].time:
+        raise LedgerError("the clock is behind the last entry's time")
+    record = {
+        "arms": list(arms),
+        "claim": claim,
+        "configs": hashed,
+        "index": len(entries),
+        "prediction": prediction,
+        "prev": entries[-1].hash if entries else GENESIS,
+        "time": when.isoformat(timespec="microseconds"),
+    }
+    record["hash"] = _entry_hash(record)
+    line = _canonical(record) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="ascii") as fh:
+        fh.write(line)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return _parse_line(len(entries) + 1, line[:-1], record["prev"])

@@ -1,0 +1,57 @@
+"""Pair per-item results of an arm with its reference (paper sections 3.3, 3.4 and 9).
+
+Every arm is compared with the reference on the same inputs. Items pair by task,
+filter and document (doc_id, with the same doc_hash); an item pairs only if
+both arms were given the same prompt (the same prompt_hash). Anything else is
+refused with a message naming the task and the document: a difference in the
+prompt (another chat template, few-shot draw or truncation) would be measured
+as a difference between the arms.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+__all__ = ["PAIR_KEYS", "PairingError", "pair_arms"]
+
+PAIR_KEYS = ["task", "filter", "doc_id"]
+_SHARED = ["metric", "unit", "higher_is_better", "length", "domain"]
+
+
+class PairingError(ValueError):
+    """Two arms' items cannot be paired: different documents, prompts or metrics."""
+
+
+def _first_mismatch(merged: pd.DataFrame, column: str) -> pd.Series | None:
+    bad = merged[merged[f"{column}_arm"] != merged[f"{column}_ref"]]
+    return None if bad.empty else bad.iloc[0]
+
+
+def pair_arms(items: pd.DataFrame, arm: str, ref: str) -> pd.DataFrame:
+    """Aligned scores of `arm` and `ref` on the items both have.
+
+    Returns one row per paired item: the keys, the shared item facts (metric,
+    unit, length, domain), `arm` and `ref` scores, and the timing columns of both
+    arms. `attrs["unpaired"]` counts the items only one of the two arms has.
+    """
+    a = items[items["arm"] == arm]
+    r = items[items["arm"] == ref]
+    merged = a.merge(r, on=PAIR_KEYS, how="inner", suffixes=("_arm", "_ref"))
+    for column, what in (("doc_hash", "documents"), ("prompt_hash", "prompts"), ("metric", "metrics")):
+        row = _first_mismatch(merged, column)
+        if row is not None:
+            raise PairingError(
+                f"task {row['task']!r}, doc {row['doc_id']}: the {what} differ between arm {arm!r} "
+                f"and reference {ref!r} ({str(row[f'{column}_arm'])[:16]} vs {str(row[f'{column}_ref'])[:16]}); "
+                "items are paired only when both arms saw the same document and prompt"
+            )
+    out = merged[PAIR_KEYS].copy()
+    for column in _SHARED:
+        out[column] = merged[f"{column}_arm"].where(merged[f"{column}_arm"].notna(), merged[f"{column}_ref"])
+    out["arm"] = merged["score_arm"].to_numpy()
+    out["ref"] = merged["score_ref"].to_numpy()
+    for column in ("prefill_seconds", "speedup_ceiling"):
+        out[f"{column}_arm"] = merged[f"{column}_arm"].to_numpy()
+        out[f"{column}_ref"] = merged[f"{column}_ref"].to_numpy()
+    out.attrs["unpaired"] = len(a) + len(r) - 2 * len(merged)
+    return out.sort_values(PAIR_KEYS, kind="stable").reset_index(drop=True)

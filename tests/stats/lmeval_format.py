@@ -1,0 +1,142 @@
+"""Write lm-eval 0.4.13 output folders (results JSON + --log_samples JSONL) without running lm-eval.
+
+The layout and fields are the ones lm-eval's evaluator and EvaluationTracker
+write (checked against real runs in tests/reports): OUT/<model_name_sanitized>/
+results_<date_id>.json and samples_<task>_<date_id>.jsonl, with doc_hash =
+sha256 of the doc as indented JSON, prompt_hash = sha256 of the first
+request's context and target_hash = sha256 of the target.
+
+Loaded by path from the conftest files of tests/stats and tests/reports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def sample_line(
+    doc_id: int, doc: dict, prompt: str, target: str, metrics: Mapping[str, Any], *, filter_key: str = "none", extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """One --log_samples line, as lm-eval writes it for a generate_until task."""
+    line = {
+        "doc_id": doc_id,
+        "doc": doc,
+        "target": str(target),
+        "arguments": {"gen_args_0": {"arg_0": prompt, "arg_1": {"until": ["\n"]}}},
+        "resps": [["lol"]],
+        "filtered_resps": ["lol"],
+        "filter": filter_key,
+        "metrics": list(metrics),
+        "doc_hash": _sha(json.dumps(doc, indent=2, ensure_ascii=False)),
+        "prompt_hash": _sha(prompt),
+        "target_hash": _sha(str(target)),
+    }
+    line.update(metrics)
+    line.update(extra or {})
+    return line
+
+
+def write_run(
+    out: str | Path,
+    *,
+    model_args: Mapping[str, Any],
+    tasks: Mapping[str, Sequence[dict[str, Any]]],
+    model: str = "hf",
+    higher_is_better: Mapping[str, Mapping[str, bool]] | None = None,
+    started: float = 1_790_000_000.0,
+) -> Path:
+    """Write one run: `tasks` maps a task name to its sample lines (see `sample_line`).
+
+    Returns the results file. The model folder is named from `pretrained` like lm-eval does.
+    """
+    date_id = datetime.fromtimestamp(started, tz=timezone.utc).isoformat().replace(":", "-").replace("+00-00", "")
+    name = str(model_args.get("pretrained", "model"))
+    folder = Path(out) / re.sub(r"[\"<>:/|\\?*\[\]]+", "__", name)
+    folder.mkdir(parents=True, exist_ok=True)
+    hib = dict(higher_is_better or {})
+    configs, results = {}, {}
+    for task, samples in tasks.items():
+        metrics = list(samples[0]["metrics"]) if samples else ["acc"]
+        hib.setdefault(task, {m: True for m in metrics})
+        configs[task] = {
+            "task": task,
+            "output_type": "generate_until",
+            "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": hib[task][m]} for m in metrics],
+            "metadata": {"version": 1.0},
+        }
+        results[task] = {"alias": task, **{f"{m},none": 0.0 for m in metrics}}
+        with open(folder / f"samples_{task}_{date_id}.jsonl", "w", encoding="utf-8") as fh:
+            for s in samples:
+                fh.write(json.dumps(s, ensure_ascii=False) + "\n")
+    data = {
+        "results": results,
+        "group_subtasks": {},
+        "configs": configs,
+        "versions": {t: 1.0 for t in tasks},
+        "n-shot": {t: 0 for t in tasks},
+        "higher_is_better": hib,
+        "n-samples": {t: {"original": len(s), "effective": len(s)} for t, s in tasks.items()},
+        "config": {"model": model, "model_args": dict(model_args), "batch_size": 1, "random_seed": 0},
+        "git_hash": None,
+        "date": started,
+        "task_hashes": {},
+        "model_source": model,
+        "model_name": name,
+        "model_name_sanitized": folder.name,
+        "lm_eval_version": "0.4.13",
+        "total_evaluation_time_seconds": "1.0",
+    }
+    path = folder / f"results_{date_id}.json"
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def accuracy_run(
+    out: str | Path,
+    arm: str,
+    correct: Mapping[str, Sequence[bool]],
+    *,
+    lengths: Sequence[int] | None = None,
+    started: float = 1_790_000_000.0,
+    timings: Sequence[float] | None = None,
+    ceiling: float | None = None,
+    prompt_suffix: str = "",
+) -> Path:
+    """A run of RULER-style tasks (metrics named by length, -1 elsewhere) or plain `acc` tasks.
+
+    `correct[task][i]` is item i's outcome; with `lengths`, item i has length
+    lengths[i % len(lengths)] and RULER's per-length metrics.
+    """
+    tasks = {}
+    for task, outcomes in correct.items():
+        lines = []
+        for i, ok in enumerate(outcomes):
+            doc = {"index": i, "input": f"{task} haystack {i}", "outputs": [str(1000 + i)]}
+            if lengths:
+                length = lengths[i % len(lengths)]
+                doc["max_length"] = length
+                metrics = {str(n): -1.0 for n in sorted(set(lengths))}
+                metrics[str(length)] = 1.0 if ok else 0.0
+            else:
+                metrics = {"acc": 1.0 if ok else 0.0}
+            extra = {}
+            if timings is not None:
+                extra["prefill_seconds"] = timings[i % len(timings)] * (1 + (doc.get("max_length", 1) / 4096))
+            if ceiling is not None:
+                extra["speedup_ceiling"] = ceiling
+            prompt = f"{doc['input']}\nWhat is the number?{prompt_suffix}"
+            lines.append(sample_line(i, doc, prompt, doc["outputs"][0], metrics, extra=extra))
+        tasks[task] = lines
+    return write_run(
+        out, model_args={"pretrained": "/models/tiny", "fill": arm, "split": 12}, tasks=tasks, started=started
+    )

@@ -1,0 +1,112 @@
+"""rf_eval.stats.runs / pairing / arms: lm-eval output folders into paired per-item results."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rf_eval.stats.arms import name_arms, parse_model_args
+from rf_eval.stats.pairing import PairingError, pair_arms
+from rf_eval.stats.runs import RunFormatError, load_runs
+
+OUTCOMES = {"niah_single_1": [True, True, False, True, True, False], "niah_multikey_1": [True, False, True, True, True, True]}
+
+
+def _flip(outcomes, *idx):
+    return {t: [(not ok) if i in idx else ok for i, ok in enumerate(v)] for t, v in outcomes.items()}
+
+
+def test_loads_ruler_style_runs_into_points_with_lengths(tmp_path, lmeval_format):
+    lmeval_format.accuracy_run(tmp_path, "exact", OUTCOMES, lengths=[4096, 8192], started=1.79e9)
+    lmeval_format.accuracy_run(tmp_path, "ridge", _flip(OUTCOMES, 0), lengths=[4096, 8192], started=1.79e9 + 60)
+    runs = load_runs([tmp_path])
+    assert [a.name for a in runs.arms] == ["exact", "ridge"]
+    items = runs.items
+    assert len(items) == 24 and set(items["unit"]) == {"points"}
+    assert set(items["score"]) == {0.0, 100.0}
+    assert set(items["length"]) == {4096, 8192} and set(items["metric"]) == {"score"}
+    exact = items[(items.arm == "exact") & (items.task == "niah_single_1")].sort_values("doc_id")
+    assert list(exact["score"]) == [100.0 if ok else 0.0 for ok in OUTCOMES["niah_single_1"]]
+    assert runs.arm("ridge").model_args["fill"] == "ridge"
+    assert runs.arm("exact").started.timestamp() == pytest.approx(1.79e9)
+
+
+def test_pairs_by_task_and_document(tmp_path, lmeval_format):
+    lmeval_format.accuracy_run(tmp_path, "exact", OUTCOMES, started=1.79e9)
+    lmeval_format.accuracy_run(tmp_path, "ridge", _flip(OUTCOMES, 1, 2), started=1.79e9 + 1)
+    runs = load_runs([tmp_path])
+    pairs = pair_arms(runs.items, "ridge", "exact")
+    assert len(pairs) == 12 and pairs.attrs["unpaired"] == 0
+    assert (pairs["arm"] != pairs["ref"]).sum() == 4
+    assert pairs["length"].isna().all()  # plain acc tasks without a length: handled
+
+
+def test_refuses_to_pair_items_whose_prompts_differ(tmp_path, lmeval_format):
+    lmeval_format.accuracy_run(tmp_path / "a", "exact", OUTCOMES, started=1.79e9)
+    lmeval_format.accuracy_run(tmp_path / "b", "ridge", OUTCOMES, started=1.79e9 + 1, prompt_suffix=" Answer:")
+    runs = load_runs([tmp_path / "a", tmp_path / "b"])
+    with pytest.raises(PairingError, match=r"task 'niah_single_1', doc 0: the prompts differ"):
+        pair_arms(runs.items, "ridge", "exact")
+
+
+def test_items_missing_from_one_arm_are_counted_not_paired(tmp_path, lmeval_format):
+    lmeval_format.accuracy_run(tmp_path, "exact", OUTCOMES, started=1.79e9)
+    short = {t: v[:4] for t, v in OUTCOMES.items()}
+    lmeval_format.accuracy_run(tmp_path, "ridge", short, started=1.79e9 + 1)
+    pairs = pair_arms(load_runs([tmp_path]).items, "ridge", "exact")
+    assert len(pairs) == 8 and pairs.attrs["unpaired"] == 4
+
+
+def test_latest_run_of_an_arm_wins_and_is_noted(tmp_path, lmeval_format):
+    lmeval_format.accuracy_run(tmp_path, "exact", OUTCOMES, started=1.79e9)
+    lmeval_format.accuracy_run(tmp_path, "exact", _flip(OUTCOMES, 0), started=1.79e9 + 5)
+    runs = load_runs([tmp_path])
+    assert [a.name for a in runs.arms] == ["tiny"]  # one arm: named after its model
+    assert len(runs.items) == 12
+    first = runs.items[(runs.items.task == "niah_single_1") & (runs.items.doc_id == 0)]
+    assert first["score"].item() == 0.0  # the later (flipped) run
+    assert any("replaces the earlier run" in n for n in runs.notes)
+
+
+def test_raw_metrics_keep_their_unit_and_missing_samples_are_noted(tmp_path, lmeval_format):
+    lines = [
+        lmeval_format.sample_line(i, {"text": f"doc {i}", "domain": "code" if i % 2 else "prose"}, f"doc {i}", "", {"nll": 2.0 + 0.1 * i})
+        for i in range(4)
+    ]
+    lmeval_format.write_run(tmp_path, model_args={"pretrained": "m", "fill": "exact"}, tasks={"key_nll": lines},
+                            higher_is_better={"key_nll": {"nll": False}})
+    runs = load_runs([tmp_path])
+    items = runs.items
+    assert set(items["unit"]) == {"raw"} and not items["higher_is_better"].any()
+    assert list(items["score"]) == pytest.approx([2.0, 2.1, 2.2, 2.3])
+    assert set(items["domain"]) == {"code", "prose"}
+    # a results file whose task has no samples file: noted, arm left out
+    res = next(tmp_path.rglob("results_*.json"))
+    data = json.loads(res.read_text())
+    data["config"]["model_args"] = {"pretrained": "m", "fill": "ridge"}
+    (res.parent / "results_2030-01-01T00-00-00.json").write_text(json.dumps(data))
+    runs = load_runs([tmp_path])
+    assert any("no per-sample log for key_nll" in n for n in runs.notes)
+
+
+def test_format_errors_name_the_path(tmp_path):
+    with pytest.raises(RunFormatError, match="no lm-eval results"):
+        load_runs([tmp_path])
+    with pytest.raises(RunFormatError, match="no such folder"):
+        load_runs([tmp_path / "missing"])
+    (tmp_path / "results_x.json").write_text("{}")
+    with pytest.raises(RunFormatError, match="not an lm-eval results file"):
+        load_runs([tmp_path])
+
+
+def test_arm_names_from_model_args():
+    assert parse_model_args("pretrained=/m/llama,fill=ridge,split=12") == {"pretrained": "/m/llama", "fill": "ridge", "split": "12"}
+    assert parse_model_args({"split": 12}) == {"split": "12"}
+    args = [{"pretrained": "/m/x", "fill": "exact"}, {"pretrained": "/m/x", "fill": "ridge", "split": "12"}]
+    assert name_arms(["hf", "ridgefill"], args) == ["model=hf,fill=exact", "model=ridgefill,fill=ridge,split=12"]
+    assert name_arms(["hf", "hf"], [{"pretrained": "/a/m1"}, {"pretrained": "/b/m2/"}]) == ["m1", "m2"]
+    assert name_arms(["hf"], [{"pretrained": "/a/m1"}]) == ["m1"]
+    assert name_arms(["dummy", "dummy"], [{"arm": "exact", "x": "1"}, {"arm": "exact", "x": "2"}]) == ["exact", "exact#2"]
+    assert np.array_equal(name_arms([], []), [])
