@@ -72,3 +72,72 @@ another arm.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import lm_eval.models  # noqa: F401  (lm-eval's own models first: its registry imports them only when empty)
+import torch
+from lm_eval.api.registry import register_model
+
+from rf_eval.model_adapters.config import ModelArgsError, RidgeFillConfig
+from rf_eval.model_adapters.prefill_lm import PrefillLM
+
+
+@register_model("ridgefill")
+class RidgeFillLM(PrefillLM):
+    """`--model ridgefill`: prompts prefilled by `rf_eval.RidgeFill`; see the module docstring."""
+
+    config_class = RidgeFillConfig
+    config: RidgeFillConfig
+
+    def _preflight(self) -> None:
+        """Maps made for another model, or a split outside the model: an error before the weights load."""
+        from transformers import AutoConfig
+
+        from rf_eval.maps import config_hash, load_maps
+
+        cfg = self.config
+        model_config = AutoConfig.from_pretrained(cfg.pretrained, trust_remote_code=cfg.trust_remote_code)
+        n_layers = getattr(model_config, "num_hidden_layers", None)
+        if cfg.split is not None and n_layers is not None and not 1 <= cfg.split <= n_layers - 1:
+            raise ModelArgsError(f"split={cfg.split} is outside 1..{n_layers - 1} for this {n_layers}-layer model")
+        if cfg.maps is not None:
+            self._maps = load_maps(cfg.maps, cfg.split)
+            if self._maps.metadata.get("config_hash") != config_hash(model_config):
+                raise ModelArgsError(f"maps={cfg.maps!r} were fitted for another model than {cfg.pretrained!r}")
+
+    def _build_engines(self) -> tuple[Any, Any]:
+        from rf_eval.api import RidgeFill
+
+        cfg = self.config
+        maps = getattr(self, "_maps", None)
+        arm = RidgeFill(
+            self.model, self.tokenizer, maps=maps, split=cfg.split, tail=cfg.tail, fill=cfg.fill,
+            chunk_size=cfg.chunk_size,
+        )
+        exact = RidgeFill(self.model, self.tokenizer, split=arm.plan.split, tail=arm.plan.tail, fill="exact")
+        return arm, exact
+
+    def _prefill(self, engine: Any, ids: list[int], for_generation: bool = False):
+        # For generation the last prompt token is left to `generate` (it runs it exactly, as a
+        # tail row), so the engine prefills the rest with the tail shortened by one: every
+        # prompt row keeps its class. The same convention as RidgeFill.generate.
+        plan = dataclasses.replace(engine.plan, tail=max(engine.plan.tail - 1, 1)) if for_generation else None
+        return engine.prefill(torch.tensor([ids], device=self.device), plan)
+
+    def arm_info(self) -> dict[str, Any]:
+        info = self.arm.provenance()
+        info.update(
+            method="ridgefill",
+            selectors=[s] if (s := info.pop("selector", None)) else [],
+            corrections=[],
+            splices=[],
+            reference=self.config.reference,
+            maps_path=self.config.maps,
+        )
+        return info
+
+    def _is_plain(self, engine: Any, n: int) -> bool:
+        plan = engine.plan
+        return (plan.fill == "exact" or plan.tail >= n) and plan.chunk_size is None and engine.selector is None

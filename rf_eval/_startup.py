@@ -1,0 +1,127 @@
+"""Make the plain `lm_eval` command find rf-eval's models and tasks (lm-eval 0.4.13 has no plugin entry points).
+
+Imported at every interpreter start by `rf_eval_lm_eval.pth` (installed into
+site-packages by setup.py). It imports nothing but `sys` and `os` and only
+puts a small finder on `sys.meta_path`. When lm-eval itself later imports
+
+- `lm_eval.models`: the `ridgefill` (and future `rarecache`) models are
+  registered as lazy "module:Class" strings (lm-eval's registry loads them on
+  first use, so `lm_eval --model hf` never imports rf-eval code);
+- `lm_eval.tasks.manager`: every `TaskManager` also indexes the installed
+  `rf_eval.tasks` folder (after lm-eval's own tasks and before --include_path).
+
+Any failure is swallowed: this module must never break an unrelated start.
+Set RF_EVAL_NO_LM_EVAL_HOOK=1 to switch it off.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# lm-eval model name -> "module:Class"; a new adapter adds one line here.
+MODELS = {
+    "ridgefill": "rf_eval.model_adapters.ridgefill:RidgeFillLM",
+}
+_WATCHED = ("lm_eval.models", "lm_eval.tasks.manager")
+
+
+def _register_models(module) -> None:
+    from lm_eval.api.registry import model_registry
+
+    for name, target in MODELS.items():
+        if name not in model_registry:
+            model_registry.register(name, target=target)
+
+
+def tasks_dir() -> str | None:
+    """The installed `rf_eval.tasks` folder (the repository's tasks/ under an editable install)."""
+    from importlib.util import find_spec
+
+    spec = find_spec("rf_eval.tasks")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return locations[0] if locations else None
+
+
+def _add_tasks_folder(module) -> None:
+    manager = module.TaskManager
+    original = manager.__init__
+    if getattr(original, "_rf_eval", False):
+        return
+
+    def __init__(self, verbosity=None, include_path=None, *args, **kwargs):
+        folder = tasks_dir()
+        if folder:
+            given = include_path if isinstance(include_path, (list, tuple)) else [include_path] if include_path else []
+            if all(os.path.abspath(str(p)) != folder for p in given):
+                include_path = [folder, *given]
+        original(self, verbosity, include_path, *args, **kwargs)
+
+    __init__._rf_eval = True
+    __init__.__wrapped__ = original
+    manager.__init__ = __init__
+
+
+_HOOKS = {"lm_eval.models": _register_models, "lm_eval.tasks.manager": _add_tasks_folder}
+
+
+class _Loader:
+    """Wraps a module's loader: run the module, then our hook (errors in the hook are ignored)."""
+
+    def __init__(self, loader, hook):
+        self._loader, self._hook = loader, hook
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        try:
+            self._hook(module)
+        except Exception:  # never break lm-eval because of rf-eval
+            pass
+
+
+class _Finder:
+    """A meta-path finder that answers only for the watched lm-eval modules."""
+
+    _busy = False
+
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        if fullname not in _HOOKS or cls._busy:
+            return None
+        cls._busy = True
+        try:
+            for finder in sys.meta_path:
+                if finder is cls or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                        spec.loader = _Loader(spec.loader, _HOOKS[fullname])
+                    return spec
+            return None
+        except Exception:
+            return None
+        finally:
+            cls._busy = False
+
+
+def install() -> None:
+    if os.environ.get("RF_EVAL_NO_LM_EVAL_HOOK") or _Finder in sys.meta_path:
+        return
+    for name, hook in _HOOKS.items():  # lm-eval already imported (e.g. startup order): hook it now
+        module = sys.modules.get(name)
+        if module is not None:
+            hook(module)
+    sys.meta_path.insert(0, _Finder)
+
+
+try:
+    install()
+except Exception:  # pragma: no cover - a broken hook must not break Python
+    pass
