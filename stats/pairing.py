@@ -1,7 +1,7 @@
 """Pair per-item results of an arm with its reference (paper sections 3.3, 3.4 and 9).
 
 Every arm is compared with the reference on the same inputs. Items pair by task,
-filter and document (doc_id, with the same doc_hash); an item pairs only if
+filter, metric and document (doc_id, with the same doc_hash); an item pairs only if
 both arms were given the same prompt (the same prompt_hash). Anything else is
 refused with a message naming the task and the document: a difference in the
 prompt (another chat template, few-shot draw or truncation) would be measured
@@ -14,12 +14,12 @@ import pandas as pd
 
 __all__ = ["PAIR_KEYS", "PairingError", "pair_arms"]
 
-PAIR_KEYS = ["task", "filter", "doc_id"]
-_SHARED = ["metric", "unit", "higher_is_better", "length", "domain"]
+PAIR_KEYS = ["task", "filter", "metric", "doc_id"]
+_SHARED = ["primary", "unit", "higher_is_better", "length", "domain"]
 
 
 class PairingError(ValueError):
-    """Two arms' items cannot be paired: different documents, prompts or metrics."""
+    """Two arms' items cannot be paired: different documents or prompts."""
 
 
 def _first_mismatch(merged: pd.DataFrame, column: str) -> pd.Series | None:
@@ -37,7 +37,7 @@ def pair_arms(items: pd.DataFrame, arm: str, ref: str) -> pd.DataFrame:
     a = items[items["arm"] == arm]
     r = items[items["arm"] == ref]
     merged = a.merge(r, on=PAIR_KEYS, how="inner", suffixes=("_arm", "_ref"))
-    for column, what in (("doc_hash", "documents"), ("prompt_hash", "prompts"), ("metric", "metrics")):
+    for column, what in (("doc_hash", "documents"), ("prompt_hash", "prompts")):
         row = _first_mismatch(merged, column)
         if row is not None:
             raise PairingError(

@@ -10,12 +10,17 @@ found under the given paths is read, and runs are grouped into arms by their
 recorded model and model_args (see `rf_eval.stats.arms` for names). When one
 arm ran a task more than once, the latest run counts and a note says so.
 
-One row per (arm, task, filter, doc_id) with the task's primary metric: the
-first metric of the task's `metric_list` that has a number per item. RULER's
-per-length metrics (named by sequence length, -1 where not applicable) become
-one score with the length taken from the metric's name. Accuracy-like metrics
-(higher is better, all values in [0, 1]) are put in points (x100), since the
-paper reports accuracy in points (section 3.4); others keep their own unit.
+One row per (arm, task, filter, doc_id, metric). By default a task reports its
+primary metric: the first of its `metric_list` that has a number for some item
+(items where it is None, e.g. a needle in the exact tail for a filled-region
+score, are left out: the metric does not apply to them); `metrics=` picks
+others. RULER's per-length metrics (named by sequence length, -1 where not
+applicable) become one metric, `score`, with the length taken from the
+metric's name; otherwise the length is the doc's `max_length` (or
+`max_seq_length`, `context_length`, `length`), and the domain its `domain`.
+Accuracy-like metrics (higher is better, all values in [0, 1]) are put in
+points (x100), as the paper reports accuracy (section 3.4); others keep their
+own unit.
 Optional per-item numbers that a task or model may record beside its metrics:
 `prefill_seconds` (a timing) and `speedup_ceiling` (1/r of paper section 2.5).
 """
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,9 +43,10 @@ from rf_eval.stats.ledger import file_sha256
 __all__ = ["ArmRun", "ITEM_COLUMNS", "RunFormatError", "Runs", "load_runs"]
 
 ITEM_COLUMNS = (
-    "arm", "task", "filter", "doc_id", "doc_hash", "prompt_hash", "metric", "higher_is_better",
+    "arm", "task", "filter", "doc_id", "metric", "primary", "doc_hash", "prompt_hash", "higher_is_better",
     "unit", "score", "length", "domain", "prefill_seconds", "speedup_ceiling",
 )  # fmt: skip
+RULER_SCORE = "score"
 LENGTH_KEYS = ("max_length", "max_seq_length", "context_length", "length")
 TIMING_KEYS = ("prefill_seconds", "speedup_ceiling")
 #: Files hashed for registration matching: model_args paths and small non-lm-eval files in a run folder.
@@ -138,9 +144,10 @@ def _number(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _metric_order(task_config: dict[str, Any], sample: dict[str, Any]) -> list[str]:
+def _metric_order(task_config: dict[str, Any], samples: list[dict[str, Any]]) -> list[str]:
     names = [m.get("metric") for m in task_config.get("metric_list") or [] if isinstance(m, dict)]
-    names += list(sample.get("metrics") or [])
+    for sample in samples:
+        names += [n for n in sample.get("metrics") or [] if n not in names]
     return [str(n) for i, n in enumerate(names) if isinstance(n, str) and n not in names[:i]]
 
 
@@ -156,51 +163,77 @@ def _doc_length(doc: dict[str, Any]) -> int | str | None:
     return None
 
 
-def _primary(sample: dict[str, Any], names: list[str]) -> tuple[str, float, int | None] | None:
-    """(metric, value, length from a RULER-style metric name) of one sample, or None."""
-    present = [n for n in names if n in sample]
-    if present and all(n.isdigit() for n in present):  # RULER: one metric per length, -1 elsewhere
-        scored = [(n, _number(sample[n])) for n in present]
-        scored = [(n, v) for n, v in scored if v is not None and v != -1]
-        return ("score", scored[0][1], int(scored[0][0])) if scored else None
-    for name in present:
-        value = _number(sample[name])
-        if value is not None:
-            return name, value, None
+def _ruler_score(sample: dict[str, Any], names: list[str]) -> tuple[float, int] | None:
+    """RULER's per-length metrics (named by length, -1 elsewhere): (score, length) or None."""
+    for name in names:
+        value = _number(sample.get(name))
+        if value is not None and value != -1:
+            return value, int(name)
     return None
 
 
-def _sample_rows(rf: _ResultsFile, task: str, samples_path: Path) -> Iterable[dict[str, Any]]:
-    task_config = rf.data["configs"].get(task) or {}
-    hib = (rf.data.get("higher_is_better") or {}).get(task) or {}
-    with open(samples_path, encoding="utf-8") as fh:
+def _read_samples(path: Path) -> list[dict[str, Any]]:
+    samples = []
+    with open(path, encoding="utf-8") as fh:
         for number, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
             try:
                 sample = json.loads(line)
-                doc_id = int(sample["doc_id"])
+                sample["doc_id"] = int(sample["doc_id"])
             except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                raise RunFormatError(f"{samples_path}:{number}: not an lm-eval sample line") from None
-            picked = _primary(sample, _metric_order(task_config, sample))
-            if picked is None:
-                continue
-            metric, value, length = picked
-            doc = sample.get("doc") if isinstance(sample.get("doc"), dict) else {}
-            domain = doc.get("domain")
-            yield {
-                "task": task,
-                "filter": str(sample.get("filter") or "none"),
-                "doc_id": doc_id,
-                "doc_hash": str(sample.get("doc_hash") or ""),
-                "prompt_hash": str(sample.get("prompt_hash") or ""),
-                "metric": metric,
-                "higher_is_better": bool(hib.get(metric, True)) if metric != "score" else True,
-                "score": value,
-                "length": length if length is not None else _doc_length(doc),
-                "domain": str(domain) if isinstance(domain, (str, int)) else None,
-                **{k: _number(sample.get(k)) for k in TIMING_KEYS},
-            }
+                raise RunFormatError(f"{path}:{number}: not an lm-eval sample line") from None
+            samples.append(sample)
+    return samples
+
+
+def _task_metrics(names: list[str], samples: list[dict[str, Any]], requested: Sequence[str], where: str) -> list[str]:
+    """The metrics to report: `requested`, or the first metric with a number for some item."""
+    if names and all(n.isdigit() for n in names):
+        available = [RULER_SCORE]
+    else:
+        available = [n for n in names if any(_number(s.get(n)) is not None for s in samples)]
+    for metric in requested:
+        if metric not in available:
+            raise RunFormatError(
+                f"{where}: no per-item values of metric {metric!r}; metrics with values: {', '.join(available)}"
+            )
+    return list(requested) or available[:1]
+
+
+def _sample_rows(
+    rf: _ResultsFile, task: str, samples_path: Path, requested: Sequence[str]
+) -> Iterable[dict[str, Any]]:
+    samples = _read_samples(samples_path)
+    names = _metric_order(rf.data["configs"].get(task) or {}, samples)
+    metrics = _task_metrics(names, samples, requested, f"{samples_path.name}")
+    hib = (rf.data.get("higher_is_better") or {}).get(task) or {}
+    for sample in samples:
+        doc = sample.get("doc") if isinstance(sample.get("doc"), dict) else {}
+        domain = doc.get("domain")
+        base = {
+            "task": task,
+            "filter": str(sample.get("filter") or "none"),
+            "doc_id": sample["doc_id"],
+            "doc_hash": str(sample.get("doc_hash") or ""),
+            "prompt_hash": str(sample.get("prompt_hash") or ""),
+            "length": _doc_length(doc),
+            "domain": str(domain) if isinstance(domain, (str, int)) else None,
+            **{k: _number(sample.get(k)) for k in TIMING_KEYS},
+        }
+        for i, metric in enumerate(metrics):
+            if metric == RULER_SCORE:
+                scored = _ruler_score(sample, names)
+                if scored is None:
+                    continue
+                value, length = scored
+                row = {**base, "length": length, "higher_is_better": True}
+            else:
+                value = _number(sample.get(metric))
+                if value is None:  # the metric does not apply to this item (e.g. a needle in the tail)
+                    continue
+                row = {**base, "higher_is_better": bool(hib.get(metric, True))}
+            yield {**row, "metric": metric, "primary": i == 0, "score": value}
 
 
 def _config_hashes(files: Sequence[_ResultsFile]) -> frozenset[str]:
@@ -232,8 +265,12 @@ def _to_points(items: pd.DataFrame) -> pd.DataFrame:
     return items
 
 
-def load_runs(paths: Sequence[str | Path]) -> Runs:
-    """Load every lm-eval run under `paths` (folders or results files) into `Runs`."""
+def load_runs(paths: Sequence[str | Path], *, metrics: Mapping[str, Sequence[str]] | None = None) -> Runs:
+    """Load every lm-eval run under `paths` (folders or results files) into `Runs`.
+
+    `metrics` maps a task to the metrics to report (the first is its primary
+    one); other tasks report their first metric that has per-item values.
+    """
     results = [_read_results(p) for p in _find_results(paths)]
     keys = [(rf.model, json.dumps(rf.model_args, sort_keys=True)) for rf in results]
     arm_keys = list(dict.fromkeys(keys))
@@ -255,7 +292,8 @@ def load_runs(paths: Sequence[str | Path]) -> Runs:
             if not samples.is_file():
                 notes.append(f"{name}: no per-sample log for {task} in {rf.path.parent} (use --log_samples)")
                 continue
-            rows += [{"arm": name, **row} for row in _sample_rows(rf, task, samples)]
+            requested = (metrics or {}).get(task, ())
+            rows += [{"arm": name, **row} for row in _sample_rows(rf, task, samples, requested)]
         if len(rows) == n_rows:
             notes.append(f"{name}: no per-item results found; the arm is left out")
             continue
@@ -272,5 +310,7 @@ def load_runs(paths: Sequence[str | Path]) -> Runs:
         )
     if not rows:
         raise RunFormatError("no per-item results in any run (run lm_eval with --log_samples)")
-    items = _to_points(pd.DataFrame(rows, columns=[c for c in ITEM_COLUMNS if c != "unit"]))
+    frame = pd.DataFrame(rows, columns=[c for c in ITEM_COLUMNS if c != "unit"])
+    frame["length"] = pd.Series([r["length"] for r in rows], dtype=object, index=frame.index)  # ints stay ints
+    items = _to_points(frame)
     return Runs(items=items[list(ITEM_COLUMNS)], arms=tuple(arms), notes=tuple(notes))

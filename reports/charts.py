@@ -1,0 +1,144 @@
+"""Geometry of the report's inline SVG charts, as plain data for the templates.
+
+Three charts: a forest plot of paired contrasts with their intervals (a zero
+line and the non-inferiority margin drawn), accuracy by length per arm, and
+speedup against the ceiling per length. Each function returns a dict of
+shapes in pixel coordinates; the template only writes them out as SVG.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["PALETTE", "accuracy_by_length", "forest_plot", "speed_chart"]
+
+#: Colour-blind-safe series colours (Okabe-Ito).
+PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
+
+_ROW = 22
+_LABEL_W = 260
+_PLOT_W = 420
+_TOP, _BOTTOM = 28, 36
+
+
+def _nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
+    if not math.isfinite(lo) or not math.isfinite(hi) or hi <= lo:
+        lo, hi = lo - 1.0, lo + 1.0
+    raw = (hi - lo) / count
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first = math.ceil(lo / step) * step
+    return [round(first + i * step, 10) for i in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+def _scale(lo: float, hi: float, x0: float, width: float):
+    span = hi - lo or 1.0
+    return lambda v: x0 + (v - lo) / span * width
+
+
+def forest_plot(
+    rows: Sequence[Mapping[str, Any]], *, margin: float, colours: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Rows need `group`, `label`, `difference`, `low`, `high`, `passed`; x is in points.
+
+    `colours` maps a group (arm) to its colour, so an arm keeps one colour across charts.
+    """
+    lows = [r["low"] for r in rows] + [0.0, -margin]
+    highs = [r["high"] for r in rows] + [0.0]
+    pad = 0.05 * ((max(highs) - min(lows)) or 1.0)
+    lo, hi = min(lows) - pad, max(highs) + pad
+    x = _scale(lo, hi, _LABEL_W, _PLOT_W)
+    shapes, y = [], _TOP
+    groups = list(dict.fromkeys(r["group"] for r in rows))
+    for gi, group in enumerate(groups):
+        colour = (colours or {}).get(group) or PALETTE[gi % len(PALETTE)]
+        for r in (r for r in rows if r["group"] == group):
+            y += _ROW
+            shapes.append(
+                {
+                    "label": f"{group}: {r['label']}",
+                    "y": y,
+                    "x_low": x(r["low"]),
+                    "x_high": x(r["high"]),
+                    "x_point": x(r["difference"]),
+                    "colour": colour,
+                    "passed": bool(r.get("passed")),
+                    "title": f"{group} {r['label']}: {r['difference']:+.2f} [{r['low']:+.2f}, {r['high']:+.2f}]",
+                }
+            )
+    height = y + _BOTTOM
+    ticks = [{"x": x(t), "label": f"{t:g}"} for t in _nice_ticks(lo, hi)]
+    return {
+        "width": _LABEL_W + _PLOT_W + 20,
+        "height": height,
+        "rows": shapes,
+        "ticks": ticks,
+        "axis_y": height - _BOTTOM + 8,
+        "top": _TOP,
+        "zero_x": x(0.0),
+        "margin_x": x(-margin),
+        "margin": margin,
+    }
+
+
+def accuracy_by_length(
+    lengths: Sequence[Any], series: Mapping[str, Mapping[Any, float]], *, colours: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Lines of accuracy (points, 0-100) per arm over the lengths, evenly spaced."""
+    left, top, width, height = 56, 20, 520, 220
+    step = width / max(1, len(lengths) - 1)
+    xs = {length: left + (i * step if len(lengths) > 1 else width / 2) for i, length in enumerate(lengths)}
+    y = lambda v: top + (100.0 - v) / 100.0 * height  # noqa: E731
+    lines = []
+    for i, (arm, points) in enumerate(series.items()):
+        pts = [{"x": xs[k], "y": y(v), "title": f"{arm} at {k}: {v:.1f}"} for k, v in points.items() if k in xs]
+        if pts:
+            lines.append(
+                {
+                    "arm": arm,
+                    "colour": (colours or {}).get(arm) or PALETTE[i % len(PALETTE)],
+                    "points": pts,
+                    "path": " ".join(f"{p['x']:.1f},{p['y']:.1f}" for p in pts),
+                }
+            )
+    return {
+        "width": left + width + 160,
+        "height": top + height + 40,
+        "plot": {"left": left, "top": top, "right": left + width, "bottom": top + height},
+        "x_ticks": [{"x": xs[k], "label": str(k)} for k in lengths],
+        "y_ticks": [{"y": y(v), "label": str(v)} for v in (0, 25, 50, 75, 100)],
+        "lines": lines,
+        "legend": [{"arm": ln["arm"], "colour": ln["colour"], "y": top + 14 * i} for i, ln in enumerate(lines)],
+    }
+
+
+def speed_chart(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Bars of measured speedup with the ceiling marked, one per (arm, length)."""
+    left, top, bar, gap, width = 200, 16, 16, 8, 420
+    top_value = max([r["speedup"] for r in rows] + [r["ceiling"] or 0 for r in rows] + [1.0]) * 1.1
+    x = _scale(0.0, top_value, left, width)
+    bars = []
+    for i, r in enumerate(rows):
+        y = top + i * (bar + gap)
+        bars.append(
+            {
+                "label": f"{r['arm']} @ {r['length']}",
+                "y": y,
+                "height": bar,
+                "x0": left,
+                "x1": x(r["speedup"]),
+                "ceiling_x": x(r["ceiling"]) if r["ceiling"] else None,
+                "title": f"{r['speedup']:.2f}x" + (f" of {r['ceiling']:.2f}x ceiling" if r["ceiling"] else ""),
+            }
+        )
+    bottom = top + len(rows) * (bar + gap)
+    return {
+        "width": left + width + 40,
+        "height": bottom + 30,
+        "bars": bars,
+        "one_x": x(1.0),
+        "bottom": bottom,
+        "ticks": [{"x": x(t), "label": f"{t:g}x"} for t in _nice_ticks(0.0, top_value)],
+    }

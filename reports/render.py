@@ -1,0 +1,152 @@
+"""Render a study summary (from `rf_eval.stats.summary`) to HTML, LaTeX and Markdown.
+
+The templates in `templates/` only lay out what they are given: the numbers
+come unrounded from `rf_eval.stats`, chart geometry from `charts`, and the
+filters below do the rounding, so every difference is computed before it is
+rounded (paper section 3.4).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from rf_eval.reports.charts import PALETTE, accuracy_by_length, forest_plot, speed_chart
+
+__all__ = ["build_view", "render_html", "render_latex", "render_markdown", "write_reports"]
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+_TEX_ESCAPES = {
+    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+}  # fmt: skip
+
+
+def _missing(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and not math.isfinite(x))
+
+
+def fmt(x: Any, digits: int = 1) -> str:
+    """A number with fixed decimals; a dash when missing."""
+    return "–" if _missing(x) else f"{x:.{digits}f}"
+
+
+def signed(x: Any, digits: int = 2) -> str:
+    """A difference with its sign always shown."""
+    return "–" if _missing(x) else f"{x:+.{digits}f}"
+
+
+def sig(x: Any, digits: int = 4) -> str:
+    """A raw measure to `digits` significant digits, sign shown."""
+    return "–" if _missing(x) else f"{x:+.{digits}g}"
+
+
+def pvalue(p: Any) -> str:
+    if _missing(p):
+        return "–"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def percent(x: Any, digits: int = 2) -> str:
+    return "–" if _missing(x) else f"{100 * x:+.{digits}f}%"
+
+
+def tex(value: Any) -> str:
+    """Escape text for LaTeX."""
+    return "".join(_TEX_ESCAPES.get(ch, ch) for ch in str(value))
+
+
+def md(value: Any) -> str:
+    """Escape text for a Markdown table cell."""
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _environment(latex: bool) -> jinja2.Environment:
+    options: dict[str, Any] = {
+        "loader": jinja2.FileSystemLoader(str(TEMPLATES)),
+        "undefined": jinja2.StrictUndefined,
+        "trim_blocks": True,
+        "lstrip_blocks": True,
+        "keep_trailing_newline": True,
+    }
+    if latex:  # LaTeX is full of braces: use delimiters that never occur in it
+        options.update(
+            block_start_string="<%", block_end_string="%>", variable_start_string="<<",
+            variable_end_string=">>", comment_start_string="<#", comment_end_string="#>",
+        )  # fmt: skip
+    env = jinja2.Environment(autoescape=jinja2.select_autoescape(["html.j2"]), **options)
+    filters = {"fmt": fmt, "signed": signed, "sig": sig, "pvalue": pvalue, "percent": percent}
+    if latex:  # numbers in math mode, "--" where missing, % escaped
+        filters = {name: _latex_number(f, math=name != "percent") for name, f in filters.items()}
+    env.filters.update(filters, tex=tex, md=md)
+    return env
+
+
+def _latex_number(format_: Any, math: bool) -> Any:
+    def wrapped(x: Any, *args: Any) -> str:
+        text = format_(x, *args)
+        if text == "–":
+            return "--"
+        return f"${text}$" if math else tex(text)
+
+    return wrapped
+
+
+def build_view(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary plus the geometry of its charts."""
+    series = {
+        arm["name"]: {row["length"]: row["scores"][arm["name"]] for row in summary["by_length"] if arm["name"] in row["scores"]}
+        for arm in summary["arms"]
+    }
+    colours = {arm["name"]: PALETTE[i % len(PALETTE)] for i, arm in enumerate(summary["arms"])}
+    return {
+        **summary,
+        "charts": {
+            "forest": forest_plot(summary["forest"], margin=summary["margin"], colours=colours)
+            if summary["forest"]
+            else None,
+            "length": accuracy_by_length(summary["lengths"], series, colours=colours) if summary["lengths"] else None,
+            "speed": speed_chart(summary["speed"]) if summary["speed"] else None,
+        },
+        "arm_names": [a["name"] for a in summary["arms"]],
+    }
+
+
+def _render(template: str, summary: dict[str, Any], latex: bool = False) -> str:
+    return _environment(latex).get_template(template).render(**build_view(summary))
+
+
+def render_html(summary: dict[str, Any]) -> str:
+    """A self-contained HTML page: inline CSS and SVG, no scripts, nothing fetched."""
+    return _render("report.html.j2", summary)
+
+
+def render_latex(summary: dict[str, Any]) -> str:
+    """A standalone LaTeX document of booktabs tables (copy the tables into a paper)."""
+    return _render("report.tex.j2", summary, latex=True)
+
+
+def render_markdown(summary: dict[str, Any]) -> str:
+    """Markdown tables for a README."""
+    return _render("report.md.j2", summary)
+
+
+def write_reports(
+    summary: dict[str, Any],
+    *,
+    html: str | Path | None = None,
+    latex: str | Path | None = None,
+    markdown: str | Path | None = None,
+) -> list[Path]:
+    """Write each requested format; return the paths written."""
+    written = []
+    for target, render in ((html, render_html), (latex, render_latex), (markdown, render_markdown)):
+        if target is not None:
+            path = Path(target)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(render(summary), encoding="utf-8")
+            written.append(path)
+    return written

@@ -1,0 +1,47 @@
+"""`rf-eval ledger add|verify`: the hash-chained run ledger (paper section 9, Registration).
+
+`add` appends a claim, its prediction and the sha256 of each config file,
+chained to the previous entry, and prints the new head hash (keep it: it is
+what shows that no entry was deleted from the end). `verify` checks the whole
+chain and fails on any edit, reordering or deletion.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rf_eval.cli import UserError
+
+DEFAULT_LEDGER = "rf-eval-ledger.jsonl"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True, metavar="{add,verify}")
+    add = sub.add_parser("add", help="register a claim before its runs")
+    add.add_argument("--claim", required=True, help="what the runs will test")
+    add.add_argument("--prediction", required=True, help="the prediction and its decision rule")
+    add.add_argument("--config", required=True, nargs="+", metavar="FILE", help="the runs' configuration files")
+    add.add_argument("--arm", nargs="*", default=[], metavar="NAME", help="report arm names this entry covers")
+    verify = sub.add_parser("verify", help="check the whole chain")
+    verify.add_argument("--head", help="expected hash of the last entry (detects deleted tail entries)")
+    for p in (add, verify):
+        p.add_argument("--ledger", default=DEFAULT_LEDGER, metavar="FILE", help=f"default {DEFAULT_LEDGER}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rf_eval.stats.ledger import LedgerError, append_entry, verify_ledger
+
+    try:
+        if args.action == "add":
+            entry = append_entry(
+                args.ledger, claim=args.claim, prediction=args.prediction, configs=args.config, arms=args.arm
+            )
+            print(f"entry {entry.index} added to {args.ledger} at {entry.time.isoformat()}")
+            print(f"head {entry.hash}")
+            return 0
+        entries = verify_ledger(args.ledger, head=args.head)
+    except LedgerError as err:
+        raise UserError(f"{args.ledger}: {err}") from None
+    head = entries[-1].hash if entries else "(empty)"
+    print(f"{args.ledger}: {len(entries)} entries, chain intact; head {head}")
+    return 0

@@ -1,0 +1,92 @@
+"""rf_eval.stats.summary: what a report shows, computed from synthetic lm-eval output folders."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rf_eval.stats.bootstrap import paired_bootstrap
+from rf_eval.stats.runs import load_runs
+from rf_eval.stats.summary import study_summary
+
+LENGTHS = [4096, 8192, 16384]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory, lmeval_format):
+    out = tmp_path_factory.mktemp("study")
+    rng = np.random.default_rng(0)
+    base = {t: rng.random(60) < 0.9 for t in ("niah_single_1", "niah_multikey_1")}
+    ridge = {t: np.where(rng.random(60) < 0.05, ~v, v) for t, v in base.items()}
+    identity = {t: np.where(rng.random(60) < 0.4, False, v) for t, v in base.items()}
+    lmeval_format.accuracy_run(out, "exact", base, lengths=LENGTHS, timings=[1.0], started=1.79e9)
+    lmeval_format.accuracy_run(out, "ridge", ridge, lengths=LENGTHS, timings=[0.6], ceiling=1.8, started=1.79e9 + 1)
+    lmeval_format.accuracy_run(out, "identity", identity, lengths=LENGTHS, timings=[0.6], ceiling=1.8, started=1.79e9 + 2)
+    # a key-token loss task of the kind rf-eval's keytoken_nll writes: several NLL metrics, domains
+    for arm, shift, start in (("exact", 0.0, 1.79e9), ("ridge", 0.02, 1.79e9 + 1)):
+        lines = []
+        for i in range(30):
+            nll = 2.0 + 0.1 * (i % 7)
+            metrics = {"nll_all": nll + shift / 4, "nll_novel": nll + shift / 2, "nll_key": nll + shift + (0.5 if i == 3 and shift else 0)}
+            doc = {"id": i, "domain": ["prose", "code", "legal"][i % 3], "text": f"document {i}"}
+            lines.append(lmeval_format.sample_line(i, doc, doc["text"], "", metrics))
+        lmeval_format.write_run(out / "loss", model_args={"pretrained": "/models/tiny", "fill": arm, "split": 12},
+                                tasks={"keytoken_nll": lines}, higher_is_better={"keytoken_nll": {m: False for m in metrics}},
+                                started=start + 100)
+    return out
+
+
+def test_summary_per_task_overall_and_length(study):
+    runs = load_runs([study], metrics={"keytoken_nll": ["nll_key", "nll_novel"]})
+    s = study_summary(runs, "exact", margin=2.0, n_resamples=2_000)
+    assert [a["name"] for a in s["arms"]] == ["exact", "ridge", "identity"]
+    assert [t["task"] for t in s["tasks"]] == ["niah_single_1", "niah_multikey_1"]
+    assert [r["arm"] for r in s["overall"]] == ["ridge", "identity"]
+    items = runs.items
+    for row in s["overall"]:  # pooled over the accuracy tasks only, each item weighing the same
+        arm = items[(items.arm == row["arm"]) & (items.unit == "points")].sort_values(["task", "doc_id"])
+        ref = items[(items.arm == "exact") & (items.unit == "points")].sort_values(["task", "doc_id"])
+        assert row["n"] == 120
+        assert row["difference"] == pytest.approx(arm.score.mean() - ref.score.mean())  # before rounding
+        assert row["bound"] == min(row["lower"], row["floor"])
+    identity = s["overall"][1]
+    assert identity["high"] < 0 and not identity["passed"] and identity["test"]["name"] == "McNemar"
+    assert s["lengths"] == LENGTHS and [r["n"] for r in s["by_length"]] == [40, 40, 40]
+    assert len(s["task_length"]) == 6
+    assert len(s["forest"]) == 2 * 2 + 2  # per task and pooled, for each of two arms
+
+
+def test_summary_losses_median_and_perplexity_gap(study):
+    runs = load_runs([study], metrics={"keytoken_nll": ["nll_key", "nll_novel"]})
+    s = study_summary(runs, "exact", n_resamples=2_000)
+    assert [t["task"] for t in s["losses"]] == ["keytoken_nll", "keytoken_nll: nll_novel"]
+    key = s["losses"][0]["rows"][0]
+    assert key["arm"] == "ridge" and key["n"] == 30
+    assert key["median"] == pytest.approx(0.02) and key["difference"] == pytest.approx(0.02 + 0.5 / 30)
+    gap = key["gap"]
+    assert set(gap["per_domain"]) == {"prose", "code", "legal"}
+    assert gap["gap"] == pytest.approx(np.mean(list(gap["per_domain"].values())))
+    assert gap["low"] <= gap["gap"] <= gap["high"]
+    novel = s["losses"][1]["rows"][0]
+    assert novel["difference"] == pytest.approx(0.01) and novel["low"] == pytest.approx(0.01)
+    # losses are not pooled with accuracy, and only primary metrics enter the pooled rows
+    assert all(r["n"] == 120 for r in s["overall"])
+
+
+def test_summary_speed_controls_and_registration(study):
+    runs = load_runs([study])
+    s = study_summary(runs, "exact", n_resamples=1_000, controls={"ridge": ["identity"]}, ledger=[])
+    ridge = [r for r in s["speed"] if r["arm"] == "ridge"]
+    assert [r["length"] for r in ridge] == LENGTHS
+    for r in ridge:
+        assert r["speedup"] == pytest.approx(1 / 0.6) and r["ceiling"] == 1.8
+        assert r["share"] == pytest.approx(r["speedup"] / 1.8)
+    (ctrl,) = s["controls"]
+    pts = runs.items[runs.items.unit == "points"]
+    sel = pts[pts.arm == "ridge"].sort_values(["task", "doc_id"]).score.to_numpy()
+    con = pts[pts.arm == "identity"].sort_values(["task", "doc_id"]).score.to_numpy()
+    assert ctrl["margin"] == pytest.approx(paired_bootstrap(sel, con).difference)
+    regs = {a["name"]: a["registration"] for a in s["arms"]}
+    assert regs["exact"] is None and regs["ridge"]["status"] == "not registered"
+    with pytest.raises(ValueError, match="no arm named 'random'"):
+        study_summary(runs, "exact", controls={"ridge": ["random"]})
