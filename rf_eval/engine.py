@@ -20,6 +20,7 @@ model forward, so logits and cache are bitwise those of `transformers`.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from rf_eval.families import Family, family_for
+from rf_eval.hooks import LateLayerHooks, LayerView, Selection
 
 FILL_SOURCES = ("exact", "nofill", "identity", "ridge")
 SPLICES = ("keys", "values", "both")
@@ -83,6 +85,8 @@ class PrefillResult:
     prompt_length: int = 0
     #: True when late layers hold fewer rows than the prompt (nofill): see `extend`
     ragged: bool = False
+    #: the plan that ran (a selector may lengthen the tail: the longer-tail control)
+    plan: Plan | None = None
 
 
 # A fill function maps (late layer index, split states of the filled rows) to that layer's predicted input.
@@ -225,13 +229,17 @@ def late_layers(
     fill: FillFn | None,
     kv_hook: KVHook | None = None,
     kv_fill: KVFillFn | None = None,
+    hooks: LateLayerHooks | None = None,
 ) -> torch.Tensor:
     """Run layers S..L-1 with exact rows `exact` and every other row filled (or absent for nofill).
 
     With `kv_fill` the filled rows' keys and values come from it directly (a
     cache-to-cache map, as RaReCache does) instead of from a predicted input.
+    `hooks` (see `LateLayerHooks`) apply to the fill path, not to `kv_fill`.
     Returns the last layer's output for the exact rows, (1, |exact|, d).
     """
+    if hooks is not None and kv_fill is not None:
+        raise ValueError("late-layer hooks apply to a fill from predicted inputs, not to kv_fill")
     layers = decoder_layers(model)
     x_split = inputs.x_split
     n = x_split.shape[1]
@@ -263,17 +271,25 @@ def late_layers(
             x_in[:, filled] = x_filled_split if index == plan.split else fill(index, x_filled_split)
             x_in[:, exact] = x_exact
         h = layer.input_layernorm(x_in)
+        view = None
+        if hooks is not None:
+            view = LayerView(index, layer, family, plan, x_in, h, key_rows, exact, filled, inputs, fill)
         if family.is_recurrent(layer):
             # Gated DeltaNet: the stock mixer scans every row in order, so its conv and
             # recurrent state carry the predicted inputs of filled rows and the true
             # inputs of exact rows; only the exact rows' outputs are kept.
-            mixed = layer.linear_attn(hidden_states=h, cache=cache, attention_mask=None)
+            if view is not None and hooks.prefix_state is not None and not absent and 0 < view.prefix_end < n:
+                mixed = _scan_with_prefix_state(layer, h, cache, index, view, hooks.prefix_state)
+            else:
+                mixed = layer.linear_attn(hidden_states=h, cache=cache, attention_mask=None)
             mixed_exact = mixed if absent else mixed[:, exact]
         else:
             attn = layer.self_attn
             k, v = family.kv(attn, h, cos_k, sin_k)
             if kv_hook is not None:
                 k, v = kv_hook(index, k, v, key_rows)
+            if view is not None and hooks.kv is not None:
+                k, v = hooks.kv(view, k, v)
             keys, values = cache.update(k, v, index)
             h_exact = h if absent else h[:, exact]
             q, gate = family.query(attn, h_exact, cos_q, sin_q)
@@ -287,6 +303,21 @@ def late_layers(
             mixed_exact = family.attention_output(attn, context, gate)
         x_exact = family.mlp(layer, x_exact + mixed_exact)
     return x_exact
+
+
+def _scan_with_prefix_state(layer, h, cache, index, view, prefix_state) -> torch.Tensor:
+    """The stock Gated DeltaNet mixer over the prefix, then `prefix_state` on its state, then the tail.
+
+    The conv and recurrent state carry across the two calls (the cache's own
+    continuation path), so with an identity `prefix_state` this equals one scan
+    up to rounding.
+    """
+    end = view.prefix_end
+    first = layer.linear_attn(hidden_states=h[:, :end], cache=cache, attention_mask=None)
+    state = cache.get_recurrent_state(index)
+    cache.update_recurrent_state(prefix_state(view, state).to(state.dtype), index)
+    second = layer.linear_attn(hidden_states=h[:, end:], cache=cache, attention_mask=None)
+    return torch.cat([first, second], 1)
 
 
 def _exact_rows_over_mapped_cache(family, layer, index, x_exact, exact, filled, kv_fill, cache, cos_q, sin_q, n,
@@ -335,11 +366,14 @@ def prefill(
     kv_hook: KVHook | None = None,
     capture: dict[int, slice] | None = None,
     kv_fill: KVFillFn | None = None,
+    hooks: LateLayerHooks | None = None,
 ) -> PrefillResult:
     """Prefill `input_ids` (1 x N) under `plan`; see the module docstring.
 
     `kv_fill` (a cache-to-cache fill) allows split 0: every layer reads mapped
-    K/V for its filled rows and runs only the exact rows.
+    K/V for its filled rows and runs only the exact rows. `select` returns
+    prefix rows, or a `Selection` (rows and a new tail). `hooks`: corrections
+    and splices inside the late layers (`LateLayerHooks`).
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must be a 1 x N tensor, got shape {tuple(input_ids.shape)}")
@@ -365,11 +399,16 @@ def prefill(
     if select is not None:
         ctx = PrefillContext(model, family, input_ids, plan, inputs, cache, lower)
         selected = select(ctx)
+        if isinstance(selected, Selection):
+            if selected.tail is not None:
+                plan = dataclasses.replace(plan, tail=max(1, min(int(selected.tail), n)))
+                no_filled_rows = no_filled_rows or plan.tail >= n
+            selected = selected.rows
     exact = exact_row_set(n, plan, selected, input_ids.device)
     if no_filled_rows:
         exact = torch.arange(n, device=input_ids.device)
     t2 = time.perf_counter()
-    x_exact = late_layers(model, family, plan, inputs, cache, exact, fill, kv_hook, kv_fill)
+    x_exact = late_layers(model, family, plan, inputs, cache, exact, fill, kv_hook, kv_fill, hooks)
     last = model.model.norm(x_exact[:, -1:])
     logits = model.lm_head(last)[:, -1]
     t3 = time.perf_counter()
@@ -380,6 +419,7 @@ def prefill(
         timings={"lower": t1 - t0, "select": t2 - t1, "late": t3 - t2, "total": t3 - t0},
         prompt_length=n,
         ragged=plan.fill == "nofill" and exact.numel() < n,
+        plan=plan,
     )
 
 
