@@ -15,6 +15,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("rf_eval.commands.tiny_model", "write a tiny random model + local tokenizer"),
     "demo-model": ("rf_eval.commands.demo_model", "convert the embedded demo model once (or reuse it); print its path"),
     "fit": ("rf_eval.commands.fit", "capture a model's hidden states and fit RidgeFill maps"),
+    "fit-transfer": ("rf_eval.commands.fit_transfer", "fit RaReCache's source -> target KV-cache maps"),
+    "fit-state-correction": (
+        "rf_eval.commands.fit_state_correction",
+        "fit Delta-M for the terminal-state correction of Gated DeltaNet layers",
+    ),
     "check-equivalence": (
         "rf_eval.commands.check_equivalence",
         "check that the engine with the fill off is bitwise equal to the plain model",

@@ -70,20 +70,21 @@ def build_tokenizer():
     return tokenizer
 
 
-def tiny_config(family: str, vocab_size: int):
-    """The `transformers` config of the tiny model of `family`."""
+def tiny_config(family: str, vocab_size: int, **overrides):
+    """The `transformers` config of the tiny model of `family` (`overrides` replace shared shapes)."""
     import transformers as tf
 
     ids = dict(vocab_size=vocab_size, pad_token_id=vocab_size - 3, eos_token_id=vocab_size - 1)
+    common = {**_COMMON, **overrides}
     if family == "llama":
-        return tf.LlamaConfig(**_COMMON, **ids, rope_theta=10000.0)
+        return tf.LlamaConfig(**common, **ids, rope_theta=10000.0)
     if family == "qwen3":
-        return tf.Qwen3Config(**_COMMON, **ids)
+        return tf.Qwen3Config(**common, **ids)
     if family == "qwen3_5":
-        return tf.Qwen3_5TextConfig(**_COMMON, **_HYBRID, **ids)
+        return tf.Qwen3_5TextConfig(**common, **_HYBRID, **ids)
     if family == "qwen3_next":
         return tf.Qwen3NextConfig(
-            **_COMMON,
+            **common,
             **_HYBRID,
             **ids,
             num_experts=4,
@@ -95,10 +96,11 @@ def tiny_config(family: str, vocab_size: int):
     raise ValueError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
 
 
-def make_tiny_model(family: str, out_dir: str | Path, seed: int = 0) -> Path:
+def make_tiny_model(family: str, out_dir: str | Path, seed: int = 0, **overrides) -> Path:
     """Write a tiny random model of `family` plus the local tokenizer to `out_dir`.
 
-    Deterministic: the same family and seed give bitwise the same weights.
+    Deterministic: the same family, seed and `overrides` (config shapes, e.g.
+    num_hidden_layers) give bitwise the same weights.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -109,7 +111,7 @@ def make_tiny_model(family: str, out_dir: str | Path, seed: int = 0) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     vocab = len(tokenizer)
-    config = tiny_config(family, vocab_size=vocab)
+    config = tiny_config(family, vocab_size=vocab, **overrides)
     config.bos_token_id = None
     config.pad_token_id = tokenizer.pad_token_id
     config.eos_token_id = tokenizer.eos_token_id
@@ -127,3 +129,19 @@ def make_tiny_model(family: str, out_dir: str | Path, seed: int = 0) -> Path:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+# The source of a tiny source -> target pair: shallower and narrower than the target.
+TINY_SOURCE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+                   num_key_value_heads=1, head_dim=16)
+
+
+def make_tiny_pair(family: str, out_dir: str | Path, seed: int = 0) -> tuple[Path, Path]:
+    """A tiny (source, target) pair of one family sharing the local tokenizer (RaReCache tests).
+
+    The target is `make_tiny_model(family)`; the source has fewer layers, a
+    smaller width and fewer KV heads (`TINY_SOURCE`).
+    """
+    out = Path(out_dir)
+    source = make_tiny_model(family, out / "source", seed=seed + 1, **TINY_SOURCE)
+    return source, make_tiny_model(family, out / "target", seed=seed)

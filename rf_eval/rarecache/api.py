@@ -1,0 +1,251 @@
+"""`RaReCache`: a target model whose prompt cache is mapped from a source's, with selective recomputation.
+
+Paper section 3. The source prefills the prompt; the transfer maps predict
+the target's cache for every position; the target recomputes the
+ceil(rho * T) selected positions exactly over that mixed cache (one set for
+all layers) through the shared partial-prefill engine (`engine.prefill` with
+split 0 and a cache-to-cache `kv_fill`). The result is the target's own
+`transformers` cache, so decoding is the stock target model.
+
+Budget and the last prompt row: the engine needs the last prompt row exact
+(it yields the next-token logits), so that row is always recomputed and
+*counted in* the ceil(rho * T) budget; the selector picks the other
+ceil(rho * T) - 1 among rows 0..T-2. At rho = 0 the last row is still run by
+the target over the pure mapped cache of rows 0..T-2: it plays the part of
+the first decoded token, which is how a mapped cache is decoded from (the
+paper's rho = 0, Heo et al.'s setting). At rho = 1 (every row exact) the
+prompt goes to `engine.plain_prefill`: the target's own logits, bitwise.
+
+`prefill(ids, for_generation=True)` takes a prompt *minus its last token*,
+which `generate` then runs exactly: the budget counts that token, and the
+rows of `ids` get the same classes as in a full-prompt prefill (selected rows
+after the last selected one are appended to the cache as mapped rows; they
+cannot affect earlier rows).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rf_eval import engine
+from rf_eval.api import default_device, parse_dtype
+from rf_eval.engine import Plan, PrefillResult, new_cache, num_layers
+from rf_eval.rarecache.features import cache_entries, check_attention_only, prefill_cache
+from rf_eval.rarecache.maps import SIDES, TransferMaps, check_tokenizers, load_transfer_maps
+from rf_eval.rarecache.selectors import (
+    ATTENTION_QUERIES,
+    ORACLES,
+    budget,
+    check_selector,
+    l2_error,
+    layer_budget,
+    prefill_with_attention,
+    random_rows,
+    top_rows,
+)
+from rf_eval.rarecache.transfer import MappedCache, Mapper
+
+
+class RaReCache:
+    """Cross-model KV transfer with rank-disagreement recomputation; see the module docstring.
+
+    `rho` in [0, 1]: the recompute budget. `selector`: one of
+    `rf_eval.rarecache.selectors.SELECTORS` (oracles read the target's own
+    prefill and are labelled as such). `seed`: the random selector's seed.
+    """
+
+    def __init__(
+        self,
+        target: nn.Module,
+        source: nn.Module,
+        tokenizer: Any = None,
+        *,
+        maps: TransferMaps | str | Path,
+        rho: float = 0.3,
+        selector: str = "rank",
+        seed: int = 0,
+        source_tokenizer: Any = None,
+        map_dtype: torch.dtype | None = None,
+    ):
+        self.target, self.source = target.eval(), source.eval()
+        self.tokenizer = tokenizer
+        self.family = check_attention_only(target, "target")
+        self.source_family = check_attention_only(source, "source")
+        if tokenizer is not None and source_tokenizer is not None:
+            check_tokenizers(source_tokenizer, tokenizer)
+        self.maps = maps if isinstance(maps, TransferMaps) else load_transfer_maps(maps)
+        self.maps.check_pair(source.config, target.config)
+        self.maps.check_tokenizer(tokenizer)
+        budget(rho, 1)  # validates rho
+        self.rho, self.selector, self.seed = float(rho), check_selector(selector), int(seed)
+        param = next(target.parameters())
+        self.mapper = Mapper(self.maps, target, map_dtype or param.dtype, param.device)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained: str | Path,
+        source: str | Path,
+        *,
+        maps: TransferMaps | str | Path,
+        device: str | None = None,
+        dtype: str | torch.dtype | None = None,
+        trust_remote_code: bool = False,
+        **options: Any,
+    ) -> RaReCache:
+        """Load target and source (tokenizers compared before any weights load)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(pretrained, trust_remote_code=trust_remote_code)
+        source_tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        check_tokenizers(source_tokenizer, tokenizer)
+        device = device or default_device()
+        torch_dtype = parse_dtype(dtype, device)
+        models = [
+            AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype, trust_remote_code=trust_remote_code).to(device)
+            for p in (pretrained, source)
+        ]
+        return cls(*models, tokenizer, maps=maps, source_tokenizer=source_tokenizer, **options)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.target.parameters()).device
+
+    # -- the prompt ---------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, *, for_generation: bool = False) -> PrefillResult:
+        """Prefill a 1 x N prompt (or a prompt minus its last token, `for_generation`)."""
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            raise ValueError(f"input_ids must be a 1 x N tensor, got shape {tuple(input_ids.shape)}")
+        ids = input_ids.to(self.device)
+        n = ids.shape[1]
+        if self.selector == "layer-prefix":
+            return self._layer_prefix(ids, layer_budget(self.rho, num_layers(self.target)), for_generation)
+        prompt_rows = n + 1 if for_generation else n
+        free = prompt_rows - 1  # candidates: every prompt row but the last (always exact, counted in the budget)
+        pick = min(max(budget(self.rho, prompt_rows) - 1, 0), free)
+        if pick >= free:
+            return self._exact(ids)
+        t0 = time.perf_counter()
+        if self.selector == "attention":
+            source_cache, received = prefill_with_attention(self.source, self.source_family, ids, ATTENTION_QUERIES)
+        else:
+            source_cache = prefill_cache(self.source, ids)
+        t1 = time.perf_counter()
+        mapped = self._map(source_cache, score=self.selector == "rank")
+        t2 = time.perf_counter()
+        if self.selector == "rank":
+            rows = top_rows(mapped.score[:free], pick)
+        elif self.selector == "random":
+            rows = random_rows(free, pick, self.seed, ids)
+        elif self.selector == "attention":
+            rows = top_rows(received[:free], pick)
+        elif self.selector == "oracle-attention":
+            _, received = prefill_with_attention(self.target, self.family, ids, ATTENTION_QUERIES)
+            rows = top_rows(received[:free], pick)
+        else:  # oracle-l2
+            rows = top_rows(l2_error(mapped, prefill_cache(self.target, ids), n)[:free], pick)
+        t3 = time.perf_counter()
+        result = self._assemble(ids, mapped, rows, for_generation)
+        t4 = time.perf_counter()
+        result.timings = {
+            "source": t1 - t0, **mapped.timings, "select": t3 - t2, "target": t4 - t3,
+            "target_side": t4 - t1,
+        }
+        return result
+
+    def _map(self, source_cache, score: bool, layers: list[int] | None = None) -> MappedCache:
+        t0 = time.perf_counter()
+        keys, values = cache_entries(self.source, self.source_family, source_cache)
+        derotate = time.perf_counter() - t0
+        mapped = self.mapper.map_prompt(dict(zip(SIDES, (keys, values))), score=score, layers=layers)
+        mapped.timings["map"] += derotate
+        return mapped
+
+    def _exact(self, ids: torch.Tensor) -> PrefillResult:
+        result = engine.plain_prefill(self.target, ids)
+        result.timings["target_side"] = result.timings["target"] = result.timings["total"]
+        return result
+
+    def _assemble(self, ids: torch.Tensor, mapped: MappedCache, rows: torch.Tensor, for_generation: bool):
+        """The target cache: `rows` (and, for a full prompt, the last row) exact; every other row mapped."""
+        n = ids.shape[1]
+        plan = Plan(split=0, tail=1, fill="ridge")
+        if not for_generation:
+            return engine.prefill(self.target, ids, plan, kv_fill=mapped.kv_fill, select=lambda _ctx: rows)
+        if rows.numel() == 0:
+            return self._mapped_only(mapped, n, new_cache(self.target), 0)
+        end = int(rows[-1]) + 1  # rows after the last exact one cannot change it: run the engine up to it
+        result = engine.prefill(self.target, ids[:, :end], plan, kv_fill=mapped.kv_fill,
+                                select=lambda _ctx: rows[:-1])
+        return self._mapped_only(mapped, n, result.cache, end, result.exact_rows)
+
+    def _mapped_only(self, mapped: MappedCache, n: int, cache, start: int, exact=None) -> PrefillResult:
+        """Append mapped rows start..n-1 of every mapped layer to `cache` (no logits: a generation prefill)."""
+        dtype = next(self.target.parameters()).dtype
+        for layer in sorted(mapped.keys):
+            cache.update(mapped.keys[layer][:, :, start:n].to(dtype), mapped.values[layer][:, :, start:n].to(dtype),
+                         layer)
+        empty = torch.zeros(0, dtype=torch.long, device=self.device)
+        return PrefillResult(cache=cache, logits=None, exact_rows=empty if exact is None else exact, prompt_length=n)
+
+    def _layer_prefix(self, ids: torch.Tensor, m: int, for_generation: bool) -> PrefillResult:
+        """DroidSpeak-like baseline: target layers 0..m-1 exact for every row, the rest mapped."""
+        n_layers = num_layers(self.target)
+        if m >= n_layers:
+            return self._exact(ids)
+        t0 = time.perf_counter()
+        source_cache = prefill_cache(self.source, ids)
+        t1 = time.perf_counter()
+        mapped = self._map(source_cache, score=False, layers=list(range(m, n_layers)))
+        t2 = time.perf_counter()
+        if for_generation:
+            cache = new_cache(self.target)
+            if m > 0:
+                engine.run_lower_layers(self.target, ids, m, cache)
+            result = self._mapped_only(mapped, ids.shape[1], cache, 0)
+        else:
+            plan = Plan(split=m, tail=1, fill="ridge")
+            result = engine.prefill(self.target, ids, plan, kv_fill=mapped.kv_fill)
+        t3 = time.perf_counter()
+        result.timings = {"source": t1 - t0, **mapped.timings, "select": 0.0, "target": t3 - t2,
+                          "target_side": t3 - t1}
+        return result
+
+    # -- after the prompt: the stock target ------------------------------------------------
+    def extend(self, result: PrefillResult, tokens: torch.Tensor) -> torch.Tensor:
+        """The stock target over `tokens` (1 x k) after the prompt; their logits (1, k, V)."""
+        return engine.extend(self.target, result, tokens.to(self.device))
+
+    def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        """`target.generate` over a RaReCache-prefilled cache; the last prompt token runs exactly."""
+        input_ids = input_ids.to(self.device)
+        if input_ids.shape[1] < 2:
+            return self.target.generate(input_ids, **kwargs)
+        result = self.prefill(input_ids[:, :-1], for_generation=True)
+        return self.target.generate(input_ids, cache=result.cache, **kwargs)
+
+    def provenance(self) -> dict[str, Any]:
+        """What ran: method, budget, selector (oracles flagged), both models and the maps' identity."""
+        meta = {k: v for k, v in self.maps.metadata.items() if k not in ("file_sha256", "r2", "source_layers")}
+        return {
+            "method": "rarecache",
+            "rho": self.rho,
+            "selector": self.selector,
+            "oracle": self.selector in ORACLES,
+            "seed": self.seed,
+            "budget": "layer-prefix: ceil(rho*L) target layers exact for all rows"
+            if self.selector == "layer-prefix"
+            else "ceil(rho*T) positions exact in every layer, the last prompt row included",
+            "target_model": getattr(self.target.config, "_name_or_path", ""),
+            "source_model": getattr(self.source.config, "_name_or_path", ""),
+            "model_type": self.target.config.model_type,
+            "map_dtype": str(self.mapper.dtype),
+            "maps_sha256": self.maps.sha256(),
+            "maps_metadata": meta,
+        }

@@ -1,0 +1,66 @@
+"""RaReCache's analytical speedup ceiling (paper appendix B.4, eq. 11).
+
+    Target FLOPs / RaReCache FLOPs
+        = (2 P_T T + ½ α T²) / ((2 P_map + 2 P_probe + 2 ρ P_T) T + ρ α T²),   α = 4 L_T H_T d_h
+
+P_T, P_map, P_probe: parameters of the target, the linear maps and the
+rank-disagreement probe (one d_t x r basis per layer and side); L_T, H_T,
+d_h: target depth, query-head count and head dimension. The recomputed
+rows attend over all T keys through an explicit mask (ρ α T², as the
+paper's implementation and this package's engine do); `causal_skip=True`
+charges ½ ρ α T² instead (a kernel that skips masked pairs). As T grows the
+ceiling tends to 1 / (2ρ) (1 / ρ with `causal_skip`).
+
+P_T here counts the weights every prompt row multiplies: the decoder
+layers and the final norm. The input embedding is a lookup and a prefill
+computes logits for the last row only, so neither the embedding table nor
+the LM head is charged (the paper's 1.3e10 for Qwen3-14B is this count).
+The source's own prefill is not charged (the paper's cascade setting: the
+source has already read the prompt).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+def attention_alpha(n_layers: int, n_heads: int, head_dim: int) -> int:
+    """α = 4 L_T H_T d_h: FLOPs per (query, key) pair over all layers (QK^T and AV, 2 each)."""
+    return 4 * n_layers * n_heads * head_dim
+
+
+def speedup_ceiling(
+    p_target: float,
+    p_map: float,
+    p_probe: float,
+    T: int,
+    rho: float,
+    n_layers: int,
+    n_heads: int,
+    head_dim: int,
+    causal_skip: bool = False,
+) -> float:
+    """Eq. 11: target prefill FLOPs over RaReCache FLOPs at prompt length T and budget rho."""
+    if T <= 0 or not 0 <= rho <= 1:
+        raise ValueError(f"need T > 0 and 0 <= rho <= 1; got T={T}, rho={rho}")
+    alpha = attention_alpha(n_layers, n_heads, head_dim)
+    full = 2 * p_target * T + 0.5 * alpha * T**2
+    attention = (0.5 if causal_skip else 1.0) * rho * alpha * T**2
+    ours = (2 * p_map + 2 * p_probe + 2 * rho * p_target) * T + attention
+    return full / ours
+
+
+def target_parameters(model: nn.Module) -> int:
+    """P_T: parameters of the decoder layers and final norm (see the module docstring)."""
+    inner = model.model
+    return sum(p.numel() for p in inner.layers.parameters()) + sum(p.numel() for p in inner.norm.parameters())
+
+
+def ceiling_for(target: nn.Module, maps, T: int, rho: float, causal_skip: bool = False,
+                target_side_only: bool = False) -> float:
+    """Eq. 11 for a loaded target and its TransferMaps; `target_side_only` sets P_map = P_probe = 0."""
+    cfg = target.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    p_map, p_probe = (0, 0) if target_side_only else maps.parameter_counts()
+    return speedup_ceiling(target_parameters(target), p_map, p_probe, T, rho, cfg.num_hidden_layers,
+                           cfg.num_attention_heads, head_dim, causal_skip)

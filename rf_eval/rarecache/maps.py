@@ -1,0 +1,166 @@
+"""RaReCache transfer-map files (paper section 3.1 and appendix A).
+
+One safetensors file, `rarecache_maps.safetensors`. For each target layer l
+and side s in {key, value}:
+
+- `{s}.{l}.weight` (d_s x d_t): W of eq. 1, rows in the order of the chosen
+  source layers (ascending layer index), each block n_kv^s * d_h^s wide;
+- `{s}.{l}.bias` (d_t): b = ȳ - x̄ W;
+- `{s}.{l}.basis` (d_t x r): V_r, the top-r eigenvectors of the covariance
+  of the calibration predictions (appendix A), columns by decreasing eigenvalue;
+- `{s}.{l}.eigenvalues` (r): their eigenvalues;
+
+and per source layer j, `{s}.source_mean.{j}` (x̄ of that layer's block:
+the same for every target layer that reads it). String metadata: format,
+both models' config hashes, the tokenizer's vocabulary hash, K, rank,
+lambda, stride, calibration row count and sha256, the chosen source layers
+and R² values (JSON).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from rf_eval.maps import MapError, config_hash
+
+FORMAT = "rf-eval-rarecache-maps/1"
+FILENAME = "rarecache_maps.safetensors"
+SIDES = ("key", "value")
+
+
+class TokenizerMismatch(ValueError):
+    """Source and target do not share a tokenizer: their caches have no row-to-row correspondence."""
+
+
+def tokenizer_hash(tokenizer) -> str:
+    """sha256 of the token -> id vocabulary (added tokens included)."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+
+
+def check_tokenizers(source_tokenizer, target_tokenizer) -> str:
+    """The shared vocabulary hash; TokenizerMismatch when the two tokenizers differ (section 3.1)."""
+    a, b = tokenizer_hash(source_tokenizer), tokenizer_hash(target_tokenizer)
+    if a != b:
+        na, nb = len(source_tokenizer), len(target_tokenizer)
+        raise TokenizerMismatch(
+            "RaReCache needs a source and target that share a tokenizer (one cache row per token in both); "
+            f"these vocabularies differ (source {na} tokens, sha256 {a[:12]}...; target {nb} tokens, {b[:12]}...)"
+        )
+    return a
+
+
+@dataclass
+class SideMap:
+    """One target layer's map for one side: ŷ = x W + b, and its well-described basis V_r."""
+
+    source_layers: list[int]
+    weight: torch.Tensor  # (d_s, d_t)
+    bias: torch.Tensor  # (d_t,)
+    basis: torch.Tensor  # (d_t, r)
+    eigenvalues: torch.Tensor  # (r,)
+
+
+@dataclass
+class TransferMaps:
+    """All maps of one source -> target pair; `maps[(side, target_layer)]`."""
+
+    maps: dict[tuple[str, int], SideMap]
+    source_mean: dict[tuple[str, int], torch.Tensor]  # (side, source layer) -> x̄ block
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def target_layers(self) -> list[int]:
+        return sorted({layer for _, layer in self.maps})
+
+    def sha256(self) -> str:
+        return self.metadata.get("file_sha256", "")
+
+    def parameter_counts(self) -> tuple[int, int]:
+        """(P_map, P_probe) of eq. 11: map weights and biases; one d_t x r basis per layer and side."""
+        p_map = sum(m.weight.numel() + m.bias.numel() for m in self.maps.values())
+        p_probe = sum(m.basis.numel() for m in self.maps.values())
+        return p_map, p_probe
+
+    def save(self, out_dir: str | Path) -> Path:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        tensors: dict[str, torch.Tensor] = {}
+        chosen: dict[str, dict[str, list[int]]] = {s: {} for s in SIDES}
+        for (side, layer), m in sorted(self.maps.items()):
+            chosen[side][str(layer)] = m.source_layers
+            for name in ("weight", "bias", "basis", "eigenvalues"):
+                tensors[f"{side}.{layer}.{name}"] = getattr(m, name).float().contiguous()
+        for (side, j), mean in sorted(self.source_mean.items()):
+            tensors[f"{side}.source_mean.{j}"] = mean.float().contiguous()
+        meta = {k: str(v) for k, v in self.metadata.items() if k != "file_sha256"}
+        meta.update(format=FORMAT, source_layers=json.dumps(chosen))
+        path = out / FILENAME
+        tmp = path.with_suffix(".tmp")
+        save_file(tensors, str(tmp), metadata=meta)
+        tmp.replace(path)
+        self.metadata["file_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        return path
+
+    def check_pair(self, source_config, target_config) -> None:
+        """Refuse maps fitted for another source or target (by config hash)."""
+        for role, config in (("source", source_config), ("target", target_config)):
+            want = self.metadata.get(f"{role}_config_hash")
+            have = config_hash(config)
+            if want != have:
+                raise MapError(
+                    f"these maps were fitted for another {role} model (config hash {str(want)[:12]}..., "
+                    f"this {role} {have[:12]}...); fit maps for this pair with `rf-eval fit-transfer`"
+                )
+        expected = list(range(target_config.num_hidden_layers))
+        if self.target_layers != expected:
+            raise MapError(f"maps hold target layers {self.target_layers}, expected {expected}")
+
+    def check_tokenizer(self, tokenizer) -> None:
+        want = self.metadata.get("tokenizer_sha256")
+        if want and tokenizer is not None and tokenizer_hash(tokenizer) != want:
+            raise TokenizerMismatch("the tokenizer differs from the one these maps were fitted with")
+
+
+def resolve(path: str | Path) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        p = p / FILENAME
+    if not p.is_file():
+        raise MapError(f"no RaReCache map file at {path} (expected {FILENAME}, written by `rf-eval fit-transfer`)")
+    return p
+
+
+def load_transfer_maps(path: str | Path) -> TransferMaps:
+    """Load a map file (or a folder holding one); a clear MapError for anything else."""
+    file = resolve(path)
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as err:  # safetensors raises several types for corrupt files
+        raise MapError(f"cannot read map file {file}: {err}") from err
+    if meta.get("format") != FORMAT:
+        raise MapError(f"{file} is not a RaReCache map file (format {meta.get('format')!r}, expected {FORMAT})")
+    chosen = json.loads(meta["source_layers"])
+    maps, means = {}, {}
+    for side in SIDES:
+        for layer, source_layers in chosen[side].items():
+            key = f"{side}.{layer}"
+            maps[(side, int(layer))] = SideMap(
+                source_layers=list(source_layers),
+                **{n: tensors[f"{key}.{n}"] for n in ("weight", "bias", "basis", "eigenvalues")},
+            )
+    for name, t in tensors.items():
+        side, kind, rest = name.split(".", 2)
+        if kind == "source_mean":
+            means[(side, int(rest))] = t
+    meta["file_sha256"] = hashlib.sha256(file.read_bytes()).hexdigest()
+    return TransferMaps(maps=maps, source_mean=means, metadata=meta)
