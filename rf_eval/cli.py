@@ -13,6 +13,7 @@ import sys
 # name -> (module, one-line help). Add a command by adding a module and a line.
 COMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("rf_eval.commands.tiny_model", "write a tiny random model + local tokenizer"),
+    "demo": ("rf_eval.commands.demo", "the main job on the embedded demo model: fit, run arms, report"),
     "demo-model": ("rf_eval.commands.demo_model", "convert the embedded demo model once (or reuse it); print its path"),
     "fit": ("rf_eval.commands.fit", "capture a model's hidden states and fit RidgeFill maps"),
     "fit-transfer": ("rf_eval.commands.fit_transfer", "fit RaReCache's source -> target KV-cache maps"),
@@ -24,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "rf_eval.commands.check_equivalence",
         "check that the engine with the fill off is bitwise equal to the plain model",
     ),
+    "serve": ("rf_eval.commands.serve", "serve a model's arms behind an OpenAI-compatible API (completions, chat)"),
+    "ttft": ("rf_eval.commands.ttft", "time to first token of two arms on one server (median, ratio of medians)"),
     "report": ("rf_eval.commands.report", "paired statistics of lm-eval runs as HTML, LaTeX and Markdown"),
     "ledger": ("rf_eval.commands.ledger", "register claims in the hash-chained run ledger; verify it"),
 }
