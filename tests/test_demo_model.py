@@ -18,7 +18,8 @@ def demo_cache(tmp_path_factory):
     before = demo_model.conversions
     path = demo_model.demo_model_dir(root)
     assert demo_model.conversions == before + 1
-    return root, path
+    yield root, path
+    shutil.rmtree(root, ignore_errors=True)  # 0.5 GB: not left behind in pytest's kept temp folders
 
 
 # -- fast ---------------------------------------------------------------------------------------
@@ -139,6 +140,7 @@ def test_corrupted_cache_is_detected_and_converted_again(demo_cache, tmp_path):
     assert demo_model.conversions == before + 1
     good = json.loads((path / demo_model.MANIFEST).read_text())["files"]["model.safetensors"]
     assert demo_model.sha256_file(copy / "model.safetensors") == good
+    shutil.rmtree(copy_root)
 
 
 @pytest.mark.slow
