@@ -8,9 +8,11 @@ the same, so the statistic is the mean of the per-item differences.
 How it is computed: one index matrix (resample x item) is drawn per comparison
 and shared by the arm and its reference (that is what makes it paired); several
 arms compared with one reference on the same items may share it too
-(`paired_bootstraps`). Each batch of index rows becomes a count matrix, and the
-resampled means are one matrix product, counts @ (weights * differences).
-Batches are capped in bytes, so memory stays flat at any size.
+(`paired_bootstraps`). For one or a few columns the resampled sums are gathered
+through the index matrix; for many, each batch of index rows becomes a count
+matrix and the resampled sums of all columns are one matrix product,
+counts @ (weights * differences). Batches are capped in bytes (small enough to
+stay in cache), so memory stays flat at any size.
 """
 
 from __future__ import annotations
@@ -23,8 +25,13 @@ from numpy.typing import ArrayLike
 
 __all__ = ["PairedBootstrap", "paired_bootstrap", "paired_bootstraps", "resample_means"]
 
-#: Memory cap of one batch (its index and count matrices), in bytes.
-MAX_BATCH_BYTES = 8 * 2**20
+#: Memory cap of one batch (its index and count matrices), in bytes; small enough to stay in cache.
+MAX_BATCH_BYTES = 2**20
+#: Multiply-adds of one batch's matrix product. Threaded BLAS on products this small costs more
+#: than it saves, badly so on a machine whose cores are busy; below this size it stays on one thread.
+MAX_PRODUCT_SIZE = 2**20
+#: Up to this many columns share the index matrix by gathering; beyond it, a count matrix and BLAS.
+GATHER_MAX_COLUMNS = 3
 
 
 @dataclass(frozen=True)
@@ -111,16 +118,30 @@ def resample_means(
     weighted = (vals if weights is None else vals * (w / w.sum() * n)[:, None])[order]
     bounds = np.cumsum([0] + [g.shape[0] for g in groups])
     rng = np.random.default_rng(seed)
-    rows = max(1, min(n_resamples, max_batch_bytes // (16 * n)))  # int64 index + count matrices
-    out = np.empty((n_resamples, vals.shape[1]))
+    k = vals.shape[1]
+    if k <= GATHER_MAX_COLUMNS:
+        rows = max_batch_bytes // (8 * n)  # the int64 index matrix
+    else:  # index + count matrices, and a product small enough that BLAS stays on one thread
+        rows = min(max_batch_bytes // (24 * n), MAX_PRODUCT_SIZE // (n * k))
+    rows = max(1, min(n_resamples, rows))
+    out = np.empty((n_resamples, k))
+    columns = np.ascontiguousarray(weighted.T)
     for start in range(0, n_resamples, rows):
         b = min(rows, n_resamples - start)
-        index = np.empty((b, n), dtype=np.int64)
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
-            index[:, lo:hi] = rng.integers(lo, hi, size=(b, hi - lo))
-        index += (np.arange(b, dtype=np.int64) * n)[:, None]
-        counts = np.bincount(index.ravel(), minlength=b * n).reshape(b, n)
-        out[start : start + b] = counts @ weighted
+        if k <= GATHER_MAX_COLUMNS:  # few columns: gather and sum, stratum by stratum
+            sums = np.zeros((b, k))
+            for lo, hi in zip(bounds[:-1], bounds[1:]):
+                index = rng.integers(0, hi - lo, size=(b, hi - lo))
+                for j, column in enumerate(columns):
+                    sums[:, j] += column[lo:hi][index].sum(axis=1)
+            out[start : start + b] = sums
+        else:  # many columns: a count matrix, then one matrix product for all of them
+            index = np.empty((b, n), dtype=np.int64)
+            for lo, hi in zip(bounds[:-1], bounds[1:]):
+                index[:, lo:hi] = rng.integers(lo, hi, size=(b, hi - lo))
+            index += (np.arange(b, dtype=np.int64) * n)[:, None]
+            counts = np.bincount(index.ravel(), minlength=b * n).reshape(b, n).astype(np.float64)
+            out[start : start + b] = counts @ weighted
     return out / n
 
 
