@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,7 @@ class RunFormatError(ValueError):
 
 @dataclass(frozen=True)
 class ArmRun:
-    """One arm: its name, what ran, when it started and the files that configured it."""
+    """One arm: its name, what ran, when it (and each task) started, the files that configured it."""
 
     name: str
     model: str
@@ -67,6 +67,7 @@ class ArmRun:
     started: datetime
     results_files: tuple[str, ...]
     config_hashes: frozenset[str]
+    task_started: dict[str, datetime] = field(default_factory=dict)
 
     @property
     def model_args_text(self) -> str:
@@ -102,7 +103,7 @@ def _find_results(paths: Sequence[str | Path]) -> list[Path]:
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
-        if path.is_file() and path.name.startswith("results_") and path.suffix == ".json":
+        if path.is_file() and path.suffix == ".json":  # also `--output_path NAME.json` runs
             hits = [path]
         elif path.is_dir():
             hits = sorted(path.rglob("results_*.json"))
@@ -129,7 +130,7 @@ def _read_results(path: Path) -> _ResultsFile:
         started = path.stat().st_mtime
     return _ResultsFile(
         path=path,
-        date_id=path.stem[len("results_") :],
+        date_id=path.stem.rsplit("_", 1)[-1],  # results_<date>.json, or <name>_<date>.json
         started=float(started),
         model=str(config.get("model") or data.get("model_name") or "model"),
         model_args=parse_model_args(config.get("model_args")),
@@ -306,6 +307,7 @@ def load_runs(paths: Sequence[str | Path], *, metrics: Mapping[str, Sequence[str
                 started=datetime.fromtimestamp(min(rf.started for rf in files), tz=timezone.utc),
                 results_files=tuple(str(rf.path) for rf in files),
                 config_hashes=_config_hashes(files),
+                task_started={t: datetime.fromtimestamp(rf.started, tz=timezone.utc) for t, rf in used},
             )
         )
     if not rows:

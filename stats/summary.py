@@ -43,6 +43,10 @@ def _median(x: pd.Series) -> float | None:
     return float(x.median()) if len(x) else None
 
 
+def _status(entries: list[LedgerEntry] | None, runs: Runs, arm: str, task: str | None) -> str | None:
+    return None if entries is None else registration(entries, runs.arm(arm), task).status
+
+
 def _speed_rows(pairs: pd.DataFrame) -> list[dict[str, Any]]:
     timed = pairs.dropna(subset=["prefill_seconds_arm", "prefill_seconds_ref"])
     rows = []
@@ -115,6 +119,7 @@ def study_summary(
             if name not in names:
                 raise ValueError(f"no arm named {name!r} (in --control); the arms are: {', '.join(names)}")
     opts = {"confidence": confidence, "n_resamples": n_resamples, "seed": seed}
+    ledger_entries = list(ledger) if ledger is not None else None
     others = [n for n in names if n != reference]
     items = runs.items
     pairs = {arm: pair_arms(items, arm, reference) for arm in others}
@@ -147,6 +152,7 @@ def study_summary(
                 row = points_contrast(p, margin=margin, **opts)
             else:
                 row = loss_contrast(p, metric=metric, higher_is_better=hib, **opts)
+            row["registration"] = _status(ledger_entries, runs, arm, task)
             entry["rows"].append({"arm": arm, **row})
             if unit == "points":
                 forest.append({"group": arm, "label": entry["task"], **row})
@@ -159,6 +165,7 @@ def study_summary(
             continue
         strata = (p["task"] + "\x1f" + p["filter"]).to_numpy()
         row = {"arm": arm, **points_contrast(p, strata=strata, margin=margin, **opts)}
+        row["registration"] = _status(ledger_entries, runs, arm, None)
         overall.append(row)
         forest.append({"group": arm, "label": "overall", **row})
 
@@ -192,10 +199,9 @@ def study_summary(
         notes.append("no item recorded a length (doc max_length or a RULER length metric): no per-length tables")
 
     speed = [{"arm": arm, **row} for arm in others for row in _speed_rows(pairs[arm][pairs[arm]["primary"]])]
-    entries = list(ledger) if ledger is not None else None
     arms = []
     for a in runs.arms:
-        reg = registration(entries, a) if entries is not None and a.name != reference else None
+        reg = registration(ledger_entries, a) if ledger_entries is not None and a.name != reference else None
         arms.append(
             {
                 "name": a.name,
@@ -224,6 +230,6 @@ def study_summary(
         "forest": forest,
         "speed": speed,
         "controls": _control_rows(runs, controls or {}, opts),
-        "has_ledger": entries is not None,
+        "has_ledger": ledger_entries is not None,
         "notes": notes,
     }

@@ -110,3 +110,12 @@ def test_arm_names_from_model_args():
     assert name_arms(["hf"], [{"pretrained": "/a/m1"}]) == ["m1"]
     assert name_arms(["dummy", "dummy"], [{"arm": "exact", "x": "1"}, {"arm": "exact", "x": "2"}]) == ["exact", "exact#2"]
     assert np.array_equal(name_arms([], []), [])
+
+
+def test_output_path_given_as_a_json_file_name(tmp_path, lmeval_format):
+    # `lm_eval --output_path run.json` writes run_<date>.json beside the samples files
+    results = lmeval_format.accuracy_run(tmp_path, "exact", OUTCOMES)
+    renamed = results.with_name("run_" + results.name[len("results_") :])
+    results.rename(renamed)
+    runs = load_runs([renamed])
+    assert len(runs.items) == 12 and runs.arms[0].results_files == (str(renamed),)

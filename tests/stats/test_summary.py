@@ -90,3 +90,23 @@ def test_summary_speed_controls_and_registration(study):
     assert regs["exact"] is None and regs["ridge"]["status"] == "not registered"
     with pytest.raises(ValueError, match="no arm named 'random'"):
         study_summary(runs, "exact", controls={"ridge": ["random"]})
+
+
+def test_summary_marks_each_comparison_registered_or_follow_up(study, tmp_path):
+    from datetime import datetime, timezone
+
+    from rf_eval.reports.render import render_latex
+    from rf_eval.stats.ledger import append_entry, verify_ledger
+
+    cfg = tmp_path / "plan.yaml"
+    cfg.write_text("arms: [identity, ridge]\n")
+    path = tmp_path / "ledger.jsonl"
+    before, after = datetime(2026, 1, 1, tzinfo=timezone.utc), datetime(2026, 12, 1, tzinfo=timezone.utc)
+    append_entry(path, claim="identity loses retrieval", prediction="diff < -5", configs=[cfg], arms=["identity"], now=before)
+    append_entry(path, claim="ridge within 2 points", prediction="NI bound > -2", configs=[cfg], arms=["ridge"], now=after)
+    s = study_summary(load_runs([study]), "exact", n_resamples=500, ledger=verify_ledger(path))
+    status = {r["arm"]: r["registration"] for r in s["overall"]}
+    assert status == {"identity": "registered", "ridge": "follow-up"}
+    assert {r["registration"] for t in s["tasks"] for r in t["rows"] if r["arm"] == "ridge"} == {"follow-up"}
+    tex = render_latex(s)
+    assert r"ridge$^\dagger$" in tex and r"identity$^\dagger$" not in tex
