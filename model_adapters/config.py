@@ -165,7 +165,7 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         if type(None) in options:
             return None
         raise ModelArgsError(f"{key} may not be None")
-    for kind in (bool, int, str):  # most specific first: bool is an int, anything is a str
+    for kind in (bool, int, float, str):  # most specific first: bool is an int, anything is a str
         if kind not in options:
             continue
         if kind is bool:
@@ -180,6 +180,11 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
                 return int(value)
             if isinstance(value, str) and value.strip().lstrip("-").isdigit():
                 return int(value)
+        elif kind is float:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+            if isinstance(value, str) and _is_number(value):
+                return float(value)
         elif isinstance(value, (str, Path)):
             return str(value)
     names = " or ".join("None" if o is type(None) else o.__name__ for o in options)

@@ -22,6 +22,7 @@ import sys
 # lm-eval model name -> "module:Class"; a new adapter adds one line here.
 MODELS = {
     "ridgefill": "rf_eval.model_adapters.ridgefill:RidgeFillLM",
+    "rarecache": "rf_eval.model_adapters.rarecache:RaReCacheLM",
 }
 _WATCHED = ("lm_eval.models", "lm_eval.tasks.manager")
 

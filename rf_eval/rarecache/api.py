@@ -117,6 +117,12 @@ class RaReCache:
         return next(self.target.parameters()).device
 
     # -- the prompt ---------------------------------------------------------------
+    def is_plain(self, n: int) -> bool:
+        """True when an n-token prompt has no mapped row (every row or every layer recomputed)."""
+        if self.selector == "layer-prefix":
+            return layer_budget(self.rho, num_layers(self.target)) >= num_layers(self.target)
+        return budget(self.rho, n) >= n
+
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, *, for_generation: bool = False) -> PrefillResult:
         """Prefill a 1 x N prompt (or a prompt minus its last token, `for_generation`)."""
