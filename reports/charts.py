@@ -20,7 +20,7 @@ PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#0
 _ROW = 22
 _LABEL_W = 260
 _PLOT_W = 420
-_TOP, _BOTTOM = 28, 36
+_TOP, _BOTTOM = 28, 46
 
 
 def _nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:

@@ -11,6 +11,7 @@ The result holds only dicts, lists, strings, numbers and None, unrounded.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from rf_eval.stats.ledger import LedgerEntry
 from rf_eval.stats.pairing import PAIR_KEYS, pair_arms
 from rf_eval.stats.registration import registration
 from rf_eval.stats.runs import Runs
+from rf_eval.stats.speed import speed_rows
 
 __all__ = ["study_summary"]
 
@@ -31,72 +33,156 @@ def _label(task: str, filt: str, metric: str | None = None) -> str:
     return label if metric is None else f"{label}: {metric}"
 
 
-def _length_order(values: Sequence[Any]) -> list[Any]:
-    """Numeric lengths in order, then named ones (LongBench's short/medium/long) sorted."""
-    nums = [v for v in values if isinstance(v, (int, float, np.number)) and float(v).is_integer()]
-    rest = sorted(str(v) for v in values if not any(v is n for n in nums))
-    return sorted(int(v) for v in nums) + rest
+def _length_value(value: Any) -> int | str:
+    """A length as an int (token count) or a name (LongBench's short/medium/long)."""
+    if isinstance(value, (int, float, np.number)) and float(value).is_integer():
+        return int(value)
+    return str(value)
 
 
-def _median(x: pd.Series) -> float | None:
-    x = x.dropna()
-    return float(x.median()) if len(x) else None
+def _length_order(values: Sequence[Any]) -> list[int | str]:
+    """Numeric lengths in order, then named ones sorted."""
+    lengths = {_length_value(v) for v in values}
+    return sorted(v for v in lengths if isinstance(v, int)) + sorted(v for v in lengths if isinstance(v, str))
 
 
-def _status(entries: list[LedgerEntry] | None, runs: Runs, arm: str, task: str | None) -> str | None:
-    return None if entries is None else registration(entries, runs.arm(arm), task).status
+def _task_strata(frame: pd.DataFrame) -> np.ndarray:
+    return (frame["task"] + "\x1f" + frame["filter"]).to_numpy()
 
 
-def _speed_rows(pairs: pd.DataFrame) -> list[dict[str, Any]]:
-    timed = pairs.dropna(subset=["prefill_seconds_arm", "prefill_seconds_ref"])
-    rows = []
-    groups = [("all", timed)] if timed["length"].isna().all() else list(timed.groupby("length"))
-    for length, block in groups:
-        if block.empty:
-            continue
-        speedup = float(block["prefill_seconds_ref"].median() / block["prefill_seconds_arm"].median())
-        ceiling = _median(block["speedup_ceiling_arm"])
-        rows.append(
-            {
-                "length": length if length == "all" else _length_order([length])[0],
-                "n": len(block),
-                "arm_seconds": float(block["prefill_seconds_arm"].median()),
-                "ref_seconds": float(block["prefill_seconds_ref"].median()),
-                "speedup": speedup,
-                "ceiling": ceiling,
-                "share": speedup / ceiling if ceiling else None,
-            }
-        )
-    return rows
+def _pooled(frame: pd.DataFrame) -> pd.DataFrame:
+    """The items that pool: accuracy-like (points), each task's primary metric."""
+    return frame[(frame["unit"] == "points") & frame["primary"].astype(bool)]
 
 
-def _control_rows(
-    runs: Runs, controls: Mapping[str, Sequence[str]], opts: dict[str, Any]
-) -> list[dict[str, Any]]:
-    rows = []
-    points = runs.items[(runs.items["unit"] == "points") & runs.items["primary"]]
-    for selected, ctrl_names in controls.items():
-        merged = None
-        for i, ctrl in enumerate(ctrl_names):
-            p = pair_arms(points, selected, ctrl)[PAIR_KEYS + ["arm", "ref"]]
-            p = p.rename(columns={"ref": f"c{i}"})
-            merged = p if merged is None else merged.merge(p.drop(columns="arm"), on=PAIR_KEYS)
-        if merged is None or merged.empty:
-            continue
-        strata = (merged["task"] + "\x1f" + merged["filter"]).to_numpy()
-        ctrl_scores = merged[[f"c{i}" for i in range(len(ctrl_names))]].to_numpy().T
-        boot = control_margin(merged["arm"].to_numpy(), ctrl_scores, strata=strata, **opts)
-        rows.append(
-            {
-                "selected": selected,
-                "controls": list(ctrl_names),
-                "n": boot.n,
-                "margin": boot.difference,
-                "low": boot.low,
-                "high": boot.high,
-            }
-        )
-    return rows
+def _mean_by_arm(frame: pd.DataFrame, names: Sequence[str]) -> dict[str, float]:
+    means = frame.groupby("arm")["score"].mean()
+    return {a: float(means[a]) for a in names if a in means.index}
+
+
+@dataclass
+class _Study:
+    runs: Runs
+    reference: str
+    margin: float
+    opts: dict[str, Any]
+    ledger: list[LedgerEntry] | None
+
+    def __post_init__(self) -> None:
+        self.names = [a.name for a in self.runs.arms]
+        self.others = [n for n in self.names if n != self.reference]
+        self.pairs = {arm: pair_arms(self.runs.items, arm, self.reference) for arm in self.others}
+
+    def status(self, arm: str, task: str | None) -> str | None:
+        return None if self.ledger is None else registration(self.ledger, self.runs.arm(arm), task).status
+
+    def points(self, p: pd.DataFrame, strata: Any = None) -> dict[str, Any]:
+        return points_contrast(p, strata=strata, margin=self.margin, **self.opts)
+
+    def tasks(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        """Per (task, filter, metric): accuracy tables, loss tables, and forest rows."""
+        ref = self.runs.items[self.runs.items["arm"] == self.reference]
+        tasks, losses, forest = [], [], []
+        for (task, filt, metric), block in ref.groupby(["task", "filter", "metric"], sort=False):
+            first = block.iloc[0]
+            unit, hib, primary = first["unit"], bool(first["higher_is_better"]), bool(first["primary"])
+            entry: dict[str, Any] = {
+                "task": _label(task, filt, None if primary else metric),
+                "primary": primary, "metric": metric, "unit": unit, "higher_is_better": hib,
+                "reference": {"n": len(block), "score": float(block["score"].mean())},
+                "rows": [],
+            }  # fmt: skip
+            for arm in self.others:
+                p = self.pairs[arm]
+                p = p[(p["task"] == task) & (p["filter"] == filt) & (p["metric"] == metric)]
+                if p.empty:
+                    continue
+                if unit == "points":
+                    row = self.points(p)
+                    forest.append({"group": arm, "label": entry["task"], **row})
+                else:
+                    row = loss_contrast(p, metric=metric, higher_is_better=hib, **self.opts)
+                entry["rows"].append({"arm": arm, **row, "registration": self.status(arm, task)})
+            (tasks if unit == "points" else losses).append(entry)
+        return tasks, losses, forest
+
+    def overall(self) -> list[dict[str, Any]]:
+        """Each arm pooled over the accuracy tasks, resampled within task."""
+        rows = []
+        for arm in self.others:
+            p = _pooled(self.pairs[arm])
+            if not p.empty:
+                row = self.points(p, _task_strata(p))
+                rows.append({"arm": arm, **row, "registration": self.status(arm, None)})
+        return rows
+
+    def by_length(self) -> dict[str, Any]:
+        """Accuracy per length per arm (tasks pooled, and per task), and contrasts per length."""
+        items = _pooled(self.runs.items)
+        items = items[items["length"].notna()]
+        lengths = _length_order(list(items["length"].unique()))
+        rows = []
+        for length in lengths:
+            at = items[items["length"] == length]
+            contrasts = []
+            for arm in self.others:
+                p = _pooled(self.pairs[arm])
+                p = p[p["length"] == length]
+                if not p.empty:
+                    contrasts.append({"arm": arm, **self.points(p, _task_strata(p))})
+            n = int((at["arm"] == self.reference).sum())
+            rows.append({"length": length, "n": n, "scores": _mean_by_arm(at, self.names), "rows": contrasts})
+        per_task = []
+        for (task, filt), block in items.groupby(["task", "filter"], sort=False):
+            for length in _length_order(list(block["length"].unique())):
+                cell = block[block["length"] == length]
+                n = int((cell["arm"] == self.reference).sum())
+                per_task.append({"task": _label(task, filt), "length": length, "n": n, "scores": _mean_by_arm(cell, self.names)})
+        return {"lengths": lengths, "by_length": rows, "task_length": per_task}
+
+    def speed(self) -> list[dict[str, Any]]:
+        rows = []
+        for arm in self.others:
+            p = self.pairs[arm]
+            for row in speed_rows(p[p["primary"].astype(bool)]):
+                rows.append({"arm": arm, **row, "length": _length_value(row["length"])})
+        return rows
+
+    def controls(self, controls: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
+        """Each selection against the per-item mean of its count-matched control arms."""
+        points = _pooled(self.runs.items)
+        rows = []
+        for selected, ctrl_names in controls.items():
+            merged = pair_arms(points, selected, ctrl_names[0])[PAIR_KEYS + ["arm", "ref"]].rename(columns={"ref": "c0"})
+            for i, ctrl in enumerate(ctrl_names[1:], start=1):
+                p = pair_arms(points, selected, ctrl)[PAIR_KEYS + ["ref"]].rename(columns={"ref": f"c{i}"})
+                merged = merged.merge(p, on=PAIR_KEYS)
+            if merged.empty:
+                continue
+            ctrl_scores = merged[[f"c{i}" for i in range(len(ctrl_names))]].to_numpy().T
+            boot = control_margin(merged["arm"].to_numpy(), ctrl_scores, strata=_task_strata(merged), **self.opts)
+            rows.append({"selected": selected, "controls": list(ctrl_names), "n": boot.n,
+                         "margin": boot.difference, "low": boot.low, "high": boot.high})  # fmt: skip
+        return rows
+
+    def arms(self) -> list[dict[str, Any]]:
+        rows = []
+        for a in self.runs.arms:
+            reg = None if self.ledger is None or a.name == self.reference else registration(self.ledger, a)
+            rows.append({
+                "name": a.name, "model": a.model, "model_args": a.model_args_text,
+                "started": a.started.isoformat(timespec="seconds"), "results_files": list(a.results_files),
+                "n_items": int((self.runs.items["arm"] == a.name).sum()), "is_reference": a.name == self.reference,
+                "registration": None if reg is None else reg.__dict__.copy(),
+            })  # fmt: skip
+        return rows
+
+    def notes(self) -> list[str]:
+        notes = list(self.runs.notes)
+        for arm, p in self.pairs.items():
+            if p.attrs.get("unpaired"):
+                notes.append(f"{arm} vs {self.reference}: {p.attrs['unpaired']} items without a partner left out")
+        return notes
 
 
 def study_summary(
@@ -112,124 +198,21 @@ def study_summary(
 ) -> dict[str, Any]:
     """Compare every arm of `runs` with `reference`; see the module docstring."""
     names = [a.name for a in runs.arms]
-    if reference not in names:
-        raise ValueError(f"no arm named {reference!r}; the arms are: {', '.join(names)}")
-    for sel, ctrls in (controls or {}).items():
-        for name in (sel, *ctrls):
-            if name not in names:
-                raise ValueError(f"no arm named {name!r} (in --control); the arms are: {', '.join(names)}")
+    for name, where in [(reference, "")] + [(n, " (in --control)") for s, c in (controls or {}).items() for n in (s, *c)]:
+        if name not in names:
+            raise ValueError(f"no arm named {name!r}{where}; the arms are: {', '.join(names)}")
     opts = {"confidence": confidence, "n_resamples": n_resamples, "seed": seed}
-    ledger_entries = list(ledger) if ledger is not None else None
-    others = [n for n in names if n != reference]
-    items = runs.items
-    pairs = {arm: pair_arms(items, arm, reference) for arm in others}
-    notes = list(runs.notes)
-    for arm, p in pairs.items():
-        if p.attrs.get("unpaired"):
-            notes.append(f"{arm} vs {reference}: {p.attrs['unpaired']} items without a partner left out")
-
-    ref_items = items[items["arm"] == reference]
-    task_keys = list(dict.fromkeys(zip(ref_items["task"], ref_items["filter"], ref_items["metric"])))
-    tasks, losses, forest = [], [], []
-    for task, filt, metric in task_keys:
-        block = ref_items[(ref_items["task"] == task) & (ref_items["filter"] == filt) & (ref_items["metric"] == metric)]
-        unit, hib, primary = block["unit"].iloc[0], bool(block["higher_is_better"].iloc[0]), bool(block["primary"].iloc[0])
-        entry: dict[str, Any] = {
-            "task": _label(task, filt, None if primary else metric),
-            "primary": primary,
-            "metric": metric,
-            "unit": unit,
-            "higher_is_better": hib,
-            "reference": {"n": len(block), "score": float(block["score"].mean())},
-            "rows": [],
-        }
-        for arm in others:
-            p = pairs[arm]
-            p = p[(p["task"] == task) & (p["filter"] == filt) & (p["metric"] == metric)]
-            if p.empty:
-                continue
-            if unit == "points":
-                row = points_contrast(p, margin=margin, **opts)
-            else:
-                row = loss_contrast(p, metric=metric, higher_is_better=hib, **opts)
-            row["registration"] = _status(ledger_entries, runs, arm, task)
-            entry["rows"].append({"arm": arm, **row})
-            if unit == "points":
-                forest.append({"group": arm, "label": entry["task"], **row})
-        (tasks if unit == "points" else losses).append(entry)
-
-    overall = []
-    for arm in others:
-        p = pairs[arm][(pairs[arm]["unit"] == "points") & pairs[arm]["primary"]]
-        if p.empty:
-            continue
-        strata = (p["task"] + "\x1f" + p["filter"]).to_numpy()
-        row = {"arm": arm, **points_contrast(p, strata=strata, margin=margin, **opts)}
-        row["registration"] = _status(ledger_entries, runs, arm, None)
-        overall.append(row)
-        forest.append({"group": arm, "label": "overall", **row})
-
-    points_items = items[(items["unit"] == "points") & items["primary"] & items["length"].notna()]
-    lengths = _length_order(list(points_items["length"].unique()))
-    by_length = []
-    for length in lengths:
-        at = points_items[points_items["length"] == length]
-        scores = {arm: float(at[at["arm"] == arm]["score"].mean()) for arm in names if (at["arm"] == arm).any()}
-        contrasts = []
-        for arm in others:
-            p = pairs[arm]
-            p = p[(p["unit"] == "points") & p["primary"] & (p["length"] == length)]
-            if not p.empty:
-                strata = (p["task"] + "\x1f" + p["filter"]).to_numpy()
-                contrasts.append({"arm": arm, **points_contrast(p, strata=strata, margin=margin, **opts)})
-        by_length.append({"length": length, "n": int((at["arm"] == reference).sum()), "scores": scores, "rows": contrasts})
-    task_length = []
-    for (task, filt), block in points_items.groupby(["task", "filter"], sort=False):
-        for length in _length_order(list(block["length"].unique())):
-            cell = block[block["length"] == length]
-            task_length.append(
-                {
-                    "task": _label(task, filt),
-                    "length": length,
-                    "n": int((cell["arm"] == reference).sum()),
-                    "scores": {a: float(cell[cell["arm"] == a]["score"].mean()) for a in names if (cell["arm"] == a).any()},
-                }
-            )
-    if not lengths:
+    study = _Study(runs, reference, margin, opts, None if ledger is None else list(ledger))
+    tasks, losses, forest = study.tasks()
+    overall = study.overall()
+    lengths = study.by_length()
+    notes = study.notes()
+    if not lengths["lengths"]:
         notes.append("no item recorded a length (doc max_length or a RULER length metric): no per-length tables")
-
-    speed = [{"arm": arm, **row} for arm in others for row in _speed_rows(pairs[arm][pairs[arm]["primary"]])]
-    arms = []
-    for a in runs.arms:
-        reg = registration(ledger_entries, a) if ledger_entries is not None and a.name != reference else None
-        arms.append(
-            {
-                "name": a.name,
-                "model": a.model,
-                "model_args": a.model_args_text,
-                "started": a.started.isoformat(timespec="seconds"),
-                "results_files": list(a.results_files),
-                "n_items": int((items["arm"] == a.name).sum()),
-                "is_reference": a.name == reference,
-                "registration": None if reg is None else reg.__dict__.copy(),
-            }
-        )
     return {
-        "reference": reference,
-        "margin": margin,
-        "confidence": confidence,
-        "n_resamples": n_resamples,
-        "seed": seed,
-        "arms": arms,
-        "tasks": tasks,
-        "overall": overall,
-        "losses": losses,
-        "lengths": lengths,
-        "by_length": by_length,
-        "task_length": task_length,
-        "forest": forest,
-        "speed": speed,
-        "controls": _control_rows(runs, controls or {}, opts),
-        "has_ledger": ledger_entries is not None,
-        "notes": notes,
-    }
+        "reference": reference, "margin": margin, "confidence": confidence, "n_resamples": n_resamples, "seed": seed,
+        "arms": study.arms(), "tasks": tasks, "overall": overall, "losses": losses, **lengths,
+        "forest": forest + [{"group": r["arm"], "label": "overall", **r} for r in overall],
+        "speed": study.speed(), "controls": study.controls(controls or {}),
+        "has_ledger": ledger is not None, "notes": notes,
+    }  # fmt: skip
