@@ -27,6 +27,7 @@ def lmeval_runs(tmp_path_factory):
     """Output folders of two arms written by lm-eval itself (see lmeval_runner.py): (exact, ridge)."""
     out = tmp_path_factory.mktemp("lmeval_runs")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["RF_EVAL_NO_LM_EVAL_HOOK"] = "1"  # lm-eval's own tasks only, plus the two the runner writes
     proc = subprocess.run(
         [sys.executable, str(HERE / "lmeval_runner.py"), str(out)], capture_output=True, text=True, env=env, timeout=300
     )
