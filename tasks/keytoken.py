@@ -31,6 +31,7 @@ Documents (metadata `docs`): a folder of `.txt` files (one document each, id
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 from pathlib import Path
@@ -117,7 +118,8 @@ def read_reference(path: str | Path) -> dict[str, dict[str, Any]]:
         if not line.strip():
             continue
         rec = json.loads(line)
-        resps = rec["filtered_resps"]
+        # lm-eval writes responses as their Python repr
+        resps = [ast.literal_eval(r) if isinstance(r, str) else r for r in rec["filtered_resps"]]
         arm_exact = bool(rec.get("arm_exact"))
         exact = _exact_logprobs(resps[0], arm_exact)
         if exact is None:

@@ -39,6 +39,15 @@ NEEDLE_RE = re.compile(r"One of the special magic \S+ for (.+?) is: (\d+)\.")
 ANSWER_MARK = "\u2063RF_EVAL_ANSWER\u2063"
 
 
+class Turns(list):
+    """The `turns` argument of a `multiturn_generate` request: a list of strings that also
+    encodes like one string, because lm-eval hashes a request's first argument as text when
+    it logs samples (`prompt_hash`)."""
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return "".join(self).encode(encoding, errors)
+
+
 def first_seven_digit(text: str) -> str | None:
     """The first run of exactly seven digits in `text`."""
     m = re.search(r"(?<!\d)\d{7}(?!\d)", text)
@@ -155,7 +164,7 @@ class SecondQuestionTask(RulerFilledTask):
         self.mark_prompt(doc, ctx)
         gen = dict(self.config.generation_kwargs or {})
         return Instance(
-            request_type="multiturn_generate", doc=doc, arguments=([ctx, turn2], gen), idx=0, **kwargs
+            request_type="multiturn_generate", doc=doc, arguments=(Turns([ctx, turn2]), gen), idx=0, **kwargs
         )
 
     def process_results(self, doc: dict[str, Any], results: list[Any]) -> dict[str, Any]:
