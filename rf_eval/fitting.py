@@ -24,6 +24,7 @@ from rf_eval.capture import capture_sums, heldout_cosines
 from rf_eval.engine import num_layers
 from rf_eval.maps import RidgeMaps, config_hash
 from rf_eval.ridge import LAMBDA_GRID, RidgeSums, sums_filename
+from rf_eval.unigram import UnigramCounter
 
 log = logging.getLogger(__name__)
 
@@ -140,10 +141,12 @@ def fit_maps(
     model.eval()
     device = next(model.parameters()).device
     t0 = time.perf_counter()
-    docs = tokenized(tokenizer, calibration, device, max_tokens, "capture", progress)
+    unigram = UnigramCounter(max(model.config.vocab_size, len(tokenizer)))  # for the protected-token selector
+    docs = unigram.wrap(tokenized(tokenizer, calibration, device, max_tokens, "capture", progress))
     all_sums = capture_sums(model, docs, splits)
     for sums in all_sums.values():
         sums.all_reduce()
+    unigram.all_reduce()
     capture_s = time.perf_counter() - t0
     meta = {
         "config_hash": config_hash(model.config),
@@ -164,6 +167,8 @@ def fit_maps(
             if save_sums:
                 sums.save(out / sums_filename(split), meta)
             result.paths[split] = _write_maps(sums, solved, best, scores, meta, out)
+    if rank == 0:
+        unigram.save(out, meta)
     log.info("fit: %d rows, capture %.1fs, total %.1fs", result.rows, capture_s, time.perf_counter() - t0)
     return result
 

@@ -1,0 +1,175 @@
+"""Row selectors: the common interface, the per-prompt request they read, and the union.
+
+Paper section 2.4. A selector returns prefix rows (never tail rows) that run
+every late layer exactly. It is created once with its parameters, and for
+each prompt it (1) names the lower-layer inputs it needs kept (`captures`,
+before the engine runs) and (2) chooses rows from a `Request`, which holds the
+prompt, the plan, the tokenizer and, once the lower layers have run, the
+engine's `PrefillContext`.
+
+Selectors marked `on_top` (special tokens) are added on top of the others:
+a union evaluates them first and hides their rows from the rest, so they
+never use up another selector's count.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from rf_eval.engine import FillFn, Plan, PrefillContext, Selection, decoder_layers
+
+
+class Request:
+    """One prompt as selectors see it. `ctx` is set once the lower layers ran."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        input_ids: torch.Tensor,
+        plan: Plan,
+        fill: FillFn | None = None,
+        resources: dict[str, Any] | None = None,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.input_ids = input_ids
+        self.plan = plan
+        self.fill = fill
+        self.resources = resources or {}
+        self.ctx: PrefillContext | None = None
+        self.capture_start: dict[int, int] = {}
+        self.exclude = torch.zeros(self.n, dtype=torch.bool)
+        self.memo: dict[Any, Any] = {}
+
+    @property
+    def n(self) -> int:
+        return self.input_ids.shape[1]
+
+    @property
+    def prefix_end(self) -> int:
+        """N - tail: rows 0..prefix_end-1 are the prefix."""
+        return max(self.n - self.plan.tail, 0)
+
+    @property
+    def ids(self) -> list[int]:
+        if "ids" not in self.memo:
+            self.memo["ids"] = self.input_ids[0].tolist()
+        return self.memo["ids"]
+
+    def need_tokenizer(self, who: str):
+        if self.tokenizer is None:
+            raise ValueError(f"selector {who!r} reads token texts: give RidgeFill a tokenizer")
+        return self.tokenizer
+
+    def attach(self, ctx: PrefillContext) -> Request:
+        self.ctx = ctx
+        return self
+
+    def candidates(self) -> torch.Tensor:
+        """Prefix rows a selector may choose: every prefix row not hidden by an on-top selector."""
+        rows = torch.arange(self.prefix_end)
+        return rows[~self.exclude[: self.prefix_end]]
+
+    def lower_input(self, layer: int, start: int, stop: int) -> torch.Tensor:
+        """The captured input to lower layer `layer` for rows start..stop-1 (1, stop-start, d)."""
+        if self.ctx is None or layer not in self.ctx.lower_inputs:
+            raise RuntimeError(f"layer {layer}'s input was not captured (a selector's captures() is missing it)")
+        offset = self.capture_start[layer]
+        return self.ctx.lower_inputs[layer][:, start - offset : stop - offset]
+
+    def layers(self):
+        return decoder_layers(self.model)
+
+
+def top_rows(scores: torch.Tensor, rows: torch.Tensor, k: int) -> torch.Tensor:
+    """The k rows of `rows` with the highest scores (ties: the earlier row), sorted by position."""
+    k = max(0, min(int(k), rows.numel()))
+    if k == 0:
+        return rows[:0]
+    order = torch.sort(-scores[rows].double(), stable=True).indices[:k]
+    return torch.sort(rows[order]).values
+
+
+def as_rows(rows: torch.Tensor | list[int]) -> torch.Tensor:
+    """Sorted unique LongTensor of rows."""
+    t = torch.as_tensor(rows, dtype=torch.long).flatten()
+    return torch.unique(t)
+
+
+class Selector:
+    """Base class: subclasses set `name`, implement `select`, and list parameters in `params`."""
+
+    name: ClassVar[str] = ""
+    on_top: ClassVar[bool] = False
+
+    def params(self) -> dict[str, Any]:
+        return {}
+
+    def captures(self, req: Request) -> dict[int, tuple[int, int]]:
+        """Lower layers whose inputs this selector reads: layer -> (start row, stop row)."""
+        return {}
+
+    def select(self, req: Request) -> Selection:
+        raise NotImplementedError
+
+    def count(self, req: Request) -> int:
+        """How many rows this selector picks on this prompt (controls match it)."""
+        return int(self.select(req).rows.numel())
+
+    def describe(self) -> dict[str, Any]:
+        """Name and parameters, recorded in the run's provenance."""
+        out: dict[str, Any] = {"name": self.name}
+        for key, value in self.params().items():
+            out[key] = value.describe() if isinstance(value, Selector) else value
+        return out
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.describe()})"
+
+
+class Union(Selector):
+    """Rows chosen by any part; `on_top` parts (special tokens) go first and are hidden from the others."""
+
+    name = "union"
+
+    def __init__(self, parts: list[Selector]):
+        if not parts:
+            raise ValueError("a union needs at least one selector")
+        self.parts = list(parts)
+
+    def params(self):
+        return {}
+
+    def describe(self):
+        return {"name": self.name, "parts": [p.describe() for p in self.parts]}
+
+    def captures(self, req):
+        return merge_captures(p.captures(req) for p in self.parts)
+
+    def select(self, req):
+        ordered = [p for p in self.parts if p.on_top] + [p for p in self.parts if not p.on_top]
+        rows, tail = [], None
+        saved = req.exclude.clone()
+        for part in ordered:
+            got = part.select(req)
+            rows.append(got.rows)
+            if got.tail is not None:
+                tail = max(tail or 0, got.tail)
+            if part.on_top and got.rows.numel():
+                req.exclude[got.rows] = True
+        req.exclude = saved
+        return Selection(as_rows(torch.cat(rows)) if rows else torch.zeros(0, dtype=torch.long), tail)
+
+
+def merge_captures(items) -> dict[int, tuple[int, int]]:
+    """One covering row range per layer."""
+    out: dict[int, tuple[int, int]] = {}
+    for item in items:
+        for layer, (start, stop) in item.items():
+            if layer in out:
+                start, stop = min(start, out[layer][0]), max(stop, out[layer][1])
+            out[layer] = (start, stop)
+    return out

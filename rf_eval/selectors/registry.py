@@ -1,0 +1,72 @@
+"""Selectors by name: `make_selector(name, **params)` and one-line specs (`rf_eval.spec`).
+
+    make_selector("attention", share=0.1, window=64)
+    make_selector("random", of="attention(share=0.1)", seed=3)
+    make_selector("probe+special")                  # a union; special tokens on top
+    selector_from("random(seed=3;of=attention)")    # the same grammar in one string
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from rf_eval.selectors.attention import Attention, QuestionHidden
+from rf_eval.selectors.base import Selector, Union
+from rf_eval.selectors.controls import LongerTail, RandomRows
+from rf_eval.selectors.lexical import LexicalNet
+from rf_eval.selectors.probe import Probe
+from rf_eval.selectors.tokens import ProtectedTokens, SpecialTokens
+from rf_eval.spec import check_params, parse_spec
+
+SELECTORS: dict[str, type[Selector]] = {
+    cls.name: cls
+    for cls in (Attention, QuestionHidden, RandomRows, LongerTail, Probe, ProtectedTokens, LexicalNet,
+                SpecialTokens, Union)
+}
+_SELECTOR_PARAMS = ("of",)  # parameters whose value is itself a selector
+
+
+def parameters(cls: type[Selector]) -> tuple[str, ...]:
+    sig = inspect.signature(cls.__init__)
+    return tuple(p for p in sig.parameters if p != "self")
+
+
+def make_selector(name: str, **params: Any) -> Selector:
+    """A selector by registry name with its parameters; `a+b` is the union of a and b."""
+    if "+" in name or "(" in name:
+        if params:
+            raise ValueError(f"parameters for the spec {name!r} go inside it, e.g. 'attention(share=0.1)+special'")
+        return selector_from(name)
+    if name not in SELECTORS:
+        raise ValueError(f"unknown selector {name!r}; valid selectors: {', '.join(sorted(SELECTORS))}")
+    cls = SELECTORS[name]
+    check_params("selector", name, params, parameters(cls))
+    if name == "union":
+        params["parts"] = [as_selector(p) for p in params.get("parts", [])]
+    for key in _SELECTOR_PARAMS:
+        if params.get(key) is not None:
+            params[key] = as_selector(params[key])
+    try:
+        return cls(**params)
+    except TypeError as err:  # a bad value type for a known parameter
+        raise ValueError(f"selector {name!r}: {err}") from err
+
+
+def selector_from(spec: str | dict | Selector) -> Selector:
+    """A selector from a spec string, a dict {"name": ..., **params}, or a selector."""
+    if isinstance(spec, Selector):
+        return spec
+    if isinstance(spec, dict):
+        params = dict(spec)
+        if "name" not in params:
+            raise ValueError(f"a selector dict needs a 'name'; got {spec}")
+        return make_selector(params.pop("name"), **params)
+    parts = [make_selector(name, **params) for name, params in parse_spec(spec)]
+    return parts[0] if len(parts) == 1 else Union(parts)
+
+
+def as_selector(value: Any) -> Selector:
+    if isinstance(value, (Selector, dict, str)):
+        return selector_from(value)
+    raise ValueError(f"expected a selector (name, spec or object), got {value!r}")
