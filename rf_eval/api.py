@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from rf_eval import engine
+from rf_eval.arm import Arm
 from rf_eval.engine import FILL_SOURCES, Plan, PrefillResult
-from rf_eval.maps import RidgeMaps, identity_fill, load_maps
+from rf_eval.maps import RidgeMaps, config_hash, identity_fill, load_maps, resolve_map_file
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -36,7 +37,26 @@ class RidgeFill:
 
     `fill`: exact | nofill | identity | ridge. `split` defaults to the maps' split
     (or L/2 without maps); `tail` is the count of last prompt rows kept exact.
-    `selector`, when given, is a callable `(PrefillContext) -> LongTensor of prefix rows`.
+
+    Arm options (paper sections 2.3, 2.4, 3.3, 6.6; each part is recorded by
+    `provenance()`). String values use the one-line spec grammar of
+    `rf_eval.spec` (`name(key=value;key=value)`, parts joined by `+`, no commas):
+
+    - `selector`: a selector name or spec (`attention`, `question_hidden`,
+      `random`, `longer_tail`, `probe`, `protected`, `lexical_net`, `special`,
+      e.g. `"random(seed=3;of=attention(share=0.1))"`, `"probe+special"`), a
+      dict `{"name": ..., **params}`, a `rf_eval.selectors.Selector`, or a bare
+      callable `(PrefillContext) -> LongTensor of prefix rows`.
+    - `selector_params`: parameters for a plain selector name (a dict).
+    - `corrections`: `value_rescale(c=512)`, `key_rescale(c=512)`,
+      `terminal_state(path=FILE)`, joined by `+`, or a list of specs/dicts.
+      They need fill identity or ridge.
+    - `splice`: `keys` | `values` | `both` (exact K/V of the filled rows).
+    - `cost_match`: on a `nofill` arm, lengthen the tail per prompt to the
+      MAC cost of the named arm, e.g. `"ridge"` or
+      `"ridge(tail=4096;exact_share=0.1)"` (see `rf_eval.arm.CostMatch`).
+    - `unigram`: the protected-token selectors' frequency table (default: the
+      `unigram.safetensors` that `rf-eval fit` saved beside `maps`).
     """
 
     def __init__(
@@ -49,14 +69,21 @@ class RidgeFill:
         tail: int = 1024,
         fill: str = "exact",
         chunk_size: int | None = None,
-        selector=None,
+        selector: Any = None,
+        selector_params: dict[str, Any] | None = None,
+        corrections: Any = None,
+        splice: str | None = None,
+        cost_match: Any = None,
+        unigram: str | Path | None = None,
     ):
         if fill not in FILL_SOURCES:
             raise ValueError(f"unknown fill {fill!r}; valid fills: {', '.join(FILL_SOURCES)}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         n_layers = engine.num_layers(model)
+        maps_path = None
         if maps is not None and not isinstance(maps, RidgeMaps):
+            maps_path = resolve_map_file(maps, split)
             maps = load_maps(maps, split)
         if maps is not None:
             maps.check_model(model.config)
@@ -71,7 +98,23 @@ class RidgeFill:
             raise ValueError(f"split {split} is outside 1..{n_layers - 1} for this {n_layers}-layer model")
         self.maps = maps
         self.plan = Plan(split=split, tail=tail, fill=fill, chunk_size=chunk_size)
-        self.selector = selector
+        if selector_params:
+            if not isinstance(selector, str):
+                raise ValueError("selector_params go with a selector name (selector='attention', ...)")
+            from rf_eval.selectors import make_selector
+
+            selector = make_selector(selector, **selector_params)
+        resources: dict[str, Any] = {}
+        if unigram is not None:
+            resources["unigram"] = str(unigram)
+        elif maps_path is not None and (maps_path.parent / "unigram.safetensors").is_file():
+            resources["unigram"] = str(maps_path.parent / "unigram.safetensors")
+        self.arm = Arm(model, tokenizer, self.plan, selector=selector, corrections=corrections, splice=splice,
+                       cost_match=cost_match, resources=resources)
+        self.selector = self.arm.selector
+        for correction in self.arm.corrections:
+            if hasattr(correction, "check"):
+                correction.check(config_hash(model.config), self.plan, maps.sha256() if maps is not None else "")
         param = next(model.parameters())
         if fill == "ridge":
             self._fill = maps.fill_fn(param.dtype, param.device)
@@ -110,9 +153,7 @@ class RidgeFill:
 
     def prefill(self, input_ids: torch.Tensor, plan: Plan | None = None) -> PrefillResult:
         """Prefill a 1 x N prompt; `.cache` is the model's own cache, `.logits` the last row's."""
-        return engine.prefill(
-            self.model, input_ids.to(self.device), plan or self.plan, fill=self._fill, select=self.selector
-        )
+        return self.arm.prefill(input_ids.to(self.device), plan or self.plan, self._fill)
 
     def extend(self, result: PrefillResult, tokens: torch.Tensor) -> torch.Tensor:
         """Run the stock model over `tokens` (1 x k) after the prompt; returns their logits (1, k, V).
@@ -143,7 +184,7 @@ class RidgeFill:
             "split": self.plan.split,
             "tail": self.plan.tail,
             "chunk_size": self.plan.chunk_size,
-            "selector": getattr(self.selector, "describe", lambda: None)() if self.selector else None,
+            **self.arm.describe(),  # selector, corrections, splice, cost_match
             "model_type": self.model.config.model_type,
             "model_name": getattr(self.model.config, "_name_or_path", ""),
         }

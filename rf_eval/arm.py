@@ -1,0 +1,124 @@
+"""One arm of the study: a plan plus its pluggable parts, wired into one engine call per prompt.
+
+Parts (each named, with parameters, recorded by `describe()`):
+- selector: exact prefix rows (`rf_eval.selectors`), or a bare callable
+  `(PrefillContext) -> rows` as before;
+- corrections: value/key rescale, terminal-state correction (`rf_eval.corrections`);
+- splice: keys | values | both, from an exact reference prefill of the same prompt;
+- cost_match: the compute-matched `nofill` control (paper section 3.3): the
+  tail is lengthened, per prompt length N, to the longest tail whose MAC
+  count (`rf_eval.cost`) does not exceed the matched arm's. The matched arm
+  is a fill (identity | ridge) with `tail` (default: this arm's tail),
+  `exact_share` (exact prefix rows as a share of N, e.g. 0.1 for the
+  attention selector's rows) or `exact_rows` (a count), and `probe_rows`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from rf_eval import engine
+from rf_eval.corrections import SPLICES, build_hooks, corrections_from
+from rf_eval.cost import cost_matched_tail, prefill_macs
+from rf_eval.engine import Plan, PrefillResult
+from rf_eval.selectors.base import Request, Selector
+from rf_eval.selectors.registry import selector_from
+from rf_eval.spec import check_params, parse_spec
+
+
+@dataclass(frozen=True)
+class CostMatch:
+    """The arm whose MAC count a `nofill` control's tail is matched to."""
+
+    fill: str = "ridge"
+    tail: int | None = None
+    exact_share: float = 0.0
+    exact_rows: int | None = None
+    probe_rows: int = 0
+
+    def __post_init__(self):
+        if self.fill not in ("identity", "ridge"):
+            raise ValueError(f"cost_match fill must be identity or ridge, got {self.fill!r}")
+
+    def target_macs(self, config, n: int, split: int, own_tail: int) -> int:
+        exact = self.exact_rows if self.exact_rows is not None else int(round(self.exact_share * n))
+        return prefill_macs(config, n, split=split, tail=self.tail or own_tail, exact_rows=exact,
+                            fill=self.fill, probe_rows=self.probe_rows)
+
+    def tail_for(self, config, n: int, split: int, own_tail: int) -> int:
+        return cost_matched_tail(config, n, split, self.target_macs(config, n, split, own_tail))
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": "cost_match", **dataclasses.asdict(self)}
+
+
+def cost_match_from(spec: str | dict | CostMatch | None) -> CostMatch | None:
+    """`ridge`, `ridge(tail=4096;exact_share=0.1)`, a dict, or a CostMatch."""
+    if spec is None or isinstance(spec, CostMatch):
+        return spec
+    if isinstance(spec, dict):
+        return CostMatch(**spec)
+    (name, params), *rest = parse_spec(spec)
+    if rest:
+        raise ValueError(f"cost_match names one arm, got {spec!r}")
+    check_params("cost_match", name, params, ("tail", "exact_share", "exact_rows", "probe_rows"))
+    return CostMatch(fill=name, **params)
+
+
+class Arm:
+    """Selector, corrections, splice and cost match for one plan; `prefill` runs one prompt."""
+
+    def __init__(self, model: nn.Module, tokenizer: Any, plan: Plan, *, selector: Any = None,
+                 corrections: Any = None, splice: str | None = None, cost_match: Any = None,
+                 resources: dict[str, Any] | None = None):
+        self.model, self.tokenizer, self.resources = model, tokenizer, resources or {}
+        if isinstance(selector, (str, dict)):
+            selector = selector_from(selector)
+        self.selector = selector
+        self.corrections = corrections_from(corrections)
+        if splice not in (None, *SPLICES):
+            raise ValueError(f"unknown splice {splice!r}; valid splices: {', '.join(SPLICES)}")
+        self.splice = splice
+        self.cost_match = cost_match_from(cost_match)
+        filling = plan.fill in ("identity", "ridge")
+        if (self.corrections or splice) and not filling:
+            raise ValueError(f"corrections and splices change filled rows: they need fill identity or ridge, "
+                             f"not {plan.fill!r}")
+        if self.cost_match is not None and plan.fill != "nofill":
+            raise ValueError(f"cost_match lengthens a nofill arm's tail; this arm's fill is {plan.fill!r}")
+
+    def describe(self) -> dict[str, Any]:
+        sel = self.selector
+        return {
+            "selector": sel.describe() if isinstance(sel, Selector) else getattr(sel, "describe", lambda: None)(),
+            "corrections": [c.describe() for c in self.corrections],
+            "splice": self.splice,
+            "cost_match": self.cost_match.describe() if self.cost_match else None,
+        }
+
+    def plan_for(self, plan: Plan, n: int) -> Plan:
+        if self.cost_match is None:
+            return plan
+        tail = self.cost_match.tail_for(self.model.config, n, plan.split, plan.tail)
+        return dataclasses.replace(plan, tail=tail)
+
+    def prefill(self, input_ids: torch.Tensor, plan: Plan, fill) -> PrefillResult:
+        plan = self.plan_for(plan, input_ids.shape[1])
+        select, capture = self.selector, None
+        if isinstance(self.selector, Selector):
+            req = Request(self.model, self.tokenizer, input_ids, plan, fill, self.resources)
+            wanted = self.selector.captures(req)
+            req.capture_start = {layer: start for layer, (start, _) in wanted.items()}
+            capture = {layer: slice(start, stop) for layer, (start, stop) in wanted.items()} or None
+            selector = self.selector
+
+            def select(ctx):
+                return selector.select(req.attach(ctx))
+
+        hooks = build_hooks(self.corrections, self.splice, self.model, input_ids)
+        return engine.prefill(self.model, input_ids, plan, fill=fill, select=select, capture=capture, hooks=hooks)

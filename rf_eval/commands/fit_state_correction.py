@@ -1,0 +1,65 @@
+"""`rf-eval fit-state-correction`: Delta-M for the terminal-state correction (paper 2.3, appendix H).
+
+Runs the unmodified model over calibration prompts kept apart from the maps'
+text, reads each late Gated DeltaNet layer's state every `--every` (2,048)
+tokens from the true inputs and from the fill's predicted inputs, and saves
+the mean difference per layer and value head beside `--out`. The file
+records the model, split, fill and maps it was fitted for; `RidgeFill(...,
+corrections="terminal_state(path=FILE)")` refuses any other combination.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rf_eval.cli import UserError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="HF model folder or id")
+    p.add_argument("--maps", help="maps folder or file (fill ridge); omit with --fill identity")
+    p.add_argument("--fill", default="ridge", choices=("ridge", "identity"), help="the fill the arm uses")
+    p.add_argument("--split", type=int, help="split layer (default: the maps' split)")
+    p.add_argument("--calibration", nargs="+", required=True,
+                   help="prompts kept apart from the maps' calibration text (text files or JSONL 'text')")
+    p.add_argument("--out", required=True, help="output folder (or .safetensors file)")
+    p.add_argument("--every", type=int, default=2048, help="read the state every this many tokens")
+    p.add_argument("--max-tokens", type=int, default=131072, help="truncate prompts to this many tokens")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rf_eval.calibration import CalibrationError, check_nonempty, sha256_of_files
+    from rf_eval.commands.fit import _load
+    from rf_eval.fitting import tokenized
+    from rf_eval.maps import identity_fill, load_maps
+    from rf_eval.state_correction import fit_delta, save_table, table_metadata
+
+    if args.every < 1:
+        raise UserError("--every must be >= 1")
+    if args.fill == "ridge" and not args.maps:
+        raise UserError("--fill ridge needs --maps")
+    if args.fill == "identity" and args.split is None:
+        raise UserError("--fill identity needs --split")
+    try:
+        check_nonempty(args.calibration)
+        args.trust_remote_code = False
+        model, tokenizer = _load(args)
+        maps = load_maps(args.maps, args.split) if args.maps else None
+        if maps is not None:
+            maps.check_model(model.config)
+        split = maps.split if maps is not None else args.split
+        param = next(model.parameters())
+        fill = maps.fill_fn(param.dtype, param.device) if args.fill == "ridge" else identity_fill
+        docs = tokenized(tokenizer, args.calibration, param.device, args.max_tokens, "state correction",
+                         not args.no_progress)
+        delta, states = fit_delta(model, docs, split, fill, every=args.every)
+    except (ValueError, CalibrationError) as err:
+        raise UserError(str(err)) from err
+    meta = table_metadata(model, args.fill, maps.sha256() if maps is not None else "", args.every, states,
+                          sha256_of_files(args.calibration))
+    path = save_table(delta, meta, args.out, split)
+    print(f"split {split}: Delta-M for {len(delta)} Gated DeltaNet layers from {states} states -> {path}")
+    return 0
