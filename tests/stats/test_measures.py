@@ -56,3 +56,12 @@ def test_control_margin_against_count_matched_controls():
     with pytest.raises(ValueError, match="one score per item"):
         control_margin(sel, c1[:3])
     assert control_margin(sel, c1, n_resamples=500).difference == pytest.approx(np.mean(sel - c1))
+
+
+def test_package_exports_are_lazy():
+    import subprocess
+    import sys
+
+    code = "import sys, rf_eval.stats as s; assert 'pandas' not in sys.modules; s.binomial_floor(5); print(s.load_runs.__module__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "rf_eval.stats.runs"
