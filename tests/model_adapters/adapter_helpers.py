@@ -29,12 +29,33 @@ metric_list:
 metadata:
   version: 1.0
 """
+GEN_YAML = """task: rfe_adapter_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{context}}}}"
+doc_to_target: "{{{{choices[0]}}}}"
+generation_kwargs:
+  until: ["\\n\\n"]
+  max_gen_toks: 12
+  do_sample: false
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
 TASK = "rfe_adapter_mc"
+GEN_TASK = "rfe_adapter_gen"
 WORDS = "the cat dog sat on a mat red blue green house tree river stone light dark quick slow".split()
 
 
 def write_task(folder: Path, n_docs: int = 8, seed: int = 0, context_words: tuple[int, int] = (10, 40)) -> Path:
-    """A multiple-choice task over a local JSONL file: shared contexts, 1- to 4-word choices."""
+    """Two tasks over one local JSONL file: multiple choice (1- to 4-word choices) and generation."""
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
     data = folder / "data.jsonl"
@@ -44,6 +65,7 @@ def write_task(folder: Path, n_docs: int = 8, seed: int = 0, context_words: tupl
             choices = [" " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 4))) for _ in range(3)]
             f.write(json.dumps({"context": context, "choices": choices, "label": i % 3}) + "\n")
     (folder / f"{TASK}.yaml").write_text(TASK_YAML.format(data=data))
+    (folder / f"{GEN_TASK}.yaml").write_text(GEN_YAML.format(data=data))
     return folder
 
 

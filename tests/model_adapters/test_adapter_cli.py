@@ -1,0 +1,103 @@
+"""The plain `lm_eval` command with `--model ridgefill`, in a subprocess, on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from adapter_helpers import GEN_TASK, TASK, loglikelihoods, run_lm_eval, samples
+
+RULER = ["--metadata", '{"max_seq_lengths":[512]}']
+
+# lm-eval's own CLI entry point, stopped dead (os._exit) once K results reached its --use_cache database.
+KILLED_AFTER_K = """
+import os, sys, time
+from lm_eval.api import model
+k, seen, store = int(os.environ["RFE_KILL_AFTER"]), [0], model.CacheHook.add_partial
+def add_partial(self, attr, req, res):
+    store(self, attr, req, res)
+    seen[0] += 1
+    if seen[0] >= k:
+        time.sleep(0.5)  # let the database's writer thread commit, then die like a killed process
+        os._exit(137)
+model.CacheHook.add_partial = add_partial
+sys.argv[0] = "lm_eval"
+from lm_eval.__main__ import cli_evaluate
+cli_evaluate()
+"""
+
+
+def check(proc) -> None:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_exact_arm_matches_lm_eval_hf(tiny_model_dir, adapter_task, tmp_path):
+    model = tiny_model_dir("llama")
+    common = ["--tasks", f"{TASK},{GEN_TASK}", "--include_path", str(adapter_task),
+              "--limit", "6", "--device", "cpu", "--log_samples"]
+    check(run_lm_eval(["--model", "hf", "--model_args", f"pretrained={model},dtype=float32",
+                       "--output_path", str(tmp_path / "hf"), *common], tmp_path))
+    check(run_lm_eval(["--model", "ridgefill", "--model_args", f"pretrained={model},fill=exact",
+                       "--output_path", str(tmp_path / "rf"), *common], tmp_path))
+    hf, rf = loglikelihoods(tmp_path / "hf"), loglikelihoods(tmp_path / "rf")
+    assert hf.keys() == rf.keys() and len(hf) == 18
+    assert max(abs(hf[k][0] - rf[k][0]) for k in hf) <= 1e-5
+    assert all(hf[k][1] == rf[k][1] for k in hf)
+    gen_hf, gen_rf = samples(tmp_path / "hf", GEN_TASK), samples(tmp_path / "rf", GEN_TASK)
+    assert gen_hf.keys() == gen_rf.keys() and len(gen_hf) == 6
+    assert all(gen_hf[k]["resp"] == gen_rf[k]["resp"] for k in gen_hf)
+    assert any(gen_hf[k]["resp"].strip() for k in gen_hf)  # something was generated
+    results = json.loads(next((tmp_path / "rf").rglob("results_*.json")).read_text())
+    info = results["config"]["rf_eval"]
+    assert (info["fill"], info["split"], info["tail"], info["method"]) == ("exact", 3, 1024, "ridgefill")
+
+
+def test_bad_model_args_exit_nonzero_with_a_clear_message(tiny_model_dir, adapter_task, tmp_path):
+    proc = run_lm_eval(["--model", "ridgefill", "--model_args", f"pretrained={tiny_model_dir('llama')},fill=rigde",
+                        "--tasks", TASK, "--include_path", str(adapter_task), "--device", "cpu"], tmp_path)
+    assert proc.returncode != 0
+    assert "fill='rigde' is not valid; valid fills: exact, nofill, identity, ridge" in proc.stderr
+
+
+def test_killed_run_resumes_from_use_cache_outside_the_repository(tiny_model_dir, adapter_task, tmp_path):
+    """A run killed half-way resumes from --use_cache; started outside the repository, with no
+    --include_path for the project's tasks (found through the startup hook)."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    assert not (outside / "tasks").exists()
+    model = tiny_model_dir("llama")
+    args = ["--model", "ridgefill", "--model_args", f"pretrained={model},fill=identity,tail=8",
+            "--tasks", f"{TASK},niah_single_1_filled", "--include_path", str(adapter_task), *RULER,
+            "--limit", "2", "--device", "cpu", "--use_cache", str(tmp_path / "cache" / "rf"), "--log_samples",
+            "--output_path", str(tmp_path / "out")]
+    import os
+
+    os.environ["RFE_KILL_AFTER"] = "3"
+    try:
+        killed = run_lm_eval(args, outside, command=[sys.executable, "-c", KILLED_AFTER_K])
+    finally:
+        del os.environ["RFE_KILL_AFTER"]
+    assert killed.returncode == 137, killed.stderr[-3000:]
+    assert not (tmp_path / "out").exists()
+    resumed = run_lm_eval(args, outside)
+    check(resumed)
+    assert "Cached requests: 3, Requests remaining: 3" in resumed.stderr  # 2 docs x 3 choices
+    got = loglikelihoods(tmp_path / "out")
+
+    # the same requests, computed afresh in this process by the same adapter: identical values
+    import torch
+    from lm_eval.api.instance import Instance
+
+    from rf_eval.model_adapters.ridgefill import RidgeFillLM
+
+    torch.set_num_threads(1)
+    lm = RidgeFillLM.create_from_arg_string(f"pretrained={model},fill=identity,tail=8,device=cpu")
+    recs = samples(tmp_path / "out", TASK)
+    keys = sorted(recs)
+    fresh = lm.loglikelihood([Instance("loglikelihood", {}, tuple(recs[k]["rec"]["arguments"][f"gen_args_{k[1]}"].values()), 0)
+                              for k in keys])
+    assert [got[k] for k in keys] == [(float(f"{lp}"), g) for lp, g in fresh]
+    filled = samples(tmp_path / "out", "niah_single_1_filled")
+    assert len(filled) == 2 and all("filled" in v["rec"] for v in filled.values())
+    assert Path(json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())["config"]["use_cache"])
