@@ -189,3 +189,21 @@ def test_use_cache_serves_custom_types_and_refuses_another_arm(tiny_model_dir, t
     cached.dbdict.close()
     with pytest.raises(ModelArgsError, match="holds results of another arm"):
         CachingLM(lm(path, fill="identity", tail=5), db)
+
+
+@pytest.mark.parametrize("family, fill", [("llama", "nofill"), ("qwen3_5", "identity"), ("qwen3_5", "nofill")])
+def test_any_fill_with_the_tail_covering_the_prompt_is_lm_eval_hf(tiny_model_dir, family, fill):
+    from lm_eval.models.huggingface import HFLM
+
+    path = tiny_model_dir(family)
+    hf = HFLM(pretrained=path, device="cpu", dtype="float32", batch_size=1)
+    rf = lm(path, fill=fill, tail=4096)
+    ll = [req("loglikelihood", CONTEXT, c) for c in CONTINUATIONS] + [req("loglikelihood", "", "abc")]
+    assert rf.loglikelihood(ll) == hf.loglikelihood(ll)
+    gen = [req("generate_until", CONTEXT[: 20 * i], {"until": ["\n\n"], "max_gen_toks": 8}) for i in (1, 3)]
+    assert rf.generate_until(gen) == hf.generate_until(gen)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": CONTEXT}]
+    assert rf.apply_chat_template(chat) == hf.apply_chat_template(chat)
+    assert rf.tokenizer_name == hf.tokenizer_name and rf.chat_template(True) == hf.chat_template(True)
+    rolling = [req("loglikelihood_rolling", CONTEXT)]
+    assert rf.loglikelihood_rolling(rolling) == hf.loglikelihood_rolling(rolling)
