@@ -1,0 +1,113 @@
+"""keytoken_nll: masks on hand-built sequences, one engine prefill per document, exact against itself."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rf_eval.tasks import keytoken, token_masks
+
+OPTS = {"score_tokens": 128, "key_context": 512}
+
+
+def test_novel_and_copyable_masks():
+    run = list(range(1, 10))  # 1..9
+    seq = run + run + [30]  # the second 1..9 repeats the first
+    assert token_masks.novel_mask(seq, start=9, n=8) == [False] * 9 + [True]
+    # copyable: the token and the 8 before it occur earlier: only the repeat's last token
+    assert token_masks.copyable_mask(seq, start=9, n=8) == [False] * 8 + [True, False]
+    # a 7-token repeat is not an 8-token run: everything stays novel
+    seq = list(range(1, 8)) + [50] + list(range(1, 8)) + [60]
+    assert token_masks.novel_mask(seq, start=8, n=8) == [True] * 8
+    # smaller windows are options
+    assert token_masks.novel_mask(seq, start=8, n=7) == [False] * 7 + [True]
+
+
+def test_key_mask():
+    full = [-1.0, -1.0, -5.0, -0.5]
+    cut = [-4.0, -2.9, -5.0, -2.5]  # cutting raises the loss by 3, 1.9, 0, 2 nats
+    assert token_masks.key_mask(full, cut) == [True, False, False, False]  # > 2, not >= 2
+    assert token_masks.key_mask(full, cut, threshold=1.5) == [True, True, False, True]
+    with pytest.raises(ValueError):
+        token_masks.key_mask(full, cut[:2])
+
+
+def test_split_document(tiny_llama):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama)  # one token per character for ASCII text
+    text = "".join(chr(97 + i % 26) for i in range(1000))
+    parts = keytoken.split_document(tok, text, score_tokens=128, key_context=512)
+    assert parts["context"] + parts["continuation"] == text
+    assert len(parts["continuation"]) == 128 and parts["context_tokens"] == 872
+    assert parts["cut_context"] == parts["context"][-512:]
+    assert keytoken.split_document(tok, text[:600], 128, 512)["cut_context"] is None
+    with pytest.raises(keytoken.KeyTokenDataError):
+        keytoken.split_document(tok, text[:100], 128, 512)
+
+
+def test_documents_and_missing_option(task_data, tiny_llama, th):
+    docs = keytoken.load_documents(task_data["docs"])
+    assert [d["domain"] for d in docs] == ["code", "prose", "prose"]
+    with pytest.raises(keytoken.KeyTokenDataError, match="docs"):
+        th.load_task("keytoken_nll", {"pretrained": tiny_llama})
+
+
+def run_inprocess(lm, metadata, th):
+    from lm_eval import simple_evaluate
+
+    tm = th.task_manager(metadata)
+    return simple_evaluate(model=lm, tasks=["keytoken_nll"], task_manager=tm, log_samples=True,
+                           bootstrap_iters=0, verbosity="WARNING")
+
+
+def test_exact_against_itself_then_one_prefill_per_document(task_data, tiny_llama, th, tmp_path, monkeypatch):
+    from lm_eval.utils import handle_non_serializable, sanitize_list
+
+    from rf_eval.api import RidgeFill
+
+    cls = th.ridgefill_class()
+    base = {"pretrained": tiny_llama, "docs": str(task_data["docs"]), **OPTS}
+    # 1. exact arm with its exact reference, key tokens in-process: delta NLL and KL exactly 0
+    lm = cls.create_from_arg_string(f"pretrained={tiny_llama},fill=exact,tail=64,reference=exact,device=cpu")
+    ref = run_inprocess(lm, {**base, "fill": "exact", "reference": "exact"}, th)
+    samples = ref["samples"]["keytoken_nll"]
+    assert len(samples) == 3
+    for s in samples:
+        assert s["dnll_all"] == 0.0 and s["dnll_novel"] in (0.0, None) and s["kl"] == 0.0
+        assert s["top1_agree"] == 1.0 and len(s["filtered_resps"]) == 2  # scored pass + cut-context pass
+    res = ref["results"]["keytoken_nll"]
+    assert res["dnll_all,none"] == 0.0 and res["kl,none"] == 0.0
+    # written as lm-eval's --log_samples writes it: responses as their Python repr
+    ref_file = tmp_path / "samples_keytoken_nll_ref.jsonl"
+    with ref_file.open("w") as f:
+        for s in samples:
+            rec = {**s, "filtered_resps": sanitize_list(s["filtered_resps"]), "resps": sanitize_list(s["resps"])}
+            f.write(json.dumps(rec, default=handle_non_serializable) + "\n")
+
+    # 2. a filled arm with key tokens from that file: one request, so one engine prefill, per
+    #    document (an exact arm would not use the engine at all: its prompts run the plain model)
+    calls = []
+    real = RidgeFill.prefill
+    monkeypatch.setattr(RidgeFill, "prefill", lambda self, ids, *a, **k: calls.append(ids.shape[1]) or real(self, ids, *a, **k))
+    lm2 = cls.create_from_arg_string(f"pretrained={tiny_llama},fill=identity,split=3,tail=64,device=cpu")
+    out = run_inprocess(lm2, {**base, "fill": "identity", "key_reference": str(ref_file)}, th)
+    assert len(calls) == 3  # one engine prefill per document
+    lengths = sorted(len(d["text"]) - OPTS["score_tokens"] for d in keytoken.load_documents(task_data["docs"]))
+    assert sorted(calls) == lengths  # each of them the document's whole context
+    again = {s["doc"]["doc_id"]: s for s in out["samples"]["keytoken_nll"]}
+    for s in samples:
+        arm = again[s["doc"]["doc_id"]]
+        assert arm["n_key"] == s["n_key"] and arm["n_novel"] == s["n_novel"]  # shared subsets
+        # paired with the file's exact losses
+        assert arm["dnll_all"] == pytest.approx(arm["nll_all"] - s["nll_all"], abs=1e-9) and arm["dnll_all"] != 0
+    json.loads(ref_file.read_text().splitlines()[0])  # a plain JSON-lines file
+
+
+def test_inprocess_key_tokens_need_exact_losses(task_data, tiny_llama, th):
+    task = th.load_task("keytoken_nll", {"pretrained": tiny_llama, "docs": str(task_data["docs"]),
+                                         "fill": "identity", **OPTS})
+    task.set_fewshot_seed(0)
+    with pytest.raises(keytoken.KeyTokenDataError, match="reference=exact"):
+        task.build_all_requests(limit=1)
