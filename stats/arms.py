@@ -1,9 +1,8 @@
 """Names for the arms of a study, from the model_args each run recorded.
 
 An arm is one (model, model_args) setting. Its name is built from what tells it
-apart from the other arms: the model_args keys whose values differ across arms
-(the value alone when only one key differs; key=value pairs otherwise), with
-paths shortened to their last component. Explicit `arm=` or `name=` keys win.
+apart from the other arms (see `name_arms`), with paths shortened to their last
+component, so that `--reference exact` names the arm run with fill=exact.
 """
 
 from __future__ import annotations
@@ -40,26 +39,42 @@ def _short(value: str) -> str:
 
 
 def name_arms(models: Sequence[str], model_args: Sequence[Mapping[str, str]]) -> list[str]:
-    """One unique, short name per arm (same order as the inputs)."""
+    """One unique, short name per arm (same order as the inputs).
+
+    The name is the value of the first setting that differs across arms (the
+    model, then model_args keys in order), plus `key=value` for the settings
+    that tell apart arms sharing that value: fill=exact, fill=ridge and
+    fill=ridge,selector=attention become "exact", "ridge" and
+    "ridge,selector=attention" (a number keeps its key: "split=12"). An
+    explicit `arm=` or `name=` wins.
+    """
     settings = [{"model": m, **dict(a)} for m, a in zip(models, model_args)]
-    keys: list[str] = []
-    for s in settings:
-        keys += [k for k in s if k not in keys]
-    differing = [k for k in keys if len({s.get(k) for s in settings}) > 1]
+    differing = _differing(settings)
     names = []
     for s in settings:
         explicit = next((s[k] for k in _EXPLICIT if s.get(k)), None)
         if explicit:
             names.append(explicit)
-        elif len(differing) == 1:
-            names.append(_short(s.get(differing[0]) or "(unset)"))
-        elif differing:
-            names.append(",".join(f"{k}={_short(s[k])}" for k in differing if k in s))
-        else:
+        elif not differing:
             names.append(_short(s.get("pretrained") or s["model"]))
+        else:
+            first = differing[0]
+            peers = [p for p in settings if p.get(first) == s.get(first)]
+            extra = [f"{k}={_short(s[k])}" for k in _differing(peers) if k in s]
+            value = _short(s[first]) if s.get(first) else "unset"
+            base = f"{first}={value}" if value.replace(".", "", 1).isdigit() or value == "unset" else value
+            names.append(",".join([base, *extra]))
     seen: dict[str, int] = {}
     unique = []
     for name in names:
         seen[name] = seen.get(name, 0) + 1
         unique.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
     return unique
+
+
+def _differing(settings: Sequence[Mapping[str, str]]) -> list[str]:
+    """Keys (in order of first appearance) whose values are not the same in every setting."""
+    keys: list[str] = []
+    for s in settings:
+        keys += [k for k in s if k not in keys]
+    return [k for k in keys if len({s.get(k) for s in settings}) > 1]

@@ -104,8 +104,16 @@ def test_format_errors_name_the_path(tmp_path):
 def test_arm_names_from_model_args():
     assert parse_model_args("pretrained=/m/llama,fill=ridge,split=12") == {"pretrained": "/m/llama", "fill": "ridge", "split": "12"}
     assert parse_model_args({"split": 12}) == {"split": "12"}
+    demo = [  # the arms of `rf-eval demo`
+        {"pretrained": "demo", "fill": "exact", "tail": "64"},
+        {"pretrained": "demo", "fill": "identity", "split": "12", "tail": "64"},
+        {"pretrained": "demo", "fill": "ridge", "maps": "/out/maps", "tail": "64"},
+        {"pretrained": "demo", "fill": "ridge", "maps": "/out/maps", "selector": "attention", "tail": "64"},
+    ]
+    assert name_arms(["ridgefill"] * 4, demo) == ["exact", "identity", "ridge", "ridge,selector=attention"]
     args = [{"pretrained": "/m/x", "fill": "exact"}, {"pretrained": "/m/x", "fill": "ridge", "split": "12"}]
-    assert name_arms(["hf", "ridgefill"], args) == ["model=hf,fill=exact", "model=ridgefill,fill=ridge,split=12"]
+    assert name_arms(["hf", "ridgefill"], args) == ["hf", "ridgefill"]
+    assert name_arms(["hf", "hf"], [{"fill": "ridge", "split": "8"}, {"fill": "ridge", "split": "12"}]) == ["split=8", "split=12"]
     assert name_arms(["hf", "hf"], [{"pretrained": "/a/m1"}, {"pretrained": "/b/m2/"}]) == ["m1", "m2"]
     assert name_arms(["hf"], [{"pretrained": "/a/m1"}]) == ["m1"]
     assert name_arms(["dummy", "dummy"], [{"arm": "exact", "x": "1"}, {"arm": "exact", "x": "2"}]) == ["exact", "exact#2"]
