@@ -1,0 +1,81 @@
+"""`rf-eval serve --model DIR [arm options] [--host 127.0.0.1 --port N]`: the reference backend behind
+an OpenAI-compatible server (completions, chat completions, streaming).
+
+The arm options are the `ridgefill` adapter's model_args (checked by its
+parser); they set the server's own arm. A request may run another arm on the
+same server start with the body field `rf_arm` (e.g. `{"fill": "identity",
+"tail": 256}`) or the URL prefix `/arm/fill=identity;tail=256/v1/...`.
+Requests are logged as JSON lines (arm, prompt length, prefill and prompt
+time) to --request-log, or to stdout. Needs the `serve` extra
+(`pip install 'rf-eval[serve]'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rf_eval.cli import UserError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model folder or hub id (the adapter's `pretrained`)")
+    p.add_argument("--tokenizer", default=None, help="another tokenizer folder or id")
+    arm = p.add_argument_group("arm (the server's own; a request may override any of these)")
+    arm.add_argument("--fill", default="exact", help="exact | nofill | identity | ridge (default exact: fill off)")
+    arm.add_argument("--maps", default=None, help="maps folder or file written by `rf-eval fit` (loaded once)")
+    arm.add_argument("--split", type=int, default=None, help="first filled layer (default: the maps' split, else L/2)")
+    arm.add_argument("--tail", type=int, default=None, help="last prompt rows kept exact (default 1024)")
+    arm.add_argument("--chunk-size", type=int, default=None, help="lower layers run in chunks of this many rows")
+    arm.add_argument("--model-args", default=None, metavar="K=V,...",
+                     help="any other `ridgefill` model_args (as for lm_eval --model_args)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--max-length", type=int, default=None, help="prompt + generation limit (default: the model's)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="the `model` name /v1/models reports")
+    p.add_argument("--request-log", default=None, metavar="FILE", help="append request records (JSONL) here")
+
+
+def config_from_args(args: argparse.Namespace):
+    """The server's RidgeFillConfig, parsed and checked by the adapter's own model_args parser."""
+    from lm_eval.utils import simple_parse_args_string
+
+    from rf_eval.model_adapters.config import ModelArgsError, RidgeFillConfig, parse_model_args
+
+    given = {"pretrained": args.model, "tokenizer": args.tokenizer, "fill": args.fill, "maps": args.maps,
+             "split": args.split, "tail": args.tail, "chunk_size": args.chunk_size, "device": args.device,
+             "dtype": args.dtype, "max_length": args.max_length, "trust_remote_code": args.trust_remote_code or None}
+    merged = {**simple_parse_args_string(args.model_args or ""), **{k: v for k, v in given.items() if v is not None}}
+    try:
+        return parse_model_args(RidgeFillConfig, merged)
+    except ModelArgsError as err:
+        raise UserError(str(err)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from rf_eval.serving.app import RequestLog, create_app
+    except ImportError as err:
+        raise UserError(f"rf-eval serve needs the serve extra ({err.name} is missing): pip install 'rf-eval[serve]'") from None
+    from rf_eval.serving.backend import Backend
+
+    config = config_from_args(args)
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(max(1, args.threads))
+    try:
+        backend = Backend(config, served_name=args.served_model_name)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    app = create_app(backend, RequestLog(args.request_log, None if args.request_log else sys.stdout))
+    print(f"rf-eval serve: {backend.served_name} on http://{args.host}:{args.port}/v1 "
+          f"(arm {backend.default_arm.info})", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    return 0

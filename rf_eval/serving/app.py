@@ -1,0 +1,247 @@
+"""The FastAPI application of `rf-eval serve` (OpenAI-compatible; see `protocol` for the fields).
+
+Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both also under
+`/arm/<spec>/v1/...`), `GET /v1/models`, `POST /tokenize`, `POST /detokenize`,
+`GET /rf/info`, `GET /health`. Each response carries `rf_arm` (the arm that
+ran: fill, split, tail, layers) and `rf_timings` (server seconds: queue,
+prefill, prompt = to the first generated token, decode, total; and the
+prompt's speedup ceilings); `usage.prompt_time_ms` is the prompt time too.
+Streaming responses carry both in their last chunk. Every request is one
+JSON line in the request log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from lm_eval.models.utils import postprocess_generated_text
+from starlette.concurrency import run_in_threadpool
+
+from rf_eval.serving import protocol
+from rf_eval.serving.arms import ArmError, arm_fields, as_fields, parse_spec
+from rf_eval.serving.backend import Arm, Backend, Generation
+from rf_eval.serving.protocol import Parsed, RequestError
+
+log = logging.getLogger(__name__)
+
+
+class RequestLog:
+    """Appends one JSON object per request to a file (or a stream)."""
+
+    def __init__(self, path: str | Path | None = None, stream: TextIO | None = None):
+        self._fh = open(path, "a", encoding="utf-8") if path else stream  # noqa: SIM115 (open for the server's life)
+        self._lock = threading.Lock()
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._fh is None:
+            return
+        line = json.dumps({"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), **record})
+        with self._lock:
+            self._fh.write(line + "\n")
+            self._fh.flush()
+
+
+def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status)
+
+
+def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastAPI:
+    app = FastAPI(title="rf-eval serve", docs_url=None, redoc_url=None)
+    logger = request_log or RequestLog()
+
+    def arm_for(req: Parsed, path_spec: str | None) -> tuple[Arm, str]:
+        fields, source = {}, "server"
+        if path_spec:
+            fields, source = parse_spec(path_spec), "path"
+        if req.arm_fields is not None:
+            fields, source = {**fields, **as_fields(req.arm_fields)}, "body"
+        return backend.arm(fields), source
+
+    async def handle(request: Request, chat: bool, path_spec: str | None = None):
+        started = time.perf_counter()
+        record: dict[str, Any] = {"endpoint": request.url.path}
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "the request body is not valid JSON")
+        if not isinstance(body, dict):
+            return _error(400, "the request body must be a JSON object")
+        try:
+            req = (protocol.parse_chat if chat else protocol.parse_completion)(body, backend)
+            arm, source = arm_for(req, path_spec)
+            for ids in req.prompts:
+                backend.check_length(len(ids), req.params.max_tokens)
+        except ArmError as err:
+            logger.write({**record, "status": 400, "error": str(err), "rf_arm": body.get("rf_arm"), "path_arm": path_spec})
+            return _error(400, str(err), "rf_arm")
+        except RequestError as err:
+            logger.write({**record, "status": 400, "error": str(err)})
+            return _error(400, str(err), err.param)
+        except ValueError as err:
+            logger.write({**record, "status": 400, "error": str(err)})
+            return _error(400, str(err), "prompt")
+        record.update(arm=arm.info, arm_source=source, stream=req.stream, ignored_fields=req.ignored or None)
+        rid = protocol.new_id(chat)
+        model = req.model or backend.served_name
+        if req.stream:
+            return StreamingResponse(_stream(backend, logger, req, arm, rid, model, record, started),
+                                     media_type="text/event-stream")
+        try:
+            return JSONResponse(await run_in_threadpool(_complete, backend, logger, req, arm, rid, model, record, started))
+        except Exception as err:  # the server keeps serving; the log and the client get the reason
+            log.exception("request failed")
+            logger.write({**record, "status": 500, "error": repr(err)})
+            return _error(500, f"internal error: {err!r}", kind="server_error")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await handle(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await handle(request, chat=True)
+
+    @app.post("/arm/{spec}/v1/completions")
+    async def arm_completions(spec: str, request: Request):
+        return await handle(request, chat=False, path_spec=spec)
+
+    @app.post("/arm/{spec}/v1/chat/completions")
+    async def arm_chat_completions(spec: str, request: Request):
+        return await handle(request, chat=True, path_spec=spec)
+
+    @app.get("/v1/models")
+    @app.get("/arm/{spec}/v1/models")
+    async def models(spec: str | None = None):
+        entry = {"id": backend.served_name, "object": "model", "created": 0, "owned_by": "rf-eval",
+                 "max_model_len": backend.max_length}
+        return {"object": "list", "data": [entry]}
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/rf/info")
+    async def info():
+        return {"model": backend.config.pretrained, "served_name": backend.served_name, "layers": backend.n_layers,
+                "max_model_len": backend.max_length, "default_arm": backend.default_arm.info,
+                "arm_fields": list(arm_fields()), "maps": backend.config.maps}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await request.json()
+        text = body.get("prompt") if isinstance(body, dict) else None
+        if not isinstance(text, str):
+            return _error(400, "tokenize needs {'prompt': string}", "prompt")
+        if body.get("add_special_tokens", True):
+            tokens = backend.encode(text)
+        else:
+            tokens = backend.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": backend.max_length}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = await request.json()
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not protocol._is_tokens(tokens) and tokens != []:
+            return _error(400, "detokenize needs {'tokens': [int, ...]}", "tokens")
+        return {"prompt": backend.decode(tokens, skip_special_tokens=False)}
+
+    return app
+
+
+def _rf(backend: Backend, arm: Arm, n_prompt: int, timings: dict[str, float]) -> dict[str, Any]:
+    return {"rf_arm": arm.info, "rf_timings": {**timings, "prompt_tokens": n_prompt, **backend.ceilings(arm, n_prompt)}}
+
+
+def _complete(backend: Backend, logger: RequestLog, req: Parsed, arm: Arm, rid: str, model: str,
+              record: dict[str, Any], started: float) -> dict[str, Any]:
+    choices, n_prompt, n_gen, timings = [], 0, 0, {}
+    for index, ids in enumerate(req.prompts):
+        prompt_scores = None
+        if req.echo and req.params.logprobs is not None:
+            prompt_scores = backend.score_prompt(ids, arm, req.params.logprobs)
+        gen = backend.generate(ids, arm, req.params)
+        choices.append(protocol.choice(backend, req, index, gen, prompt_scores))
+        n_prompt, n_gen = n_prompt + len(ids), n_gen + len(gen.tokens)
+        timings = {k: timings.get(k, 0.0) + v for k, v in gen.timings.items()}
+    rf = _rf(backend, arm, n_prompt, timings)
+    logger.write({**record, "status": 200, "prompt_tokens": n_prompt, "completion_tokens": n_gen,
+                  **timings, "wall_seconds": time.perf_counter() - started})
+    return protocol.response(req, rid, model, choices, protocol.usage(n_prompt, n_gen, timings.get("prompt_seconds")), rf)
+
+
+def _visible(backend: Backend, tokens: list[int], stop: tuple[str, ...]) -> str:
+    """Text that can be sent now: cut at a stop string; a possible stop prefix or broken character held back."""
+    raw = backend.decode(tokens)
+    text = postprocess_generated_text(raw, stop=list(stop), think_end_token=None)
+    if len(text) < len(raw):
+        return text
+    hold = len(text) - len(text.rstrip("\ufffd"))
+    for s in stop:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                hold = max(hold, k)
+                break
+    return text[: len(text) - hold]
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def _stream(backend: Backend, logger: RequestLog, req: Parsed, arm: Arm, rid: str, model: str,
+            record: dict[str, Any], started: float) -> Iterator[str]:
+    ids = req.prompts[0]
+    events: queue.Queue = queue.Queue()
+    cancel = threading.Event()
+
+    def work() -> None:
+        try:
+            events.put(("done", backend.generate(ids, arm, req.params, on_token=lambda t: events.put(("token", t)),
+                                                 cancel=cancel)))
+        except Exception as err:  # reported to the client as an error event
+            events.put(("error", err))
+
+    threading.Thread(target=work, name=f"rf-eval-{rid}", daemon=True).start()
+    tokens: list[int] = []
+    sent = ""
+    try:
+        while True:
+            kind, value = events.get()
+            if kind == "token":
+                tokens.append(value)
+                text = _visible(backend, tokens, req.params.stop)
+                if len(tokens) == 1 or (len(text) > len(sent) and text.startswith(sent)):
+                    delta, sent = (text[len(sent):], text) if text.startswith(sent) else ("", sent)
+                    yield _sse(protocol.chunk(req, rid, model, delta, first=len(tokens) == 1))
+                continue
+            if kind == "error":
+                logger.write({**record, "status": 500, "error": repr(value)})
+                yield _sse({"error": {"message": f"internal error: {value!r}", "type": "server_error"}})
+                break
+            gen: Generation = value
+            delta = gen.text[len(sent):] if gen.text.startswith(sent) else ""
+            rf = _rf(backend, arm, len(ids), gen.timings)
+            if not tokens:
+                yield _sse(protocol.chunk(req, rid, model, "", first=True))
+            yield _sse(protocol.chunk(req, rid, model, delta, finish=gen.finish_reason, extra=rf))
+            use = protocol.usage(len(ids), len(gen.tokens), gen.timings.get("prompt_seconds"))
+            if req.include_usage:
+                yield _sse({"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
+                            "created": int(time.time()), "model": model, "choices": [], "usage": use})
+            logger.write({**record, "status": 200, "prompt_tokens": len(ids), "completion_tokens": len(gen.tokens),
+                          **gen.timings, "wall_seconds": time.perf_counter() - started})
+            break
+        yield "data: [DONE]\n\n"
+    finally:
+        cancel.set()

@@ -1,0 +1,295 @@
+"""The model behind `rf-eval serve`: one loaded model, one engine per arm, one request at a time.
+
+The model, tokenizer and engines come from the `ridgefill` lm-eval adapter
+(`RidgeFillLM`), built from the same typed model_args, and a prompt is
+prefilled by the adapter's own generation convention (all but the last
+prompt row through the engine with the tail shortened by one; `generate`
+runs the last row exactly). So a server request and a `--model ridgefill`
+request with the same arm and prompt tokens generate the same tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+from rf_eval.model_adapters.config import RidgeFillConfig
+from rf_eval.serving import arms
+
+MAX_ENGINES = 16  # arms kept built (least recently used dropped)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A resolved arm: its config, engine and what responses report about it."""
+
+    config: RidgeFillConfig
+    engine: Any  # rf_eval.api.RidgeFill
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class GenParams:
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    logprobs: int | None = None  # top-k alternatives per generated token (0: the token's own only)
+
+
+@dataclass(frozen=True)
+class TokenScore:
+    token: int
+    logprob: float | None
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length"
+    scores: list[TokenScore] | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class _TokenStreamer(BaseStreamer):
+    """Calls `on_token(id)` for every generated token (generate first puts the prompt: skipped)."""
+
+    def __init__(self, on_token: Callable[[int], None] | None, first: Callable[[], None]):
+        self.on_token, self.first, self.seen_prompt, self.count = on_token, first, False, 0
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.seen_prompt:
+            self.seen_prompt = True
+            return
+        for token in value.reshape(-1).tolist():
+            if self.count == 0:
+                self.first()
+            self.count += 1
+            if self.on_token is not None:
+                self.on_token(int(token))
+
+    def end(self) -> None:
+        pass
+
+
+class Backend:
+    """Loads the model once (as `--model ridgefill` does) and runs one request at a time."""
+
+    def __init__(self, config: RidgeFillConfig, served_name: str | None = None):
+        from rf_eval.model_adapters.ridgefill import RidgeFillLM
+
+        self.config = config
+        self.lm = RidgeFillLM(config)
+        self.model, self.tokenizer = self.lm.model, self.lm.tokenizer
+        self.n_layers = len(self.model.model.layers)
+        self.max_length = int(self.lm.max_length)
+        self.served_name = served_name or config.pretrained.rstrip("/").rsplit("/", 1)[-1]
+        self.lock = threading.Lock()  # the model: one request at a time
+        self._arms_lock = threading.Lock()
+        self._arms: OrderedDict[str, Arm] = OrderedDict()
+        self.default_arm = self.arm({})
+
+    # ---- arms
+
+    def arm(self, fields: dict[str, Any]) -> Arm:
+        """The engine of the server's arm with `fields` applied (an ArmError if they are bad)."""
+        config = arms.resolve(self.config, fields, self.n_layers)
+        key = arms.key(config)
+        with self._arms_lock:
+            if key in self._arms:
+                self._arms.move_to_end(key)
+                return self._arms[key]
+            saved = self.lm.config  # the adapter builds its engines from its config: swap it in
+            try:
+                self.lm.config = config
+                engine, _exact = self.lm._build_engines()
+            except ValueError as err:
+                raise arms.ArmError(f"rf_arm: {err}") from None
+            finally:
+                self.lm.config = saved
+            plan = engine.plan
+            info = {**arms.describe(config), "fill": plan.fill, "split": plan.split, "tail": plan.tail,
+                    "layers": self.n_layers}
+            arm = Arm(config, engine, info)
+            self._arms[key] = arm
+            while len(self._arms) > MAX_ENGINES:
+                self._arms.popitem(last=False)
+            return arm
+
+    def ceilings(self, arm: Arm, n: int) -> dict[str, float]:
+        """Speedup ceilings of `arm` on an n-token prompt: 1/r (layer passes) and the MAC model's."""
+        from rf_eval.cost import ceiling_r, speedup_ceiling
+
+        plan = arm.engine.plan
+        if plan.fill == "exact" or plan.tail >= n:
+            return {"ceiling": 1.0, "mac_ceiling": 1.0}
+        out = {"ceiling": 1.0 / ceiling_r(self.n_layers, plan.split, plan.tail, n)}
+        try:
+            out["mac_ceiling"] = speedup_ceiling(self.model.config, n, split=plan.split, tail=plan.tail, fill=plan.fill)
+        except (ValueError, AttributeError, TypeError):  # a family the MAC model does not know
+            pass
+        return out
+
+    # ---- text
+
+    def encode(self, text: str) -> list[int]:
+        """A prompt string tokenized as `--model ridgefill` tokenizes a generation prompt."""
+        return list(self.lm.encode_prompt(text))
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        return self.lm.apply_chat_template(messages, add_generation_prompt=True)
+
+    def decode(self, tokens: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token: int) -> str:
+        """One token's text; a token that is part of a character (bytes) by its vocabulary entry."""
+        text = self.tokenizer.decode([token], skip_special_tokens=False)
+        return text if "\ufffd" not in text else str(self.tokenizer.convert_ids_to_tokens(token))
+
+    def check_length(self, n_prompt: int, max_tokens: int) -> None:
+        if n_prompt < 1:
+            raise ValueError("the prompt is empty")
+        if n_prompt + max_tokens > self.max_length:
+            raise ValueError(
+                f"prompt of {n_prompt} tokens plus max_tokens {max_tokens} exceeds the model's length {self.max_length}"
+            )
+
+    # ---- generation
+
+    def generate(
+        self,
+        ids: list[int],
+        arm: Arm,
+        params: GenParams,
+        on_token: Callable[[int], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Generation:
+        """Generate after `ids` under `arm`; `on_token` sees each token as it is made."""
+        from lm_eval.models.utils import postprocess_generated_text
+        from lm_eval.models.utils_hf import stop_sequences_criteria
+
+        self.check_length(len(ids), params.max_tokens)
+        t_wait = time.perf_counter()
+        with self.lock:
+            t0 = time.perf_counter()
+            if params.max_tokens < 1:
+                return Generation([], "", "length", [] if params.logprobs is not None else None,
+                                  {"queue_seconds": t0 - t_wait, "prefill_seconds": 0.0, "prompt_seconds": 0.0,
+                                   "decode_seconds": 0.0, "total_seconds": 0.0})
+            result = self._prefill_for_generation(arm, ids)
+            t1 = time.perf_counter()
+            first: list[float] = []
+            stop = list(params.stop)
+            criteria = stop_sequences_criteria(self.tokenizer, stop, len(ids), 1) if stop else None
+            if cancel is not None:
+                criteria = criteria or StoppingCriteriaList()
+                criteria.append(_Cancelled(cancel))
+            kwargs: dict[str, Any] = {"do_sample": False}
+            if params.temperature > 0:
+                kwargs = {"do_sample": True, "temperature": params.temperature}
+                if params.top_p is not None:
+                    kwargs["top_p"] = params.top_p
+                if params.top_k is not None:
+                    kwargs["top_k"] = params.top_k
+                if params.seed is not None:
+                    torch.manual_seed(params.seed)
+            out = self.model.generate(
+                input_ids=torch.tensor([ids], device=self.lm.device),
+                cache=result.cache,
+                max_length=len(ids) + params.max_tokens,
+                stopping_criteria=criteria,
+                pad_token_id=self.tokenizer.pad_token_id,
+                use_cache=True,
+                streamer=_TokenStreamer(on_token, lambda: first.append(time.perf_counter())),
+                return_dict_in_generate=True,
+                output_logits=params.logprobs is not None,
+                **kwargs,
+            )
+            t2 = time.perf_counter()
+        tokens = out.sequences[0, len(ids) :].tolist()
+        raw = self.decode(tokens)
+        text = postprocess_generated_text(raw, stop=stop, think_end_token=None)
+        eos = self.model.generation_config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+        stopped = len(text) < len(raw) or len(tokens) < params.max_tokens or bool(tokens and tokens[-1] in eos_ids)
+        scores = None
+        if params.logprobs is not None:
+            scores = [self._score(row[0], tok, params.logprobs) for row, tok in zip(out.logits, tokens)]
+        t_first = first[0] if first else t2
+        timings = {
+            "queue_seconds": t0 - t_wait,
+            "prefill_seconds": t1 - t0,  # the engine's prefill of all but the last prompt row
+            "prompt_seconds": t_first - t0,  # to the first generated token (the whole prompt)
+            "decode_seconds": t2 - t_first,
+            "total_seconds": t2 - t0,
+        }
+        return Generation(tokens, text, "stop" if stopped else "length", scores, timings)
+
+    def _prefill_for_generation(self, arm: Arm, ids: list[int]):
+        if len(ids) >= 2:
+            return self.lm._prefill(arm.engine, ids[:-1], for_generation=True)
+        from rf_eval.engine import PrefillResult, new_cache
+
+        return PrefillResult(new_cache(self.model), None, torch.arange(0), prompt_length=0)
+
+    def _score(self, logits: torch.Tensor, token: int, k: int) -> TokenScore:
+        logp = F.log_softmax(logits.float(), dim=-1)
+        top: tuple[tuple[int, float], ...] = ()
+        if k > 0:
+            values, indices = logp.topk(min(k, logp.shape[-1]))
+            top = tuple(zip(indices.tolist(), values.tolist()))
+        return TokenScore(int(token), float(logp[token]), top)
+
+    # ---- prompt scoring (echo + logprobs)
+
+    def score_prompt(self, ids: list[int], arm: Arm, k: int) -> list[TokenScore]:
+        """Log-probabilities of the prompt's own tokens under `arm` (None where the arm has no logits).
+
+        Exact arm: one stock forward over the prompt. A filled arm computes logits
+        for its tail rows only: the prompt minus its last T-1 tokens is prefilled
+        with a tail of 1, and those T-1 tokens run through the stock model over
+        that cache (every row keeps its class). Tokens predicted by filled rows
+        get None.
+        """
+        self.check_length(len(ids), 0)
+        plan = arm.engine.plan
+        n = len(ids)
+        with self.lock, torch.no_grad():
+            device = self.lm.device
+            if plan.fill == "exact" or plan.tail >= n:
+                logits = self.model(input_ids=torch.tensor([ids], device=device)).logits[0]
+                first_scored = 1
+            else:
+                m = min(plan.tail - 1, n - 1)
+                result = arm.engine.prefill(torch.tensor([ids[: n - m]], device=device), replace(plan, tail=plan.tail - m))
+                rows = [result.logits]
+                if m > 1:
+                    rows.append(arm.engine.extend(result, torch.tensor([ids[n - m : n - 1]], device=device))[0])
+                logits = torch.cat(rows, 0)
+                first_scored = n - m
+            scored = [self._score(logits[i - first_scored], ids[i], k) for i in range(first_scored, n)]
+        return [TokenScore(t, None) for t in ids[:first_scored]] + scored
+
+
+class _Cancelled(StoppingCriteria):
+    """A stopping criterion that ends generation when the client has gone."""
+
+    def __init__(self, event: threading.Event):
+        self.event = event
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor | bool:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
