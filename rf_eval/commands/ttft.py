@@ -1,0 +1,98 @@
+"""`rf-eval ttft --base-url URL --lengths 9216 16384 --prompt FILE [--arm-a JSON --arm-b JSON]
+[--repeats 5 --warmup 1] [--out FILE]`: time to first token of two arms on one server start.
+
+The paper's protocol (sections 3.4, 4.4, 5.3; see `rf_eval.serving.timing`):
+per length a warm-up request of each arm, then `--repeats` timed requests
+alternating A and B; the median per arm and the speedup as the ratio of the
+medians, median(A) / median(B), without intervals. Client-side time to first
+token from streamed responses; the server's prompt time where it reports it.
+Each prompt is the first N tokens of --prompt under the server's tokenizer
+(its /tokenize endpoint; else --tokenizer). Arms are sent as the request field
+`rf_arm` (`rf-eval serve`); `none` sends no field (the server's own arm).
+With a server that is not `rf-eval serve` (a vLLM or llama.cpp fork), give
+--layers/--split/--tail of arm B for the ceiling, and switch off prefix
+caching on that server (repeated prompts would be served from its cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rf_eval.cli import UserError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8000 (or .../v1)")
+    p.add_argument("--arm-a", default='{"fill": "exact"}', help='reference arm: JSON or k=v;k=v (default {"fill": "exact"})')
+    p.add_argument("--arm-b", default="none", help="timed arm (default none: the server's own arm)")
+    p.add_argument("--name-a", default=None, help="name of arm A in the results")
+    p.add_argument("--name-b", default=None, help="name of arm B in the results")
+    p.add_argument("--lengths", type=int, nargs="+", required=True, help="prompt lengths in tokens")
+    p.add_argument("--prompt", required=True, metavar="FILE", help="text file the prompts are cut from")
+    p.add_argument("--repeats", type=int, default=5, help="timed requests per arm and length (default 5)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed requests per arm and length first (default 1)")
+    p.add_argument("--max-tokens", type=int, default=1, help="tokens generated per request (default 1)")
+    p.add_argument("--timing", choices=("client", "server"), default="client",
+                   help="which times the speed rows use (both are recorded; default client)")
+    p.add_argument("--model", default=None, help="`model` field of the requests")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder/id, when the server has no /tokenize")
+    p.add_argument("--layers", type=int, default=None, help="arm B's L, for servers that do not report it")
+    p.add_argument("--split", type=int, default=None, help="arm B's S, for servers that do not report it")
+    p.add_argument("--tail", type=int, default=None, help="arm B's T, for servers that do not report it")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--out", default=None, metavar="FILE", help="write the results JSON here")
+    p.add_argument("--quiet", action="store_true", help="no per-request lines")
+
+
+def cut_prompts(server, text: str, lengths: list[int], tokenizer: str | None) -> dict[int, list[int]]:
+    tokens = server.tokenize(text)
+    if tokens is None:
+        if tokenizer is None:
+            raise UserError(f"{server.base_url} has no /tokenize endpoint: give --tokenizer (the server model's)")
+        from transformers import AutoTokenizer
+
+        tokens = AutoTokenizer.from_pretrained(tokenizer)(text)["input_ids"]
+    if max(lengths) > len(tokens):
+        raise UserError(f"--prompt holds {len(tokens)} tokens under the server's tokenizer; --lengths asks for "
+                        f"{max(lengths)}: give a longer prompt file")
+    return {n: list(tokens[:n]) for n in lengths}
+
+
+def run(args: argparse.Namespace) -> int:
+    from rf_eval.serving.arms import ArmError
+    from rf_eval.serving.client import Server, ServerError
+    from rf_eval.serving.timing import dumps, format_table, measure, parse_arm
+
+    if args.repeats < 1 or args.warmup < 0 or args.max_tokens < 1 or min(args.lengths) < 2:
+        raise UserError("--repeats and --max-tokens must be >= 1, --warmup >= 0 and every length >= 2")
+    path = Path(args.prompt)
+    if not path.is_file():
+        raise UserError(f"--prompt {path}: no such file")
+    text = path.read_text(encoding="utf-8")
+    try:
+        arm_a, arm_b = parse_arm(args.arm_a, "A"), parse_arm(args.arm_b, "B")
+        server = Server(args.base_url, timeout=args.timeout)
+    except (ArmError, ValueError) as err:
+        raise UserError(str(err)) from None
+    arm_a = type(arm_a)(args.name_a or arm_a.name, arm_a.fields)
+    arm_b = type(arm_b)(args.name_b or arm_b.name, arm_b.fields)
+    fallback = None
+    if args.layers is not None and args.split is not None and args.tail is not None:
+        fallback = {"fill": "filled", "layers": args.layers, "split": args.split, "tail": args.tail}
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    try:
+        prompts = cut_prompts(server, text, args.lengths, args.tokenizer)
+        result = measure(server, (arm_a, arm_b), prompts, args.repeats, args.warmup, args.max_tokens, args.model,
+                         fallback, args.timing, None if args.quiet else lambda m: print(m, file=sys.stderr))
+    except ServerError as err:
+        raise UserError(str(err)) from None
+    result.update(started=started, prompt={"file": str(path), "sha256": hashlib.sha256(text.encode()).hexdigest()})
+    print(format_table(result))
+    if args.out:
+        Path(args.out).write_text(dumps(result) + "\n", encoding="utf-8")
+        print(f"wrote {args.out}")
+    return 0
