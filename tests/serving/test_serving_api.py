@@ -1,0 +1,127 @@
+"""`rf-eval serve`: the OpenAI-compatible API, per-request arms, clear errors, streaming, echo log-probabilities."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+from serving_helpers import post, post_stream
+
+from rf_eval.serving.arms import ArmError, arm_fields, parse_spec, resolve
+
+PROMPT = "The harbor ledger lists copper, lanterns and candles. " * 6 + "The ledger lists"
+
+
+def completion(server, **body):
+    status, out = post(server.url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, **body})
+    assert status == 200, out
+    return out
+
+
+def test_arm_spec_and_resolution():
+    from rf_eval.model_adapters.config import RidgeFillConfig, parse_model_args
+
+    assert parse_spec("fill=identity;tail=64") == {"fill": "identity", "tail": "64"}
+    assert parse_spec('{"fill": "nofill", "tail": 8}') == {"fill": "nofill", "tail": 8}
+    assert set(arm_fields()) >= {"fill", "split", "tail", "chunk_size"}
+    assert not {"pretrained", "maps", "device", "reference"} & set(arm_fields())
+    base = parse_model_args(RidgeFillConfig, {"pretrained": "m", "fill": "exact", "tail": 512})
+    arm = resolve(base, {"fill": "identity", "tail": "64"}, n_layers=6)
+    assert (arm.fill, arm.tail, arm.pretrained) == ("identity", 64, "m")
+    with pytest.raises(ArmError, match="unknown rf_arm field.*'fil'.*valid fields: fill"):
+        resolve(base, {"fil": "identity"}, 6)
+    with pytest.raises(ArmError, match="split=7 is outside 1..5"):
+        resolve(base, {"split": 7}, 6)
+    with pytest.raises(ArmError, match="pretrained"):
+        resolve(base, {"pretrained": "other"}, 6)
+
+
+def test_unknown_arm_is_a_clear_400_and_the_server_keeps_serving(exact_server):
+    url = exact_server.url
+    cases = [
+        (url + "/v1/completions", {"rf_arm": {"fil": "identity"}}, ["'fil'", "valid fields: fill, split, tail"]),
+        (url + "/v1/completions", {"rf_arm": {"fill": "bogus"}}, ["'bogus'", "valid fills: exact, nofill, identity, ridge"]),
+        (url + "/v1/completions", {"rf_arm": "fill=identity;tail=0"}, ["tail must be >= 1"]),
+        (url + "/v1/completions", {"rf_arm": {"fill": "ridge"}}, ["fill=ridge needs maps="]),
+        (url + "/arm/fill=nope/v1/completions", {}, ["'nope'", "valid fills"]),
+        (url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True,
+                                        "rf_arm": {"tial": 3}}, ["'tial'"]),
+    ]
+    for endpoint, extra, needles in cases:
+        status, out = post(endpoint, {"prompt": PROMPT, "max_tokens": 2, "temperature": 0, **extra})
+        assert status == 400, out
+        assert out["error"]["param"] == "rf_arm" and out["error"]["type"] == "invalid_request_error"
+        for needle in needles:
+            assert needle in out["error"]["message"], out
+    status, out = post(url + "/v1/completions", {"prompt": PROMPT, "max_tokens": -1})
+    assert status == 400 and out["error"]["param"] == "max_tokens"
+    ok = completion(exact_server)  # still serving
+    assert ok["choices"][0]["finish_reason"] in ("stop", "length") and ok["rf_arm"]["fill"] == "exact"
+    errors = [r for r in exact_server.records() if r["status"] == 400]
+    assert len(errors) >= len(cases) and all("error" in r for r in errors)
+
+
+def test_arm_switches_per_request_and_is_reported_and_logged(exact_server):
+    exact = completion(exact_server, logprobs=3)
+    filled = completion(exact_server, logprobs=3, rf_arm={"fill": "identity", "tail": 16})
+    by_path = post(exact_server.url + "/arm/fill=identity;tail=16/v1/completions",
+                   {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 3})[1]
+    assert exact["rf_arm"] == {"fill": "exact", "tail": 1024, "split": 3, "layers": 6}
+    assert filled["rf_arm"] == {"fill": "identity", "tail": 16, "split": 3, "layers": 6}
+    assert by_path["choices"] == filled["choices"]
+    assert exact["choices"][0]["logprobs"] != filled["choices"][0]["logprobs"]
+    timings = filled["rf_timings"]
+    n = filled["usage"]["prompt_tokens"]
+    assert timings["prompt_tokens"] == n and 0 < timings["prefill_seconds"] <= timings["prompt_seconds"]
+    assert timings["ceiling"] > 1 and filled["usage"]["prompt_time_ms"] == pytest.approx(1000 * timings["prompt_seconds"])
+    record = exact_server.records()[-1]
+    assert record["arm"]["fill"] == "identity" and record["arm_source"] == "path"
+    assert record["prompt_tokens"] == n and record["prefill_seconds"] > 0
+    with urllib.request.urlopen(exact_server.url + "/v1/models", timeout=30) as resp:
+        assert json.load(resp)["data"][0]["object"] == "model"
+
+
+def test_stream_matches_non_stream_and_honours_stop(exact_server):
+    full = completion(exact_server, max_tokens=12)["choices"][0]["text"]
+    assert len(full) >= 4
+    stop = full[2:4]
+    cut = completion(exact_server, max_tokens=12, stop=[stop])["choices"][0]
+    assert cut["text"] == full[: full.index(stop)] and cut["finish_reason"] == "stop"
+    events = post_stream(exact_server.url + "/v1/completions",
+                         {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "stop": [stop]})
+    assert "".join(e["choices"][0]["text"] for e in events) == cut["text"]
+    assert events[-1]["choices"][0]["finish_reason"] == "stop" and "rf_timings" in events[-1]
+    chat = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 10, "temperature": 0}
+    status, whole = post(exact_server.url + "/v1/chat/completions", chat)
+    assert status == 200
+    events = post_stream(exact_server.url + "/v1/chat/completions", {**chat, "stream_options": {"include_usage": True}})
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
+    assert text == whole["choices"][0]["message"]["content"]
+    assert events[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
+
+
+def test_echo_logprobs_give_lm_eval_loglikelihoods_equal_to_the_adapter(exact_server, serve_model_dir):
+    """lm-eval's own local-completions loglikelihood path (echo + logprobs) against the server, fill off."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    from rf_eval.model_adapters.ridgefill import RidgeFillLM
+
+    pairs = [(PROMPT, " copper"), ("Count: one, two,", " three"), (PROMPT[:80], " lanterns and candles")]
+    requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+    api = LocalCompletionsAPI(base_url=exact_server.url + "/v1/completions", model="tiny", tokenizer=serve_model_dir,
+                              tokenizer_backend="huggingface", max_retries=1)
+    remote = api.loglikelihood(requests, disable_tqdm=True)
+    local = RidgeFillLM(pretrained=serve_model_dir, fill="exact", device="cpu").loglikelihood(requests, disable_tqdm=True)
+    assert [g for _, g in remote] == [g for _, g in local]
+    assert [lp for lp, _ in remote] == pytest.approx([lp for lp, _ in local], abs=1e-4)
+    # a filled arm scores only the rows it computes: its tail; the rows it fills get no log-probability
+    status, out = post(exact_server.url + "/v1/completions",
+                       {"prompt": PROMPT, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1,
+                        "rf_arm": {"fill": "identity", "tail": 8}})
+    lps = out["choices"][0]["logprobs"]["token_logprobs"]
+    n = out["usage"]["prompt_tokens"]
+    assert status == 200 and len(lps) == n + 1 and out["choices"][0]["text"].startswith(PROMPT)
+    assert all(x is None for x in lps[: n - 7]) and all(x is not None for x in lps[n - 7 :])
