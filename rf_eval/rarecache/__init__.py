@@ -5,6 +5,33 @@ Modules: `features` (cache entries, RoPE undone/redone), `fit` (streaming
 map fit), `maps` (the file format and pair checks), `transfer` (mapping and
 the rank-disagreement score), `selectors`, `api` (`RaReCache`), `cost` (eq. 11).
 Imports are lazy so that `import rf_eval.rarecache` stays cheap.
+
+Choices the paper leaves open (each also stated where it is made):
+
+- Sides: a target key map reads source keys, a value map source values.
+- R² (layer choice): in-sample, pooled over the d_t outputs (1 - SSE/SST of
+  the whole entry), each single-source fit a ridge with the same lambda; the
+  top K (ties: lower layer) are concatenated in ascending layer order.
+- Lambda is added to the centred Gram as eq. 1 writes it (not rescaled by
+  its trace, unlike RidgeFill's maps).
+- The basis: eigenvectors of W^T (X^T X) W / N, exactly the covariance of the
+  calibration predictions, from the fit's sums (no second pass); r = min(rank, d_t).
+- Stride: positions 0, s, 2s, ... of each calibration document.
+- RoPE inverse: rotation by -theta, divided by the squared `attention_scaling`
+  where it is not 1 (YaRN).
+- Budget: ceil(rho * T) positions, exact for decimal rho, the last prompt row
+  included (the engine needs it exact for the logits); at rho = 0 that row runs
+  over the pure mapped cache like a first decoding step; rho = 1 is the plain
+  target prefill. Layer-prefix: ceil(rho * L) layers.
+- Selectors: `attention` sums softmax weights from the last 32 prompt rows over
+  heads and the last max(1, L // 4) layers (sink included); `random` seeds from
+  sha256(seed, prompt tokens); `oracle-l2` sums absolute squared errors over
+  layers and sides (keys compared rotated).
+- Pair checks: one token -> id vocabulary (sha256); both configs' hashes (the
+  shape fields of `rf_eval.maps.config_hash`: two checkpoints of one
+  architecture are not told apart).
+- Eq. 11's P_T: decoder layers and final norm (no embedding lookup, and the
+  prefill's LM head runs on the last row only).
 """
 
 from __future__ import annotations

@@ -20,11 +20,13 @@ bf16 on GPU); scores accumulate in fp32.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from rf_eval.families import family_for
 from rf_eval.rarecache.features import heads, kv_shape, rope_tables
 from rf_eval.rarecache.maps import SIDES, TransferMaps
 
@@ -46,8 +48,10 @@ class MappedCache:
 class Mapper:
     """Transfer maps prepared for inference on one device and dtype."""
 
-    def __init__(self, maps: TransferMaps, target: nn.Module, dtype: torch.dtype, device):
+    def __init__(self, maps: TransferMaps, target: nn.Module, dtype: torch.dtype, device,
+                 clock: Callable[[], float] = time.perf_counter):
         self.maps = maps
+        self.clock = clock
         self.target = target
         self.dtype = dtype
         self.device = torch.device(device)
@@ -74,13 +78,11 @@ class Mapper:
         self, entries: dict[str, list[torch.Tensor]], score: bool = True, layers: list[int] | None = None
     ) -> MappedCache:
         """Map the source entries (side -> per-layer (n, d_s) de-rotated) into target K/V (+ scores)."""
-        t0 = time.perf_counter()
+        t0 = self.clock()
         layers = self.maps.target_layers if layers is None else layers
         blocks = self.centred_blocks(entries, layers)
         n = next(iter(blocks.values())).shape[0]
         cos, sin = rope_tables(self.target, n, self.device, self.dtype)
-        from rf_eval.families import family_for
-
         family = family_for(self.target.config)
         total = torch.zeros(n, dtype=torch.float32, device=self.device) if score else None
         t_score = 0.0
@@ -90,12 +92,12 @@ class Mapper:
                 x = torch.cat([blocks[(side, j)] for j in self.blocks[(side, layer)]], -1)
                 z = x @ self.weight[(side, layer)]
                 if score:
-                    ts = time.perf_counter()
+                    ts = self.clock()
                     proj = z @ self.basis[(side, layer)]
                     total += z.float().pow(2).sum(-1) - proj.float().pow(2).sum(-1)
-                    t_score += time.perf_counter() - ts
+                    t_score += self.clock() - ts
                 y = heads(z + self.mu[(side, layer)], self.kv_heads)
                 out[side][layer] = family.rotate(y, cos, sin) if side == "key" else y
-        elapsed = time.perf_counter() - t0
+        elapsed = self.clock() - t0
         return MappedCache(out["key"], out["value"], total,
                            {"map": elapsed - t_score, "score": t_score})
