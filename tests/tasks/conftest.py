@@ -47,7 +47,7 @@ def task_data(tmp_path_factory) -> dict[str, Path]:
     return {
         "essays": fixtures.write_essays(root / "essays"),
         "nltk": nltk_root,
-        "docs": fixtures.write_documents(root / "docs", [1500, 700, 1700]),
+        "docs": fixtures.write_documents(root / "docs", [1000, 700, 1100]),
         "longbench": fixtures.write_longbench(root / "longbench.json", n=3),
     }
 
@@ -55,3 +55,44 @@ def task_data(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_model_dir) -> str:
     return tiny_model_dir("llama")
+
+
+CLI_TEST_FILE = "test_task_zz_cli.py"
+
+
+def cli_metadata(task_data) -> dict:
+    return {
+        "max_seq_lengths": [1024], "tail": 300, "essay_haystack": str(task_data["essays"]),
+        "docs": str(task_data["docs"]), "score_tokens": 128, "key_context": 512,
+        "data": str(task_data["longbench"]), "cot_tokens": 16, "answer_tokens": 8, "max_prompt_tokens": 1200,
+    }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cli_runs(request, tmp_path_factory, task_data, tiny_model_dir):
+    """The two lm_eval CLI runs of the end-to-end tests, started at the session's start so that
+    they run beside the in-process tests: `hf` on the generate_until tasks, and `ridgefill`
+    (exact arm with its exact reference) on all four protocols."""
+    import json
+
+    if not any(CLI_TEST_FILE in item.nodeid for item in request.session.items):
+        yield None
+        return
+    model = tiny_model_dir("llama")
+    root = tmp_path_factory.mktemp("cli")
+    meta = json.dumps(cli_metadata(task_data))
+    common = ["--metadata", meta, "--limit", "2", "--gen_kwargs", "max_gen_toks=16", "--device", "cpu"]
+    env = {"NLTK_DATA": str(task_data["nltk"])}
+    runs = {
+        "hf": (["--model", "hf", "--model_args", f"pretrained={model},dtype=float32",
+                "--tasks", "niah_single_1_filled,longbench_v2_cot", *common]),
+        "ridgefill": (["--model", "ridgefill", "--model_args",
+                       f"pretrained={model},fill=exact,tail=300,reference=exact,device=cpu",
+                       "--tasks", "niah_single_1_filled,ruler_second_question,keytoken_nll,longbench_v2_cot",
+                       *common]),
+    }
+    started = {name: (helpers.start_lm_eval(args, root / name, env), root / name) for name, args in runs.items()}
+    yield started
+    for proc, _ in started.values():
+        if proc.poll() is None:
+            proc.kill()

@@ -33,15 +33,19 @@ def ridgefill_class():
     return RidgeFillLM
 
 
-# Until rf-eval's discovery hook makes `lm_eval` find `ridgefill` and these tasks on its own,
-# the CLI is lm-eval's own entry point run after importing the adapter, and the tasks are
-# passed with --include_path. Harmless once discovery lands; set PLAIN_LM_EVAL then.
-PLAIN_LM_EVAL = False
+def plain_lm_eval() -> bool:
+    """True when rf-eval's startup hook is installed: plain `lm_eval` finds `ridgefill` and the tasks."""
+    import site
+
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return any(Path(d, "rf_eval_lm_eval.pth").exists() for d in dirs)
 
 
 def lm_eval_argv() -> list[str]:
-    if PLAIN_LM_EVAL:
-        return ["lm_eval"]
+    """The lm_eval command line: the installed `lm_eval` script when the startup hook is
+    installed, else lm-eval's own CLI entry point run after importing the adapter."""
+    if plain_lm_eval():
+        return [str(Path(sys.executable).parent / "lm_eval")]
     boot = (
         "import sys\n"
         "try:\n    import rf_eval.model_adapters.ridgefill  # noqa\nexcept ImportError:\n    pass\n"
@@ -53,14 +57,15 @@ def lm_eval_argv() -> list[str]:
 
 
 def start_lm_eval(args: list[str], out_dir: Path, extra_env: dict[str, str]) -> subprocess.Popen:
-    """Start the lm_eval CLI with `args` (plus --include_path, --output_path, --log_samples)."""
+    """Start the lm_eval CLI with `args` (plus --output_path, --log_samples, and --include_path
+    of `rf_eval.tasks.task_dir()`, which the startup hook makes redundant but harmless)."""
     from rf_eval.tasks import task_dir
 
     env = {**os.environ, **extra_env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     cmd = lm_eval_argv() + args + ["--include_path", task_dir(), "--output_path", str(out_dir), "--log_samples"]
-    log = open(out_dir.parent / f"{out_dir.name}.log", "w")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out_dir.parent)
+    with open(out_dir.parent / f"{out_dir.name}.log", "w") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out_dir.parent)
 
 
 def finish(proc: subprocess.Popen, out_dir: Path, timeout: float = 600) -> dict:

@@ -1,0 +1,66 @@
+"""All four protocols end to end through the lm_eval CLI on a tiny model (runs started by conftest)."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def runs(cli_runs, th):
+    return {name: th.finish(proc, out) for name, (proc, out) in cli_runs.items()}
+
+
+def parse(resp):
+    return ast.literal_eval(resp) if isinstance(resp, str) else resp
+
+
+def test_ruler_filled_same_subset_on_hf_and_ridgefill(runs):
+    flags = {}
+    for name in ("hf", "ridgefill"):
+        res = runs[name]["results"]["results"]["niah_single_1_filled"]
+        samples = runs[name]["samples"]["niah_single_1_filled"]
+        assert len(samples) == 2
+        assert res["n_filled,none"] + res["n_excluded,none"] == 2
+        assert res["n_filled_1024,none"] == res["n_filled,none"]
+        flags[name] = {s["doc_id"]: (s["filled"], s["needle_rows_from_end"]) for s in samples}
+        for s in samples:
+            assert (s["acc_filled"] is None) == (s["filled"] == 0)
+            assert s["filled"] == int(s["needle_rows_from_end"] >= 300)
+    assert flags["hf"] == flags["ridgefill"]  # one subset for every model run on this tokenizer
+
+
+def test_keytoken_exact_against_itself(runs):
+    res = runs["ridgefill"]["results"]["results"]["keytoken_nll"]
+    assert res["dnll_all,none"] == 0.0 and res["kl,none"] == 0.0 and res["top1_agree,none"] == 1.0
+    samples = runs["ridgefill"]["samples"]["keytoken_nll"]
+    assert len(samples) == 2
+    for s in samples:
+        full = parse(s["filtered_resps"][0])
+        assert full["logprobs"] == full["exact_logprobs"] and len(full["tokens"]) == 128
+
+
+def test_second_question_runs_on_the_carried_cache(runs):
+    res = runs["ridgefill"]["results"]["results"]["ruler_second_question"]
+    assert res["n_second_filled,none"] + res["n_second_tail,none"] == 2
+    for s in runs["ridgefill"]["samples"]["ruler_second_question"]:
+        out = parse(s["filtered_resps"][0])
+        assert len(out["answers"]) == 2 and out["answers"] == out["exact_answers"]
+        turns = s["arguments"]["gen_args_0"]["arg_0"]
+        assert len(turns) == 2 and "What is the special magic number for" in turns[1]
+
+
+@pytest.mark.parametrize("name", ["hf", "ridgefill"])
+def test_longbench_two_passes(runs, name):
+    res = runs[name]["results"]["results"]["longbench_v2_cot"]
+    assert {"acc,none", "acc_easy,none", "acc_hard,none", "answered,none"} <= set(res)
+    assert runs[name]["results"]["configs"]["longbench_v2_cot"]["metadata"]["prompt_wording"] == "unofficial wording"
+    for s in runs[name]["samples"]["longbench_v2_cot"]:
+        out = parse(s["filtered_resps"][0])
+        assert {"cot", "response", "prompt_2"} <= set(out)
+        context = s["doc"]["context"]
+        marker = context.split()[0]  # BEGIN-<i>, the document's first word
+        assert marker not in out["prompt_2"] and context[200:260] not in out["prompt_2"]
+        prompt_1 = s["arguments"]["gen_args_0"]["arg_0"]
+        assert marker in prompt_1 and context.split()[-1] in prompt_1  # middle cut keeps both ends
