@@ -7,7 +7,7 @@ Under `torchrun --nproc_per_node K -m rf_eval fit-transfer ...` the documents
 are sharded across processes and the sums all-reduced; rank 0 writes the file.
 Memory: the fp64 sums hold, per side, a (L_s d_s)² Gram and an
 (L_s d_s) x (L_t d_t) cross term (d = n_kv * d_h of one layer), whatever the
-calibration size.
+calibration size (`--sums-device cpu` keeps them in host memory).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="folder for rarecache_maps.safetensors")
     p.add_argument("--max-tokens", type=int, default=32768, help="truncate documents to this many tokens")
     p.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if available)")
+    p.add_argument("--sums-device", default=None, help="where the fp64 sums live (default: the models' device)")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--no-progress", action="store_true")
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         )
         maps, path = fit_transfer(source, target, source_tok, target_tok, args.calibration, k=args.k,
                                   rank=args.rank, lam=args.lam, stride=args.stride, max_tokens=args.max_tokens,
-                                  out=args.out, progress=not args.no_progress)
+                                  out=args.out, progress=not args.no_progress, sums_device=args.sums_device)
     except (ValueError, CalibrationError, OSError) as err:
         raise UserError(str(err)) from err
     if path is not None:

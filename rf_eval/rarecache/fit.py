@@ -207,8 +207,12 @@ def fit_transfer(
     max_tokens: int = 32768,
     out: str | Path | None = None,
     progress: bool = False,
+    sums_device: torch.device | str | None = None,
 ) -> tuple[TransferMaps, Path | None]:
-    """Fit and (on rank 0, when `out` is given) save the maps of one source -> target pair."""
+    """Fit and (on rank 0, when `out` is given) save the maps of one source -> target pair.
+
+    `sums_device`: where the fp64 sums live (default: the target's device; "cpu" keeps them off the GPU).
+    """
     vocab_hash = check_tokenizers(source_tokenizer, target_tokenizer)
     check_nonempty(calibration)
     if not lam > 0:
@@ -217,7 +221,7 @@ def fit_transfer(
         raise ValueError(f"k must be in 1..{num_layers(source)} (the source's layer count), got {k}")
     t0 = time.perf_counter()
     docs = tokenized(target_tokenizer, calibration, "cpu", max_tokens, "calibration", progress)
-    sums = accumulate(source, target, docs, stride)
+    sums = accumulate(source, target, docs, stride, sums_device)
     maps, report = solve_transfer(sums, k, rank, lam)
     maps.metadata = {
         "source_config_hash": config_hash(source.config),
