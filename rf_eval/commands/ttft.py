@@ -8,7 +8,8 @@ medians, median(A) / median(B), without intervals. Client-side time to first
 token from streamed responses; the server's prompt time where it reports it.
 Each prompt is the first N tokens of --prompt under the server's tokenizer
 (its /tokenize endpoint; else --tokenizer). Arms are sent as the request field
-`rf_arm` (`rf-eval serve`); `none` sends no field (the server's own arm).
+`rf_arm` (`rf-eval serve`; --arm-field names another, e.g. `vllm_xargs` for a
+vLLM fork that reads its switch there); `none` sends no field (the server's own arm).
 With a server that is not `rf-eval serve` (a vLLM or llama.cpp fork), give
 --layers/--split/--tail of arm B for the ceiling, and switch off prefix
 caching on that server (repeated prompts would be served from its cache).
@@ -39,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timing", choices=("client", "server"), default="client",
                    help="which times the speed rows use (both are recorded; default client)")
     p.add_argument("--model", default=None, help="`model` field of the requests")
+    p.add_argument("--arm-field", default="rf_arm",
+                   help="body field the arms are sent in (default rf_arm; e.g. vllm_xargs for a vLLM fork)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder/id, when the server has no /tokenize")
     p.add_argument("--layers", type=int, default=None, help="arm B's L, for servers that do not report it")
     p.add_argument("--split", type=int, default=None, help="arm B's S, for servers that do not report it")
@@ -87,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         prompts = cut_prompts(server, text, args.lengths, args.tokenizer)
         result = measure(server, (arm_a, arm_b), prompts, args.repeats, args.warmup, args.max_tokens, args.model,
-                         fallback, args.timing, None if args.quiet else lambda m: print(m, file=sys.stderr))
+                         fallback, args.timing, None if args.quiet else lambda m: print(m, file=sys.stderr),
+                         arm_field=args.arm_field)
     except ServerError as err:
         raise UserError(str(err)) from None
     result.update(started=started, prompt={"file": str(path), "sha256": hashlib.sha256(text.encode()).hexdigest()})

@@ -1,11 +1,58 @@
-"""Serving-engine arms: the reference backend behind an OpenAI-compatible server, and its clients.
+"""Serving-engine arms: evaluate an approximate prefill in any OpenAI-compatible server, and time it.
 
-- `arms`: the per-request arm (`rf_arm` body field or `/arm/<spec>/` URL prefix).
-- `backend`: the model, one engine per arm, generation and prompt scoring.
-- `app`: the FastAPI application (`rf-eval serve`).
-- `client`: a small stdlib HTTP client for OpenAI-compatible servers.
-- `timing`: the paper's time-to-first-token protocol (`rf-eval ttft`).
-- `equivalence`: the cross-server equivalence check (`rf-eval check-equivalence --base-url`).
+Install: `pip install 'rf-eval[serve]'` (FastAPI, uvicorn, and lm-eval's API-model dependencies).
 
-FastAPI and uvicorn come with the `serve` extra; only `app` imports them.
+1. The reference backend behind an OpenAI-compatible API (`rf-eval serve`)::
+
+       rf-eval serve --model MODEL [--fill ridge --maps MAPS --tail 4096] --port 8000
+
+   The arm options are the `ridgefill` adapter's model_args (same parser).
+   Each request may run another arm on the same server start: body field
+   `"rf_arm": {"fill": "identity", "tail": 256}`, or the URL prefix
+   `/arm/fill=identity;tail=256/v1/completions` for clients that cannot add
+   fields. Bad arm fields or values are HTTP 400 naming them and the valid
+   ones. Responses carry `rf_arm` and `rf_timings` (server prompt time);
+   every request is a JSON line in `--request-log`.
+
+2. The generation protocols through lm-eval's API models. Send the prompt
+   as tokens rendered by lm-eval itself, so that the prompt (and its
+   `prompt_hash`) is the one `--model ridgefill` sees, and the filled-region
+   subset comes from the tokenizer named in model_args and the `tail` in
+   --metadata::
+
+       lm_eval --model local-completions \\
+           --model_args "model=M,tokenizer=MODEL,tokenizer_backend=huggingface,base_url=http://127.0.0.1:8000/arm/fill=identity;tail=4096/v1/completions" \\
+           --tasks ruler_filled --apply_chat_template \\
+           --metadata '{"max_seq_lengths":[16384],"tail":4096,"protocol":"serving"}' \\
+           --log_samples --output_path runs/serve_identity
+
+   Such a run pairs item by item with `lm_eval --model ridgefill
+   --model_args pretrained=MODEL,fill=identity,tail=4096 ...` in `rf-eval
+   report` (same doc and prompt hashes) and gives the same generations.
+   `longbench_v2_cot` runs the same way. Prefer local-completions with
+   --apply_chat_template: with local-chat-completions lm-eval sends the
+   messages unrendered, so the needle marks of `ruler_filled` and the
+   prompt hashes the report pairs on are not those of a rendered prompt.
+   A serving-engine fork (vLLM, llama.cpp) is evaluated the same way
+   through its own OpenAI-compatible server, with its arm set by its own
+   options. With lm-eval's in-process `vllm` model (`--model vllm
+   --model_args pretrained=MODEL,...`), the tokenizer for the filled-region
+   subset is `pretrained` and the fork's arm goes in its engine arguments;
+   not tested here (no vLLM on CPU). Switch prefix caching off in such
+   servers when timing them.
+
+3. Time to first token by the paper's protocol (`rf-eval ttft`)::
+
+       rf-eval ttft --base-url http://127.0.0.1:8000 --arm-a '{"fill":"exact"}' \\
+           --arm-b '{"fill":"ridge","tail":2048}' --lengths 9216 16384 32768 \\
+           --prompt chat_document.txt --repeats 5 --warmup 1 --out ttft.json
+
+4. The equivalence check across servers (`rf-eval check-equivalence`)::
+
+       rf-eval check-equivalence --base-url http://stock:8000 --base-url http://fork:8000 --prompts p.jsonl
+
+Modules: `arms` (per-request arm), `backend` (model and engines),
+`protocol` (request/response bodies), `app` (FastAPI routes; the only
+module that imports FastAPI), `client` (stdlib HTTP client), `timing`
+(TTFT protocol), `equivalence` (cross-server check).
 """

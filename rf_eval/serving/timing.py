@@ -92,6 +92,7 @@ def measure(
     fallback_arm: dict[str, Any] | None = None,
     timing: str = "client",
     progress: Callable[[str], None] | None = None,
+    arm_field: str = "rf_arm",
 ) -> dict[str, Any]:
     """Run the protocol on `prompts` ({length: token ids}); returns the results object (JSON-ready).
 
@@ -104,7 +105,7 @@ def measure(
             if model:
                 body["model"] = model
             if arm.fields is not None:
-                body["rf_arm"] = arm.fields
+                body[arm_field] = arm.fields
             return server.stream_completion(body)
 
         for arm in arms:

@@ -125,3 +125,21 @@ def test_echo_logprobs_give_lm_eval_loglikelihoods_equal_to_the_adapter(exact_se
     n = out["usage"]["prompt_tokens"]
     assert status == 200 and len(lps) == n + 1 and out["choices"][0]["text"].startswith(PROMPT)
     assert all(x is None for x in lps[: n - 7]) and all(x is not None for x in lps[n - 7 :])
+
+
+def test_sampling_with_a_seed_equals_the_adapter_seeded_alike(exact_server, serve_model_dir):
+    """The server seeds torch with the request's `seed` right before generating, as a task that seeds
+    before `generate_until` does for `--model ridgefill`: equal seeds, equal samples."""
+    import torch
+    from lm_eval.api.instance import Instance
+
+    from rf_eval.model_adapters.ridgefill import RidgeFillLM
+
+    lm = RidgeFillLM(pretrained=serve_model_dir, fill="identity", tail=16, device="cpu")
+    kwargs = {"until": [], "max_gen_toks": 12, "do_sample": True, "temperature": 0.7}
+    for seed in (3, 4):
+        torch.manual_seed(seed)
+        local = lm.generate_until([Instance("generate_until", {}, (PROMPT, kwargs), 0)], disable_tqdm=True)[0]
+        remote = completion(exact_server, max_tokens=12, temperature=0.7, seed=seed, stop=["<|im_end|>"],
+                            rf_arm={"fill": "identity", "tail": 16})["choices"][0]["text"]
+        assert remote == local

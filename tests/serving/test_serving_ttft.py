@@ -58,6 +58,9 @@ def test_two_arms_medians_and_their_ratio(exact_server, prompt_file, tmp_path, c
     assert speed_1024["arm"] == "fill=identity,tail=64" and speed_1024["timing"] == "client"
     assert speed_1024["speedup"] == result["lengths"][1]["speedup_client"]
     assert speed_1024["share"] == pytest.approx(speed_1024["speedup"] / speed_1024["ceiling"])
+    from rf_eval.reports.charts import speed_chart  # the speed rows have the shape the report's chart takes
+
+    assert len(speed_chart(result["speed"])["bars"]) == 2
     # as the server saw it, per length: a warm-up of each arm, then 3 timed requests of each, alternating
     arms = [r["arm"]["fill"] for r in exact_server.records() if r.get("stream") and r["status"] == 200][-16:]
     assert arms == ["exact", "identity"] * 8
