@@ -139,3 +139,22 @@ def test_composed_selector_describes_itself():
                                                          "layers": [3, 7], "share_of": "prompt"},
                                 "count": None, "share": None, "seed": 3}
     assert desc["parts"][1] == {"name": "special"}
+
+
+def test_question_hidden_window_ends_where_the_question_starts():
+    import torch
+
+    from rf_eval.engine import Plan
+    from rf_eval.selectors import QuestionHidden, Request
+    from rf_eval.testing import build_tokenizer
+
+    tok = build_tokenizer()
+    text = "filler text " * 10 + "Question: where is it?"
+    ids = tok(text, return_tensors="pt").input_ids
+    n = ids.shape[1]
+    req = Request(None, tok, ids, Plan(split=4, tail=8, fill="identity"))
+    assert QuestionHidden(window=16).window_rows(req) == (n - 32, n - 16)  # default: question = last `window` rows
+    assert QuestionHidden(window=16, offset=5).window_rows(req) == (n - 21, n - 5)
+    q0 = text.index("Question:")
+    assert QuestionHidden(window=16, marker="Question:").window_rows(req) == (q0 - 16, q0)
+    assert torch.equal(ids[0, q0 : q0 + 9], torch.tensor(tok("Question:").input_ids))
