@@ -21,12 +21,14 @@ Install: `pip install 'rf-eval[serve]'` (FastAPI, uvicorn, and lm-eval's API-mod
    --metadata::
 
        lm_eval --model local-completions \\
-           --model_args "model=M,tokenizer=MODEL,tokenizer_backend=huggingface,base_url=http://127.0.0.1:8000/arm/fill=identity;tail=4096/v1/completions" \\
+           --model_args "model=M,tokenizer=MODEL,tokenizer_backend=huggingface,max_length=131072,base_url=http://127.0.0.1:8000/arm/fill=identity;tail=4096/v1/completions" \\
            --tasks ruler_filled --apply_chat_template \\
            --metadata '{"max_seq_lengths":[16384],"tail":4096,"protocol":"serving"}' \\
            --log_samples --output_path runs/serve_identity
 
-   Such a run pairs item by item with `lm_eval --model ridgefill
+   Give `max_length` (the model's context): lm-eval's API models otherwise
+   cut every prompt to its last 2,047 tokens before sending it, while the
+   task marks the needles in the whole prompt. Such a run pairs item by item with `lm_eval --model ridgefill
    --model_args pretrained=MODEL,fill=identity,tail=4096 ...` in `rf-eval
    report` (same doc and prompt hashes) and gives the same generations.
    `longbench_v2_cot` runs the same way. Prefer local-completions with

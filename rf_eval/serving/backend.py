@@ -10,6 +10,7 @@ request with the same arm and prompt tokens generate the same tokens.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -99,35 +100,44 @@ class Backend:
         self.served_name = served_name or config.pretrained.rstrip("/").rsplit("/", 1)[-1]
         self.lock = threading.Lock()  # the model: one request at a time
         self._arms_lock = threading.Lock()
-        self._arms: OrderedDict[str, Arm] = OrderedDict()
+        self._arms: OrderedDict[str, Arm] = OrderedDict()  # by resolved arm
+        self._asked: dict[str, Arm] = {}  # by the fields a request gave
         self.default_arm = self.arm({})
 
     # ---- arms
 
     def arm(self, fields: dict[str, Any]) -> Arm:
         """The engine of the server's arm with `fields` applied (an ArmError if they are bad)."""
+        asked = json.dumps(fields, sort_keys=True, default=str)
+        with self._arms_lock:
+            if asked in self._asked:  # resolved before: no second check of the maps file
+                return self._asked[asked]
         config = arms.resolve(self.config, fields, self.n_layers)
         key = arms.key(config)
         with self._arms_lock:
-            if key in self._arms:
-                self._arms.move_to_end(key)
-                return self._arms[key]
-            saved = self.lm.config  # the adapter builds its engines from its config: swap it in
-            try:
-                self.lm.config = config
-                engine, _exact = self.lm._build_engines()
-            except ValueError as err:
-                raise arms.ArmError(f"rf_arm: {err}") from None
-            finally:
-                self.lm.config = saved
-            plan = engine.plan
-            info = {**arms.describe(config), "fill": plan.fill, "split": plan.split, "tail": plan.tail,
-                    "layers": self.n_layers}
-            arm = Arm(config, engine, info)
+            arm = self._arms.get(key) or self._build(config)
             self._arms[key] = arm
+            self._arms.move_to_end(key)
             while len(self._arms) > MAX_ENGINES:
                 self._arms.popitem(last=False)
+            if len(self._asked) >= 4 * MAX_ENGINES:
+                self._asked.clear()
+            self._asked[asked] = arm
             return arm
+
+    def _build(self, config: RidgeFillConfig) -> Arm:
+        saved = self.lm.config  # the adapter builds its engines from its config: swap it in
+        try:
+            self.lm.config = config
+            engine, _exact = self.lm._build_engines()
+        except ValueError as err:
+            raise arms.ArmError(f"rf_arm: {err}") from None
+        finally:
+            self.lm.config = saved
+        plan = engine.plan
+        info = {**arms.describe(config), "fill": plan.fill, "split": plan.split, "tail": plan.tail,
+                "layers": self.n_layers}
+        return Arm(config, engine, info)
 
     def ceilings(self, arm: Arm, n: int) -> dict[str, float]:
         """Speedup ceilings of `arm` on an n-token prompt: 1/r (layer passes) and the MAC model's."""
