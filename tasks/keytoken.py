@@ -39,7 +39,7 @@ from typing import Any
 
 from lm_eval.api.task import ConfigurableTask
 
-from rf_eval.tasks import token_masks
+from rf_eval.tasks import request_types, token_masks
 from rf_eval.tasks.common import (
     as_bool,
     mean_present,
@@ -130,6 +130,9 @@ def read_reference(path: str | Path) -> dict[str, dict[str, Any]]:
         cut = _exact_logprobs(resps[1], arm_exact) if len(resps) > 1 else None
         out[rec["doc"]["doc_id"]] = {"tokens": list(resps[0]["tokens"]), "exact": exact, "cut_exact": cut}
     return out
+
+
+request_types.install()
 
 
 class KeyTokenTask(ConfigurableTask):

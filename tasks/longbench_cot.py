@@ -1,7 +1,8 @@
 """`longbench_v2_cot`: LongBench v2 under its official chain-of-thought protocol (paper section 4.6).
 
-Per item, two generations (request type `two_pass_generate`, defined below
-for every lm-eval model on top of its `generate_until`, so `hf` runs it too):
+Per item, two generations (request type `two_pass_generate`, which
+`request_types` gives every lm-eval model on top of its `generate_until`, so
+`hf` runs it too):
 
 1. the CoT prompt with the document, `cot_tokens` new tokens (default 1,024);
 2. the extraction prompt with the first pass's reasoning in `$COT$` and without
@@ -37,9 +38,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lm_eval.api.model import LM
 from lm_eval.api.task import ConfigurableTask
 
+from rf_eval.tasks import request_types
 from rf_eval.tasks.common import mean_present, metric_list, option, strip_task_keys, tokenizer_from
 
 DATA_OPTION = "data"
@@ -156,41 +157,11 @@ def item_seed(seed: int, item_id: str, pass_no: int) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
-def two_pass_generate(self: LM, requests: list) -> list[dict[str, Any]]:
-    """Request type `two_pass_generate`: args (context, gen_kwargs, pass-2 template, pass-2
-    gen_kwargs, options{chat, seeds}). Pass 2's prompt is the template with the pass-1 answer
-    (stripped) in `$COT$`, chat-formatted like pass 1 when `chat`. One request at a time, each
-    generation seeded from `seeds`. Returns {"cot", "response", "prompt_2"} per request."""
-    import torch
-    from lm_eval.api.instance import Instance
-
-    def generate(req: Any, context: str, gen_kwargs: dict, seed: int | None) -> str:
-        if seed is not None:
-            torch.manual_seed(seed)
-        inst = Instance("generate_until", req.doc, (context, gen_kwargs), 0, req.metadata)
-        return self.generate_until([inst], disable_tqdm=True)[0]
-
-    out = []
-    for req in requests:
-        context, gen1, template2, gen2, opts = req.args
-        seeds = opts.get("seeds") or [None, None]
-        cot = generate(req, context, gen1, seeds[0])
-        text2 = template2.replace("$COT$", cot.strip())
-        prompt2 = (
-            self.apply_chat_template([{"role": "user", "content": text2}], add_generation_prompt=True)
-            if opts.get("chat") else text2
-        )
-        response = generate(req, prompt2, gen2, seeds[1])
-        out.append({"cot": cot, "response": response, "prompt_2": prompt2})
-    return out
-
-
-if not hasattr(LM, "two_pass_generate"):
-    LM.two_pass_generate = two_pass_generate  # every lm-eval model gets the request type
-
-
 def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+request_types.install()
 
 
 class LongBenchCoTTask(ConfigurableTask):

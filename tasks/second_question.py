@@ -31,7 +31,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from rf_eval.tasks import needles, prompts
+from rf_eval.tasks import needles, prompts, request_types
 from rf_eval.tasks.common import mean_present, option, sum_present, tokenizer_from
 from rf_eval.tasks.ruler_filled import RulerFilledTask, doc_key, ruler_score
 
@@ -114,6 +114,9 @@ def chat_turn(
 
 def plain_turn(user2: str, prefix2: str | None) -> str:
     return "\n" + user2 + (" " + prefix2 if prefix2 else "")
+
+
+request_types.install()
 
 
 class SecondQuestionTask(RulerFilledTask):

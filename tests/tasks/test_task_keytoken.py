@@ -111,3 +111,27 @@ def test_inprocess_key_tokens_need_exact_losses(task_data, tiny_llama, th):
     task.set_fewshot_seed(0)
     with pytest.raises(keytoken.KeyTokenDataError, match="reference=exact"):
         task.build_all_requests(limit=1)
+
+
+def test_models_without_the_request_type_say_so():
+    from lm_eval.api.model import LM
+
+    from rf_eval.tasks import request_types
+
+    request_types.install()
+
+    class Plain(LM):
+        def loglikelihood(self, requests):
+            return []
+
+        def loglikelihood_rolling(self, requests):
+            return []
+
+        def generate_until(self, requests):
+            return ["The correct answer is (B)" for _ in requests]
+
+    with pytest.raises(NotImplementedError, match="--model ridgefill"):
+        Plain().token_logprobs([])
+    with pytest.raises(NotImplementedError, match="ruler_second_question"):
+        Plain().multiturn_generate([])
+    assert hasattr(Plain(), "two_pass_generate")

@@ -1,0 +1,76 @@
+"""Request types the rf-eval tasks add to every lm-eval model (`lm_eval.api.model.LM`).
+
+lm-eval's evaluator sends each request type to `getattr(lm, request_type)`.
+
+- `two_pass_generate` (LongBench v2 CoT, paper section 4.6): two dependent
+  generations per item, built on the model's own `generate_until`, so any
+  lm-eval model runs it (`hf`, `ridgefill`, ...). A model may define its own.
+- `token_logprobs`, `multiturn_generate`: defined by rf-eval's adapters
+  (`ridgefill`, `rarecache`); on other models they raise an error that says
+  so, instead of an AttributeError from deep inside the evaluator.
+
+`install()` adds only what the base class lacks; model classes override it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ADAPTER_TYPES = {
+    "token_logprobs": "keytoken_nll",
+    "multiturn_generate": "ruler_second_question",
+}
+
+
+def two_pass_generate(self: Any, requests: list) -> list[dict[str, Any]]:
+    """Request type `two_pass_generate`: args (context, gen_kwargs, pass-2 template, pass-2
+    gen_kwargs, options{chat, seeds}). Pass 2's prompt is the template with the pass-1 answer
+    (stripped) in `$COT$`, chat-formatted like pass 1 when `chat`. One request at a time, each
+    generation seeded from `seeds`. Returns {"cot", "response", "prompt_2"} per request."""
+    import torch
+    from lm_eval.api.instance import Instance
+
+    def generate(req: Any, context: str, gen_kwargs: dict, seed: int | None) -> str:
+        if seed is not None:
+            torch.manual_seed(seed)
+        inst = Instance("generate_until", req.doc, (context, gen_kwargs), 0, req.metadata)
+        try:
+            return self.generate_until([inst], disable_tqdm=True)[0]
+        except TypeError:  # a model whose generate_until takes no disable_tqdm
+            return self.generate_until([inst])[0]
+
+    out = []
+    for req in requests:
+        context, gen1, template2, gen2, opts = req.args
+        seeds = opts.get("seeds") or [None, None]
+        cot = generate(req, context, gen1, seeds[0])
+        text2 = template2.replace("$COT$", cot.strip())
+        prompt2 = (
+            self.apply_chat_template([{"role": "user", "content": text2}], add_generation_prompt=True)
+            if opts.get("chat") else text2
+        )
+        response = generate(req, prompt2, gen2, seeds[1])
+        out.append({"cot": cot, "response": response, "prompt_2": prompt2})
+    return out
+
+
+def _adapter_only(name: str, task: str):
+    def method(self: Any, requests: list) -> list:
+        raise NotImplementedError(
+            f"{task} sends `{name}` requests, which lm-eval model `{type(self).__name__}` does not serve: "
+            "run it with --model ridgefill or --model rarecache"
+        )
+
+    method.__name__ = name
+    return method
+
+
+def install() -> None:
+    """Give lm-eval's `LM` base class the request types it lacks (idempotent)."""
+    from lm_eval.api.model import LM
+
+    if not hasattr(LM, "two_pass_generate"):
+        LM.two_pass_generate = two_pass_generate
+    for name, task in ADAPTER_TYPES.items():
+        if not hasattr(LM, name):
+            setattr(LM, name, _adapter_only(name, task))
