@@ -108,6 +108,10 @@ class Probe(Selector):
     def budget_count(self, req: Request) -> int:
         return min(int(round(self.budget * self.base_rows(req).numel())), req.candidates().numel())
 
+    def count(self, req: Request) -> int:
+        """The probe's count is the budget: known without running the probe sweep."""
+        return self.budget_count(req)
+
     def select(self, req):
         count = self.budget_count(req)
         lexical = self.lexical.select(req).rows[:count]

@@ -151,7 +151,7 @@ def test_probe_count_equals_base_rules_count(tiny_model):
 
     probe = Probe(rows=16, window=8, layers=(3,))
     req, got = run_selector(model, tok, probe, ids)
-    assert probe.budget_count(req) == expected
+    assert probe.budget_count(req) == probe.count(req) == expected
     assert got.rows.numel() == expected
     assert (got.rows < prefix).all()
     lexical = probe.lexical.select(req).rows
