@@ -15,16 +15,16 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from rf_eval.model_adapters.config import RidgeFillConfig
 from rf_eval.serving import arms
+from rf_eval.serving.scoring import TokenScore, token_score
 
 MAX_ENGINES = 16  # arms kept built (least recently used dropped)
 
@@ -47,13 +47,6 @@ class GenParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     logprobs: int | None = None  # top-k alternatives per generated token (0: the token's own only)
-
-
-@dataclass(frozen=True)
-class TokenScore:
-    token: int
-    logprob: float | None
-    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -200,7 +193,13 @@ class Backend:
                 return Generation([], "", "length", [] if params.logprobs is not None else None,
                                   {"queue_seconds": t0 - t_wait, "prefill_seconds": 0.0, "prompt_seconds": 0.0,
                                    "decode_seconds": 0.0, "total_seconds": 0.0})
-            result = self._prefill_for_generation(arm, ids)
+            prompt = torch.tensor([ids], device=self.lm.device)
+            sampled_seeded = params.temperature > 0 and self.config.seed is not None
+            if self.is_plain(arm, len(ids)) and not sampled_seeded:
+                # as the adapter: no filled rows -> lm-eval's `hf` generation (the prompt runs inside generate)
+                inputs: dict[str, Any] = {"attention_mask": torch.ones_like(prompt)}
+            else:
+                inputs = {"cache": self._prefill_for_generation(arm, ids).cache}
             t1 = time.perf_counter()
             first: list[float] = []
             stop = list(params.stop)
@@ -218,8 +217,8 @@ class Backend:
                 if params.seed is not None:
                     torch.manual_seed(params.seed)
             out = self.model.generate(
-                input_ids=torch.tensor([ids], device=self.lm.device),
-                cache=result.cache,
+                input_ids=prompt,
+                **inputs,
                 max_length=len(ids) + params.max_tokens,
                 stopping_criteria=criteria,
                 pad_token_id=self.tokenizer.pad_token_id,
@@ -238,16 +237,24 @@ class Backend:
         stopped = len(text) < len(raw) or len(tokens) < params.max_tokens or bool(tokens and tokens[-1] in eos_ids)
         scores = None
         if params.logprobs is not None:
-            scores = [self._score(row[0], tok, params.logprobs) for row, tok in zip(out.logits, tokens)]
+            scores = [token_score(row[0], tok, params.logprobs) for row, tok in zip(out.logits, tokens)]
         t_first = first[0] if first else t2
         timings = {
             "queue_seconds": t0 - t_wait,
-            "prefill_seconds": t1 - t0,  # the engine's prefill of all but the last prompt row
+            "prefill_seconds": t1 - t0 if "cache" in inputs else t_first - t0,  # engine: all but the last row
             "prompt_seconds": t_first - t0,  # to the first generated token (the whole prompt)
             "decode_seconds": t2 - t_first,
             "total_seconds": t2 - t0,
         }
         return Generation(tokens, text, "stop" if stopped else "length", scores, timings)
+
+    def is_plain(self, arm: Arm, n: int) -> bool:
+        """The adapter's rule: an n-token prompt the engine would prefill with the plain model."""
+        rule = getattr(self.lm, "_is_plain", None)
+        if rule is not None:
+            return bool(rule(arm.engine, n))
+        plan = arm.engine.plan
+        return (plan.fill == "exact" or plan.tail >= n) and plan.chunk_size is None and arm.engine.selector is None
 
     def _prefill_for_generation(self, arm: Arm, ids: list[int]):
         if len(ids) >= 2:
@@ -256,43 +263,13 @@ class Backend:
 
         return PrefillResult(new_cache(self.model), None, torch.arange(0), prompt_length=0)
 
-    def _score(self, logits: torch.Tensor, token: int, k: int) -> TokenScore:
-        logp = F.log_softmax(logits.float(), dim=-1)
-        top: tuple[tuple[int, float], ...] = ()
-        if k > 0:
-            values, indices = logp.topk(min(k, logp.shape[-1]))
-            top = tuple(zip(indices.tolist(), values.tolist()))
-        return TokenScore(int(token), float(logp[token]), top)
-
-    # ---- prompt scoring (echo + logprobs)
-
     def score_prompt(self, ids: list[int], arm: Arm, k: int) -> list[TokenScore]:
-        """Log-probabilities of the prompt's own tokens under `arm` (None where the arm has no logits).
+        """Log-probabilities of the prompt's own tokens under `arm`; see `scoring.score_prompt`."""
+        from rf_eval.serving.scoring import score_prompt
 
-        Exact arm: one stock forward over the prompt. A filled arm computes logits
-        for its tail rows only: the prompt minus its last T-1 tokens is prefilled
-        with a tail of 1, and those T-1 tokens run through the stock model over
-        that cache (every row keeps its class). Tokens predicted by filled rows
-        get None.
-        """
         self.check_length(len(ids), 0)
-        plan = arm.engine.plan
-        n = len(ids)
-        with self.lock, torch.no_grad():
-            device = self.lm.device
-            if plan.fill == "exact" or plan.tail >= n:
-                logits = self.model(input_ids=torch.tensor([ids], device=device)).logits[0]
-                first_scored = 1
-            else:
-                m = min(plan.tail - 1, n - 1)
-                result = arm.engine.prefill(torch.tensor([ids[: n - m]], device=device), replace(plan, tail=plan.tail - m))
-                rows = [result.logits]
-                if m > 1:
-                    rows.append(arm.engine.extend(result, torch.tensor([ids[n - m : n - 1]], device=device))[0])
-                logits = torch.cat(rows, 0)
-                first_scored = n - m
-            scored = [self._score(logits[i - first_scored], ids[i], k) for i in range(first_scored, n)]
-        return [TokenScore(t, None) for t in ids[:first_scored]] + scored
+        with self.lock:
+            return score_prompt(self.model, arm.engine, ids, k, self.lm.device)
 
 
 class _Cancelled(StoppingCriteria):

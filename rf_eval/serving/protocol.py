@@ -17,7 +17,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from rf_eval.serving.backend import Backend, Generation, GenParams, TokenScore
+from rf_eval.serving.backend import Backend, Generation, GenParams
+from rf_eval.serving.scoring import TokenScore
 
 MAX_LOGPROBS = 20
 KNOWN = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",

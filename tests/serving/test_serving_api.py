@@ -127,14 +127,22 @@ def test_echo_logprobs_give_lm_eval_loglikelihoods_equal_to_the_adapter(exact_se
     assert all(x is None for x in lps[: n - 7]) and all(x is not None for x in lps[n - 7 :])
 
 
-def test_sampling_with_a_seed_equals_the_adapter_seeded_alike(exact_server, serve_model_dir):
-    """The server seeds torch with the request's `seed` right before generating, as a task that seeds
-    before `generate_until` does for `--model ridgefill`: equal seeds, equal samples."""
+def test_generation_equals_the_adapter_greedy_exact_and_seeded_sampling(exact_server, serve_model_dir):
+    """Greedy with the fill off, and sampling under a filled arm: the server seeds torch with the request's
+    `seed` right before generating, as a task that seeds before `generate_until` does for `--model
+    ridgefill`: equal seeds, equal samples."""
     import torch
     from lm_eval.api.instance import Instance
 
     from rf_eval.model_adapters.ridgefill import RidgeFillLM
 
+    greedy = {"until": [], "max_gen_toks": 12, "do_sample": False, "temperature": 0.0}
+    exact = RidgeFillLM(pretrained=serve_model_dir, fill="exact", device="cpu")
+    for prompt in (PROMPT, PROMPT[:40]):
+        local = exact.generate_until([Instance("generate_until", {}, (prompt, greedy), 0)], disable_tqdm=True)[0]
+        status, out = post(exact_server.url + "/v1/completions", {"prompt": prompt, "max_tokens": 12, "temperature": 0,
+                                                                  "stop": ["<|im_end|>"]})
+        assert out["choices"][0]["text"] == local
     lm = RidgeFillLM(pretrained=serve_model_dir, fill="identity", tail=16, device="cpu")
     kwargs = {"until": [], "max_gen_toks": 12, "do_sample": True, "temperature": 0.7}
     for seed in (3, 4):
