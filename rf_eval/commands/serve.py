@@ -72,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(max(1, args.threads))
     try:
         backend = Backend(config, served_name=args.served_model_name)
-    except ValueError as err:
-        raise UserError(str(err)) from None
+    except (ValueError, OSError) as err:  # bad model_args, maps or model folder
+        raise UserError(f"cannot load {args.model!r}: {err}") from None
     app = create_app(backend, RequestLog(args.request_log, None if args.request_log else sys.stdout))
     print(f"rf-eval serve: {backend.served_name} on http://{args.host}:{args.port}/v1 "
           f"(arm {backend.default_arm.info})", file=sys.stderr, flush=True)
