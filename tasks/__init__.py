@@ -4,9 +4,15 @@ Installed as `rf_eval.tasks`. The YAML files live in data folders beside the
 Python modules (`ruler_filled/`, `ruler_second_question/`, `keytoken_nll/`,
 `longbench_v2_cot/`); the task classes they name are the modules here.
 
-`task_dir()` is the folder to hand to lm-eval as an include path:
+Plain `lm_eval` finds them through rf-eval's startup hook (`rf_eval/_startup.py`).
+`task_dir()` is the same folder, for an explicit include path (a `TaskManager`
+built in Python, or a Python started with the hook switched off):
 
     lm_eval --include_path "$(python -c 'import rf_eval.tasks as t; print(t.task_dir())')" ...
+
+Tasks: `ruler_filled` and `<ruler task>_filled` (ruler_filled.py), `keytoken_nll`
+(keytoken.py), `ruler_second_question` (second_question.py), `longbench_v2_cot`
+(longbench_cot.py); extra request types in request_types.py.
 """
 
 from __future__ import annotations

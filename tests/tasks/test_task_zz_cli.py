@@ -64,3 +64,15 @@ def test_longbench_two_passes(runs, name):
         assert marker not in out["prompt_2"] and context[200:260] not in out["prompt_2"]
         prompt_1 = s["arguments"]["gen_args_0"]["arg_0"]
         assert marker in prompt_1 and context.split()[-1] in prompt_1  # middle cut keeps both ends
+
+
+def test_longbench_seeds_shared_by_arms(runs):
+    """Sampling at temperature 0.1 with per-item seeds: the exact arm draws what `hf` draws."""
+    by_model = {
+        name: {s["doc_id"]: parse(s["filtered_resps"][0]) for s in runs[name]["samples"]["longbench_v2_cot"]}
+        for name in ("hf", "ridgefill")
+    }
+    assert by_model["hf"].keys() == by_model["ridgefill"].keys()
+    for doc_id, out in by_model["hf"].items():
+        assert out["cot"] == by_model["ridgefill"][doc_id]["cot"]
+        assert out["response"] == by_model["ridgefill"][doc_id]["response"]
