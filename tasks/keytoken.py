@@ -190,7 +190,10 @@ class KeyTokenTask(ConfigurableTask):
         key = doc["doc_id"]
         if key not in self._splits:
             tok = tokenizer_from(self.config.metadata)
-            self._splits[key] = split_document(tok, doc["text"], self.score_tokens, self.key_context)
+            try:
+                self._splits[key] = split_document(tok, doc["text"], self.score_tokens, self.key_context)
+            except KeyTokenDataError as err:
+                raise KeyTokenDataError(f"document {key!r}: {err}") from err
         return self._splits[key]
 
     def reference(self) -> dict[str, dict[str, Any]] | None:

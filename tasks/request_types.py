@@ -25,7 +25,8 @@ ADAPTER_TYPES = {
 def two_pass_generate(self: Any, requests: list) -> list[dict[str, Any]]:
     """Request type `two_pass_generate`: args (context, gen_kwargs, pass-2 template, pass-2
     gen_kwargs, options{chat, seeds}). Pass 2's prompt is the template with the pass-1 answer
-    (stripped) in `$COT$`, chat-formatted like pass 1 when `chat`. One request at a time, each
+    (stripped) in `$COT$`, chat-formatted like pass 1 when `chat` (one user turn; no system
+    instruction, as the official script sends none). One request at a time, each
     generation seeded from `seeds`. Returns {"cot", "response", "prompt_2"} per request."""
     import torch
     from lm_eval.api.instance import Instance
