@@ -39,7 +39,7 @@ class ModelArgs:
     device: str | None = None
     dtype: str = "auto"
     batch_size: int | str = 1
-    max_batch_size: int | None = None  # passed by lm-eval for batch_size=auto; unused
+    max_batch_size: int | None = None  # as `hf`: the ceiling of batch_size=auto
     max_length: int | None = None
     seed: int | None = None
     trust_remote_code: bool = False

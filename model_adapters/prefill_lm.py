@@ -46,7 +46,7 @@ class PrefillLM(TemplateLM):
         self.tokenizer = configure_pad_token(self.tokenizer, model_config=self.model.config)
         self.arm, self.exact = self._build_engines()
         self._max_length = self.config.max_length or resolve_max_length(self.model.config, self.tokenizer)
-        self.batch_sizes: dict = {}
+        self.hf = self._plain_hf()
 
     # ---- what a subclass provides -------------------------------------------------
 
@@ -121,11 +121,39 @@ class PrefillLM(TemplateLM):
         )
         return model.to(self._device).eval()
 
+    def _plain_hf(self):
+        """lm-eval's own `hf` model over the same model object: it runs every request with no filled rows.
+
+        Where the engine would prefill with the plain model anyway, prompt and
+        continuation (or generation) run through `hf`'s code, batched as `hf`
+        batches, so the exact arm is `hf` itself (bitwise, at any batch size).
+        """
+        from lm_eval.models.huggingface import HFLM
+
+        quiet = logging.getLogger("lm_eval.models.huggingface")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)  # it warns that it was given a loaded model: that is the point
+        try:
+            hf = HFLM(
+                pretrained=self.model, tokenizer=self.tokenizer, batch_size=self.config.batch_size,
+                max_batch_size=self.config.max_batch_size or 64, max_length=self.max_length,
+                add_bos_token=self.config.add_bos_token,
+            )
+        finally:
+            quiet.setLevel(level)
+        hf._rank = self.rank  # progress bars on the main process only; data parallel is this adapter's
+        return hf
+
     # ---- lm-eval plumbing -----------------------------------------------------------
 
     @property
     def max_length(self) -> int:
         return self._max_length
+
+    @property
+    def batch_sizes(self) -> dict:
+        """What lm-eval records as the batch sizes used (those `hf` chose for batch_size=auto)."""
+        return self.hf.batch_sizes
 
     @property
     def batch_size(self) -> int:
@@ -207,6 +235,7 @@ class PrefillLM(TemplateLM):
     def set_cache_hook(self, cache_hook) -> None:
         """Refuse a --use_cache database written by another arm (its keys are request args only)."""
         super().set_cache_hook(cache_hook)
+        self.hf.set_cache_hook(cache_hook)
         db = cache_hook.dbdict
         if db is None:
             return
@@ -309,16 +338,20 @@ class PrefillLM(TemplateLM):
         return whole[: len(whole) - len(continuation)], len(context) + len(continuation) - len(whole)
 
     def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False, **_: Any) -> list[tuple[float, bool]]:
-        groups: dict[tuple[int, ...], list[int]] = {}
-        prompts = []
-        for i, (_key, context, continuation) in enumerate(requests):
-            prompt, truncated = self._truncate(context, continuation)
-            if truncated:
-                log.warning("left-truncated %d tokens to fit max_length %d", truncated, self.max_length)
-            prompts.append(prompt)
-            groups.setdefault(tuple(prompt), []).append(i)
         results: list[tuple[float, bool] | None] = [None] * len(requests)
-        bar = tqdm(total=len(requests), desc="Running loglikelihood requests", disable=disable_tqdm or self.rank != 0)
+        groups: dict[tuple[int, ...], list[int]] = {}
+        plain = []
+        for i, (_key, context, continuation) in enumerate(requests):
+            prompt, _cut = self._truncate(context, continuation)
+            if self._is_plain(self.arm, len(prompt)):
+                plain.append(i)
+            else:
+                groups.setdefault(tuple(prompt), []).append(i)
+        if plain:  # `hf`'s own code (it truncates, batches and writes --use_cache entries itself)
+            for i, answer in zip(plain, self.hf._loglikelihood_tokens([requests[i] for i in plain], disable_tqdm)):
+                results[i] = answer
+        bar = tqdm(total=sum(map(len, groups.values())), desc="Running loglikelihood requests (engine)",
+                   disable=disable_tqdm or self.rank != 0 or not groups)
         for prompt in sorted(groups, key=len, reverse=True):  # longest first, as `hf`: memory errors show early
             members = groups[prompt]
             conts = [requests[i][2] for i in members]
@@ -445,21 +478,29 @@ class PrefillLM(TemplateLM):
     def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
         from lm_eval.models.utils import normalize_gen_kwargs
 
-        out = []
-        for req in tqdm(requests, desc="Running generate_until requests", disable=disable_tqdm or self.rank != 0):
+        out: list[str | None] = [None] * len(requests)
+        plain, engine = [], []
+        for i, req in enumerate(requests):
             context, gen_kwargs = req.args
-            max_gen_toks = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)["max_gen_toks"]
-            if max_gen_toks >= self.max_length:
-                raise ValueError(f"max_gen_toks {max_gen_toks} must be below max_length {self.max_length}")
-            ids = self.encode_prompt(context)
-            if len(ids) > self.max_length - max_gen_toks:
-                log.warning("left-truncated a prompt of %d tokens to %d", len(ids), self.max_length - max_gen_toks)
-                ids = ids[-(self.max_length - max_gen_toks) :]
+            kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
+            budget = self.max_length - kwargs["max_gen_toks"]
+            if budget < 1:
+                raise ValueError(f"max_gen_toks {kwargs['max_gen_toks']} must be below max_length {self.max_length}")
+            ids = self.encode_prompt(context)[-budget:]  # `hf`'s left truncation
+            sampled_with_seed = kwargs.get("do_sample") and self.config.seed is not None
+            if self._is_plain(self.arm, len(ids)) and not sampled_with_seed:
+                plain.append(i)
+            else:
+                engine.append((i, ids))
+        if plain:  # `hf`'s own code, batched as `hf` batches
+            for i, text in zip(plain, self.hf.generate_until([requests[i] for i in plain], disable_tqdm)):
+                out[i] = text
+        for i, ids in tqdm(engine, desc="Running generate_until requests (engine)", disable=disable_tqdm or self.rank != 0):
+            context, gen_kwargs = requests[i].args
             tokens, until = self.generate_tokens(self.arm, ids, gen_kwargs)
-            text = self._answer(tokens, until)
-            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
-            out.append(text)
-        return out
+            out[i] = self._answer(tokens, until)
+            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), out[i])
+        return out  # type: ignore[return-value]
 
     def multiturn_generate(self, requests: list) -> list[dict[str, Any]]:
         """Custom request type: later turns appended to the cache of the earlier ones (no second prefill)."""

@@ -7,6 +7,9 @@
 Everything after the prompt is the stock `transformers` model reading the
 engine's cache (continuation tokens, generated tokens, later turns are never
 filled), so a run differs from lm-eval's `hf` model in nothing but the prefill.
+Requests whose prompt has no filled rows (fill=exact, or a prompt no longer
+than the tail) are run by lm-eval's own `hf` code over the same model object,
+batched as `hf` batches them: the exact arm is `hf`, bitwise, at any batch size.
 
 model_args (parsed once into `RidgeFillConfig`, see `config.py`; unknown,
 missing or contradictory keys fail before the model loads):
@@ -19,9 +22,15 @@ missing or contradictory keys fail before the model loads):
   reference   `exact`: also run the exact arm on the same inputs (see token_logprobs,
               multiturn_generate); other request types ignore it
   device, dtype (auto | float32 | bfloat16 | float16), max_length, trust_remote_code,
-  add_bos_token (as for `hf`), seed (seeds sampled generation per request)
-  batch_size  continuations of one prompt scored together over copies of its cache;
-              prompts are always prefilled one at a time (the engine takes 1 x N).
+  add_bos_token (as for `hf`)
+  seed        sampled generation draws from a torch seed made of (seed, prompt tokens), per
+              request, so arms and resumed runs sample the same stream (without it: lm-eval's
+              --seed, one stream for the run, as `hf`)
+  batch_size  (or lm-eval's --batch_size; model_args win) requests with no filled rows: as `hf`
+              (auto included). Prompts with filled rows are prefilled one at a time (the engine
+              takes 1 x N); batch_size continuations of one prompt are then scored together over
+              copies of its cache.
+  max_batch_size  as `hf` (batch_size=auto)
 
 Request types
 -------------
