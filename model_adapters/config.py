@@ -71,6 +71,12 @@ class RidgeFillConfig(ModelArgs):
     tail: int = 1024
     chunk_size: int | None = None
     reference: str | None = None
+    # The engine's pluggable parts, as one-line specs (rf_eval.spec): passed to rf_eval.RidgeFill.
+    selector: str | None = None  # e.g. attention(share=0.1), random(seed=3;of=attention), probe+special
+    corrections: str | None = None  # e.g. value_rescale(c=512)+terminal_state(path=F)
+    splice: str | None = None  # keys | values | both
+    cost_match: str | None = None  # nofill control: ridge(tail=4096;exact_share=0.1)
+    unigram: str | None = None  # unigram.safetensors for the protected-token selector
 
     def check(self) -> None:
         super().check()
@@ -78,6 +84,7 @@ class RidgeFillConfig(ModelArgs):
             raise ModelArgsError(f"fill={self.fill!r} is not valid; valid fills: {', '.join(FILLS)}")
         if self.fill == "ridge" and self.maps is None:
             raise ModelArgsError("fill=ridge needs maps= (a folder or file written by `rf-eval fit`)")
+        self._check_parts()
         if self.reference is not None and self.reference not in REFERENCES:
             raise ModelArgsError(f"reference={self.reference!r} is not valid; valid: {', '.join(REFERENCES)}")
         for name in ("tail", "split", "chunk_size"):
@@ -86,6 +93,30 @@ class RidgeFillConfig(ModelArgs):
                 raise ModelArgsError(f"{name} must be >= 1, got {value}")
         if self.maps is not None:
             self._check_maps()
+
+    def _check_parts(self) -> None:
+        """Selector, corrections, splice and cost match: parsed by the engine's own registries."""
+        from rf_eval.arm import cost_match_from
+        from rf_eval.corrections import SPLICES, corrections_from
+        from rf_eval.selectors import selector_from
+
+        for name, build in (("selector", selector_from), ("corrections", corrections_from),
+                            ("cost_match", cost_match_from)):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    build(value)
+                except (ValueError, TypeError, OSError) as err:
+                    raise ModelArgsError(f"{name}={value!r}: {err}") from err
+        if self.splice is not None and self.splice not in SPLICES:
+            raise ModelArgsError(f"splice={self.splice!r} is not valid; valid splices: {', '.join(SPLICES)}")
+        if (self.corrections or self.splice) and self.fill not in ("identity", "ridge"):
+            raise ModelArgsError(f"corrections and splice change filled rows: they need fill=identity or ridge, "
+                                 f"not fill={self.fill}")
+        if self.cost_match is not None and self.fill != "nofill":
+            raise ModelArgsError(f"cost_match lengthens a nofill arm's tail: it needs fill=nofill, not fill={self.fill}")
+        if self.unigram is not None and not Path(self.unigram).is_file():
+            raise ModelArgsError(f"unigram={self.unigram!r}: no such file")
 
     def _check_maps(self) -> None:
         """The maps file exists, is readable, and agrees with `split` (metadata only, no tensors)."""

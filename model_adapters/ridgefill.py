@@ -21,6 +21,12 @@ missing or contradictory keys fail before the model loads):
   chunk_size  lower layers run in chunks of this many rows (memory)
   reference   `exact`: also run the exact arm on the same inputs (see token_logprobs,
               multiturn_generate); other request types ignore it
+  selector, corrections, splice, cost_match, unigram
+              the engine's parts, as one-line specs (rf_eval.spec; no commas, so they fit
+              model_args): selector=attention(share=0.1), selector=random(seed=3;of=attention),
+              corrections=value_rescale(c=512)+terminal_state(path=F), splice=keys|values|both,
+              cost_match=ridge(tail=4096;exact_share=0.1) (fill=nofill). Rows are chosen once per
+              prompt; continuation tokens and later turns never choose rows.
   device, dtype (auto | float32 | bfloat16 | float16), max_length, trust_remote_code,
   add_bos_token (as for `hf`)
   seed        sampled generation draws from a torch seed made of (seed, prompt tokens), per
@@ -123,7 +129,8 @@ class RidgeFillLM(PrefillLM):
         maps = getattr(self, "_maps", None)
         arm = RidgeFill(
             self.model, self.tokenizer, maps=maps, split=cfg.split, tail=cfg.tail, fill=cfg.fill,
-            chunk_size=cfg.chunk_size,
+            chunk_size=cfg.chunk_size, selector=cfg.selector, corrections=cfg.corrections, splice=cfg.splice,
+            cost_match=cfg.cost_match, unigram=cfg.unigram,
         )
         exact = RidgeFill(self.model, self.tokenizer, split=arm.plan.split, tail=arm.plan.tail, fill="exact")
         return arm, exact
@@ -136,17 +143,13 @@ class RidgeFillLM(PrefillLM):
         return engine.prefill(torch.tensor([ids], device=self.device), plan)
 
     def arm_info(self) -> dict[str, Any]:
+        """The engine's provenance (fill, split, tail, selector, corrections, splice, cost_match, maps sha256
+        and fit metadata) plus the adapter's own settings."""
         info = self.arm.provenance()
-        info.update(
-            method="ridgefill",
-            selectors=[s] if (s := info.pop("selector", None)) else [],
-            corrections=[],
-            splices=[],
-            reference=self.config.reference,
-            maps_path=self.config.maps,
-        )
+        info.update(method="ridgefill", reference=self.config.reference, maps_path=self.config.maps)
         return info
 
     def _is_plain(self, engine: Any, n: int) -> bool:
-        plan = engine.plan
+        # engine.prefill's own rule for the plain model, on the plan it would use for n rows
+        plan = engine.arm.plan_for(engine.plan, n)  # a cost-matched control lengthens the tail with n
         return (plan.fill == "exact" or plan.tail >= n) and plan.chunk_size is None and engine.selector is None

@@ -38,6 +38,11 @@ def test_values_are_typed_and_lm_eval_flags_merge():
         ("pretrained=/m,fill=exact,reference=ridge", "reference='ridge' is not valid; valid: exact"),
         ("pretrained=/m,fill=exact,batch_size=lots", "batch_size='lots'"),
         ("pretrained=/m,fill=ridge,maps=/nowhere", "maps='/nowhere': map path /nowhere does not exist"),
+        ("pretrained=/m,fill=identity,selector=atention", "selector='atention': unknown selector 'atention'"),
+        ("pretrained=/m,fill=identity,corrections=rescale(c=4)", "corrections='rescale(c=4)': unknown correction"),
+        ("pretrained=/m,fill=identity,splice=queries", "splice='queries' is not valid; valid splices: keys"),
+        ("pretrained=/m,fill=nofill,splice=keys", "they need fill=identity or ridge, not fill=nofill"),
+        ("pretrained=/m,fill=identity,cost_match=ridge", "cost_match lengthens a nofill arm's tail"),
     ],
 )
 def test_bad_model_args_name_the_key(args, message):
@@ -65,4 +70,4 @@ def test_maps_contradictions_fail_before_the_weights_load(tiny_model_dir, tmp_pa
     with pytest.raises(ModelArgsError, match="split=6 is outside 1..5"):
         RidgeFillLM.create_from_arg_string(f"pretrained={llama},fill=identity,split=6")
     with pytest.raises(ModelArgsError, match="unknown model_args key"):
-        RidgeFillLM.create_from_arg_obj({"pretrained": llama, "fill": "exact", "selector": "attention"})
+        RidgeFillLM.create_from_arg_obj({"pretrained": llama, "fill": "exact", "selector_args": "share=0.1"})

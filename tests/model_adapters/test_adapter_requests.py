@@ -86,11 +86,28 @@ def test_ridge_maps_of_identity_equal_the_identity_fill_and_are_recorded(tiny_mo
     assert [lp for lp, _ in got] == pytest.approx([lp for lp, _ in want], abs=1e-5)
     info = ridge.get_model_info()["rf_eval"]
     assert {info[k] for k in ("fill", "split", "tail")} == {"ridge", 3, 8}
-    assert info["selectors"] == [] and info["corrections"] == [] and info["splices"] == []
+    assert info["selector"] is None and info["corrections"] == [] and info["splice"] is None
     import hashlib
 
     assert info["maps_sha256"] == hashlib.sha256(maps.read_bytes()).hexdigest()
     assert info["maps_metadata"]["lambda"] == "0.01"
+
+
+def test_engine_parts_pass_through_and_are_recorded(tiny_model_dir):
+    path = tiny_model_dir("llama")
+    requests = [req("loglikelihood", CONTEXT, c) for c in CONTINUATIONS]
+    exact = [lp for lp, _ in lm(path, fill="exact").loglikelihood(requests)]
+    # exact keys and values spliced into every filled row: the exact arm again (attention-only model)
+    spliced = lm(path, fill="identity", tail=8, splice="both")
+    assert [lp for lp, _ in spliced.loglikelihood(requests)] == pytest.approx(exact, abs=1e-4)
+    assert spliced.get_model_info()["rf_eval"]["splice"] == "both"
+    rows = lm(path, fill="identity", tail=8, selector="attention(share=0.3;layers=1|2)",
+              corrections="value_rescale(c=4)")
+    plain = [lp for lp, _ in lm(path, fill="identity", tail=8).loglikelihood(requests)]
+    with_rows = [lp for lp, _ in rows.loglikelihood(requests)]
+    assert min(abs(a - b) for a, b in zip(with_rows, plain)) > 1e-3
+    info = rows.get_model_info()["rf_eval"]
+    assert info["selector"]["name"] == "attention" and info["corrections"][0]["name"] == "value_rescale"
 
 
 def test_rolling_loglikelihood_sums_hf_windows(tiny_model_dir):
