@@ -70,6 +70,9 @@ def test_continuation_equals_teacher_forced_decoding_over_the_engine_cache(tiny_
 def test_filled_arm_differs_from_exact_only_past_the_tail(tiny_model_dir):
     path = tiny_model_dir("llama")
     exact, filled = lm(path, fill="exact"), lm(path, fill="identity", tail=8)
+    # a single process (no `accelerate launch`): rank 0 of 1, collectives are identities
+    ones = torch.ones(2)
+    assert (filled.rank, filled.world_size, filled.gather_object(7), filled.all_gather(ones) is ones) == (0, 1, [7], True)
     short = [req("loglikelihood", "a b c", c) for c in CONTINUATIONS]  # 5 context tokens <= tail
     long = [req("loglikelihood", CONTEXT, c) for c in CONTINUATIONS]
     assert filled.loglikelihood(short) == exact.loglikelihood(short)
