@@ -45,6 +45,11 @@ class ModelArgs:
     trust_remote_code: bool = False
     add_bos_token: bool | None = None
 
+    @classmethod
+    def apply_defaults(cls, args: dict[str, Any]) -> dict[str, Any]:
+        """Defaults that depend on other keys, applied before the required-key check."""
+        return args
+
     def check(self) -> None:
         if self.dtype not in DTYPES:
             raise ModelArgsError(f"dtype={self.dtype!r} is not valid; valid dtypes: {', '.join(DTYPES)}")
@@ -69,6 +74,13 @@ class RidgeFillConfig(ModelArgs):
     maps: str | None = None
     split: int | None = None
     tail: int = 1024
+
+    @classmethod
+    def apply_defaults(cls, args: dict[str, Any]) -> dict[str, Any]:
+        """`pretrained=demo`, or no pretrained: the embedded demo model (and its maps for fill=ridge)."""
+        from rf_eval.demo import demo_defaults
+
+        return demo_defaults(args)
     chunk_size: int | None = None
     reference: str | None = None
     # The engine's pluggable parts, as one-line specs (rf_eval.spec): passed to rf_eval.RidgeFill.
@@ -158,6 +170,7 @@ def parse_model_args(cls: type[C], model_args: dict[str, Any] | str | None, lm_e
             log.warning("model_args %s=%r overrides lm-eval's --%s %r", key, args[key], key, value)
             continue
         args.setdefault(key, value)
+    args = cls.apply_defaults(args)
     missing = [n for n, f in fields.items() if _required(f) and args.get(n) is None]
     if missing:
         raise ModelArgsError(f"missing required model_args key(s): {', '.join(missing)}; valid keys: {valid}")

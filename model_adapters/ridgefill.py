@@ -13,8 +13,10 @@ batched as `hf` batches them: the exact arm is `hf`, bitwise, at any batch size.
 
 model_args (parsed once into `RidgeFillConfig`, see `config.py`; unknown,
 missing or contradictory keys fail before the model loads):
-  pretrained (required)  HF folder or hub id.      tokenizer   another tokenizer folder/id
-  fill (required)        exact | nofill | identity | ridge
+  pretrained   HF folder or hub id; `demo` or absent: the embedded demo model (rf_eval.demo)
+  tokenizer    another tokenizer folder/id
+  fill         exact | nofill | identity | ridge (required, except with the demo model, where it
+               defaults to ridge with the demo's own maps, fitted on first use)
   maps     folder or file written by `rf-eval fit` (required for fill=ridge)
   split    first filled layer (default: the maps' split, else L/2)
   tail     last prompt rows kept exact (default 1024)

@@ -28,7 +28,6 @@ def test_values_are_typed_and_lm_eval_flags_merge():
     "args, message",
     [
         ("pretrained=/m,fill=exact,tial=3", "unknown model_args key(s): 'tial'; valid keys: pretrained, tokenizer"),
-        ("fill=exact", "missing required model_args key(s): pretrained"),
         ("pretrained=/m", "missing required model_args key(s): fill"),
         ("pretrained=/m,fill=ridge", "fill=ridge needs maps="),
         ("pretrained=/m,fill=rigde", "fill='rigde' is not valid; valid fills: exact, nofill, identity, ridge"),
@@ -71,3 +70,23 @@ def test_maps_contradictions_fail_before_the_weights_load(tiny_model_dir, tmp_pa
         RidgeFillLM.create_from_arg_string(f"pretrained={llama},fill=identity,split=6")
     with pytest.raises(ModelArgsError, match="unknown model_args key"):
         RidgeFillLM.create_from_arg_obj({"pretrained": llama, "fill": "exact", "selector_args": "share=0.1"})
+
+
+def test_demo_is_the_default_model_and_brings_its_maps(monkeypatch, tmp_path):
+    """No pretrained (or pretrained=demo): the demo model, and for fill=ridge the demo's maps."""
+    from rf_eval import demo, demo_model
+    from rf_eval.model_adapters.config import RidgeFillConfig, parse_model_args
+
+    model_dir = tmp_path / "cache" / "demo-model" / "m"
+    maps_dir = tmp_path / "maps"
+    monkeypatch.setattr(demo_model, "resolve_pretrained", lambda name, log=None: str(model_dir))
+    monkeypatch.setattr(demo, "demo_maps", lambda d, s: maps_dir)
+    seen = {}
+    monkeypatch.setattr(RidgeFillConfig, "check", lambda self: seen.setdefault("cfg", self))
+    for given in ({}, {"pretrained": "demo"}, {"pretrained": "DEMO", "fill": "ridge"}):
+        cfg = parse_model_args(RidgeFillConfig, given)
+        assert (cfg.pretrained, cfg.fill, cfg.maps, cfg.split) == (str(model_dir), "ridge", str(maps_dir), demo.SPLIT)
+    cfg = parse_model_args(RidgeFillConfig, {"pretrained": "demo", "fill": "identity", "split": 5})
+    assert (cfg.fill, cfg.maps, cfg.split) == ("identity", None, 5)
+    cfg = parse_model_args(RidgeFillConfig, {"pretrained": "/m", "fill": "exact"})
+    assert cfg.pretrained == "/m"
