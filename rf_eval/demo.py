@@ -60,10 +60,11 @@ def settings(quick: bool) -> DemoSettings:
                             samples_per_length=3, keytoken_docs=1, keytoken_score=128, keytoken_context=256,
                             calibration_docs=3, heldout_docs=1, lambdas=(0.03,), arms=arms)
     return DemoSettings(lengths=(1024, 2048), tail=512,
-                        # the ruler_filled needle tasks whose haystacks need no download (the others
-                        # read the Paul Graham essays: pass essay_haystack= to lm_eval for them)
-                        ruler_tasks=("niah_single_1_filled", "niah_multikey_2_filled", "niah_multikey_3_filled"),
-                        samples_per_length=2, keytoken_docs=2, keytoken_score=256, keytoken_context=512,
+                        # niah_single_1 is the ruler_filled task the 135M model can do: the other offline
+                        # ones (multikey_2/3) scored 50% and 0% on the exact arm at 2,048 tokens, and the
+                        # rest read the Paul Graham essays (pass essay_haystack= to lm_eval for them)
+                        ruler_tasks=("niah_single_1_filled",),
+                        samples_per_length=6, keytoken_docs=2, keytoken_score=256, keytoken_context=512,
                         calibration_docs=6, heldout_docs=2, arms=arms)
 
 
