@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "check-equivalence": (
         "rf_eval.commands.check_equivalence",
-        "check that the engine with the fill off is bitwise equal to the plain model",
+        "engine with the fill off vs the plain model, bitwise (or two servers: --base-url A --base-url B)",
     ),
     "serve": ("rf_eval.commands.serve", "serve a model's arms behind an OpenAI-compatible API (completions, chat)"),
     "ttft": ("rf_eval.commands.ttft", "time to first token of two arms on one server (median, ratio of medians)"),

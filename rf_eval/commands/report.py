@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TASK=METRIC[,METRIC...]",
         help="metrics to report for a task, the first primary (default: its first metric with values)",
     )
+    parser.add_argument("--ttft", action="append", default=[], metavar="FILE",
+                        help="`rf-eval ttft` results: their speed rows join the report's speed table (repeatable)")
     parser.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default 10,000)")
     parser.add_argument("--confidence", type=float, default=0.95, help="interval level (default 0.95)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
@@ -50,6 +52,22 @@ def _mapping(option: str, specs: list[str]) -> dict[str, list[str]]:
             raise UserError(f"{option} {spec!r}: expected NAME=VALUE[,VALUE...]")
         out[key.strip()] = names
     return out
+
+
+def ttft_speed_rows(paths: list[str]) -> list[dict]:
+    """Speed rows of `rf-eval ttft` result files (medians and ratios, no intervals: paper section 3.4)."""
+    import json
+
+    rows = []
+    for path in paths:
+        try:
+            data = json.loads(open(path).read())
+        except (OSError, json.JSONDecodeError) as err:
+            raise UserError(f"--ttft {path}: {err}") from None
+        if data.get("kind") != "rf-eval-ttft":
+            raise UserError(f"--ttft {path}: not an `rf-eval ttft` result (kind {data.get('kind')!r})")
+        rows.extend(data["speed"])
+    return rows
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"ledger {args.ledger}: {err}") from None
     except (RunFormatError, PairingError, ValueError) as err:
         raise UserError(str(err)) from None
+    summary["speed"] = list(summary["speed"]) + ttft_speed_rows(args.ttft)
     for path in write_reports(summary, html=args.html, latex=args.latex, markdown=args.markdown):
         print(f"wrote {path}")
     for note in summary["notes"]:
