@@ -43,3 +43,14 @@ def tiny_model(tiny_model_dir):
         return loaded[family]
 
     return get
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Run a test on one torch thread (tiny models only contend with themselves on more)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -18,12 +18,7 @@ CONTEXT = "the quick brown fox jumps over the lazy dog while the river runs past
 CONTINUATIONS = [" and then", " again and again", " x"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def lm(model_dir: str, **args) -> RidgeFillLM:

@@ -21,12 +21,7 @@ CONTEXT = "the copper clock by the north window reads seven while the river runs
 CONTINUATIONS = [" and then", " seven", " again and again"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def lm(f: dict, **args) -> RaReCacheLM:
