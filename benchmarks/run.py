@@ -35,6 +35,7 @@ def suites(quick: bool, device: str) -> dict[str, list[str]]:
         "engine": ["bench_engine.py", "--n", *engine_ns, "--tail", "1024" if not quick else "256",
                    "--device", device, *reps],
         "exact rows and probe": ["bench_rows.py", "--n", "2048" if quick else "4096",
+                                 "--counts", *(["0", "256", "512", "1024"] if quick else ["0", "512", "1024", "2048"]),
                                  "--repeats", "1" if quick else "3"],
         "adapter vs hf": ["bench_adapter.py", "--repeats", "3", "--docs", "12" if quick else "24"],
         "rarecache": ["bench_rarecache.py", "--T", "1024" if quick else "2048", "--repeats", "3"],
