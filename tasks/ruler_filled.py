@@ -46,6 +46,16 @@ log = logging.getLogger(__name__)
 DEFAULT_TAIL = 4096
 
 
+def rendered_prompt(tokenizer: Any, prompt: Any) -> str:
+    """The prompt string the model reads: chat messages in JSON are rendered with the chat template."""
+    text = getattr(prompt, "prompt", prompt)
+    if text is not prompt:  # lm-eval's JsonChatStr: a JSON list of {"role", "content"} messages
+        import json
+
+        return tokenizer.apply_chat_template(json.loads(text), tokenize=False, add_generation_prompt=True)
+    return text
+
+
 def doc_key(doc: dict[str, Any]) -> tuple[int, int]:
     """A RULER sample's identity within a task: (length, index)."""
     return int(doc["max_length"]), int(doc["index"])
@@ -114,9 +124,15 @@ class RulerFilledTask(ConfigurableTask):
 
     # ---- needle marks
 
-    def mark_prompt(self, doc: dict[str, Any], prompt: str) -> needles.NeedleMark:
-        """Mark one sample's needles in its final prompt string and remember the result."""
+    def mark_prompt(self, doc: dict[str, Any], prompt: Any) -> needles.NeedleMark:
+        """Mark one sample's needles in its final prompt string and remember the result.
+
+        lm-eval's chat API models (`local-chat-completions`) hand over the messages
+        as JSON (`JsonChatStr`); the server renders them with the model's chat
+        template, so the needles are marked in that rendering.
+        """
         tokenizer = tokenizer_from(self.config.metadata)
+        prompt = rendered_prompt(tokenizer, prompt)
         result = needles.mark(tokenizer, ruler_kind(self.base_task), prompt, doc, self.tail, self.base_task)
         if not result.spans:
             log.warning("%s: no needle found in sample %s; it counts as excluded", self.config.task, doc_key(doc))

@@ -166,3 +166,20 @@ def test_scores_and_counts(tiny_llama, task_data, th):
         assert right["filled"] == int(m.filled) and right["n_excluded"] == int(not m.filled)
         assert right["acc_filled"] == (1.0 if m.filled else None)
         assert right[f"acc_all_{LENGTHS[0]}"] == 1.0
+
+
+def test_chat_api_messages_are_marked_in_their_rendering(tiny_llama, task_data, th):
+    """local-chat-completions hands the task JSON messages; they are marked as the server renders them."""
+    import json
+
+    from lm_eval.models.api_models import JsonChatStr
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    task = th.load_task("niah_single_1_filled", {**meta(tiny_llama, task_data), "tail": 300})
+    doc = task.test_docs()[0]
+    messages = [{"role": "user", "content": task.doc_to_text(doc)}]
+    from_json = task.mark_prompt(doc, JsonChatStr(json.dumps(messages)))
+    rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    from_text = task.mark_prompt(doc, rendered)
+    assert from_json.spans and from_json == from_text
