@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 
 def task_manager(metadata: dict):
     """An lm-eval TaskManager over this package's tasks only (lm-eval's own index takes seconds)."""
@@ -25,11 +23,9 @@ def load_task(name: str, metadata: dict):
 
 
 def ridgefill_class():
-    """The ridgefill adapter class, or a skip while it does not import."""
-    try:
-        from rf_eval.model_adapters.ridgefill import RidgeFillLM
-    except ImportError as err:  # pragma: no cover - only while the adapter is being written
-        pytest.skip(f"ridgefill adapter not importable: {err}")
+    """The ridgefill adapter class (an import failure fails the test)."""
+    from rf_eval.model_adapters.ridgefill import RidgeFillLM
+
     return RidgeFillLM
 
 
