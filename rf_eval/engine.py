@@ -219,6 +219,49 @@ def _attend(
     return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
 
+#: Queries per attention call for exact rows inside the prefix (selected rows).
+PREFIX_QUERY_CHUNK = 64
+
+
+def attend_exact_rows(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    scale: float,
+    query_chunk: int,
+    prefix_end: int,
+) -> torch.Tensor:
+    """Causal attention of the exact rows (sorted positions q_pos) over the cache's keys (sorted k_pos).
+
+    A masked SDPA call computes scores against every key it is given, so a
+    selected row early in the prompt would pay for the whole context. Rows
+    before `prefix_end` therefore go in small chunks, each given only the keys
+    up to its last query's position: the work follows the causal triangle, as
+    the cost model charges it (paper section 4.4 on scattered exact rows).
+    Rows from `prefix_end` on (the tail) go in chunks of `query_chunk` over
+    every key, as before. Dropping keys that every query in a chunk masks
+    out changes nothing but the summation's length.
+    """
+    n_q = q.shape[2]
+    n_prefix = int(torch.searchsorted(q_pos, prefix_end).item()) if n_q else 0
+    bounds = [(i, min(i + PREFIX_QUERY_CHUNK, n_prefix)) for i in range(0, n_prefix, PREFIX_QUERY_CHUNK)]
+    bounds += [(i, min(i + query_chunk, n_q)) for i in range(n_prefix, n_q, query_chunk)]
+    if not bounds:
+        return q.new_empty((q.shape[0], 0, q.shape[1] * values.shape[-1]))
+    last_pos = q_pos[torch.tensor([stop - 1 for _, stop in bounds], device=q_pos.device)]
+    key_ends = torch.searchsorted(k_pos, last_pos, right=True).tolist()
+    pieces = []
+    for (start, stop), end in zip(bounds, key_ends):
+        if start >= n_prefix:
+            end = k_pos.numel()  # tail chunks: every key (the mask does the rest), as the plain path
+        pieces.append(
+            _attend(q[:, :, start:stop], keys[:, :, :end], values[:, :, :end], q_pos[start:stop], k_pos[:end], scale)
+        )
+    return torch.cat(pieces, 1)
+
+
 def late_layers(
     model: nn.Module,
     family: Family,
@@ -260,7 +303,8 @@ def late_layers(
             if family.is_recurrent(layer):
                 raise ValueError("a cache-to-cache fill needs attention layers; this model has recurrent layers")
             x_exact = _exact_rows_over_mapped_cache(
-                family, layer, index, x_exact, exact, filled, kv_fill, cache, cos_q, sin_q, n, plan.query_chunk
+                family, layer, index, x_exact, exact, filled, kv_fill, cache, cos_q, sin_q, n, plan.query_chunk,
+                n - plan.tail,
             )
             continue
         # The layer's input for every row it sees, in prompt order.
@@ -293,13 +337,9 @@ def late_layers(
             keys, values = cache.update(k, v, index)
             h_exact = h if absent else h[:, exact]
             q, gate = family.query(attn, h_exact, cos_q, sin_q)
-            pieces = []
-            for start in range(0, q.shape[2], plan.query_chunk):
-                stop = start + plan.query_chunk
-                pieces.append(
-                    _attend(q[:, :, start:stop], keys, values, exact[start:stop], key_rows, attn.scaling)
-                )
-            context = torch.cat(pieces, 1)
+            context = attend_exact_rows(
+                q, keys, values, exact, key_rows, attn.scaling, plan.query_chunk, n - plan.tail
+            )
             mixed_exact = family.attention_output(attn, context, gate)
         x_exact = family.mlp(layer, x_exact + mixed_exact)
     return x_exact
@@ -321,7 +361,7 @@ def _scan_with_prefix_state(layer, h, cache, index, view, prefix_state) -> torch
 
 
 def _exact_rows_over_mapped_cache(family, layer, index, x_exact, exact, filled, kv_fill, cache, cos_q, sin_q, n,
-                                  query_chunk):
+                                  query_chunk, prefix_end):
     """One attention layer whose filled rows' K/V come from `kv_fill`; exact rows run the layer."""
     attn = layer.self_attn
     h_exact = layer.input_layernorm(x_exact)
@@ -335,11 +375,8 @@ def _exact_rows_over_mapped_cache(family, layer, index, x_exact, exact, filled, 
     keys, values = cache.update(k, v, index)
     q, gate = family.query(attn, h_exact, cos_q, sin_q)
     key_rows = torch.arange(n, device=x_exact.device)
-    pieces = [
-        _attend(q[:, :, i : i + query_chunk], keys, values, exact[i : i + query_chunk], key_rows, attn.scaling)
-        for i in range(0, q.shape[2], query_chunk)
-    ]
-    mixed = family.attention_output(attn, torch.cat(pieces, 1), gate)
+    context = attend_exact_rows(q, keys, values, exact, key_rows, attn.scaling, query_chunk, prefix_end)
+    mixed = family.attention_output(attn, context, gate)
     return family.mlp(layer, x_exact + mixed)
 
 

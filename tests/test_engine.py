@@ -176,3 +176,38 @@ def test_check_equivalence_command(tiny_model_dir, tiny_model, capsys):
     assert compare(a, b) is None
     b.cache.layers[5].values[0, 0, 3, 0] = torch.nextafter(b.cache.layers[5].values[0, 0, 3, 0], torch.tensor(9.0))
     assert compare(a, b) == "cache tensor 11 differs"
+
+
+@pytest.mark.parametrize("keys_are_exact_rows", [False, True])
+def test_exact_row_attention_spans_only_the_causal_keys(monkeypatch, keys_are_exact_rows):
+    """Selected prefix rows attend in small chunks over the keys up to their last position; same result."""
+    import rf_eval.engine as engine
+
+    g = torch.Generator().manual_seed(3)
+    n, tail, heads, kv_heads, dim = 400, 40, 4, 2, 8
+    selected = torch.randperm(n - tail, generator=g)[:150].sort().values
+    q_pos = torch.cat([selected, torch.arange(n - tail, n)])
+    k_pos = q_pos if keys_are_exact_rows else torch.arange(n)
+    q = torch.randn(1, heads, q_pos.numel(), dim, generator=g)
+    k = torch.randn(1, kv_heads, k_pos.numel(), dim, generator=g)
+    v = torch.randn(1, kv_heads, k_pos.numel(), dim, generator=g)
+    whole = engine._attend(q, k, v, q_pos, k_pos, 0.3)  # one masked call over every key
+
+    calls = []
+    real = engine._attend
+
+    def spy(q_, k_, v_, qp, kp, scale):
+        calls.append((qp.clone(), kp.numel()))
+        return real(q_, k_, v_, qp, kp, scale)
+
+    monkeypatch.setattr(engine, "_attend", spy)
+    got = engine.attend_exact_rows(q, k, v, q_pos, k_pos, 0.3, query_chunk=4096, prefix_end=n - tail)
+    torch.testing.assert_close(got, whole, rtol=1e-5, atol=1e-6)
+    assert sum(qp.numel() for qp, _ in calls) == q_pos.numel()
+    for qp, n_keys in calls:
+        if qp[0] < n - tail:  # a prefix chunk: only the keys at or before its last query
+            assert qp.numel() <= engine.PREFIX_QUERY_CHUNK and qp[-1] < n - tail
+            assert n_keys == int((k_pos <= qp[-1]).sum())
+        else:  # the tail: one chunk over every key
+            assert n_keys == k_pos.numel()
+    assert len(calls) == -(-selected.numel() // engine.PREFIX_QUERY_CHUNK) + 1
