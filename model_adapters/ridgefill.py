@@ -152,6 +152,4 @@ class RidgeFillLM(PrefillLM):
         return info
 
     def _is_plain(self, engine: Any, n: int) -> bool:
-        # engine.prefill's own rule for the plain model, on the plan it would use for n rows
-        plan = engine.arm.plan_for(engine.plan, n)  # a cost-matched control lengthens the tail with n
-        return (plan.fill == "exact" or plan.tail >= n) and plan.chunk_size is None and engine.selector is None
+        return engine.is_plain(n)

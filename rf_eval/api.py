@@ -148,6 +148,15 @@ class RidgeFill:
         return cls(model, tokenizer, maps=maps, split=split, tail=tail, fill=fill, **options)
 
     @property
+    def fill_fn(self) -> engine.FillFn | None:
+        """The fill function this arm's filled rows use (None for exact and nofill)."""
+        return self._fill
+
+    def is_plain(self, n: int) -> bool:
+        """True when an n-token prompt is prefilled by the plain model (no filled rows), bitwise."""
+        return engine.runs_plain(self.arm.plan_for(self.plan, n), n, self.selector is not None)
+
+    @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 

@@ -380,6 +380,15 @@ def _exact_rows_over_mapped_cache(family, layer, index, x_exact, exact, filled, 
     return family.mlp(layer, x_exact + mixed)
 
 
+def runs_plain(plan: Plan, n: int, selects: bool) -> bool:
+    """True when `prefill` of an n-row prompt is the plain model's forward, bitwise.
+
+    That is when no row is filled (fill exact, or the tail covers the prompt),
+    the lower layers run in one pass, and no selector may lengthen the tail.
+    """
+    return (plan.fill == "exact" or plan.tail >= n) and plan.chunk_size is None and not selects
+
+
 def exact_row_set(n: int, plan: Plan, selected: torch.Tensor | None, device) -> torch.Tensor:
     """Sorted late-layer exact rows: the tail plus selected prefix rows (tail rows never selected)."""
     prefix_end = max(n - plan.tail, 0)
@@ -423,9 +432,9 @@ def prefill(
     if plan.fill in ("identity", "ridge") and fill is None and kv_fill is None:
         raise ValueError(f"fill {plan.fill!r} needs a fill function (maps for 'ridge')")
     n = input_ids.shape[1]
-    no_filled_rows = plan.fill == "exact" or plan.tail >= n
-    if no_filled_rows and plan.chunk_size is None and select is None:
+    if runs_plain(plan, n, select is not None):
         return plain_prefill(model, input_ids)
+    no_filled_rows = plan.fill == "exact" or plan.tail >= n
 
     family = family_for(model.config)
     t0 = time.perf_counter()

@@ -211,3 +211,26 @@ def test_exact_row_attention_spans_only_the_causal_keys(monkeypatch, keys_are_ex
         else:  # the tail: one chunk over every key
             assert n_keys == k_pos.numel()
     assert len(calls) == -(-selected.numel() // engine.PREFIX_QUERY_CHUNK) + 1
+
+
+def test_is_plain_names_exactly_the_prompts_prefilled_by_the_plain_model(tiny_model, monkeypatch):
+    """RidgeFill.is_plain (the rule the adapters and the server use) agrees with what prefill runs."""
+    import rf_eval.engine as engine
+
+    model, tok = tiny_model("llama")
+    arms = {
+        "exact": RidgeFill(model, tok, fill="exact", tail=4),
+        "identity tail 16": RidgeFill(model, tok, fill="identity", tail=16),
+        "identity chunked": RidgeFill(model, tok, fill="identity", tail=64, chunk_size=8),
+        "identity + rows": RidgeFill(model, tok, fill="identity", tail=4, selector="random(count=2;seed=0)"),
+    }
+    want = {("exact", 12): True, ("exact", 40): True, ("identity tail 16", 12): True,
+            ("identity tail 16", 40): False, ("identity chunked", 12): False, ("identity + rows", 12): False}
+    calls = []
+    real = engine.plain_prefill
+    monkeypatch.setattr(engine, "plain_prefill", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for (name, n), expected in want.items():
+        assert arms[name].is_plain(n) is expected, (name, n)
+        calls.clear()
+        arms[name].prefill(prompt(n))
+        assert bool(calls) is expected, (name, n)

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                                        dtype=args.dtype, fill="ridge" if args.maps else "exact")
     except ValueError as err:
         raise UserError(str(err)) from err
-    fill_fns = {"identity": identity_fill, "ridge": rf._fill}
+    fill_fns = {"identity": identity_fill, "ridge": rf.fill_fn}
     fills = [f for f in args.fills if f != "ridge" or args.maps]
     gen = torch.Generator().manual_seed(args.seed)
     failures = 0

@@ -253,8 +253,7 @@ class Backend:
         rule = getattr(self.lm, "_is_plain", None)
         if rule is not None:
             return bool(rule(arm.engine, n))
-        plan = arm.engine.plan
-        return (plan.fill == "exact" or plan.tail >= n) and plan.chunk_size is None and arm.engine.selector is None
+        return bool(arm.engine.is_plain(n))
 
     def _prefill_for_generation(self, arm: Arm, ids: list[int]):
         if len(ids) >= 2:
