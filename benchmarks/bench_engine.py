@@ -1,12 +1,17 @@
-"""Engine speed, measured side by side in one run (issue: RidgeFill backend).
+"""Engine speed, measured side by side in one run (issues: RidgeFill backend; benchmarks).
 
-Prints, for a random-weight Llama-style model (hidden >= 512, >= 16 layers):
+Prints, for a random-weight Llama-style model (hidden 512, 16 layers, S = L/2)
+on a word-like prompt of the project's byte-level test tokenizer:
   - engine exact prefill / plain transformers forward      (target <= 1.03)
   - ridge-arm speedup over exact, as a share of the MAC-model ceiling (target >= 0.90), beside 1/r
+  - the same for ridge + 10% attention-selected rows and for the probe
+    (`probe+special`), each against the ceiling the cost model gives with the
+    rows it chose (the probe also against the ceiling charged its probe sweep)
   - capture pass / plain forward                           (target <= 1.25)
   - peak RSS of a fit over 10 and over 50 documents        (flat)
-  - the same for ridge + 10% attention-selected rows, against the ceiling with those rows
-Medians of --repeats runs after one warm-up. Usage:
+The arms are timed round-robin (one run of each per round, the order rotated
+each round, after one warm-up run of each), so load from other processes
+falls on every arm alike; figures are medians over --repeats rounds.
   python benchmarks/bench_engine.py [--n 4096 8192 16384] [--repeats 5] [--device cpu|cuda] [--json FILE]
 """
 
@@ -20,36 +25,50 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import torch
+from bench_rows import make_prompt
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from rf_eval.arm import Arm
 from rf_eval.capture import capture_sums
 from rf_eval.cost import ceiling_r, speedup_ceiling
 from rf_eval.engine import Plan, plain_prefill, prefill
 from rf_eval.maps import RidgeMaps, config_hash
+from rf_eval.testing import build_tokenizer
+
+PROBE_ROWS = 256  # the probe's sweep rows (rf_eval.selectors.probe default)
 
 
-def make_model(layers: int, hidden: int, device: str, dtype: torch.dtype) -> LlamaForCausalLM:
+def make_model(layers: int, hidden: int, device: str, dtype: torch.dtype, vocab: int) -> LlamaForCausalLM:
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
                       num_attention_heads=hidden // 64, num_key_value_heads=hidden // 128, head_dim=64,
-                      vocab_size=4096, max_position_embeddings=65536)
+                      vocab_size=vocab, max_position_embeddings=65536)
     return LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
 
 
-def timed(fn, repeats: int, device: str) -> float:
-    def once():
+def timed_round_robin(arms: dict[str, Callable[[], object]], repeats: int, device: str) -> dict[str, float]:
+    """Median seconds per arm: one warm-up run each, then `repeats` rounds of one run each, order rotated."""
+    def once(fn) -> float:
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         t = time.perf_counter()
-        fn()
+        with torch.no_grad():
+            fn()
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         return time.perf_counter() - t
 
-    once()  # warm-up
-    return statistics.median(once() for _ in range(repeats))
+    names = list(arms)
+    for name in names:
+        once(arms[name])
+    seen: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            seen[name].append(once(arms[name]))
+    return {name: statistics.median(ts) for name, ts in seen.items()}
 
 
 def random_maps(model, split: int) -> RidgeMaps:
@@ -60,14 +79,14 @@ def random_maps(model, split: int) -> RidgeMaps:
     return RidgeMaps(split, A, b, {"config_hash": config_hash(model.config)})
 
 
-def fit_peak_rss(n_docs: int, doc_tokens: int, layers: int, hidden: int) -> float:
+def fit_peak_rss(n_docs: int, doc_tokens: int, layers: int, hidden: int, vocab: int) -> float:
     """Peak RSS (MiB) of a child process that captures sums over n_docs documents."""
     here = os.path.dirname(os.path.abspath(__file__))
     code = (
         f"import sys, resource, torch; sys.path.insert(0, {here!r});"
         "from bench_engine import make_model; from rf_eval.capture import capture_sums;"
-        f"m = make_model({layers}, {hidden}, 'cpu', torch.float32); g = torch.Generator().manual_seed(0);"
-        f"docs = (torch.randint(0, 4096, (1, {doc_tokens}), generator=g) for _ in range({n_docs}));"
+        f"m = make_model({layers}, {hidden}, 'cpu', torch.float32, {vocab}); g = torch.Generator().manual_seed(0);"
+        f"docs = (torch.randint(0, {vocab}, (1, {doc_tokens}), generator=g) for _ in range({n_docs}));"
         f"capture_sums(m, docs, [{layers // 2}]);"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
     )
@@ -89,16 +108,17 @@ def main() -> None:
     p.add_argument("--json", default=None)
     a = p.parse_args()
     dtype = getattr(torch, a.dtype) if a.dtype else (torch.bfloat16 if a.device.startswith("cuda") else torch.float32)
-    model = make_model(a.layers, a.hidden, a.device, dtype)
+    tokenizer = build_tokenizer()
+    model = make_model(a.layers, a.hidden, a.device, dtype, len(tokenizer))
     S, T, L = a.layers // 2, a.tail, a.layers
     fill = random_maps(model, S).fill_fn(dtype, a.device)
     rows: dict[str, tuple[float, str]] = {}
     times: list[str] = []
     for N in a.n:
-        rows.update(measure_length(model, N, S, T, L, fill, a, times))
+        rows.update(measure_length(model, tokenizer, N, S, T, L, fill, a, times))
     if not a.skip_memory:
-        m10 = fit_peak_rss(10, a.fit_doc_tokens, a.layers, a.hidden)
-        m50 = fit_peak_rss(50, a.fit_doc_tokens, a.layers, a.hidden)
+        m10 = fit_peak_rss(10, a.fit_doc_tokens, a.layers, a.hidden, len(tokenizer))
+        m50 = fit_peak_rss(50, a.fit_doc_tokens, a.layers, a.hidden, len(tokenizer))
         rows["fit peak RSS, 10 docs (MiB)"] = (m10, "")
         rows["fit peak RSS, 50 docs (MiB)"] = (m50, "")
         rows["fit peak RSS 50 / 10 docs"] = (m50 / m10, "~1.0 (flat)")
@@ -108,45 +128,62 @@ def main() -> None:
     for line in times:
         print(line)
     for name, (value, target) in rows.items():
-        print(f"{name:44s} {value:10.3f}   {target}")
+        print(f"{name:52s} {value:10.3f}   {target}")
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({k: v for k, (v, _) in rows.items()}, fh, indent=1)
+            figures = {k: v for k, (v, _) in rows.items()}
+            figures["targets"] = {k: t for k, (_, t) in rows.items() if t}
+            json.dump(figures, fh, indent=1)
 
 
-def measure_length(model, N: int, S: int, T: int, L: int, fill, a, times: list[str]) -> dict:
+def measure_length(model, tokenizer, N: int, S: int, T: int, L: int, fill, a, times: list[str]) -> dict:
     """Side-by-side timings at one prompt length; ratios are formed within this one run."""
-    from rf_eval.api import RidgeFill
-
-    ids = torch.randint(0, 4096, (1, N), generator=torch.Generator().manual_seed(0)).to(a.device)
+    ids = make_prompt(tokenizer, N).to(a.device)
     layers = [i for i in (3, 7, 11, 15) if i < S] or [S - 1]
     spec = f"attention(share=0.1;layers={'|'.join(map(str, layers))})"
-    with_rows_arm = RidgeFill(model, maps=random_maps(model, S), tail=T, fill="ridge", selector=spec)
-    n_rows = int(with_rows_arm.prefill(ids).exact_rows.numel()) - T
+    plan = Plan(S, T, "ridge")
+    rows_arm = Arm(model, tokenizer, plan, selector=spec)
+    unigram = torch.randint(0, 1000, (len(tokenizer),), generator=torch.Generator().manual_seed(2))
+    probe_arm = Arm(model, tokenizer, plan, selector="probe+special", resources={"unigram": unigram})
+    with torch.no_grad():
+        n_rows = int(rows_arm.prefill(ids, plan, fill).exact_rows.numel()) - T
+        n_probe = int(probe_arm.prefill(ids, plan, fill).exact_rows.numel()) - T
 
-    plain = timed(lambda: plain_prefill(model, ids), a.repeats, a.device)
-    exact = timed(lambda: prefill(model, ids, Plan(S, T, "exact")), a.repeats, a.device)
-    ridge = timed(lambda: prefill(model, ids, Plan(S, T, "ridge"), fill=fill), a.repeats, a.device)
-    with_rows = timed(lambda: with_rows_arm.prefill(ids), a.repeats, a.device)
-
-    def forward_only():
-        with torch.no_grad():
-            model.model(input_ids=ids, use_cache=False)
-
-    forward = timed(forward_only, a.repeats, a.device)
-    capture = timed(lambda: capture_sums(model, [ids], [S]), a.repeats, a.device)
-    ceiling = speedup_ceiling(model.config, N, split=S, tail=T, fill="ridge")
-    ceiling_rows = speedup_ceiling(model.config, N, split=S, tail=T, fill="ridge", exact_rows=n_rows)
-    times.append(f"# N={N} (median of {a.repeats}): plain {plain:.3f}s exact {exact:.3f}s ridge {ridge:.3f}s "
-                 f"ridge+rows {with_rows:.3f}s ({n_rows} rows) forward {forward:.3f}s capture {capture:.3f}s")
+    median = timed_round_robin({
+        "plain": lambda: plain_prefill(model, ids),
+        "exact": lambda: prefill(model, ids, Plan(S, T, "exact")),
+        "ridge": lambda: prefill(model, ids, plan, fill=fill),
+        "ridge+rows": lambda: rows_arm.prefill(ids, plan, fill),
+        "probe": lambda: probe_arm.prefill(ids, plan, fill),
+        "forward": lambda: model.model(input_ids=ids, use_cache=False),
+        "capture": lambda: capture_sums(model, [ids], [S]),
+    }, a.repeats, a.device)
+    exact = median["exact"]
+    config = model.config
+    ceiling = speedup_ceiling(config, N, split=S, tail=T, fill="ridge")
+    ceiling_rows = speedup_ceiling(config, N, split=S, tail=T, fill="ridge", exact_rows=n_rows)
+    ceiling_probe = speedup_ceiling(config, N, split=S, tail=T, fill="ridge", exact_rows=n_probe)
+    ceiling_probe_sweep = speedup_ceiling(config, N, split=S, tail=T, fill="ridge", exact_rows=n_probe,
+                                          probe_rows=PROBE_ROWS)
+    times.append(f"# N={N} (median of {a.repeats} rounds): " + " ".join(f"{k} {v:.3f}s" for k, v in median.items())
+                 + f"; rows arm {n_rows} rows, probe {n_probe} rows ({n_probe / (N - T):.1%} of the prefix)")
     return {
-        f"N={N} engine exact / plain forward": (exact / plain, "<= 1.03"),
-        f"N={N} ridge speedup over exact": (exact / ridge, ""),
-        f"N={N} ridge speedup / MAC ceiling": (exact / ridge / ceiling, ">= 0.90"),
-        f"N={N} ridge speedup / (1/r)": (exact / ridge * ceiling_r(L, S, T, N), ""),
+        f"N={N} engine exact / plain forward": (exact / median["plain"], "<= 1.03"),
+        f"N={N} ridge speedup over exact": (exact / median["ridge"], ""),
+        f"N={N} ridge MAC ceiling": (ceiling, ""),
+        f"N={N} ridge speedup / MAC ceiling": (exact / median["ridge"] / ceiling, ">= 0.90"),
+        f"N={N} ridge speedup / (1/r)": (exact / median["ridge"] * ceiling_r(L, S, T, N), ""),
         f"N={N} 1/r (layer-pass ceiling)": (1 / ceiling_r(L, S, T, N), ""),
-        f"N={N} ridge+10% rows speedup / MAC ceiling": (exact / with_rows / ceiling_rows, ">= 0.90"),
-        f"N={N} capture pass / plain forward": (capture / forward, "<= 1.25"),
+        f"N={N} ridge+10% rows: exact rows": (n_rows, ""),
+        f"N={N} ridge+10% rows speedup over exact": (exact / median["ridge+rows"], ""),
+        f"N={N} ridge+10% rows MAC ceiling": (ceiling_rows, ""),
+        f"N={N} ridge+10% rows speedup / MAC ceiling": (exact / median["ridge+rows"] / ceiling_rows, ">= 0.90"),
+        f"N={N} probe: exact rows": (n_probe, ""),
+        f"N={N} probe speedup over exact": (exact / median["probe"], ""),
+        f"N={N} probe MAC ceiling with its rows": (ceiling_probe, ""),
+        f"N={N} probe speedup / MAC ceiling with its rows": (exact / median["probe"] / ceiling_probe, ">= 0.90"),
+        f"N={N} probe speedup / MAC ceiling with rows + sweep": (exact / median["probe"] / ceiling_probe_sweep, ""),
+        f"N={N} capture pass / plain forward": (median["capture"] / median["forward"], "<= 1.25"),
     }
 
 

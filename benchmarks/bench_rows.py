@@ -170,7 +170,7 @@ def main() -> None:
               f"K/V that the second sweep computes again")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"tau_exact": tau_exact, "wall_exact": wall_exact, "counts": args.counts, "taus": taus,
+            json.dump({"prefix": args.n - tail, "tau_exact": tau_exact, "wall_exact": wall_exact, "counts": args.counts, "taus": taus,
                        "walls": walls, "line": line, "probe_total": tau_probe, "probe_select": timed.cpu,
                        "probe_sweep": sweep, "probe_refill": refill, "probe_exact_rows": exact_rows}, fh, indent=1)
 
