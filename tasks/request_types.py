@@ -27,13 +27,18 @@ def two_pass_generate(self: Any, requests: list) -> list[dict[str, Any]]:
     gen_kwargs, options{chat, seeds}). Pass 2's prompt is the template with the pass-1 answer
     (stripped) in `$COT$`, chat-formatted like pass 1 when `chat` (one user turn; no system
     instruction, as the official script sends none). One request at a time, each
-    generation seeded from `seeds`. Returns {"cot", "response", "prompt_2"} per request."""
+    generation seeded from `seeds`: in-process models through torch's generator, API models
+    (lm-eval's `TemplateAPI`: local-completions, vLLM or rf-eval servers) through the
+    request's `seed` field, which otherwise carries lm-eval's one fixed seed for every item.
+    Returns {"cot", "response", "prompt_2"} per request."""
     import torch
     from lm_eval.api.instance import Instance
 
     def generate(req: Any, context: str, gen_kwargs: dict, seed: int | None) -> str:
         if seed is not None:
             torch.manual_seed(seed)
+            if _is_api_model(self):
+                gen_kwargs = {**gen_kwargs, "seed": seed}  # the payload's own seed field, per item and pass
         inst = Instance("generate_until", req.doc, (context, gen_kwargs), 0, req.metadata)
         try:
             return self.generate_until([inst], disable_tqdm=True)[0]
@@ -53,6 +58,14 @@ def two_pass_generate(self: Any, requests: list) -> list[dict[str, Any]]:
         response = generate(req, prompt2, gen2, seeds[1])
         out.append({"cot": cot, "response": response, "prompt_2": prompt2})
     return out
+
+
+def _is_api_model(lm: Any) -> bool:
+    try:
+        from lm_eval.models.api_models import TemplateAPI
+    except ImportError:  # an lm-eval without API models
+        return False
+    return isinstance(lm, TemplateAPI)
 
 
 def _adapter_only(name: str, task: str):

@@ -86,3 +86,39 @@ def test_requests_seeds_and_groups(task_data, tiny_llama, th):
     assert res["acc"] == 1.0 and res["acc_hard"] == 1.0 and res["acc_easy"] is None and res["acc_medium"] == 1.0
     assert res["acc_domain_multi_document_qa"] == 1.0 and res["acc_domain_single_document_qa"] is None
     assert task.process_results(doc, [{"cot": "", "response": "no idea"}])["answered"] == 0.0
+
+
+@pytest.mark.parametrize("api", [False, True])
+def test_two_pass_seeds_reach_api_models_in_the_request(api):
+    """API models get each pass's seed in the request body; in-process models through torch."""
+    import torch
+    from lm_eval.api.instance import Instance
+    from lm_eval.api.model import LM
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    from rf_eval.tasks.request_types import two_pass_generate
+
+    seen = []
+
+    def generate_until(requests, disable_tqdm=False):
+        seen.append((requests[0].args[1], torch.randint(0, 10**9, (1,)).item()))
+        return ["The correct answer is (B)"]
+
+    if api:
+        lm = LocalCompletionsAPI(base_url="http://127.0.0.1:9/v1/completions", model="m", tokenizer_backend=None)
+    else:
+        lm = type("Plain", (LM,), {"loglikelihood": None, "loglikelihood_rolling": None,
+                                   "generate_until": None})()
+    lm.generate_until = generate_until
+    gen = {"until": [], "max_gen_toks": 8, "do_sample": True, "temperature": 0.1}
+    req = Instance("two_pass_generate", {}, ("ctx", gen, "Q $COT$", dict(gen), {"chat": False, "seeds": [11, 22]}), 0)
+    out = two_pass_generate(lm, [req])
+    assert out[0]["prompt_2"] == "Q The correct answer is (B)"
+    (kw1, draw1), (kw2, draw2) = seen
+    assert (kw1.get("seed"), kw2.get("seed")) == ((11, 22) if api else (None, None))
+    assert "seed" not in gen  # the task's own gen_kwargs are not changed
+    if api:
+        payload = lm._create_payload("ctx", generate=True, gen_kwargs=dict(kw1), seed=lm._seed)
+        assert payload["seed"] == 11 and lm._seed == 1234
+    torch.manual_seed(11)
+    assert draw1 == torch.randint(0, 10**9, (1,)).item()  # torch is seeded per pass for every model
