@@ -54,3 +54,30 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def run_in_gloo_processes():
+    """`run(argv, world=2)`: `python -m rf_eval *argv` as `world` torch.distributed (gloo) processes.
+
+    Asserts every process exits 0 and returns their outputs.
+    """
+    import socket
+    import subprocess
+    import sys
+
+    def run(argv: list[str], world: int = 2) -> list[str]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = []
+        for rank in range(world):
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+            procs.append(subprocess.Popen([sys.executable, "-m", "rf_eval", *argv], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+        assert all(p.returncode == 0 for p in procs), outputs
+        return outputs
+
+    return run

@@ -1,10 +1,6 @@
 """Fitting maps end to end on a tiny model: files, lambda choice, refits, errors, distributed sums."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -156,26 +152,12 @@ def test_cli_empty_and_missing_calibration(tiny_model_dir, tmp_path, capsys):
     assert not out.exists()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_two_gloo_processes_give_the_one_process_maps(tiny_model_dir, corpus, tmp_path):
+def test_two_gloo_processes_give_the_one_process_maps(tiny_model_dir, corpus, tmp_path, run_in_gloo_processes):
     model_dir = tiny_model_dir("llama")
     args = ["fit", "--model", model_dir, "--splits", "3", "--calibration", corpus[0], "--lambdas", "0.01",
             "--no-progress", "--device", "cpu", "--dtype", "float32"]
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
-    port = _free_port()
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, "-m", "rf_eval", *args, "--out", str(tmp_path / "two")],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outputs
+    run_in_gloo_processes([*args, "--out", str(tmp_path / "two")])
     one, two = load_maps(tmp_path / "one", 3), load_maps(tmp_path / "two", 3)
     assert one.metadata["rows"] == two.metadata["rows"]
     for layer in one.layers:

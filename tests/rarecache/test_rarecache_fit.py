@@ -236,3 +236,23 @@ def test_eq11_ceiling_reproduces_the_papers_numbers():
     assert at(10**9, 0.3) == pytest.approx(1 / 0.6, rel=1e-3)  # the asymptote 1/(2 rho)
     assert at(10**9, 0.3, causal_skip=True) == pytest.approx(1 / 0.3, rel=1e-3)
     assert at(32768, 0.3, causal_skip=True) == pytest.approx(2.95, rel=0.02)
+
+
+def test_two_gloo_processes_give_the_one_process_transfer_maps(tiny_pair_dirs, calibration, tmp_path,
+                                                              run_in_gloo_processes):
+    """Documents sharded over two processes, sums all-reduced: the maps of one process."""
+    source_dir, target_dir = tiny_pair_dirs("llama")
+    args = ["fit-transfer", "--source", str(source_dir), "--target", str(target_dir), "--calibration", *calibration,
+            "--k", "2", "--rank", "4", "--lambda", "0.02", "--device", "cpu", "--no-progress"]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    outputs = run_in_gloo_processes([*args, "--out", str(tmp_path / "two")])
+    one, two = load_transfer_maps(tmp_path / "one"), load_transfer_maps(tmp_path / "two")
+    assert one.metadata["rows"] == two.metadata["rows"] and one.metadata["source_layers"] == two.metadata["source_layers"]
+    assert one.maps.keys() == two.maps.keys()
+    for key, a in one.maps.items():
+        b = two.maps[key]
+        for name in ("weight", "bias", "eigenvalues"):
+            torch.testing.assert_close(getattr(b, name), getattr(a, name), rtol=1e-5, atol=1e-6)
+        # eigenvectors are defined up to sign: compare the subspaces' projectors
+        torch.testing.assert_close(b.basis @ b.basis.T, a.basis @ a.basis.T, rtol=1e-5, atol=1e-5)
+    assert "R²_K" in outputs[0] and "R²_K" not in outputs[1]  # rank 0 alone reports and writes
