@@ -110,6 +110,21 @@ class PrefillContext:
     inputs: LayerInputs
     cache: DynamicCache
     lower_inputs: dict[int, torch.Tensor]  # layer -> hidden state entering it (captured rows only)
+    #: Filled keys/values a selector already computed (the probe's sweep), for the late layers to reuse.
+    filled_kv: FilledKV | None = None
+
+
+@dataclass
+class FilledKV:
+    """Keys (rotated) and values of late attention layers for prompt rows 0..rows-1, from the fill.
+
+    `kv[l]` is a pair of (1, kv_heads, N, head_dim) tensors whose first `rows`
+    rows hold what layer l writes for a filled row; the engine writes the exact
+    rows into the same tensors, so sharing costs no memory beyond the cache.
+    """
+
+    rows: int
+    kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 class _StopAtSplit(Exception):
@@ -273,12 +288,16 @@ def late_layers(
     kv_hook: KVHook | None = None,
     kv_fill: KVFillFn | None = None,
     hooks: LateLayerHooks | None = None,
+    filled_kv: FilledKV | None = None,
 ) -> torch.Tensor:
     """Run layers S..L-1 with exact rows `exact` and every other row filled (or absent for nofill).
 
     With `kv_fill` the filled rows' keys and values come from it directly (a
     cache-to-cache map, as RaReCache does) instead of from a predicted input.
     `hooks` (see `LateLayerHooks`) apply to the fill path, not to `kv_fill`.
+    `filled_kv`: filled rows' K/V already computed from the same fill (the
+    probe's first sweep); used where they cover every filled row and no hook
+    changes K/V, so those rows are not computed twice.
     Returns the last layer's output for the exact rows, (1, |exact|, d).
     """
     if hooks is not None and kv_fill is not None:
@@ -296,9 +315,19 @@ def late_layers(
     cos_k, sin_k = inputs.cos[:, key_rows], inputs.sin[:, key_rows]
     cos_q, sin_q = inputs.cos[:, exact], inputs.sin[:, exact]
     x_exact = x_split[:, exact]
+    reuse = (
+        filled_kv is not None and not absent and kv_hook is None and hooks is None
+        and (filled.numel() == 0 or int(filled[-1]) < filled_kv.rows)
+    )
 
     for index in range(plan.split, len(layers)):
         layer = layers[index]
+        if reuse and index in filled_kv.kv:
+            x_exact = _exact_rows_over_mapped_cache(
+                family, layer, index, x_exact, exact, None, None, cache, cos_q, sin_q, n, plan.query_chunk,
+                n - plan.tail, into=filled_kv.kv.pop(index),
+            )
+            continue
         if kv_fill is not None:
             if family.is_recurrent(layer):
                 raise ValueError("a cache-to-cache fill needs attention layers; this model has recurrent layers")
@@ -361,17 +390,23 @@ def _scan_with_prefix_state(layer, h, cache, index, view, prefix_state) -> torch
 
 
 def _exact_rows_over_mapped_cache(family, layer, index, x_exact, exact, filled, kv_fill, cache, cos_q, sin_q, n,
-                                  query_chunk, prefix_end):
-    """One attention layer whose filled rows' K/V come from `kv_fill`; exact rows run the layer."""
+                                  query_chunk, prefix_end, into=None):
+    """One attention layer whose filled rows' K/V come from `kv_fill`; exact rows run the layer.
+
+    `into`: full-length K/V tensors already holding the filled rows (then
+    `filled` is None and only the exact rows are written).
+    """
     attn = layer.self_attn
     h_exact = layer.input_layernorm(x_exact)
     k_exact, v_exact = family.kv(attn, h_exact, cos_q, sin_q)
-    k_filled, v_filled = kv_fill(index, filled)
-    shape = (*k_exact.shape[:2], n, k_exact.shape[-1])
-    k = k_exact.new_empty(shape)
-    v = v_exact.new_empty((*v_exact.shape[:2], n, v_exact.shape[-1]))
-    k[:, :, exact], v[:, :, exact] = k_exact, v_exact
-    k[:, :, filled], v[:, :, filled] = k_filled.to(k), v_filled.to(v)
+    if into is None:
+        k_filled, v_filled = kv_fill(index, filled)
+        k = k_exact.new_empty((*k_exact.shape[:2], n, k_exact.shape[-1]))
+        v = v_exact.new_empty((*v_exact.shape[:2], n, v_exact.shape[-1]))
+        k[:, :, filled], v[:, :, filled] = k_filled.to(k), v_filled.to(v)
+    else:
+        k, v = into
+    k[:, :, exact], v[:, :, exact] = k_exact.to(k), v_exact.to(v)
     keys, values = cache.update(k, v, index)
     q, gate = family.query(attn, h_exact, cos_q, sin_q)
     key_rows = torch.arange(n, device=x_exact.device)
@@ -441,10 +476,11 @@ def prefill(
     cache = new_cache(model)
     inputs, lower = run_lower_layers(model, input_ids, plan.split, cache, plan.chunk_size, capture)
     t1 = time.perf_counter()
-    selected = None
+    selected, filled_kv = None, None
     if select is not None:
         ctx = PrefillContext(model, family, input_ids, plan, inputs, cache, lower)
         selected = select(ctx)
+        filled_kv = ctx.filled_kv
         if isinstance(selected, Selection):
             if selected.tail is not None:
                 plan = dataclasses.replace(plan, tail=max(1, min(int(selected.tail), n)))
@@ -454,7 +490,7 @@ def prefill(
     if no_filled_rows:
         exact = torch.arange(n, device=input_ids.device)
     t2 = time.perf_counter()
-    x_exact = late_layers(model, family, plan, inputs, cache, exact, fill, kv_hook, kv_fill, hooks)
+    x_exact = late_layers(model, family, plan, inputs, cache, exact, fill, kv_hook, kv_fill, hooks, filled_kv)
     last = model.model.norm(x_exact[:, -1:])
     logits = model.lm_head(last)[:, -1]
     t3 = time.perf_counter()

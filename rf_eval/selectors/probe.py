@@ -18,9 +18,10 @@ Decisions where the paper is silent:
   read filled, the rows between the prefix end and the probe rows are not
   yet computed (absent), as in figure 5.
 - Layer S's filled rows read the true split state, as in the engine.
-- The probe computes the filled keys/values of every prefix row itself; the
-  second sweep (the engine) computes them again for the rows left filled.
-  A fused implementation would share them; the benchmark reports the cost.
+- The probe computes the filled keys/values of every prefix row before the
+  probe rows and hands them to the engine (`PrefillContext.filled_kv`), which
+  writes the exact rows beside them instead of computing the filled rows
+  again (unless a correction or splice changes filled K/V).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rf_eval.engine import Selection
+from rf_eval.engine import FilledKV, Selection
 from rf_eval.selectors.attention import DEFAULT_LAYERS, Attention, attention_mass
 from rf_eval.selectors.base import Request, Selector, as_rows, top_rows
 from rf_eval.selectors.lexical import LexicalNet
@@ -52,6 +53,7 @@ def probe_attention(req: Request, rows: int) -> torch.Tensor:
     x = x_split[:, probe_d]
     received = torch.zeros(n, dtype=torch.float32)
     layers = req.layers()
+    shared = FilledKV(rows=filled.numel()) if ctx.filled_kv is None and filled.numel() else None
     for index in range(split, len(layers)):
         layer = layers[index]
         h = layer.input_layernorm(x)
@@ -64,12 +66,19 @@ def probe_attention(req: Request, rows: int) -> torch.Tensor:
                 x_f = x_split[:, filled_d]
                 x_f = x_f if index == split else req.fill(index, x_f)
                 k_f, v_f = ctx.family.kv(attn, layer.input_layernorm(x_f), cos[:, filled_d], sin[:, filled_d])
+                if shared is not None:  # full-length K/V whose first rows the engine reuses
+                    k_all = k_f.new_empty((*k_f.shape[:2], n, k_f.shape[-1]))
+                    v_all = v_f.new_empty((*v_f.shape[:2], n, v_f.shape[-1]))
+                    k_all[:, :, : filled.numel()], v_all[:, :, : filled.numel()] = k_f, v_f
+                    shared.kv[index] = (k_all, v_all)
                 k, v = torch.cat([k_f, k], 2), torch.cat([v_f, v], 2)
             q, gate = ctx.family.query(attn, h, cos[:, probe_d], sin[:, probe_d])
             mass, context = attention_mass(q, k, attn.scaling, probe_d, key_d, v)
             received[key_rows] += mass.cpu()
             mixed = ctx.family.attention_output(attn, context.to(h.dtype), gate)
         x = ctx.family.mlp(layer, x + mixed)
+    if shared is not None:
+        ctx.filled_kv = shared
     return received
 
 

@@ -160,3 +160,37 @@ def test_probe_count_equals_base_rules_count(tiny_model):
     half = Probe(rows=16, window=8, layers=(3,), budget=0.5)
     _, fewer = run_selector(model, tok, half, ids)
     assert fewer.rows.numel() == round(0.5 * expected)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_probe_shares_its_filled_kv_with_the_engine(tiny_model, family, monkeypatch):
+    """The probe arm (filled K/V computed once, in the probe) = the engine given the probe's rows (computed anew)."""
+    import rf_eval.engine as engine
+    from rf_eval.commands.check_equivalence import cache_tensors
+
+    model, tok = tiny_model(family)
+    ids = ids_of(tok)
+    prefix = ids.shape[1] - 24
+    fill = lambda layer, x: x * (1.0 + 0.05 * layer)  # noqa: E731  (a non-identity fill)
+    rf = RidgeFill(model, tok, split=4, tail=24, fill="identity", selector="probe(rows=16;layers=3;window=8)")
+    rf.arm.resources["unigram"] = unigram(tok)
+    seen = {}
+    real_late = engine.late_layers
+
+    def spy(*args, **kwargs):
+        seen["shared"], seen["layers"] = args[-1], sorted(args[-1].kv)
+        return real_late(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "late_layers", spy)
+    shared = rf.arm.prefill(ids, rf.plan, fill)
+    monkeypatch.undo()
+    family_ = engine.family_for(model.config)
+    attention = [i for i, layer in enumerate(engine.decoder_layers(model)) if i >= 4 and not family_.is_recurrent(layer)]
+    assert seen["layers"] == attention and seen["shared"].rows == prefix
+    assert seen["shared"].kv == {}  # the engine took every shared layer instead of computing its filled rows
+    rows = shared.exact_rows[shared.exact_rows < prefix]
+    fresh = prefill(model, ids, rf.plan, fill=fill, select=lambda ctx: rows)
+    assert torch.equal(fresh.exact_rows, shared.exact_rows)
+    torch.testing.assert_close(shared.logits, fresh.logits, rtol=1e-5, atol=1e-5)
+    for a, b in zip(cache_tensors(shared.cache), cache_tensors(fresh.cache)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
