@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-FAMILIES = ("llama", "qwen3", "qwen3_5", "qwen3_next")
+FAMILIES = ("llama", "qwen3", "qwen3_5", "qwen3_next", "mistral")
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
@@ -80,6 +80,8 @@ def tiny_config(family: str, vocab_size: int, **overrides):
         return tf.LlamaConfig(**common, **ids, rope_theta=10000.0)
     if family == "qwen3":
         return tf.Qwen3Config(**common, **ids)
+    if family == "mistral":
+        return tf.MistralConfig(**common, **ids, sliding_window=None)  # v0.2 and later: no sliding window
     if family == "qwen3_5":
         return tf.Qwen3_5TextConfig(**common, **_HYBRID, **ids)
     if family == "qwen3_next":

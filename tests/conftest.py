@@ -10,7 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-FAMILIES = ("llama", "qwen3", "qwen3_5", "qwen3_next")
+FAMILIES = ("llama", "qwen3", "qwen3_5", "qwen3_next", "mistral")
 
 
 @pytest.fixture(scope="session")

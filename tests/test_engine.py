@@ -9,7 +9,7 @@ from rf_eval.commands.check_equivalence import cache_tensors, compare
 from rf_eval.engine import Plan, plain_prefill, prefill
 from rf_eval.maps import identity_fill
 
-FAMILIES = ("llama", "qwen3", "qwen3_5", "qwen3_next")
+FAMILIES = ("llama", "qwen3", "qwen3_5", "qwen3_next", "mistral")
 N = 48
 
 
@@ -78,7 +78,7 @@ def test_filled_arm_differs_and_exact_rows_run_late_layers(tiny_model, family):
     assert not torch.equal(some.logits, filled.logits)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
 def test_identity_writes_kv_of_split_state(tiny_model, family):
     """Filled rows' cached K/V in a late attention layer = that layer's projections of x_S."""
     model, _ = tiny_model(family)

@@ -148,7 +148,8 @@ def test_two_commands_are_what_ci_runs():
 
 
 def test_adding_a_model_family(tmp_path, monkeypatch, one_torch_thread):
-    """The README's family module, listed in FAMILY_MODULES as the README says, runs a tiny Mistral."""
+    """The README's family module, listed in FAMILY_MODULES as the README says, runs a tiny Mistral
+    (and is the shipped rf_eval/families/mistral.py)."""
     import transformers as tf
 
     from rf_eval import families
@@ -160,7 +161,8 @@ def test_adding_a_model_family(tmp_path, monkeypatch, one_torch_thread):
     block = blocks_by_section()["Adding a model family"]
     (tmp_path / "readme_family.py").write_text(block.text)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(families.FAMILY_MODULES, "mistral", "readme_family:Mistral")
+    shipped = families.FAMILY_MODULES["mistral"]
+    monkeypatch.setitem(families.FAMILY_MODULES, "mistral", "readme_family:Mistral")  # the README's module runs
 
     def tiny(**overrides):
         config = tf.MistralConfig(vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
@@ -176,7 +178,13 @@ def test_adding_a_model_family(tmp_path, monkeypatch, one_torch_thread):
         return model
 
     model, n, tail = tiny(sliding_window=None), 48, 8
-    assert type(families.family_for(model.config)).__name__ == "Mistral"
+    family = families.family_for(model.config)
+    assert type(family).__module__ == "readme_family" and type(family).__name__ == "Mistral"
+    # the block is the shipped module (rf_eval/families/mistral.py, as its first line says)
+    from rf_eval.families.mistral import Mistral
+
+    assert (type(family).model_types, type(family).apply_rope) == (Mistral.model_types, Mistral.apply_rope)
+    assert block.text.startswith(f'# rf_eval/families/mistral.py, listed as "mistral": "{shipped}"')
     ids = torch.randint(0, 250, (1, n), generator=torch.Generator().manual_seed(0))
     ref = plain_prefill(model, ids)
     # fill off: bitwise the plain forward

@@ -10,6 +10,7 @@ from rf_eval.families.base import Family
 FAMILY_MODULES: dict[str, str] = {
     "llama": "rf_eval.families.llama:Llama",
     "qwen3": "rf_eval.families.qwen3:Qwen3",
+    "mistral": "rf_eval.families.mistral:Mistral",
     "qwen3_5_text": "rf_eval.families.qwen3_5:Qwen3_5",
     "qwen3_5": "rf_eval.families.qwen3_5:Qwen3_5",
     "qwen3_next": "rf_eval.families.qwen3_next:Qwen3Next",
