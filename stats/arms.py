@@ -46,20 +46,23 @@ def name_arms(models: Sequence[str], model_args: Sequence[Mapping[str, str]]) ->
     that tell apart arms sharing that value: fill=exact, fill=ridge and
     fill=ridge,selector=attention become "exact", "ridge" and
     "ridge,selector=attention" (a number keeps its key: "split=12"). An
-    explicit `arm=` or `name=` wins.
+    explicit `arm=` or `name=` wins, and such arms are left out when telling
+    the others apart (a served run named `arm=served` does not turn "exact"
+    into "ridgefill,fill=exact").
     """
     settings = [{"model": m, **dict(a)} for m, a in zip(models, model_args)]
-    differing = _differing(settings)
+    explicit_names = [next((s[k] for k in _EXPLICIT if s.get(k)), None) for s in settings]
+    unnamed = [s for s, explicit in zip(settings, explicit_names) if not explicit]
+    differing = _differing(unnamed)
     names = []
-    for s in settings:
-        explicit = next((s[k] for k in _EXPLICIT if s.get(k)), None)
+    for s, explicit in zip(settings, explicit_names):
         if explicit:
             names.append(explicit)
         elif not differing:
             names.append(_short(s.get("pretrained") or s["model"]))
         else:
             first = differing[0]
-            peers = [p for p in settings if p.get(first) == s.get(first)]
+            peers = [p for p in unnamed if p.get(first) == s.get(first)]
             extra = [f"{k}={_short(s[k])}" for k in _differing(peers) if k in s]
             value = _short(s[first]) if s.get(first) else "unset"
             base = f"{first}={value}" if value.replace(".", "", 1).isdigit() or value == "unset" else value

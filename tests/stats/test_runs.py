@@ -117,6 +117,11 @@ def test_arm_names_from_model_args():
     assert name_arms(["hf", "hf"], [{"pretrained": "/a/m1"}, {"pretrained": "/b/m2/"}]) == ["m1", "m2"]
     assert name_arms(["hf"], [{"pretrained": "/a/m1"}]) == ["m1"]
     assert name_arms(["dummy", "dummy"], [{"arm": "exact", "x": "1"}, {"arm": "exact", "x": "2"}]) == ["exact", "exact#2"]
+    # a served run named with arm= does not change how the in-process arms are told apart
+    served = {"model": "M", "base_url": "http://127.0.0.1:8000/arm/fill=identity;tail=4096/v1/completions",
+              "arm": "served_identity"}
+    assert name_arms(["ridgefill", "ridgefill", "local-completions"], [demo[0], demo[1], served]) == \
+        ["exact", "identity", "served_identity"]
     assert np.array_equal(name_arms([], []), [])
 
 
