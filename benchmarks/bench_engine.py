@@ -115,7 +115,9 @@ def main() -> None:
     rows: dict[str, tuple[float, str]] = {}
     times: list[str] = []
     for N in a.n:
-        rows.update(measure_length(model, tokenizer, N, S, T, L, fill, a, times))
+        block = measure_length(model, tokenizer, N, S, T, L, fill, a, times)
+        print(times[-1], flush=True)  # each length as it finishes (the long ones take a while on a CPU)
+        rows.update(block)
     if not a.skip_memory:
         m10 = fit_peak_rss(10, a.fit_doc_tokens, a.layers, a.hidden, len(tokenizer))
         m50 = fit_peak_rss(50, a.fit_doc_tokens, a.layers, a.hidden, len(tokenizer))
