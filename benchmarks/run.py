@@ -76,9 +76,12 @@ def run_suite(name: str, argv: list[str]) -> tuple[dict, str]:
 
 
 def meets(value: float, target: str) -> str:
-    """'met' / 'missed' for a target written as '<= x', '>= x' or '< x'; '' for none."""
+    """'met' / 'missed' for a target written as '<= x', '>= x', '< x' or '~x' (within 5%); '' for none."""
     if not target:
         return ""
+    if target.startswith("~"):
+        about = float(target[1:].split()[0])
+        return "met" if abs(value - about) <= 0.05 * abs(about) else "missed"
     op, bound = target.split()[:2]
     ok = {"<=": value <= float(bound), ">=": value >= float(bound), "<": value < float(bound)}[op]
     return "met" if ok else "missed"

@@ -22,7 +22,8 @@ import run  # noqa: E402  (benchmarks/run.py)
 @pytest.mark.parametrize(
     ("value", "target", "want"),
     [(1.02, "<= 1.03", "met"), (1.04, "<= 1.03", "missed"), (0.9, ">= 0.90", "met"), (0.89, ">= 0.90", "missed"),
-     (0.99, "< 1", "met"), (1.0, "< 1", "missed"), (5.0, "", "")],
+     (0.99, "< 1", "met"), (1.0, "< 1", "missed"), (5.0, "", ""), (1.0, "~1.0 (flat)", "met"),
+     (1.2, "~1.0 (flat)", "missed")],
 )
 def test_targets_are_judged(value, target, want):
     assert run.meets(value, target) == want
@@ -66,3 +67,19 @@ def test_readme_table_states_targets_and_outcomes(tmp_path):
                for line in lines)
     assert "Failed suites (see the log): bootstrap." in lines
     assert "2 cores" in lines[0] and "`python benchmarks/run.py`" in lines[0]
+
+
+@pytest.mark.slow
+def test_run_rewrites_the_readme_table(tmp_path):
+    """The README's command, on its cheapest suite: JSON written, the table between the markers replaced."""
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{run.BEGIN}\nold table\n{run.END}\nafter\n")
+    out = tmp_path / "bench.json"
+    subprocess.run([sys.executable, str(BENCH / "run.py"), "--only", "bootstrap", "--out", str(out),
+                    "--readme", str(readme)], check=True, capture_output=True, text=True, timeout=600)
+    saved = json.loads(out.read_text())
+    assert saved["machine"]["cores"] and saved["runs"]["bootstrap"]["argv"][0] == "bench_bootstrap.py"
+    text = readme.read_text()
+    assert text.startswith(f"intro\n{run.BEGIN}\nMeasured ") and text.endswith(f"{run.END}\nafter\n")
+    assert "old table" not in text
+    assert "| rf_eval paired_bootstrap, one index matrix per comparison: seconds |" in text
