@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,10 @@ from torch import nn
 
 from rf_eval import engine
 from rf_eval.arm import Arm
-from rf_eval.engine import FILL_SOURCES, Plan, PrefillResult
-from rf_eval.maps import RidgeMaps, config_hash, identity_fill, load_maps, resolve_map_file
+from rf_eval.arm_spec import RidgeFillArm
+from rf_eval.engine import Plan, PrefillResult
+from rf_eval.maps import RidgeMaps, identity_fill, load_maps
+from rf_eval.method import check_prompt, generation_cache
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -35,28 +38,15 @@ def default_device() -> str:
 class RidgeFill:
     """A causal LM whose prompt prefill runs through the partial-prefill engine.
 
-    `fill`: exact | nofill | identity | ridge. `split` defaults to the maps' split
-    (or L/2 without maps); `tail` is the count of last prompt rows kept exact.
+    The arm is a `RidgeFillArm` (`rf_eval.arm_spec`): give it as `arm=`, or
+    give its fields as keyword arguments (`fill=`, `split=`, `tail=`,
+    `chunk_size=`, `selector=`, `corrections=`, `splice=`, `cost_match=`,
+    `unigram=`; see that module for each). `maps`: a `RidgeMaps`, or a folder
+    or file written by `rf-eval fit` (needed for fill `ridge`). The arm is
+    checked against the model and the maps once, here.
 
-    Arm options (paper sections 2.3, 2.4, 3.3, 6.6; each part is recorded by
-    `provenance()`). String values use the one-line spec grammar of
-    `rf_eval.spec` (`name(key=value;key=value)`, parts joined by `+`, no commas):
-
-    - `selector`: a selector name or spec (`attention`, `question_hidden`,
-      `random`, `longer_tail`, `probe`, `protected`, `lexical_net`, `special`,
-      e.g. `"random(seed=3;of=attention(share=0.1))"`, `"probe+special"`), a
-      dict `{"name": ..., **params}`, a `rf_eval.selectors.Selector`, or a bare
-      callable `(PrefillContext) -> LongTensor of prefix rows`.
-    - `selector_params`: parameters for a plain selector name (a dict).
-    - `corrections`: `value_rescale(c=512)`, `key_rescale(c=512)`,
-      `terminal_state(path=FILE)`, joined by `+`, or a list of specs/dicts.
-      They need fill identity or ridge.
-    - `splice`: `keys` | `values` | `both` (exact K/V of the filled rows).
-    - `cost_match`: on a `nofill` arm, lengthen the tail per prompt to the
-      MAC cost of the named arm, e.g. `"ridge"` or
-      `"ridge(tail=4096;exact_share=0.1)"` (see `rf_eval.arm.CostMatch`).
-    - `unigram`: the protected-token selectors' frequency table (default: the
-      `unigram.safetensors` that `rf-eval fit` saved beside `maps`).
+    Implements the prefill-method protocol (`rf_eval.method.PrefillMethod`):
+    `prefill`, `extend`, `is_plain`, `provenance`.
     """
 
     def __init__(
@@ -64,61 +54,29 @@ class RidgeFill:
         model: nn.Module,
         tokenizer: Any = None,
         *,
+        arm: RidgeFillArm | None = None,
         maps: RidgeMaps | str | Path | None = None,
-        split: int | None = None,
-        tail: int = 1024,
-        fill: str = "exact",
-        chunk_size: int | None = None,
-        selector: Any = None,
-        selector_params: dict[str, Any] | None = None,
-        corrections: Any = None,
-        splice: str | None = None,
-        cost_match: Any = None,
-        unigram: str | Path | None = None,
+        **fields: Any,
     ):
-        if fill not in FILL_SOURCES:
-            raise ValueError(f"unknown fill {fill!r}; valid fills: {', '.join(FILL_SOURCES)}")
+        if arm is None:
+            arm = RidgeFillArm.from_fields(fields, what="RidgeFill")
+        elif fields:
+            raise TypeError(f"give arm= or the arm's fields, not both (got {', '.join(fields)})")
         self.model = model.eval()
         self.tokenizer = tokenizer
-        n_layers = engine.num_layers(model)
-        maps_path = None
         if maps is not None and not isinstance(maps, RidgeMaps):
-            maps_path = resolve_map_file(maps, split)
-            maps = load_maps(maps, split)
-        if maps is not None:
-            maps.check_model(model.config)
-            if split is not None and split != maps.split:
-                raise ValueError(f"split {split} does not match the maps' split {maps.split}")
-            split = maps.split
-        if fill == "ridge" and maps is None:
-            raise ValueError("fill='ridge' needs maps= (a folder or file written by `rf-eval fit`)")
-        if split is None:
-            split = n_layers // 2
-        if not 1 <= split <= n_layers - 1:
-            raise ValueError(f"split {split} is outside 1..{n_layers - 1} for this {n_layers}-layer model")
+            maps = load_maps(maps, arm.split)
         self.maps = maps
-        self.plan = Plan(split=split, tail=tail, fill=fill, chunk_size=chunk_size)
-        if selector_params:
-            if not isinstance(selector, str):
-                raise ValueError("selector_params go with a selector name (selector='attention', ...)")
-            from rf_eval.selectors import make_selector
-
-            selector = make_selector(selector, **selector_params)
-        resources: dict[str, Any] = {}
-        if unigram is not None:
-            resources["unigram"] = str(unigram)
-        elif maps_path is not None and (maps_path.parent / "unigram.safetensors").is_file():
-            resources["unigram"] = str(maps_path.parent / "unigram.safetensors")
-        self.arm = Arm(model, tokenizer, self.plan, selector=selector, corrections=corrections, splice=splice,
-                       cost_match=cost_match, resources=resources)
+        self.spec = arm.resolve(model.config, maps)
+        spec = self.spec
+        self.plan = Plan(split=spec.split, tail=spec.tail, fill=spec.fill, chunk_size=spec.chunk_size)
+        resources = {"unigram": spec.unigram} if spec.unigram else {}
+        self.arm = Arm(model, tokenizer, spec, resources=resources)
         self.selector = self.arm.selector
-        for correction in self.arm.corrections:
-            if hasattr(correction, "check"):
-                correction.check(config_hash(model.config), self.plan, maps.sha256() if maps is not None else "")
         param = next(model.parameters())
-        if fill == "ridge":
+        if spec.fill == "ridge":
             self._fill = maps.fill_fn(param.dtype, param.device)
-        elif fill == "identity":
+        elif spec.fill == "identity":
             self._fill = identity_fill
         else:
             self._fill = None
@@ -129,40 +87,59 @@ class RidgeFill:
         pretrained: str | Path,
         *,
         maps: RidgeMaps | str | Path | None = None,
-        split: int | None = None,
-        tail: int = 1024,
-        fill: str = "exact",
         device: str | None = None,
         dtype: str | torch.dtype | None = None,
         trust_remote_code: bool = False,
-        **options: Any,
+        **fields: Any,
     ) -> RidgeFill:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        """Load a checkpoint (maps and arm checked against its config before the weights load)."""
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+        arm = RidgeFillArm.from_fields(fields, what="RidgeFill")
+        if maps is not None and not isinstance(maps, RidgeMaps):
+            maps = load_maps(maps, arm.split)
+        arm.resolve(AutoConfig.from_pretrained(pretrained, trust_remote_code=trust_remote_code), maps)
         device = device or default_device()
         torch_dtype = parse_dtype(dtype, device)
         model = AutoModelForCausalLM.from_pretrained(
             pretrained, dtype=torch_dtype, trust_remote_code=trust_remote_code
         ).to(device)
         tokenizer = AutoTokenizer.from_pretrained(pretrained, trust_remote_code=trust_remote_code)
-        return cls(model, tokenizer, maps=maps, split=split, tail=tail, fill=fill, **options)
+        return cls(model, tokenizer, arm=arm, maps=maps)
 
     @property
     def fill_fn(self) -> engine.FillFn | None:
         """The fill function this arm's filled rows use (None for exact and nofill)."""
         return self._fill
 
-    def is_plain(self, n: int) -> bool:
-        """True when an n-token prompt is prefilled by the plain model (no filled rows), bitwise."""
-        return engine.runs_plain(self.arm.plan_for(self.plan, n), n, self.selector is not None)
-
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def prefill(self, input_ids: torch.Tensor, plan: Plan | None = None) -> PrefillResult:
-        """Prefill a 1 x N prompt; `.cache` is the model's own cache, `.logits` the last row's."""
-        return self.arm.prefill(input_ids.to(self.device), plan or self.plan, self._fill)
+    # -- the prefill-method protocol -------------------------------------------------------
+    def plan_for(self, n: int) -> Plan:
+        """The plan of an n-token prompt (a cost-matched control's tail depends on n)."""
+        return self.arm.plan_for(self.plan, n)
+
+    def is_plain(self, n: int) -> bool:
+        """True when an n-token prompt is prefilled by the plain model (no filled rows), bitwise."""
+        return engine.runs_plain(self.plan_for(n), n, self.selector is not None)
+
+    def prefill(self, input_ids: torch.Tensor, *, for_generation: bool = False, held_back: int = 0) -> PrefillResult:
+        """Prefill a 1 x N prompt; `.cache` is the model's own cache, `.logits` the last row's.
+
+        `held_back` (k): `input_ids` is a prompt without its last k tokens, which
+        the caller runs afterwards through the stock model (`extend`, or
+        `generate` for `for_generation`, which is k = 1). The plan is the full
+        prompt's with the tail shortened by k, so every row keeps the class it
+        has in a prefill of the whole prompt.
+        """
+        input_ids = check_prompt(input_ids, self.model).to(self.device)
+        k = 1 if for_generation else int(held_back)
+        plan = self.plan_for(input_ids.shape[1] + k)
+        if k:
+            plan = dataclasses.replace(plan, tail=max(plan.tail - k, 1))
+        return self.arm.prefill(input_ids, plan, self._fill)
 
     def extend(self, result: PrefillResult, tokens: torch.Tensor) -> torch.Tensor:
         """Run the stock model over `tokens` (1 x k) after the prompt; returns their logits (1, k, V).
@@ -176,24 +153,16 @@ class RidgeFill:
     def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         """`model.generate` over an engine-prefilled cache; kwargs are generate's own."""
         input_ids = input_ids.to(self.device)
-        n = input_ids.shape[1]
-        if n < 2:
+        result = generation_cache(self, input_ids[0].tolist())
+        if result is None:
             return self.model.generate(input_ids, **kwargs)
-        # The engine prefills all but the last prompt row (with the tail shortened by one,
-        # so every row keeps its class); generate then runs that row exactly, as a tail row.
-        plan = self.plan
-        shorter = Plan(plan.split, max(plan.tail - 1, 1), plan.fill, plan.exact_rows, plan.chunk_size)
-        result = self.prefill(input_ids[:, :-1], shorter)
         return self.model.generate(input_ids, cache=result.cache, **kwargs)
 
     def provenance(self) -> dict[str, Any]:
         """What ran: the arm and the maps' identity, for results files."""
         info: dict[str, Any] = {
-            "fill": self.plan.fill,
-            "split": self.plan.split,
-            "tail": self.plan.tail,
-            "chunk_size": self.plan.chunk_size,
-            **self.arm.describe(),  # selector, corrections, splice, cost_match
+            "method": "ridgefill",
+            **self.spec.describe(),  # fill, split, tail, chunk_size, selector, corrections, splice, cost_match
             "model_type": self.model.config.model_type,
             "model_name": getattr(self.model.config, "_name_or_path", ""),
         }

@@ -23,11 +23,10 @@ import torch
 from torch import nn
 
 from rf_eval import engine
-from rf_eval.corrections import SPLICES, build_hooks, corrections_from
+from rf_eval.corrections import build_hooks
 from rf_eval.cost import cost_matched_tail, prefill_macs
 from rf_eval.engine import Plan, PrefillResult
 from rf_eval.selectors.base import Request, Selector
-from rf_eval.selectors.registry import selector_from
 from rf_eval.spec import check_params, parse_spec
 
 
@@ -71,44 +70,24 @@ def cost_match_from(spec: str | dict | CostMatch | None) -> CostMatch | None:
 
 
 class Arm:
-    """Selector, corrections, splice and cost match for one plan; `prefill` runs one prompt."""
+    """The parts of one resolved `RidgeFillArm` wired into one engine call per prompt."""
 
-    def __init__(self, model: nn.Module, tokenizer: Any, plan: Plan, *, selector: Any = None,
-                 corrections: Any = None, splice: str | None = None, cost_match: Any = None,
-                 resources: dict[str, Any] | None = None):
+    def __init__(self, model: nn.Module, tokenizer: Any, spec: Any, *, resources: dict[str, Any] | None = None):
         self.model, self.tokenizer, self.resources = model, tokenizer, resources or {}
-        if isinstance(selector, (str, dict)):
-            selector = selector_from(selector)
-        self.selector = selector
-        self.corrections = corrections_from(corrections)
-        if splice not in (None, *SPLICES):
-            raise ValueError(f"unknown splice {splice!r}; valid splices: {', '.join(SPLICES)}")
-        self.splice = splice
-        self.cost_match = cost_match_from(cost_match)
-        filling = plan.fill in ("identity", "ridge")
-        if (self.corrections or splice) and not filling:
-            raise ValueError(f"corrections and splices change filled rows: they need fill identity or ridge, "
-                             f"not {plan.fill!r}")
-        if self.cost_match is not None and plan.fill != "nofill":
-            raise ValueError(f"cost_match lengthens a nofill arm's tail; this arm's fill is {plan.fill!r}")
-
-    def describe(self) -> dict[str, Any]:
-        sel = self.selector
-        return {
-            "selector": sel.describe() if isinstance(sel, Selector) else getattr(sel, "describe", lambda: None)(),
-            "corrections": [c.describe() for c in self.corrections],
-            "splice": self.splice,
-            "cost_match": self.cost_match.describe() if self.cost_match else None,
-        }
+        self.selector = spec.selector_obj
+        self.corrections = spec.correction_objs
+        self.splice = spec.splice
+        self.cost_match = spec.cost_match_obj
 
     def plan_for(self, plan: Plan, n: int) -> Plan:
+        """`plan` for an n-token prompt: a cost-matched control's tail is set by n."""
         if self.cost_match is None:
             return plan
         tail = self.cost_match.tail_for(self.model.config, n, plan.split, plan.tail)
         return dataclasses.replace(plan, tail=tail)
 
     def prefill(self, input_ids: torch.Tensor, plan: Plan, fill) -> PrefillResult:
-        plan = self.plan_for(plan, input_ids.shape[1])
+        """Run `plan` (already the prompt's: see `plan_for`) with this arm's selector, corrections and splice."""
         select, capture = self.selector, None
         if isinstance(self.selector, Selector):
             req = Request(self.model, self.tokenizer, input_ids, plan, fill, self.resources)

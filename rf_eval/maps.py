@@ -62,6 +62,8 @@ class RidgeMaps:
     A: dict[int, torch.Tensor]
     b: dict[int, torch.Tensor]
     metadata: dict[str, str]
+    #: the file the maps were read from (None for maps built in memory)
+    path: Path | None = None
 
     @property
     def layers(self) -> list[int]:
@@ -185,4 +187,4 @@ def load_maps(path: str | Path, split: int | None = None) -> RidgeMaps:
     if not A or set(A) != set(b):
         raise MapError(f"{file}: A and b tensors do not cover the same layers")
     meta["file_sha256"] = hashlib.sha256(file.read_bytes()).hexdigest()
-    return RidgeMaps(split=file_split, A=A, b=b, metadata=meta)
+    return RidgeMaps(split=file_split, A=A, b=b, metadata=meta, path=file)

@@ -157,7 +157,7 @@ def test_bad_plans_are_refused(tiny_model):
         prefill(model, ids, Plan(split=3, tail=4, fill="ridge"))
     with pytest.raises(ValueError, match="exact rows must lie in the prefix"):
         prefill(model, ids, Plan(split=3, tail=4, fill="nofill"), select=lambda ctx: torch.tensor([N - 1]))
-    with pytest.raises(ValueError, match="unknown fill"):
+    with pytest.raises(ValueError, match="fill='ridgy' is not valid; valid fills: exact"):
         RidgeFill(model, fill="ridgy")
     with pytest.raises(ValueError, match="needs maps"):
         RidgeFill(model, fill="ridge")

@@ -112,7 +112,7 @@ def test_map_errors_are_clear(fitted, tiny_model, tmp_path):
     with pytest.raises(MapError, match="does not exist"):
         load_maps(tmp_path / "nope")
     model, _ = tiny_model("qwen3")
-    with pytest.raises(ValueError, match="split 2 does not match the maps' split 4"):
+    with pytest.raises(ValueError, match="split=2 contradicts the maps, fitted for split 4"):
         RidgeFill(model, maps=load_maps(out, 4), split=2, fill="ridge")
     maps = load_maps(out, 4)
     partial = RidgeMaps(4, {4: maps.A[4]}, {4: maps.b[4]}, maps.metadata)

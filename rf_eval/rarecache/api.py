@@ -36,6 +36,7 @@ from torch import nn
 from rf_eval import engine
 from rf_eval.api import default_device, parse_dtype
 from rf_eval.engine import Plan, PrefillResult, new_cache, num_layers
+from rf_eval.method import check_prompt, generation_cache
 from rf_eval.rarecache.features import cache_entries, check_attention_only, prefill_cache
 from rf_eval.rarecache.maps import SIDES, TransferMaps, check_tokenizers, load_transfer_maps
 from rf_eval.rarecache.selectors import (
@@ -75,6 +76,7 @@ class RaReCache:
         clock: Callable[[], float] = time.perf_counter,
     ):
         self.target, self.source = target.eval(), source.eval()
+        self.model = self.target  # the model whose cache the method writes (rf_eval.method.PrefillMethod)
         self.tokenizer = tokenizer
         self.family = check_attention_only(target, "target")
         self.source_family = check_attention_only(source, "source")
@@ -129,9 +131,7 @@ class RaReCache:
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, *, for_generation: bool = False) -> PrefillResult:
         """Prefill a 1 x N prompt (or a prompt minus its last token, `for_generation`)."""
-        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-            raise ValueError(f"input_ids must be a 1 x N tensor, got shape {tuple(input_ids.shape)}")
-        ids = input_ids.to(self.device)
+        ids = check_prompt(input_ids, self.target).to(self.device)
         n = ids.shape[1]
         if self.selector == "layer-prefix":
             return self._layer_prefix(ids, layer_budget(self.rho, num_layers(self.target)), for_generation)
@@ -234,9 +234,9 @@ class RaReCache:
     def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         """`target.generate` over a RaReCache-prefilled cache; the last prompt token runs exactly."""
         input_ids = input_ids.to(self.device)
-        if input_ids.shape[1] < 2:
+        result = generation_cache(self, input_ids[0].tolist())
+        if result is None:
             return self.target.generate(input_ids, **kwargs)
-        result = self.prefill(input_ids[:, :-1], for_generation=True)
         return self.target.generate(input_ids, cache=result.cache, **kwargs)
 
     def provenance(self) -> dict[str, Any]:

@@ -1,0 +1,167 @@
+"""`RidgeFillArm`: one RidgeFill arm, written once, checked once.
+
+Every entry point builds the same frozen spec: lm-eval `model_args`
+(`--model ridgefill`), `rf-eval` CLI flags, a served request's `rf_arm`, and
+Python keyword arguments (`RidgeFill(model, fill="ridge", ...)`), through
+`RidgeFillArm.from_fields`. Construction owns every rule that needs no model
+(valid names, ranges, which parts go with which fill) and parses the
+selector, correction and cost-match specs once; `resolve` owns every rule
+that needs the model's config and the maps (the split's range and default,
+maps made for this model and split, a terminal-state table made for this
+arm, the unigram table beside the maps). Nothing below it re-checks.
+
+Arms (RidgeFill paper, table 3 and section 3.3): `fill` exact | nofill |
+identity | ridge; `split` S; `tail` T; optional exact prefix rows from a
+`selector` (section 2.4), `corrections` (section 2.3), a `splice` (section
+6.6) and, on a `nofill` control, `cost_match` (the tail lengthened to the
+MAC cost of the named arm).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rf_eval.fields import ArmError, build
+
+FILL_SOURCES = ("exact", "nofill", "identity", "ridge")
+FILLS_THAT_PREDICT = ("identity", "ridge")
+SPLICES = ("keys", "values", "both")
+#: The exact tail's length when an arm does not name one.
+DEFAULT_TAIL = 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class RidgeFillArm:
+    """One RidgeFill arm; see the module docstring. Spec strings use the grammar of `rf_eval.spec`."""
+
+    fill: str = "exact"
+    split: int | None = None  # None: the maps' split, else L // 2 (set by `resolve`)
+    tail: int = DEFAULT_TAIL
+    chunk_size: int | None = None
+    #: a spec (`attention(share=0.1)+special`), a dict, a `Selector` or a callable `(PrefillContext) -> rows`
+    selector: Any = None
+    corrections: Any = None  # `value_rescale(c=512)+terminal_state(path=F)`, or a list of specs/objects
+    splice: str | None = None
+    cost_match: Any = None  # `ridge(tail=4096;exact_share=0.1)`, a dict or a CostMatch
+    unigram: str | None = None  # the protected-token selectors' table (default: beside the maps)
+
+    def __post_init__(self) -> None:
+        if self.fill not in FILL_SOURCES:
+            raise ArmError(f"fill={self.fill!r} is not valid; valid fills: {', '.join(FILL_SOURCES)}")
+        if self.tail < 1:
+            raise ArmError(f"tail must be >= 1 (the last prompt row is always exact), got {self.tail}")
+        for name in ("split", "chunk_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ArmError(f"{name} must be >= 1, got {value}")
+        if self.splice is not None and self.splice not in SPLICES:
+            raise ArmError(f"splice={self.splice!r} is not valid; valid splices: {', '.join(SPLICES)}")
+        if self.unigram is not None and not Path(self.unigram).is_file():
+            raise ArmError(f"unigram={self.unigram!r}: no such file")
+        parts = _parse_parts(self)
+        object.__setattr__(self, "_parts", parts)
+        if (parts["corrections"] or self.splice) and self.fill not in FILLS_THAT_PREDICT:
+            raise ArmError(f"corrections and splice change filled rows: they need fill=identity or ridge, "
+                           f"not fill={self.fill}")
+        if parts["cost_match"] is not None and self.fill != "nofill":
+            raise ArmError(f"cost_match lengthens a nofill arm's tail: it needs fill=nofill, not fill={self.fill}")
+
+    @classmethod
+    def from_fields(cls, values: dict[str, Any], *, what: str = "arm") -> RidgeFillArm:
+        """The spec from loose values (strings from model_args or a request, or typed Python values)."""
+        return build(cls, values, what=what)
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    # -- the parsed parts ---------------------------------------------------------------
+    @property
+    def selector_obj(self) -> Any:
+        """The selector (a `rf_eval.selectors.Selector` or a bare callable), or None."""
+        return self._parts["selector"]
+
+    @property
+    def correction_objs(self) -> list:
+        return self._parts["corrections"]
+
+    @property
+    def cost_match_obj(self) -> Any:
+        return self._parts["cost_match"]
+
+    @property
+    def fills_rows(self) -> bool:
+        """False for the exact arm (whose every prompt runs the plain model)."""
+        return self.fill != "exact"
+
+    # -- rules that need the model ------------------------------------------------------
+    def resolve(self, model_config: Any, maps: Any = None) -> RidgeFillArm:
+        """This arm for one model (a `transformers` config) and its maps (`RidgeMaps` or None).
+
+        Returns the spec with `split` (and `unigram`, when the maps' folder
+        holds one) filled in; an `ArmError` for anything that does not fit.
+        """
+        from rf_eval.maps import config_hash
+
+        n_layers = int(model_config.num_hidden_layers)
+        split = self.split
+        if maps is not None:
+            if split is not None and split != maps.split:
+                raise ArmError(f"split={split} contradicts the maps, fitted for split {maps.split}")
+            maps.check_model(model_config)  # a MapError naming both config hashes
+            split = maps.split
+        if self.fill == "ridge" and maps is None:
+            raise ArmError("fill=ridge needs maps= (a folder or file written by `rf-eval fit`)")
+        if split is None:
+            split = n_layers // 2
+        if not 1 <= split <= n_layers - 1:
+            raise ArmError(f"split={split} is outside 1..{n_layers - 1} for this {n_layers}-layer model")
+        unigram = self.unigram
+        beside = getattr(maps, "path", None)
+        if unigram is None and beside is not None and (Path(beside).parent / "unigram.safetensors").is_file():
+            unigram = str(Path(beside).parent / "unigram.safetensors")
+        arm = dataclasses.replace(self, split=split, unigram=unigram)
+        maps_sha = maps.sha256() if maps is not None else ""
+        for correction in arm.correction_objs:
+            if hasattr(correction, "check"):
+                try:
+                    correction.check(config_hash(model_config), arm, maps_sha)
+                except ValueError as err:
+                    raise ArmError(f"corrections: {err}") from None
+        return arm
+
+    def describe(self) -> dict[str, Any]:
+        """What results record about the arm (parts by name and parameters)."""
+        sel = self.selector_obj
+        return {
+            "fill": self.fill,
+            "split": self.split,
+            "tail": self.tail,
+            "chunk_size": self.chunk_size,
+            "selector": sel.describe() if hasattr(sel, "describe") else None,
+            "corrections": [c.describe() for c in self.correction_objs],
+            "splice": self.splice,
+            "cost_match": self.cost_match_obj.describe() if self.cost_match_obj else None,
+        }
+
+
+def _parse_parts(arm: RidgeFillArm) -> dict[str, Any]:
+    """Selector, corrections and cost match parsed by their own registries, errors naming the key."""
+    from rf_eval.arm import cost_match_from
+    from rf_eval.corrections import corrections_from
+    from rf_eval.selectors import selector_from
+
+    def selector(value):
+        return selector_from(value) if isinstance(value, (str, dict)) else value
+
+    out: dict[str, Any] = {}
+    for name, parse in (("selector", selector), ("corrections", corrections_from), ("cost_match", cost_match_from)):
+        value = getattr(arm, name)
+        try:
+            out[name] = parse(value)
+        except (ValueError, TypeError, OSError) as err:
+            raise ArmError(f"{name}={value!r}: {err}") from err
+    return out

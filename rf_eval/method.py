@@ -1,0 +1,94 @@
+"""The prefill-method protocol both methods implement, and the rules every shell shares.
+
+`RidgeFill` (rf_eval.api) and `RaReCache` (rf_eval.rarecache.api) are prefill
+methods: they turn a prompt into the model's own cache and its last row's
+logits, and after that everything is the stock model. The lm-eval adapters
+and `rf-eval serve` talk to a method only through this protocol, and the
+rules they share live here, once:
+
+- *plain prompts*: `is_plain(n)` says an n-token prompt would be prefilled by
+  the plain model (no filled rows); shells then run the stock model's own
+  code path, so such requests are bitwise the unmodified model's;
+- *generation*: `generation_cache` prefills a prompt minus its last token
+  (`prefill(..., for_generation=True)`), and `generate` runs that token
+  exactly, as a tail row;
+- *sampling seeds*: `sampling_seed` derives a request's torch seed from a
+  run's seed and the prompt's tokens, so arms and resumed runs draw the same
+  stream whatever the request order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from rf_eval.engine import PrefillResult, new_cache
+
+
+@runtime_checkable
+class PrefillMethod(Protocol):
+    """What a shell needs of an approximate-prefill method."""
+
+    model: Any  # the `transformers` model whose cache the method writes (RaReCache: the target)
+
+    def prefill(self, input_ids: torch.Tensor, *, for_generation: bool = False) -> PrefillResult:
+        """The cache of a 1 x N prompt (for_generation: a prompt minus its last token) and its last row's logits."""
+        ...
+
+    def extend(self, result: PrefillResult, tokens: torch.Tensor) -> torch.Tensor:
+        """The stock model over `tokens` (1 x k) after the prompt: their logits (1, k, V); advances the cache."""
+        ...
+
+    def is_plain(self, n: int) -> bool:
+        """True when an n-token prompt has no filled row (the plain model's prefill, bitwise)."""
+        ...
+
+    def provenance(self) -> dict[str, Any]:
+        """What results record about the arm: method, its settings, the maps' identity."""
+        ...
+
+
+def check_prompt(input_ids: Any, model: Any) -> torch.Tensor:
+    """`input_ids` as a 1 x N LongTensor of in-vocabulary ids, or a ValueError saying what it got."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise ValueError(f"input_ids must be a 1 x N torch.LongTensor, got {type(input_ids).__name__}")
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"input_ids must be a 1 x N tensor, got shape {tuple(input_ids.shape)}")
+    if input_ids.dtype not in (torch.long, torch.int32, torch.int64):
+        raise ValueError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.shape[1] == 0:
+        raise ValueError("input_ids is empty: a prompt needs at least one token")
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if vocab is not None:
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= vocab:
+            bad = low if low < 0 else high
+            raise ValueError(f"token id {bad} is outside the model's vocabulary 0..{vocab - 1}")
+    return input_ids.long()
+
+
+def generation_cache(method: PrefillMethod, prompt: list[int]) -> PrefillResult | None:
+    """The cache `generate` continues from for `prompt`, or None when it should prefill the prompt itself.
+
+    None for a plain prompt (or one of under two tokens): `generate` then runs
+    the whole prompt through the stock model, exactly as lm-eval's `hf` model
+    does. Otherwise the method prefills every token but the last.
+    """
+    if len(prompt) < 2 or method.is_plain(len(prompt)):
+        return None
+    device = next(method.model.parameters()).device
+    return method.prefill(torch.tensor([prompt[:-1]], device=device), for_generation=True)
+
+
+def empty_result(model: Any) -> PrefillResult:
+    """A prefill of nothing: the cache `generate` fills with the whole prompt itself."""
+    return PrefillResult(new_cache(model), None, torch.arange(0), prompt_length=0)
+
+
+def sampling_seed(seed: int, prompt: list[int]) -> int:
+    """The torch seed of one sampled request: sha256 of (run seed, prompt tokens)."""
+    digest = hashlib.sha256(json.dumps([int(seed), list(prompt)]).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
