@@ -48,7 +48,7 @@ def close_to(key: str, names: Iterable[str]) -> str | None:
 
 def coerce(key: str, value: Any, hint: Any) -> Any:
     """`value` as one of the types in `hint` (int | str | None ...), or an ArmError naming `key`."""
-    options = typing.get_args(hint) if isinstance(hint, (types.UnionType, type(typing.Union[int, None]))) else (hint,)
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     if hint is Any or Any in options:
         return value
     if value is None:
