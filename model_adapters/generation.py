@@ -1,26 +1,31 @@
 """Generation requests of `PrefillLM`: generate_until and multiturn_generate.
 
-Formats: see `rf_eval.model_adapters.ridgefill`. The engine prefills all but
-the last prompt token; `transformers`' own `generate` runs that token and
-decodes over the cache, with lm-eval's stop sequences and `hf`'s kwargs rules.
+The method prefills all but the last prompt token (`rf_eval.method.generation_cache`);
+`transformers`' own `generate` runs that token and decodes over the cache, with
+lm-eval's stop sequences and `hf`'s kwargs rules. Plain prompts go to `HFLM`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
+from rf_eval.method import empty_result, generation_cache, sampling_seed
+
 log = logging.getLogger(__name__)
 
 
 class GenerationMixin:
+    def encode_prompt(self, context: str, budget: int | None = None) -> list[int]:
+        """A generation prompt's tokens, as `hf`'s generate_until makes them (left-truncated to `budget`)."""
+        ids, _mask = self.tok_batch_encode([context], left_truncate_len=budget, truncation=self.truncation)
+        return ids[0].tolist()
+
     def generate_tokens(
-        self, engine: Any, prompt: list[int], gen_kwargs: dict, state: dict | None = None
+        self, method: Any, prompt: list[int], gen_kwargs: dict, state: dict | None = None
     ) -> tuple[list[int], list[str]]:
         """Generate after `prompt` over an engine-prefilled cache; returns (new tokens, stop strings).
 
@@ -37,22 +42,16 @@ class GenerationMixin:
         if kwargs.get("temperature", 0.0) == 0.0 and not kwargs.get("do_sample"):
             kwargs["do_sample"] = False
             kwargs.pop("temperature", None)
-        if kwargs.get("do_sample") and self.config.seed is not None:
-            digest = hashlib.sha256(json.dumps([self.config.seed, prompt]).encode()).digest()
-            torch.manual_seed(int.from_bytes(digest[:4], "little"))
+        if kwargs.get("do_sample") and self.settings.seed is not None:
+            torch.manual_seed(sampling_seed(self.settings.seed, prompt))
         state = state if state is not None else {}
         result = state.get("result")
-        if result is None:
-            if len(prompt) >= 2 and not self._is_plain(engine, len(prompt)):
-                result = self._prefill(engine, prompt[:-1], for_generation=True)
-            else:  # no filled rows: `generate` prefills the prompt itself, exactly as under `hf`
-                from rf_eval.engine import PrefillResult, new_cache
-
-                result = PrefillResult(new_cache(self.model), None, torch.arange(0), prompt_length=0)
+        if result is None:  # None from generation_cache: `generate` prefills the prompt itself, as under `hf`
+            result = generation_cache(method, prompt) or empty_result(self.model)
         pending = prompt[result.prompt_length : -1]
         if pending and result.ragged:  # the stock mask cannot cover several new tokens over a ragged cache
-            self._extend(engine, result, torch.tensor([pending], device=self.device))
-        ids = torch.tensor([prompt], device=self.device)
+            method.extend(result, self.ids_tensor(pending))
+        ids = self.ids_tensor(prompt)
         out = self.model.generate(
             input_ids=ids,
             attention_mask=None if result.ragged else torch.ones_like(ids),
@@ -71,9 +70,11 @@ class GenerationMixin:
     def _answer(self, tokens: list[int], until: list[str]) -> str:
         from lm_eval.models.utils import postprocess_generated_text
 
-        return postprocess_generated_text(self.tok_decode(tokens), stop=until, think_end_token=None)
+        think = self.think_end_token if isinstance(self.think_end_token, str) else None  # as `hf`
+        return postprocess_generated_text(self.tok_decode(tokens), stop=until, think_end_token=think)
 
     def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
+        """`hf`'s generate_until for plain prompts; the others over the method's cache, one at a time."""
         from lm_eval.models.utils import normalize_gen_kwargs
 
         out: list[str | None] = [None] * len(requests)
@@ -84,24 +85,37 @@ class GenerationMixin:
             budget = self.max_length - kwargs["max_gen_toks"]
             if budget < 1:
                 raise ValueError(f"max_gen_toks {kwargs['max_gen_toks']} must be below max_length {self.max_length}")
-            ids = self.encode_prompt(context)[-budget:]  # `hf`'s left truncation
-            sampled_with_seed = kwargs.get("do_sample") and self.config.seed is not None
-            if self._is_plain(self.arm, len(ids)) and not sampled_with_seed:
+            ids = self.encode_prompt(context, budget)  # `hf`'s left truncation
+            sampled_with_seed = kwargs.get("do_sample") and self.settings.seed is not None
+            if self.method.is_plain(len(ids)) and not sampled_with_seed:
                 plain.append(i)
             else:
                 engine.append((i, ids))
         if plain:  # `hf`'s own code, batched as `hf` batches
-            for i, text in zip(plain, self.hf.generate_until([requests[i] for i in plain], disable_tqdm)):
+            for i, text in zip(plain, super().generate_until([requests[i] for i in plain], disable_tqdm)):
                 out[i] = text
         for i, ids in tqdm(engine, desc="Running generate_until requests (engine)", disable=disable_tqdm or self.rank != 0):
             context, gen_kwargs = requests[i].args
-            tokens, until = self.generate_tokens(self.arm, ids, gen_kwargs)
+            tokens, until = self.generate_tokens(self.method, ids, gen_kwargs)
             out[i] = self._answer(tokens, until)
             self.cache_hook.add_partial("generate_until", (context, gen_kwargs), out[i])
         return out  # type: ignore[return-value]
 
     def multiturn_generate(self, requests: list) -> list[dict[str, Any]]:
-        """Custom request type: later turns appended to the cache of the earlier ones (no second prefill)."""
+        """Custom request type: later turns appended to the cache of the earlier ones (no second prefill).
+
+        args (turns, gen_kwargs) -> dict. turns: [str, ...]. turns[0] is the
+        prompt, prefilled by the method (rows chosen once); the answer is
+        generated over that cache. Each later turn's text is tokenized without
+        special tokens and appended after the tokens of the previous answer
+        exactly as generated (including the stop string or EOS token that ended
+        it) through the stock model: no second prefill, no new row choice. Tasks
+        write any chat formatting of later turns into the turn text themselves.
+        gen_kwargs: one dict for every turn, or a list with one dict per turn.
+        Returns {"answers": [str per turn]} (stop strings removed, as
+        generate_until) and with reference=exact also {"exact_answers": [...]},
+        the exact arm's own multi-turn run on the same turns.
+        """
         return self._cached("multiturn_generate", requests, self._multiturn)
 
     def _multiturn(self, turns: list[str], gen_kwargs: dict | list[dict]) -> dict[str, Any]:
@@ -110,16 +124,16 @@ class GenerationMixin:
         per_turn = gen_kwargs if isinstance(gen_kwargs, list) else [gen_kwargs] * len(turns)
         if len(per_turn) != len(turns):
             raise ValueError(f"multiturn_generate: {len(turns)} turns but {len(per_turn)} gen_kwargs")
-        out = {"answers": self._run_turns(self.arm, turns, per_turn)}
-        if getattr(self.config, "reference", None) == "exact":
+        out = {"answers": self._run_turns(self.method, turns, per_turn)}
+        if self.settings.reference == "exact":
             out["exact_answers"] = self._run_turns(self.exact, turns, per_turn)
         return out
 
-    def _run_turns(self, engine: Any, turns: list[str], per_turn: list[dict]) -> list[str]:
+    def _run_turns(self, method: Any, turns: list[str], per_turn: list[dict]) -> list[str]:
         from lm_eval.models.utils import normalize_gen_kwargs
 
         first_budget = self.max_length - normalize_gen_kwargs(per_turn[0], self.max_gen_toks)["max_gen_toks"]
-        seq = self.encode_prompt(turns[0])[-first_budget:]
+        seq = self.encode_prompt(turns[0], first_budget)
         state: dict[str, Any] = {}
         answers = []
         for index, (text, kwargs) in enumerate(zip(turns, per_turn)):
@@ -127,7 +141,7 @@ class GenerationMixin:
                 seq = seq + self.tok_encode(text, add_special_tokens=False)
             if len(seq) > self.max_length:
                 log.warning("multiturn_generate: turn %d runs to %d tokens, past max_length", index, len(seq))
-            tokens, until = self.generate_tokens(engine, seq, kwargs, state)
+            tokens, until = self.generate_tokens(method, seq, kwargs, state)
             seq = seq + tokens
             answers.append(self._answer(tokens, until))
         return answers

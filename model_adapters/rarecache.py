@@ -22,8 +22,10 @@ model_args (unknown, missing or contradictory keys fail before any model loads):
                          and flagged `oracle: true` in the results' config. layer-prefix is
                          the DroidSpeak-like baseline: ceil(rho * L) first layers recomputed.
   seed                   the random selector's seed (default 0); also seeds sampled generation
-  reference, device, dtype, max_length, trust_remote_code, add_bos_token, tokenizer,
-  batch_size             as for `ridgefill`
+  reference              as for `ridgefill`
+  every other key        as for lm-eval's `hf` model (an `HFLM` subclass: revision, dtype,
+                         parallelize, enable_thinking, ...); the source loads with the target's
+                         dtype onto the target's input device, with the same revision rules
 
 Request types are `ridgefill`'s (loglikelihood, loglikelihood_rolling,
 generate_until, token_logprobs, multiturn_generate): see
@@ -38,86 +40,88 @@ from dataclasses import dataclass
 from typing import Any
 
 import lm_eval.models  # noqa: F401  (lm-eval's own models first: its registry imports them only when empty)
-import torch
 from lm_eval.api.registry import register_model
 
-from rf_eval.model_adapters.config import REFERENCES, ModelArgs, ModelArgsError
+from rf_eval.fields import ArmError
+from rf_eval.maps import MapError
+from rf_eval.model_adapters.config import (
+    AdapterSettings,
+    ModelArgsError,
+    check_hf_args,
+    required,
+    split_model_args,
+)
 from rf_eval.model_adapters.prefill_lm import PrefillLM
+from rf_eval.rarecache.arm_spec import RaReCacheArm
+
+OWN_KEYS = ("pretrained", "source", "maps", "reference", *RaReCacheArm.fields())
 
 
 @dataclass(frozen=True, kw_only=True)
-class RaReCacheConfig(ModelArgs):
-    """model_args of `--model rarecache`; see model_adapters/rarecache.py."""
+class RaReCacheSettings(AdapterSettings):
+    """The `rarecache` adapter's own model_args."""
 
     source: str
     maps: str
-    rho: float = 0.3
-    selector: str = "rank"
-    reference: str | None = None
+    arm: RaReCacheArm
+    maps_obj: Any = None  # the loaded TransferMaps (read once, before the weights)
 
-    def check(self) -> None:
-        super().check()
-        from rf_eval.rarecache.selectors import SELECTORS
 
-        if not 0 <= self.rho <= 1:
-            raise ModelArgsError(f"rho must be in [0, 1], got {self.rho}")
-        if self.selector not in SELECTORS:
-            raise ModelArgsError(f"selector={self.selector!r} is not valid; valid selectors: {', '.join(SELECTORS)}")
-        if self.reference is not None and self.reference not in REFERENCES:
-            raise ModelArgsError(f"reference={self.reference!r} is not valid; valid: {', '.join(REFERENCES)}")
+def parse_rarecache_args(args: dict[str, Any]) -> tuple[RaReCacheSettings, dict[str, Any]]:
+    """(settings, HFLM keyword arguments): tokenizers compared and maps checked for the pair, before any weights."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from rf_eval.rarecache.maps import TokenizerMismatch, check_tokenizers, load_transfer_maps
+
+    mine, hf = split_model_args(args, OWN_KEYS)
+    mine = {k: v for k, v in mine.items() if v is not None}
+    required(mine, ("pretrained", "source", "maps"), OWN_KEYS)
+    hf = check_hf_args(hf)
+    remote = {k: hf[k] for k in ("trust_remote_code",) if hf.get(k) is not None}
+    try:
+        arm = RaReCacheArm.from_fields({k: v for k, v in mine.items() if k in RaReCacheArm.fields()},
+                                       what="model_args")
+        target_tok = hf.get("tokenizer") if isinstance(hf.get("tokenizer"), str) else mine["pretrained"]
+        check_tokenizers(AutoTokenizer.from_pretrained(mine["source"], **remote),
+                         AutoTokenizer.from_pretrained(target_tok, **remote))
+        maps = load_transfer_maps(mine["maps"])
+        maps.check_pair(AutoConfig.from_pretrained(mine["source"], **remote),
+                        AutoConfig.from_pretrained(mine["pretrained"], **remote))
+        settings = RaReCacheSettings(pretrained=str(mine["pretrained"]), source=str(mine["source"]),
+                                     maps=str(mine["maps"]), arm=arm, maps_obj=maps,
+                                     reference=mine.get("reference"), seed=arm.seed)
+    except (ArmError, MapError, TokenizerMismatch) as err:
+        raise ModelArgsError(f"rarecache: {err}") from err
+    return settings, hf
 
 
 @register_model("rarecache")
 class RaReCacheLM(PrefillLM):
     """`--model rarecache`: prompts prefilled by `rf_eval.rarecache.RaReCache`; see the module docstring."""
 
-    config_class = RaReCacheConfig
-    config: RaReCacheConfig
+    method_name = "rarecache"
+    settings: RaReCacheSettings
 
-    def _preflight(self) -> None:
-        """Tokenizers that differ, or maps fitted for another pair: an error before any weights load."""
-        from transformers import AutoConfig, AutoTokenizer
+    @classmethod
+    def parse(cls, args: dict[str, Any]) -> tuple[RaReCacheSettings, dict[str, Any]]:
+        return parse_rarecache_args(args)
 
-        from rf_eval.maps import MapError
-        from rf_eval.rarecache.maps import TokenizerMismatch, check_tokenizers, load_transfer_maps
-
-        cfg = self.config
-        remote = dict(trust_remote_code=cfg.trust_remote_code)
-        try:
-            check_tokenizers(AutoTokenizer.from_pretrained(cfg.source, **remote),
-                             AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.pretrained, **remote))
-            self._maps = load_transfer_maps(cfg.maps)
-            self._maps.check_pair(AutoConfig.from_pretrained(cfg.source, **remote),
-                                  AutoConfig.from_pretrained(cfg.pretrained, **remote))
-        except (MapError, TokenizerMismatch) as err:
-            raise ModelArgsError(f"rarecache: {err}") from err
-
-    def _build_engines(self) -> tuple[Any, Any]:
+    def build_method(self) -> tuple[Any, Any]:
         from transformers import AutoModelForCausalLM
 
-        from rf_eval.api import RidgeFill, parse_dtype
+        from rf_eval.api import RidgeFill
         from rf_eval.rarecache.api import RaReCache
 
-        cfg = self.config
-        dtype = "auto" if cfg.dtype == "auto" else parse_dtype(cfg.dtype, str(self.device))
-        source = AutoModelForCausalLM.from_pretrained(cfg.source, dtype=dtype, trust_remote_code=cfg.trust_remote_code)
-        # The tokenizers were compared in _preflight (before configure_pad_token could touch this one).
-        arm = RaReCache(self.model, source.to(self.device).eval(), None, maps=self._maps, rho=cfg.rho,
-                        selector=cfg.selector, seed=cfg.seed or 0)
-        return arm, RidgeFill(self.model, self.tokenizer, fill="exact")
-
-    def _prefill(self, engine: Any, ids: list[int], for_generation: bool = False):
-        tensor = torch.tensor([ids], device=self.device)
-        if engine is self.arm:
-            return engine.prefill(tensor, for_generation=for_generation)
-        return engine.prefill(tensor)
-
-    def _is_plain(self, engine: Any, n: int) -> bool:
-        return engine is not self.arm or self.arm.is_plain(n)
+        s = self.settings
+        remote = bool(self._hf_args.get("trust_remote_code", False))
+        source = AutoModelForCausalLM.from_pretrained(s.source, dtype=self.model.dtype, trust_remote_code=remote)
+        # The tokenizers were compared in parse (before configure_pad_token could touch this one).
+        method = RaReCache(self.model, source.to(self.input_device).eval(), None, maps=s.maps_obj, arm=s.arm)
+        return method, RidgeFill(self.model, self.tokenizer, fill="exact")
 
     def arm_info(self) -> dict[str, Any]:
-        info = self.arm.provenance()
-        info.update(selectors=[info["selector"]], corrections=[], splices=[], reference=self.config.reference,
-                    maps_path=self.config.maps, source_path=self.config.source,
-                    source_num_parameters=sum(p.numel() for p in self.arm.source.parameters()))
+        info = super().arm_info()
+        info.update(selectors=[info["selector"]], corrections=[], splices=[], maps_path=self.settings.maps,
+                    source_path=self.settings.source,
+                    source_num_parameters=sum(p.numel() for p in self.method.source.parameters()))
         return info

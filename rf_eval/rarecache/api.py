@@ -37,13 +37,13 @@ from rf_eval import engine
 from rf_eval.api import default_device, parse_dtype
 from rf_eval.engine import Plan, PrefillResult, new_cache, num_layers
 from rf_eval.method import check_prompt, generation_cache
+from rf_eval.rarecache.arm_spec import RaReCacheArm
 from rf_eval.rarecache.features import cache_entries, check_attention_only, prefill_cache
 from rf_eval.rarecache.maps import SIDES, TransferMaps, check_tokenizers, load_transfer_maps
 from rf_eval.rarecache.selectors import (
     ATTENTION_QUERIES,
     ORACLES,
     budget,
-    check_selector,
     l2_error,
     layer_budget,
     prefill_with_attention,
@@ -56,9 +56,9 @@ from rf_eval.rarecache.transfer import MappedCache, Mapper
 class RaReCache:
     """Cross-model KV transfer with rank-disagreement recomputation; see the module docstring.
 
-    `rho` in [0, 1]: the recompute budget. `selector`: one of
-    `rf_eval.rarecache.selectors.SELECTORS` (oracles read the target's own
-    prefill and are labelled as such). `seed`: the random selector's seed.
+    The arm is a `RaReCacheArm` (`arm=`, or its fields `rho`, `selector`,
+    `seed` as keyword arguments). Implements the prefill-method protocol
+    (`rf_eval.method.PrefillMethod`).
     """
 
     def __init__(
@@ -68,13 +68,17 @@ class RaReCache:
         tokenizer: Any = None,
         *,
         maps: TransferMaps | str | Path,
-        rho: float = 0.3,
-        selector: str = "rank",
-        seed: int = 0,
+        arm: RaReCacheArm | None = None,
         source_tokenizer: Any = None,
         map_dtype: torch.dtype | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        **fields: Any,
     ):
+        if arm is None:
+            arm = RaReCacheArm.from_fields(fields, what="RaReCache")
+        elif fields:
+            raise TypeError(f"give arm= or the arm's fields, not both (got {', '.join(fields)})")
+        self.spec = arm
         self.target, self.source = target.eval(), source.eval()
         self.model = self.target  # the model whose cache the method writes (rf_eval.method.PrefillMethod)
         self.tokenizer = tokenizer
@@ -85,8 +89,7 @@ class RaReCache:
         self.maps = maps if isinstance(maps, TransferMaps) else load_transfer_maps(maps)
         self.maps.check_pair(source.config, target.config)
         self.maps.check_tokenizer(tokenizer)
-        budget(rho, 1)  # validates rho
-        self.rho, self.selector, self.seed = float(rho), check_selector(selector), int(seed)
+        self.rho, self.selector, self.seed = float(arm.rho), arm.selector, int(arm.seed or 0)
         param = next(target.parameters())
         self.mapper = Mapper(self.maps, target, map_dtype or param.dtype, param.device, clock)
         self.clock = clock  # the phases' clock in `PrefillResult.timings` (benchmarks may pass time.process_time)

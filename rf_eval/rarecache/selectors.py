@@ -39,12 +39,6 @@ ORACLES = ("oracle-attention", "oracle-l2")
 ATTENTION_QUERIES = 32
 
 
-def check_selector(name: str) -> str:
-    if name not in SELECTORS:
-        raise ValueError(f"unknown selector {name!r}; valid selectors: {', '.join(SELECTORS)}")
-    return name
-
-
 def budget(rho: float, total: int) -> int:
     """ceil(rho * total), exact for decimal rho (0.3 * 10 is 3, not 4)."""
     if not 0 <= rho <= 1:

@@ -33,9 +33,9 @@ def count_prefills(monkeypatch, engine) -> list[int]:
     calls: list[int] = []
     original = engine.prefill
 
-    def counted(ids, plan=None):
+    def counted(ids, **kwargs):
         calls.append(ids.shape[1])
-        return original(ids, plan)
+        return original(ids, **kwargs)
 
     monkeypatch.setattr(engine, "prefill", counted)
     return calls
@@ -54,12 +54,12 @@ def teacher_forced(engine, prompt: list[int], cont: list[int]) -> float:
 @pytest.mark.parametrize("family, fill", [("llama", "identity"), ("qwen3_5", "identity"), ("qwen3_5", "nofill")])
 def test_continuation_equals_teacher_forced_decoding_over_the_engine_cache(tiny_model_dir, family, fill, monkeypatch):
     model = lm(tiny_model_dir(family), fill=fill, tail=6, batch_size=2)
-    calls = count_prefills(monkeypatch, model.arm)
+    calls = count_prefills(monkeypatch, model.method)
     got = model.loglikelihood([req("loglikelihood", CONTEXT, c) for c in CONTINUATIONS])
     assert calls == [len(model.tok_encode(CONTEXT))]  # one prefill serves all three continuations
     for cont_text, (logprob, _) in zip(CONTINUATIONS, got):
         ctx, cont = model._encode_pair(CONTEXT, cont_text)
-        assert logprob == pytest.approx(teacher_forced(model.arm, ctx, cont), abs=1e-4)
+        assert logprob == pytest.approx(teacher_forced(model.method, ctx, cont), abs=1e-4)
 
 
 def test_filled_arm_differs_from_exact_only_past_the_tail(tiny_model_dir):
@@ -115,7 +115,7 @@ def test_rolling_loglikelihood_sums_hf_windows(tiny_model_dir):
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
     windows = get_rolling_token_windows(model.tok_encode(text), model.prefix_token_id, 16, 1)
-    expected = sum(teacher_forced(model.arm, *make_disjoint_window(w)) for w in windows)
+    expected = sum(teacher_forced(model.method, *make_disjoint_window(w)) for w in windows)
     assert total == pytest.approx(expected, abs=1e-3)
 
 
@@ -127,7 +127,7 @@ def test_token_logprobs_one_pass_with_exact_reference(tiny_model_dir, monkeypatc
     assert out["exact_logprobs"] == out["logprobs"]
 
     filled = lm(path, fill="identity", tail=4, reference="exact")
-    calls = count_prefills(monkeypatch, filled.arm)
+    calls = count_prefills(monkeypatch, filled.method)
     (res,) = filled.token_logprobs([req("token_logprobs", CONTEXT, " and then again")])
     assert len(calls) == 1  # one engine pass per document, not one per token
     n = len(res["tokens"])
@@ -165,15 +165,15 @@ def test_generate_until_stops_and_matches_plain_generate_when_nothing_is_filled(
 def test_multiturn_appends_the_next_turn_to_the_kept_cache(tiny_model_dir, family, fill, monkeypatch):
     model = lm(tiny_model_dir(family), fill=fill, tail=6, reference="exact")
     gen = {"until": [], "max_gen_toks": 5, "do_sample": False}
-    calls = count_prefills(monkeypatch, model.arm)
+    calls = count_prefills(monkeypatch, model.method)
     (out,) = model.multiturn_generate([req("multiturn_generate", [CONTEXT, " next question:"], gen)])
     assert len(calls) == 1 and len(out["answers"]) == 2 and len(out["exact_answers"]) == 2
 
     # by hand: prefill once, generate, append the turn's tokens after the answer, generate again
-    arm = model.arm
+    arm = model.method
     prompt = model.encode_prompt(CONTEXT)
     shorter = dataclasses.replace(arm.plan, tail=arm.plan.tail - 1)
-    result = arm.prefill(torch.tensor([prompt[:-1]]), shorter)
+    result = arm.arm.prefill(torch.tensor([prompt[:-1]]), shorter, arm.fill_fn)  # the engine, by hand
     first = model.model.generate(torch.tensor([prompt]), cache=result.cache, max_new_tokens=5, do_sample=False)
     seq = first[0].tolist() + model.tok_encode(" next question:", add_special_tokens=False)
     result.prompt_length = first.shape[1] - 1
@@ -199,7 +199,7 @@ def test_use_cache_serves_custom_types_and_refuses_another_arm(tiny_model_dir, t
     def no_compute(*a, **k):
         raise AssertionError("a cached request was computed again")
 
-    monkeypatch.setattr(again.arm, "prefill", no_compute)
+    monkeypatch.setattr(again.method, "prefill", no_compute)
     assert [cached.token_logprobs(requests[:1]), cached.multiturn_generate(requests[1:])] == first
     cached.dbdict.close()
     with pytest.raises(ModelArgsError, match="holds results of another arm"):

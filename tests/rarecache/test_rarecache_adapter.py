@@ -49,15 +49,15 @@ def test_requests_run_over_the_rarecache_prefill(fitted):
     model = lm(f, rho=0.3, selector="random", seed=5, reference="exact")
     (logprob, _), = model.loglikelihood([req("loglikelihood", CONTEXT, " seven")])
     ctx, cont = model._encode_pair(CONTEXT, " seven")
-    result = model.arm.prefill(torch.tensor([ctx]))  # then the stock target over the continuation
-    rows = torch.cat([result.logits, model.arm.extend(result, torch.tensor([cont[:-1]]))[0]], 0)
+    result = model.method.prefill(torch.tensor([ctx]))  # then the stock target over the continuation
+    rows = torch.cat([result.logits, model.method.extend(result, torch.tensor([cont[:-1]]))[0]], 0)
     assert logprob == pytest.approx(F.log_softmax(rows, -1).gather(1, torch.tensor(cont)[:, None]).sum().item(),
                                     abs=1e-4)
     (out,) = model.token_logprobs([req("token_logprobs", CONTEXT, " and then")])
     assert len(out["logprobs"]) == len(out["exact_logprobs"]) == len(out["kl"])
     (text,) = model.generate_until([req("generate_until", CONTEXT, {"until": ["\n"], "max_gen_toks": 5})])
     ids = torch.tensor([model.encode_prompt(CONTEXT)])
-    want = model.arm.generate(ids, max_new_tokens=5, do_sample=False)[0, ids.shape[1]:].tolist()
+    want = model.method.generate(ids, max_new_tokens=5, do_sample=False)[0, ids.shape[1]:].tolist()
     assert text == model._answer(want, ["\n", model.tok_decode([model.eot_token_id], False)])
     info = model.get_model_info()["rf_eval"]
     assert (info["method"], info["rho"], info["selector"], info["seed"]) == ("rarecache", 0.3, "random", 5)

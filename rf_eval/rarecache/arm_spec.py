@@ -1,0 +1,39 @@
+"""`RaReCacheArm`: one RaReCache arm, written once, checked once (as `rf_eval.arm_spec.RidgeFillArm`).
+
+Paper section 3: `rho` is the recompute budget in [0, 1] (ceil(rho * T)
+positions, or ceil(rho * L) layers for `layer-prefix`); `selector` chooses the
+positions (`rf_eval.rarecache.selectors.SELECTORS`; the oracles are labelled
+in provenance); `seed` seeds the random selector (and, in the adapter, sampled
+generation). Built the same way from model_args and Python keyword arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from rf_eval.fields import ArmError, build
+
+
+@dataclass(frozen=True, kw_only=True)
+class RaReCacheArm:
+    rho: float = 0.3
+    selector: str = "rank"
+    seed: int | None = None  # None: 0 for the random selector, lm-eval's --seed for sampling
+
+    def __post_init__(self) -> None:
+        from rf_eval.rarecache.selectors import SELECTORS
+
+        if not 0 <= self.rho <= 1:
+            raise ArmError(f"rho must be in [0, 1], got {self.rho}")
+        if self.selector not in SELECTORS:
+            raise ArmError(f"selector={self.selector!r} is not valid; valid selectors: {', '.join(SELECTORS)}")
+
+    @classmethod
+    def from_fields(cls, values: dict[str, Any], *, what: str = "arm") -> RaReCacheArm:
+        return build(cls, values, what=what)
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
