@@ -100,9 +100,22 @@ class AdapterSettings:
     reference: str | None = None
     seed: int | None = None  # sampled generation: a torch seed from (seed, prompt tokens) per request
 
-    def __post_init__(self) -> None:
-        if self.reference is not None and self.reference not in REFERENCES:
-            raise ModelArgsError(f"reference={self.reference!r} is not valid; valid: {', '.join(REFERENCES)}")
+
+
+def check_reference(value: Any) -> None:
+    if value is not None and value not in REFERENCES:
+        raise ModelArgsError(f"reference={value!r} is not valid; valid: {', '.join(REFERENCES)}")
+
+
+def model_config(pretrained: str, hf: dict[str, Any]):
+    """The checkpoint's config (no weights), loaded as `hf` loads it; a clear error when it cannot be found."""
+    from transformers import AutoConfig
+
+    remote = {k: hf[k] for k in ("revision", "trust_remote_code", "subfolder") if hf.get(k) is not None}
+    try:
+        return AutoConfig.from_pretrained(pretrained, **remote)
+    except OSError as err:
+        raise ModelArgsError(f"pretrained={pretrained!r}: {err}") from None
 
 
 def required(values: dict[str, Any], names: Iterable[str], own: Iterable[str]) -> None:

@@ -26,6 +26,7 @@ from lm_eval.api.model import hash_args
 from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
+from rf_eval.method import input_device
 from rf_eval.model_adapters.config import ModelArgsError, merge_lm_eval_flags
 from rf_eval.model_adapters.generation import GenerationMixin
 from rf_eval.model_adapters.scoring import ScoringMixin
@@ -77,8 +78,8 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
     # ---- the engine path's helpers --------------------------------------------------
     @property
     def input_device(self) -> torch.device:
-        """Where prompt ids go: the input embedding's device (also for a model placed across devices)."""
-        return self.model.get_input_embeddings().weight.device
+        """Where prompt ids go (also for a model placed across devices or offloaded by accelerate)."""
+        return input_device(self.model)
 
     @property
     def continuation_batch(self) -> int:

@@ -48,6 +48,8 @@ from rf_eval.model_adapters.config import (
     AdapterSettings,
     ModelArgsError,
     check_hf_args,
+    check_reference,
+    model_config,
     required,
     split_model_args,
 )
@@ -69,7 +71,7 @@ class RaReCacheSettings(AdapterSettings):
 
 def parse_rarecache_args(args: dict[str, Any]) -> tuple[RaReCacheSettings, dict[str, Any]]:
     """(settings, HFLM keyword arguments): tokenizers compared and maps checked for the pair, before any weights."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from rf_eval.rarecache.maps import TokenizerMismatch, check_tokenizers, load_transfer_maps
 
@@ -77,6 +79,7 @@ def parse_rarecache_args(args: dict[str, Any]) -> tuple[RaReCacheSettings, dict[
     mine = {k: v for k, v in mine.items() if v is not None}
     required(mine, ("pretrained", "source", "maps"), OWN_KEYS)
     hf = check_hf_args(hf)
+    check_reference(mine.get("reference"))
     remote = {k: hf[k] for k in ("trust_remote_code",) if hf.get(k) is not None}
     try:
         arm = RaReCacheArm.from_fields({k: v for k, v in mine.items() if k in RaReCacheArm.fields()},
@@ -85,8 +88,7 @@ def parse_rarecache_args(args: dict[str, Any]) -> tuple[RaReCacheSettings, dict[
         check_tokenizers(AutoTokenizer.from_pretrained(mine["source"], **remote),
                          AutoTokenizer.from_pretrained(target_tok, **remote))
         maps = load_transfer_maps(mine["maps"])
-        maps.check_pair(AutoConfig.from_pretrained(mine["source"], **remote),
-                        AutoConfig.from_pretrained(mine["pretrained"], **remote))
+        maps.check_pair(model_config(mine["source"], hf), model_config(mine["pretrained"], hf))
         settings = RaReCacheSettings(pretrained=str(mine["pretrained"]), source=str(mine["source"]),
                                      maps=str(mine["maps"]), arm=arm, maps_obj=maps,
                                      reference=mine.get("reference"), seed=arm.seed)

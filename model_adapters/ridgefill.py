@@ -69,6 +69,8 @@ from rf_eval.model_adapters.config import (
     AdapterSettings,
     ModelArgsError,
     check_hf_args,
+    check_reference,
+    model_config,
     required,
     split_model_args,
 )
@@ -88,22 +90,19 @@ class RidgeFillSettings(AdapterSettings):
 
 def parse_ridgefill_args(args: dict[str, Any]) -> tuple[RidgeFillSettings, dict[str, Any]]:
     """(settings, HFLM keyword arguments) from `--model_args`; every check that needs no weights."""
-    from transformers import AutoConfig
-
     from rf_eval.demo import demo_defaults
-    from rf_eval.maps import load_maps
+    from rf_eval.maps import load_arm_maps
 
     mine, hf = split_model_args(args, OWN_KEYS)
     mine = demo_defaults({k: v for k, v in mine.items() if v is not None})
     required(mine, ("fill",), OWN_KEYS)
     hf = check_hf_args(hf)
+    check_reference(mine.get("reference"))
     try:
         arm = RidgeFillArm.from_fields({k: v for k, v in mine.items() if k in RidgeFillArm.fields()},
                                        what="model_args")
-        maps = load_maps(mine["maps"], arm.split) if mine.get("maps") is not None else None
-        remote = {k: hf[k] for k in ("revision", "trust_remote_code", "subfolder") if hf.get(k) is not None}
-        config = AutoConfig.from_pretrained(mine["pretrained"], **remote)
-        arm = arm.resolve(config, maps)
+        maps = load_arm_maps(mine["maps"], arm.split) if mine.get("maps") is not None else None
+        arm = arm.resolve(model_config(mine["pretrained"], hf), maps)
         settings = RidgeFillSettings(pretrained=str(mine["pretrained"]), arm=arm, maps=mine.get("maps"),
                                      maps_obj=maps, reference=mine.get("reference"), seed=_int(mine.get("seed")))
     except (ArmError, MapError) as err:

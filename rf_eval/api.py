@@ -13,8 +13,8 @@ from rf_eval import engine
 from rf_eval.arm import Arm
 from rf_eval.arm_spec import RidgeFillArm
 from rf_eval.engine import Plan, PrefillResult
-from rf_eval.maps import RidgeMaps, identity_fill, load_maps
-from rf_eval.method import check_prompt, generation_cache
+from rf_eval.maps import RidgeMaps, identity_fill, load_arm_maps
+from rf_eval.method import check_prompt, generation_cache, input_device
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -65,7 +65,7 @@ class RidgeFill:
         self.model = model.eval()
         self.tokenizer = tokenizer
         if maps is not None and not isinstance(maps, RidgeMaps):
-            maps = load_maps(maps, arm.split)
+            maps = load_arm_maps(maps, arm.split)
         self.maps = maps
         self.spec = arm.resolve(model.config, maps)
         spec = self.spec
@@ -73,9 +73,8 @@ class RidgeFill:
         resources = {"unigram": spec.unigram} if spec.unigram else {}
         self.arm = Arm(model, tokenizer, spec, resources=resources)
         self.selector = self.arm.selector
-        param = next(model.parameters())
         if spec.fill == "ridge":
-            self._fill = maps.fill_fn(param.dtype, param.device)
+            self._fill = maps.fill_fn(next(model.parameters()).dtype, input_device(model))
         elif spec.fill == "identity":
             self._fill = identity_fill
         else:
@@ -97,7 +96,7 @@ class RidgeFill:
 
         arm = RidgeFillArm.from_fields(fields, what="RidgeFill")
         if maps is not None and not isinstance(maps, RidgeMaps):
-            maps = load_maps(maps, arm.split)
+            maps = load_arm_maps(maps, arm.split)
         arm.resolve(AutoConfig.from_pretrained(pretrained, trust_remote_code=trust_remote_code), maps)
         device = device or default_device()
         torch_dtype = parse_dtype(dtype, device)
@@ -114,7 +113,8 @@ class RidgeFill:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where prompt ids go (the input embedding's execution device)."""
+        return input_device(self.model)
 
     # -- the prefill-method protocol -------------------------------------------------------
     def plan_for(self, n: int) -> Plan:

@@ -107,6 +107,8 @@ class RidgeMaps:
         biases = {layer: self.b[layer].to(device=device, dtype=dtype) for layer in self.b}
 
         def fill(layer: int, x_split: torch.Tensor) -> torch.Tensor:
+            if weights[layer].device != x_split.device:  # a model placed across devices: follow the layer's input
+                weights[layer], biases[layer] = weights[layer].to(x_split.device), biases[layer].to(x_split.device)
             return torch.addmm(biases[layer], x_split.reshape(-1, x_split.shape[-1]), weights[layer]).view(
                 *x_split.shape[:-1], -1
             )
@@ -156,6 +158,11 @@ def resolve_map_file(path: str | Path, split: int | None) -> Path:
             raise MapError(f"no maps for split {split} in {p}; available: {have}")
         return wanted
     raise MapError(f"map path {p} does not exist")
+
+
+def load_arm_maps(path: str | Path, split: int | None) -> RidgeMaps:
+    """An arm's maps: from a folder, the file of `split`; a file as it is (the arm checks its split)."""
+    return load_maps(path, split if Path(path).is_dir() else None)
 
 
 def load_maps(path: str | Path, split: int | None = None) -> RidgeMaps:

@@ -51,6 +51,15 @@ class PrefillMethod(Protocol):
         ...
 
 
+def input_device(model: Any) -> torch.device:
+    """Where a model's input ids go: its input embedding's device, or for a model placed by
+    accelerate (device_map, CPU/disk offload) the embedding's execution device."""
+    embedding = model.get_input_embeddings()
+    hook = getattr(embedding, "_hf_hook", None)
+    device = getattr(hook, "execution_device", None)
+    return torch.device(device) if device is not None else embedding.weight.device
+
+
 def check_prompt(input_ids: Any, model: Any) -> torch.Tensor:
     """`input_ids` as a 1 x N LongTensor of in-vocabulary ids, or a ValueError saying what it got."""
     if not isinstance(input_ids, torch.Tensor):
@@ -62,7 +71,7 @@ def check_prompt(input_ids: Any, model: Any) -> torch.Tensor:
     if input_ids.shape[1] == 0:
         raise ValueError("input_ids is empty: a prompt needs at least one token")
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    if vocab is not None:
+    if vocab is not None and input_ids.device.type != "meta":
         low, high = int(input_ids.min()), int(input_ids.max())
         if low < 0 or high >= vocab:
             bad = low if low < 0 else high
@@ -79,8 +88,7 @@ def generation_cache(method: PrefillMethod, prompt: list[int]) -> PrefillResult 
     """
     if len(prompt) < 2 or method.is_plain(len(prompt)):
         return None
-    device = next(method.model.parameters()).device
-    return method.prefill(torch.tensor([prompt[:-1]], device=device), for_generation=True)
+    return method.prefill(torch.tensor([prompt[:-1]], device=input_device(method.model)), for_generation=True)
 
 
 def empty_result(model: Any) -> PrefillResult:

@@ -36,7 +36,7 @@ from torch import nn
 from rf_eval import engine
 from rf_eval.api import default_device, parse_dtype
 from rf_eval.engine import Plan, PrefillResult, new_cache, num_layers
-from rf_eval.method import check_prompt, generation_cache
+from rf_eval.method import check_prompt, generation_cache, input_device
 from rf_eval.rarecache.arm_spec import RaReCacheArm
 from rf_eval.rarecache.features import cache_entries, check_attention_only, prefill_cache
 from rf_eval.rarecache.maps import SIDES, TransferMaps, check_tokenizers, load_transfer_maps
@@ -122,7 +122,7 @@ class RaReCache:
 
     @property
     def device(self) -> torch.device:
-        return next(self.target.parameters()).device
+        return input_device(self.target)
 
     # -- the prompt ---------------------------------------------------------------
     def is_plain(self, n: int) -> bool:

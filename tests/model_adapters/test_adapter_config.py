@@ -1,52 +1,59 @@
-"""model_args of `--model ridgefill`: parsed once, typed, and refused early when wrong."""
+"""model_args of `--model ridgefill`: the arm's keys checked once and early; every `hf` key works as for `hf`."""
 
 from __future__ import annotations
 
 import pytest
 from adapter_helpers import identity_maps
 
-from rf_eval.model_adapters.config import ModelArgsError, RidgeFillConfig, parse_model_args
-from rf_eval.model_adapters.ridgefill import RidgeFillLM
+from rf_eval.model_adapters.config import ModelArgsError
+from rf_eval.model_adapters.ridgefill import RidgeFillLM, parse_ridgefill_args
 
 
-def parse(args, extra=None) -> RidgeFillConfig:
-    return parse_model_args(RidgeFillConfig, args, extra)
+def parse(args: dict):
+    return parse_ridgefill_args(args)
 
 
-def test_values_are_typed_and_lm_eval_flags_merge():
-    cfg = parse("pretrained=/m,fill=identity,tail=16,split=3,dtype=float32", {"batch_size": "4", "device": "cpu"})
-    assert (cfg.tail, cfg.split, cfg.batch_size, cfg.device, cfg.dtype) == (16, 3, 4, "cpu", "float32")
-    # model_args win over lm-eval's flags; None flags are ignored
-    cfg = parse({"pretrained": "/m", "fill": "exact", "batch_size": 2}, {"batch_size": 8, "max_batch_size": None})
-    assert cfg.batch_size == 2 and cfg.max_batch_size is None
-    assert parse("pretrained=/m,fill=exact", {"batch_size": "auto:4"}).continuation_batch == 1
+def test_values_are_typed_and_lm_eval_flags_merge(tiny_model_dir):
+    llama = tiny_model_dir("llama")
+    settings, hf = parse({"pretrained": llama, "fill": "identity", "tail": "16", "split": "3", "dtype": "float32",
+                          "batch_size": "4", "device": "cpu"})
+    assert (settings.arm.tail, settings.arm.split, settings.arm.fill) == (16, 3, "identity")
+    assert hf == {"dtype": "float32", "batch_size": "4", "device": "cpu"}  # hf's keys go to HFLM untouched
+    settings, _ = parse({"pretrained": llama, "fill": "exact"})
+    assert settings.arm.split == 3  # L // 2, resolved against the model's config
     with pytest.raises(AttributeError):
-        cfg.tail = 3  # frozen
+        settings.arm.tail = 3  # frozen
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        ("pretrained=/m,fill=exact,tial=3", "unknown model_args key(s): 'tial'; valid keys: pretrained, tokenizer"),
-        ("pretrained=/m", "missing required model_args key(s): fill"),
-        ("pretrained=/m,fill=ridge", "fill=ridge needs maps="),
-        ("pretrained=/m,fill=rigde", "fill='rigde' is not valid; valid fills: exact, nofill, identity, ridge"),
-        ("pretrained=/m,fill=exact,tail=0", "tail must be >= 1"),
-        ("pretrained=/m,fill=exact,tail=abc", "tail='abc' has the wrong type; expected int"),
-        ("pretrained=/m,fill=exact,dtype=float8", "dtype='float8' is not valid"),
-        ("pretrained=/m,fill=exact,reference=ridge", "reference='ridge' is not valid; valid: exact"),
-        ("pretrained=/m,fill=exact,batch_size=lots", "batch_size='lots'"),
-        ("pretrained=/m,fill=ridge,maps=/nowhere", "maps='/nowhere': map path /nowhere does not exist"),
-        ("pretrained=/m,fill=identity,selector=atention", "selector='atention': unknown selector 'atention'"),
-        ("pretrained=/m,fill=identity,corrections=rescale(c=4)", "corrections='rescale(c=4)': unknown correction"),
-        ("pretrained=/m,fill=identity,splice=queries", "splice='queries' is not valid; valid splices: keys"),
-        ("pretrained=/m,fill=nofill,splice=keys", "they need fill=identity or ridge, not fill=nofill"),
-        ("pretrained=/m,fill=identity,cost_match=ridge", "cost_match lengthens a nofill arm's tail"),
+        ("fill=exact,tial=3", "unknown model_args key(s): 'tial' (did you mean 'tail'?)"),
+        ("fill=exact,selector_args=x", "unknown model_args key(s): 'selector_args' (did you mean 'selector'?)"),
+        ("tail=3", "missing required model_args key(s): fill"),
+        ("fill=ridge", "fill=ridge needs maps="),
+        ("fill=rigde", "fill='rigde' is not valid; valid fills: exact, nofill, identity, ridge"),
+        ("fill=exact,tail=0", "tail must be >= 1"),
+        ("fill=exact,tail=abc", "tail='abc' has the wrong type; expected int"),
+        ("fill=exact,dtype=float8", "dtype='float8' is not valid"),
+        ("fill=exact,reference=ridge", "reference='ridge' is not valid; valid: exact"),
+        ("fill=exact,batch_size=lots", "batch_size='lots'"),
+        ("fill=ridge,maps=/nowhere", "maps='/nowhere': map path /nowhere does not exist"),
+        ("fill=identity,selector=atention", "selector='atention': unknown selector 'atention'"),
+        ("fill=identity,corrections=rescale(c=4)", "corrections='rescale(c=4)': unknown correction"),
+        ("fill=identity,splice=queries", "splice='queries' is not valid; valid splices: keys"),
+        ("fill=nofill,splice=keys", "they need fill=identity or ridge, not fill=nofill"),
+        ("fill=identity,cost_match=ridge", "cost_match lengthens a nofill arm's tail"),
+        ("fill=identity,split=6", "split=6 is outside 1..5 for this 6-layer model"),
+        ("fill=exact,pretrained=/no/such/model", "pretrained='/no/such/model'"),
     ],
 )
-def test_bad_model_args_name_the_key(args, message):
+def test_bad_model_args_name_the_key(tiny_model_dir, args, message):
+    from lm_eval.utils import simple_parse_args_string
+
+    given = {"pretrained": tiny_model_dir("llama"), **simple_parse_args_string(args)}
     with pytest.raises(ModelArgsError) as err:
-        parse(args)
+        parse(given)
     assert message in str(err.value)
 
 
@@ -54,9 +61,9 @@ def test_maps_contradictions_fail_before_the_weights_load(tiny_model_dir, tmp_pa
     llama, qwen = tiny_model_dir("llama"), tiny_model_dir("qwen3")
     maps = identity_maps(llama, 3, tmp_path / "maps")
     with pytest.raises(ModelArgsError, match="split=2 contradicts the maps, fitted for split 3"):
-        parse(f"pretrained={llama},fill=ridge,maps={maps},split=2")
+        parse({"pretrained": llama, "fill": "ridge", "maps": str(maps), "split": 2})
     with pytest.raises(ModelArgsError, match="no maps for split 2"):
-        parse(f"pretrained={llama},fill=ridge,maps={maps.parent},split=2")
+        parse({"pretrained": llama, "fill": "ridge", "maps": str(maps.parent), "split": 2})
 
     import transformers
 
@@ -72,21 +79,95 @@ def test_maps_contradictions_fail_before_the_weights_load(tiny_model_dir, tmp_pa
         RidgeFillLM.create_from_arg_obj({"pretrained": llama, "fill": "exact", "selector_args": "share=0.1"})
 
 
-def test_demo_is_the_default_model_and_brings_its_maps(monkeypatch, tmp_path):
+def test_demo_is_the_default_model_and_brings_its_maps(monkeypatch, tiny_model_dir, tmp_path):
     """No pretrained (or pretrained=demo): the demo model, and for fill=ridge the demo's maps."""
     from rf_eval import demo, demo_model
-    from rf_eval.model_adapters.config import RidgeFillConfig, parse_model_args
 
-    model_dir = tmp_path / "cache" / "demo-model" / "m"
-    maps_dir = tmp_path / "maps"
+    model_dir = tiny_model_dir("llama")
+    maps = identity_maps(model_dir, 3, tmp_path / "maps")
     monkeypatch.setattr(demo_model, "resolve_pretrained", lambda name, log=None: str(model_dir))
-    monkeypatch.setattr(demo, "demo_maps", lambda d, s: maps_dir)
-    seen = {}
-    monkeypatch.setattr(RidgeFillConfig, "check", lambda self: seen.setdefault("cfg", self))
+    monkeypatch.setattr(demo, "demo_maps", lambda d, s: maps)
+    monkeypatch.setattr(demo, "SPLIT", 3)  # the tiny model's split in place of the demo model's
     for given in ({}, {"pretrained": "demo"}, {"pretrained": "DEMO", "fill": "ridge"}):
-        cfg = parse_model_args(RidgeFillConfig, given)
-        assert (cfg.pretrained, cfg.fill, cfg.maps, cfg.split) == (str(model_dir), "ridge", str(maps_dir), demo.SPLIT)
-    cfg = parse_model_args(RidgeFillConfig, {"pretrained": "demo", "fill": "identity", "split": 5})
-    assert (cfg.fill, cfg.maps, cfg.split) == ("identity", None, 5)
-    cfg = parse_model_args(RidgeFillConfig, {"pretrained": "/m", "fill": "exact"})
-    assert cfg.pretrained == "/m"
+        settings, _ = parse(given)
+        assert (settings.pretrained, settings.arm.fill, settings.maps) == (model_dir, "ridge", str(maps))
+        assert settings.arm.split == demo.SPLIT
+    settings, _ = parse({"pretrained": "demo", "fill": "identity", "split": 2})
+    assert (settings.arm.fill, settings.maps, settings.arm.split) == ("identity", None, 2)
+
+
+# -- every `hf` model_arg works as for `--model hf` ---------------------------------------------------
+
+THINKING_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
+    "{% endif %}"
+)
+
+
+@pytest.fixture
+def thinking_model(tiny_model_dir, tmp_path):
+    """The tiny Qwen3 with a chat template that has Qwen3's `enable_thinking` switch."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "qwen3_thinking"
+    shutil.copytree(tiny_model_dir("qwen3"), folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.chat_template = THINKING_TEMPLATE
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def test_enable_thinking_false_reaches_the_chat_template(thinking_model):
+    chat = [{"role": "user", "content": "What is 2 + 2?"}]
+    off = RidgeFillLM(pretrained=thinking_model, fill="identity", tail=8, enable_thinking=False, device="cpu")
+    on = RidgeFillLM(pretrained=thinking_model, fill="identity", tail=8, device="cpu")
+    assert off.apply_chat_template(chat).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert on.apply_chat_template(chat).endswith("<|im_start|>assistant\n")
+    extra = RidgeFillLM(pretrained=thinking_model, fill="exact", device="cpu",
+                        chat_template_args={"enable_thinking": False})
+    assert extra.apply_chat_template(chat) == off.apply_chat_template(chat)
+
+
+def test_revision_and_trust_remote_code_reach_from_pretrained(tiny_model_dir, monkeypatch):
+    import transformers
+
+    seen = []
+    original = transformers.AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", spy)
+    lm = RidgeFillLM.create_from_arg_string(
+        f"pretrained={tiny_model_dir('llama')},fill=identity,tail=8,revision=main,trust_remote_code=True",
+        {"device": "cpu"},
+    )
+    assert seen and seen[0]["revision"] == "main" and seen[0]["trust_remote_code"] is True
+    assert lm.get_model_info()["model_revision"] == "main"
+    assert lm.get_model_info()["rf_eval"]["fill"] == "identity"
+
+
+def test_parallelize_places_the_model_as_hf_does(tiny_model_dir, tmp_path):
+    """parallelize=True: HFLM's accelerate placement (on a CPU-only machine: weights offloaded to
+    `offload_folder`); the filled arm then runs on the placed model."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    path = tiny_model_dir("llama")
+    args = dict(pretrained=path, parallelize=True, dtype="float32", device="cpu", offload_folder=str(tmp_path))
+    hf = HFLM(**args)
+    rf = RidgeFillLM(fill="exact", **args)
+    filled = RidgeFillLM(fill="identity", tail=4, **args)
+    assert getattr(rf.model, "hf_device_map", None) == getattr(hf.model, "hf_device_map", None)
+    reqs = [Instance("loglikelihood", {}, ("the cat sat on the mat " * 3, " and the dog"), 0)]
+    want = hf.loglikelihood(reqs, disable_tqdm=True)
+    assert rf.loglikelihood(reqs, disable_tqdm=True) == want  # fill=exact is hf, bitwise
+    got = filled.loglikelihood(reqs, disable_tqdm=True)
+    assert got[0][0] != want[0][0]  # the filled arm really ran the engine
