@@ -12,6 +12,10 @@ Gated DeltaNet layer (input projections, short convolution, recurrent
 update); nothing in `nofill`. The engine feeds layer S the true split state,
 so maps are charged from layer S+1 on. Selected exact prefix rows are
 charged attention at the mean prefix position, (N - T) / 2.
+
+What a layer holds is read from the model's family (`rf_eval.families`):
+its `gated_attention`, `moe_mlp` and `linear_attention` facts say which
+config fields describe the layers.
 """
 
 from __future__ import annotations
@@ -39,9 +43,9 @@ class LayerCost:
     attn_per_key: int  # per (query, key) pair: scores + weighted values (attention layers)
 
 
-def _mlp_macs(config, layer_index: int) -> int:
+def _mlp_macs(config, layer_index: int, moe: bool) -> int:
     d = config.hidden_size
-    experts = getattr(config, "num_experts", 0) or 0
+    experts = (getattr(config, "num_experts", 0) or 0) if moe else 0
     sparse_step = getattr(config, "decoder_sparse_step", 1) or 1
     mlp_only = getattr(config, "mlp_only_layers", None) or []
     if experts and layer_index not in mlp_only and (layer_index + 1) % sparse_step == 0:
@@ -52,16 +56,19 @@ def _mlp_macs(config, layer_index: int) -> int:
 
 
 def layer_costs(config) -> list[LayerCost]:
+    from rf_eval.families import family_class_for
+
+    family = family_class_for(config)
     d = config.hidden_size
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", heads) or heads
     head_dim = getattr(config, "head_dim", None) or d // heads
-    gated = config.model_type in ("qwen3_5", "qwen3_5_text", "qwen3_next")
+    gated = family.gated_attention
     types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
     costs = []
     for i, kind in enumerate(types):
-        mlp = _mlp_macs(config, i)
-        if kind == "linear_attention":
+        mlp = _mlp_macs(config, i, family.moe_mlp)
+        if family.linear_attention and kind == "linear_attention":
             kd = config.linear_key_head_dim * config.linear_num_key_heads
             vd = config.linear_value_head_dim * config.linear_num_value_heads
             nv = config.linear_num_value_heads

@@ -5,13 +5,23 @@ and `AutoTokenizer.from_pretrained(out_dir)` load like any checkpoint. The
 tokenizer is byte-level with no merges: every byte is one token (so every
 digit is a single token, as in the real models the RULER tasks assume), plus
 ChatML special tokens and a chat template.
+
+The families are those of `rf_eval.families.registered_families()`; each
+family's tiny config is its own `tiny_config` (the shapes below plus the
+family's `tiny_settings`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-FAMILIES = ("llama", "qwen3", "qwen3_5", "qwen3_next", "mistral")
+from rf_eval.families import family_class, registered_families
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+FAMILIES: tuple[str, ...] = registered_families()
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
@@ -24,7 +34,7 @@ CHAT_TEMPLATE = (
 
 # Shapes shared by all families: small enough for fast CPU tests, large enough
 # that grouped-query attention, QK-norm and partial RoPE are all exercised.
-_COMMON = dict(
+TINY_SHAPES: dict[str, Any] = dict(
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=6,
@@ -35,7 +45,8 @@ _COMMON = dict(
     rms_norm_eps=1e-6,
     tie_word_embeddings=False,
 )
-_HYBRID = dict(
+# Shared by the hybrid families (Qwen3.5, Qwen3-Next) in their `tiny_settings`.
+TINY_HYBRID: dict[str, Any] = dict(
     linear_conv_kernel_dim=4,
     linear_key_head_dim=16,
     linear_value_head_dim=16,
@@ -63,42 +74,19 @@ def build_tokenizer():
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         additional_special_tokens=["<|im_start|>"],
-        model_max_length=_COMMON["max_position_embeddings"],
+        model_max_length=TINY_SHAPES["max_position_embeddings"],
         clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
 
-def tiny_config(family: str, vocab_size: int, **overrides):
+def tiny_config(family: str, vocab_size: int, **overrides: Any) -> PretrainedConfig:
     """The `transformers` config of the tiny model of `family` (`overrides` replace shared shapes)."""
-    import transformers as tf
-
-    ids = dict(vocab_size=vocab_size, pad_token_id=vocab_size - 3, eos_token_id=vocab_size - 1)
-    common = {**_COMMON, **overrides}
-    if family == "llama":
-        return tf.LlamaConfig(**common, **ids, rope_theta=10000.0)
-    if family == "qwen3":
-        return tf.Qwen3Config(**common, **ids)
-    if family == "mistral":
-        return tf.MistralConfig(**common, **ids, sliding_window=None)  # v0.2 and later: no sliding window
-    if family == "qwen3_5":
-        return tf.Qwen3_5TextConfig(**common, **_HYBRID, **ids)
-    if family == "qwen3_next":
-        return tf.Qwen3NextConfig(
-            **common,
-            **_HYBRID,
-            **ids,
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=32,
-            decoder_sparse_step=1,
-        )
-    raise ValueError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
+    return family_class(family).tiny_config(vocab_size, **overrides)
 
 
-def make_tiny_model(family: str, out_dir: str | Path, seed: int = 0, **overrides) -> Path:
+def make_tiny_model(family: str, out_dir: str | Path, seed: int = 0, **overrides: Any) -> Path:
     """Write a tiny random model of `family` plus the local tokenizer to `out_dir`.
 
     Deterministic: the same family, seed and `overrides` (config shapes, e.g.
@@ -107,13 +95,11 @@ def make_tiny_model(family: str, out_dir: str | Path, seed: int = 0, **overrides
     import torch
     from transformers import AutoModelForCausalLM
 
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     vocab = len(tokenizer)
-    config = tiny_config(family, vocab_size=vocab, **overrides)
+    config = tiny_config(family, vocab_size=vocab, **overrides)  # an unknown family fails before any write
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     config.bos_token_id = None
     config.pad_token_id = tokenizer.pad_token_id
     config.eos_token_id = tokenizer.eos_token_id

@@ -18,7 +18,7 @@ import pandas as pd
 
 from rf_eval.stats.bootstrap import paired_bootstrap
 from rf_eval.stats.discordance import mcnemar_exact, sign_test
-from rf_eval.stats.noninferiority import decide_noninferiority
+from rf_eval.stats.margin import decide_noninferiority
 from rf_eval.stats.perplexity import perplexity_gap
 from rf_eval.stats.tails import location
 

@@ -10,8 +10,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-FAMILIES = ("llama", "qwen3", "qwen3_5", "qwen3_next", "mistral")
-
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):

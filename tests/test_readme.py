@@ -29,8 +29,8 @@ something else.
 
 The "Two commands" block is not run (it installs packages): its parts are
 checked against .ci/run and tests/test_demo.py. The "Adding a model family"
-block is imported as a family module, registered as the README says, and
-checked on a tiny Mistral model.
+block is the shipped rf_eval/families/mistral.py, word for word, which the
+registry finds by itself and which is checked on a tiny Mistral model.
 """
 
 from __future__ import annotations
@@ -147,9 +147,9 @@ def test_two_commands_are_what_ci_runs():
     assert re.search(r"@pytest\.mark\.slow\s+def test_quick_demo_runs_end_to_end", test_demo)
 
 
-def test_adding_a_model_family(tmp_path, monkeypatch, one_torch_thread):
-    """The README's family module, listed in FAMILY_MODULES as the README says, runs a tiny Mistral
-    (and is the shipped rf_eval/families/mistral.py)."""
+def test_adding_a_model_family(one_torch_thread):
+    """The README's family module is the shipped rf_eval/families/mistral.py, found with no list to edit,
+    and runs a tiny Mistral."""
     import transformers as tf
 
     from rf_eval import families
@@ -159,10 +159,13 @@ def test_adding_a_model_family(tmp_path, monkeypatch, one_torch_thread):
     from rf_eval.maps import identity_fill
 
     block = blocks_by_section()["Adding a model family"]
-    (tmp_path / "readme_family.py").write_text(block.text)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    shipped = families.FAMILY_MODULES["mistral"]
-    monkeypatch.setitem(families.FAMILY_MODULES, "mistral", "readme_family:Mistral")  # the README's module runs
+    header = "# rf_eval/families/mistral.py\n"
+    assert block.text.startswith(header)
+    assert block.text[len(header):] == (ROOT / "rf_eval" / "families" / "mistral.py").read_text()
+    assert "mistral" in families.registered_families()  # found by itself: no list names it
+    shipped = families.family_class("mistral")
+    assert families.supported_model_types()["mistral"] == "mistral"
+    assert shipped.tiny_config(259).sliding_window is None  # its tiny model is one the engine serves
 
     def tiny(**overrides):
         config = tf.MistralConfig(vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
@@ -179,12 +182,7 @@ def test_adding_a_model_family(tmp_path, monkeypatch, one_torch_thread):
 
     model, n, tail = tiny(sliding_window=None), 48, 8
     family = families.family_for(model.config)
-    assert type(family).__module__ == "readme_family" and type(family).__name__ == "Mistral"
-    # the block is the shipped module (rf_eval/families/mistral.py, as its first line says)
-    from rf_eval.families.mistral import Mistral
-
-    assert (type(family).model_types, type(family).apply_rope) == (Mistral.model_types, Mistral.apply_rope)
-    assert block.text.startswith(f'# rf_eval/families/mistral.py, listed as "mistral": "{shipped}"')
+    assert type(family) is shipped and type(family).__module__ == "rf_eval.families.mistral"
     ids = torch.randint(0, 250, (1, n), generator=torch.Generator().manual_seed(0))
     ref = plain_prefill(model, ids)
     # fill off: bitwise the plain forward

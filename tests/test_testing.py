@@ -39,3 +39,11 @@ def test_cli_tiny_model_rejects_unknown_family(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["tiny-model", "--family", "gpt2", "--out", str(tmp_path)])
     assert "invalid choice: 'gpt2'" in capsys.readouterr().err
+
+
+def test_make_tiny_model_rejects_unknown_family_before_writing(tmp_path):
+    import pytest
+
+    with pytest.raises(ValueError, match=r"unknown family 'gpt2'; valid families: llama, mistral, qwen3"):
+        make_tiny_model("gpt2", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from rf_eval.testing import FAMILIES, make_tiny_model
+from rf_eval.families import registered_families
+from rf_eval.testing import make_tiny_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--family", required=True, choices=FAMILIES)
+    parser.add_argument("--family", required=True, choices=registered_families())
     parser.add_argument("--out", required=True, help="folder to write the model and tokenizer to")
     parser.add_argument("--seed", type=int, default=0)
 

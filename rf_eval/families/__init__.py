@@ -1,39 +1,112 @@
-"""Model families, chosen by the HF config's `model_type`."""
+"""Model families, found by themselves and chosen by the HF config's `model_type`.
+
+Every module of this package except `base` (and names starting with `_`) is
+one family, named after its module (`qwen3_5`), and defines one `Family`
+subclass that describes itself (see `rf_eval.families.base`). Nothing lists
+the families: `registered_families()` reads the package's folders, so a new
+family is one new module.
+
+Folders named in the environment variable `RF_EVAL_FAMILY_PATH` (separated
+like PATH) are searched too, read once when this package is first imported:
+their modules import as `rf_eval.families.<name>`. This is how a family is
+tried out, or tested, without writing into the installed package.
+
+Family modules import only when needed (each pulls in a `transformers`
+modeling file): `registered_families()` imports none, `family_class(name)`
+one, and the first `family_for(config)` all of them, to map model types.
+"""
 
 from __future__ import annotations
 
 import importlib
+import os
+import pkgutil
+from functools import cache
 
 from rf_eval.families.base import Family
 
-# model_type -> "module:Class"; modules import lazily (each pulls in a transformers model file).
-FAMILY_MODULES: dict[str, str] = {
-    "llama": "rf_eval.families.llama:Llama",
-    "qwen3": "rf_eval.families.qwen3:Qwen3",
-    "mistral": "rf_eval.families.mistral:Mistral",
-    "qwen3_5_text": "rf_eval.families.qwen3_5:Qwen3_5",
-    "qwen3_5": "rf_eval.families.qwen3_5:Qwen3_5",
-    "qwen3_next": "rf_eval.families.qwen3_next:Qwen3Next",
-}
+FAMILY_PATH_ENV = "RF_EVAL_FAMILY_PATH"
+_NOT_FAMILIES = frozenset({"base"})
+
+__path__ = [*__path__, *(p for p in os.environ.get(FAMILY_PATH_ENV, "").split(os.pathsep) if p)]
+
+
+@cache
+def _scan(path: tuple[str, ...]) -> tuple[str, ...]:
+    where: dict[str, str] = {}
+    for folder in path:
+        for info in pkgutil.iter_modules([folder]):
+            if info.name.startswith("_") or info.name in _NOT_FAMILIES:
+                continue
+            if info.name in where:
+                raise ValueError(f"family {info.name!r} is defined twice: in {where[info.name]} and in {folder}")
+            where[info.name] = folder
+    return tuple(sorted(where))
+
+
+def registered_families() -> tuple[str, ...]:
+    """The names of every family (its module's name), sorted; imports no family module."""
+    return _scan(tuple(__path__))
+
+
+def family_class(name: str) -> type[Family]:
+    """The `Family` subclass that the module `rf_eval.families.<name>` defines."""
+    if name not in registered_families():
+        raise ValueError(f"unknown family {name!r}; valid families: {', '.join(registered_families())}")
+    module = importlib.import_module(f"{__name__}.{name}")
+    found = [
+        value for value in vars(module).values()
+        if isinstance(value, type) and issubclass(value, Family) and value.__module__ == module.__name__
+        and value.model_types
+    ]  # fmt: skip
+    if len(found) != 1:
+        raise TypeError(
+            f"family module {module.__name__} must define exactly one Family subclass that sets model_types; "
+            f"it defines {[cls.__name__ for cls in found]}"
+        )
+    return found[0]
+
+
+@cache
+def _model_types(path: tuple[str, ...]) -> dict[str, str]:
+    families: dict[str, str] = {}
+    for name in _scan(path):
+        for model_type in family_class(name).model_types:
+            if model_type in families:
+                raise ValueError(f"model_type {model_type!r} is claimed by families {families[model_type]!r} "
+                                 f"and {name!r}")
+            families[model_type] = name
+    return families
+
+
+def supported_model_types() -> dict[str, str]:
+    """Every supported `model_type` -> the name of the family that serves it (imports every family)."""
+    return dict(_model_types(tuple(__path__)))
+
+
+def family_class_for(config) -> type[Family]:
+    """The family class of a config's `model_type`; a clear error for unsupported types."""
+    model_type = getattr(config, "model_type", None)
+    families = _model_types(tuple(__path__))
+    if model_type not in families:
+        raise ValueError(
+            f"model_type {model_type!r} has no rf-eval family; supported: {', '.join(sorted(families))}. "
+            "Add one module under rf_eval/families/ (see README, 'Adding a model family')."
+        )
+    return family_class(families[model_type])
 
 
 def family_for(config) -> Family:
-    """The family object for a model config; a clear error for unsupported types."""
-    model_type = getattr(config, "model_type", None)
-    if model_type not in FAMILY_MODULES:
-        raise ValueError(
-            f"model_type {model_type!r} has no rf-eval family; supported: {', '.join(sorted(FAMILY_MODULES))}. "
-            "Add one module under rf_eval/families/ (see README, 'Adding a model family')."
-        )
+    """The family object for a model config; a clear error for unsupported types and sliding windows."""
+    cls = family_class_for(config)
     window = sliding_window(config)
     if window is not None:
         raise ValueError(
-            f"this {model_type!r} model's attention uses a sliding window of {window} tokens; rf-eval's engine "
-            "attends over the whole prefix, so its filled arms would not be this model: sliding-window layers "
-            "are not supported (checkpoints with sliding_window null are)"
+            f"this {config.model_type!r} model's attention uses a sliding window of {window} tokens; rf-eval's "
+            "engine attends over the whole prefix, so its filled arms would not be this model: sliding-window "
+            "layers are not supported (checkpoints with sliding_window null are)"
         )
-    module, cls = FAMILY_MODULES[model_type].split(":")
-    return getattr(importlib.import_module(module), cls)()
+    return cls()
 
 
 def sliding_window(config) -> int | None:
@@ -50,4 +123,7 @@ def sliding_window(config) -> int | None:
     return None if limit is not None and window >= limit else int(window)
 
 
-__all__ = ["FAMILY_MODULES", "Family", "family_for", "sliding_window"]
+__all__ = [
+    "FAMILY_PATH_ENV", "Family", "family_class", "family_class_for", "family_for",
+    "registered_families", "sliding_window", "supported_model_types",
+]  # fmt: skip

@@ -7,24 +7,51 @@ has one), the attention output projection, and the MLP. Everything else
 (embedding, masks, RoPE tables, final norm) stays inside the `transformers`
 model, and every weight and function used here is the module's own.
 
-A new architecture is one module that subclasses `Family`, sets
-`model_types`, and is listed in `rf_eval.families.FAMILY_MODULES`.
+A family also describes itself, so that a new architecture is one module
+under rf_eval/families/ (found by `rf_eval.families.registered_families`,
+no list to edit): the `model_types` it serves, the tiny random test model
+(`tiny_config`: the shared shapes of `rf_eval.testing` plus `tiny_settings`)
+and the facts the MAC cost model (`rf_eval.cost`) branches on.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 class Family:
     """Layer internals of one architecture (default: Llama-style attention)."""
 
+    #: the HF config `model_type`s this family serves; the first is its tiny test model's
     model_types: ClassVar[tuple[str, ...]] = ()
     #: function `(q, k, cos, sin) -> (q_rot, k_rot)` from the model's modeling module
     apply_rope: ClassVar = None
+    #: config arguments of the tiny test model beyond `rf_eval.testing.TINY_SHAPES`
+    tiny_settings: ClassVar[dict[str, Any]] = {}
+
+    # -- facts of the MAC cost model (rf_eval.cost) ------------------------------------
+    #: q_proj also yields a sigmoid output gate, as wide as the queries
+    gated_attention: ClassVar[bool] = False
+    #: the config's `num_experts`, `moe_intermediate_size`, ... describe a sparse MoE MLP
+    moe_mlp: ClassVar[bool] = False
+    #: the config's `layer_types` name Gated DeltaNet (`linear_attention`) layers
+    linear_attention: ClassVar[bool] = False
+
+    @classmethod
+    def tiny_config(cls, vocab_size: int, **overrides: Any) -> PretrainedConfig:
+        """The config of this family's tiny random model (`overrides` replace shared shapes and settings)."""
+        from transformers import AutoConfig
+
+        from rf_eval.testing import TINY_SHAPES
+
+        ids = dict(vocab_size=vocab_size, pad_token_id=vocab_size - 3, eos_token_id=vocab_size - 1)
+        return AutoConfig.for_model(cls.model_types[0], **{**TINY_SHAPES, **ids, **cls.tiny_settings, **overrides})
 
     # -- layer kinds -------------------------------------------------------------
     @staticmethod
@@ -76,6 +103,8 @@ class Family:
 
 class GatedAttentionFamily(Family):
     """Qwen3.5 / Qwen3-Next attention: q_proj yields query and a sigmoid output gate."""
+
+    gated_attention = True
 
     def query(self, attn: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         lead = h.shape[:-1]

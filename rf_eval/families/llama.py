@@ -8,3 +8,4 @@ from rf_eval.families.base import Family
 class Llama(Family):
     model_types = ("llama",)
     apply_rope = staticmethod(modeling_llama.apply_rotary_pos_emb)
+    tiny_settings = dict(rope_theta=10000.0)

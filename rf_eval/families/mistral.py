@@ -13,3 +13,4 @@ from rf_eval.families.base import Family
 class Mistral(Family):
     model_types = ("mistral",)
     apply_rope = staticmethod(modeling_mistral.apply_rotary_pos_emb)
+    tiny_settings = dict(sliding_window=None)  # v0.2 and later: no sliding window

@@ -20,16 +20,18 @@ from torch import nn
 from transformers import DynamicCache
 
 from rf_eval.engine import decoder_layers, new_cache
-from rf_eval.families import Family, family_for
+from rf_eval.families import Family, family_class, family_for, registered_families
 
 
 def check_attention_only(model: nn.Module, role: str) -> Family:
     """The model's family; a clear error when it has layers without a KV cache (hybrids)."""
     family = family_for(model.config)
     if any(family.is_recurrent(layer) for layer in decoder_layers(model)):
+        attention_only = [name for name in registered_families() if not family_class(name).linear_attention]
         raise ValueError(
             f"RaReCache maps KV caches; the {role} model ({model.config.model_type}) has Gated DeltaNet "
-            "layers, which hold no per-token cache entry. Use an attention-only family (llama, qwen3)."
+            f"layers, which hold no per-token cache entry. Use an attention-only family "
+            f"({', '.join(attention_only)})."
         )
     return family
 

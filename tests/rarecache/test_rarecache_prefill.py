@@ -9,12 +9,13 @@ import torch
 from transformers import DynamicCache
 
 from rf_eval import engine
+from rf_eval.families import family_class, registered_families
 from rf_eval.rarecache.api import RaReCache
 from rf_eval.rarecache.features import cache_entries, prefill_cache
 from rf_eval.rarecache.maps import SIDES
 from rf_eval.rarecache.selectors import SELECTORS
 
-FAMILIES = ("llama", "qwen3")
+FAMILIES = tuple(name for name in registered_families() if not family_class(name).linear_attention)  # KV caches only
 
 
 def make(fitted, family, **kw) -> RaReCache:

@@ -1,4 +1,4 @@
-"""rf_eval.stats.noninferiority: the binomial floor and which bound binds (paper section 3.4)."""
+"""rf_eval.stats.margin (`noninferiority`): the binomial floor and which bound binds (paper section 3.4)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rf_eval.stats.bootstrap import paired_bootstrap
-from rf_eval.stats.noninferiority import binomial_floor, decide_noninferiority, noninferiority
+from rf_eval.stats.margin import binomial_floor, decide_noninferiority, noninferiority
 
 
 @pytest.mark.parametrize(("n", "floor"), [(216, -1.38), (219, -1.36), (138, -2.15)])
