@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -181,8 +182,7 @@ class RidgeFill:
             return self.model.generate(input_ids, **kwargs)
         # The engine prefills all but the last prompt row (with the tail shortened by one,
         # so every row keeps its class); generate then runs that row exactly, as a tail row.
-        plan = self.plan
-        shorter = Plan(plan.split, max(plan.tail - 1, 1), plan.fill, plan.exact_rows, plan.chunk_size)
+        shorter = dataclasses.replace(self.plan, tail=max(self.plan.tail - 1, 1))
         result = self.prefill(input_ids[:, :-1], shorter)
         return self.model.generate(input_ids, cache=result.cache, **kwargs)
 

@@ -34,7 +34,6 @@ from rf_eval.families import Family, family_for
 from rf_eval.hooks import LateLayerHooks, LayerView, Selection
 
 FILL_SOURCES = ("exact", "nofill", "identity", "ridge")
-SPLICES = ("keys", "values", "both")
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,6 @@ class Plan:
     split: int
     tail: int
     fill: str = "exact"
-    exact_rows: tuple[int, ...] = ()
     chunk_size: int | None = None
     query_chunk: int = 4096
 
@@ -92,8 +90,6 @@ class PrefillResult:
 # A fill function maps (late layer index, split states of the filled rows) to that layer's predicted input.
 FillFn = Callable[[int, torch.Tensor], torch.Tensor]
 
-# Hooks the arms plug in; each sees the layer index and may change the tensors it is given.
-KVHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 SelectFn = Callable[["PrefillContext"], torch.Tensor]
 # A cache-to-cache fill: (layer index, filled rows) -> that layer's keys (rotated) and values for those rows.
 KVFillFn = Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -285,7 +281,6 @@ def late_layers(
     cache: DynamicCache,
     exact: torch.Tensor,
     fill: FillFn | None,
-    kv_hook: KVHook | None = None,
     kv_fill: KVFillFn | None = None,
     hooks: LateLayerHooks | None = None,
     filled_kv: FilledKV | None = None,
@@ -316,7 +311,7 @@ def late_layers(
     cos_q, sin_q = inputs.cos[:, exact], inputs.sin[:, exact]
     x_exact = x_split[:, exact]
     reuse = (
-        filled_kv is not None and not absent and kv_hook is None and hooks is None
+        filled_kv is not None and not absent and hooks is None
         and (filled.numel() == 0 or int(filled[-1]) < filled_kv.rows)
     )
 
@@ -359,8 +354,6 @@ def late_layers(
         else:
             attn = layer.self_attn
             k, v = family.kv(attn, h, cos_k, sin_k)
-            if kv_hook is not None:
-                k, v = kv_hook(index, k, v, key_rows)
             if view is not None and hooks.kv is not None:
                 k, v = hooks.kv(view, k, v)
             keys, values = cache.update(k, v, index)
@@ -444,7 +437,6 @@ def prefill(
     plan: Plan,
     fill: FillFn | None = None,
     select: SelectFn | None = None,
-    kv_hook: KVHook | None = None,
     capture: dict[int, slice] | None = None,
     kv_fill: KVFillFn | None = None,
     hooks: LateLayerHooks | None = None,
@@ -490,7 +482,7 @@ def prefill(
     if no_filled_rows:
         exact = torch.arange(n, device=input_ids.device)
     t2 = time.perf_counter()
-    x_exact = late_layers(model, family, plan, inputs, cache, exact, fill, kv_hook, kv_fill, hooks, filled_kv)
+    x_exact = late_layers(model, family, plan, inputs, cache, exact, fill, kv_fill, hooks, filled_kv)
     last = model.model.norm(x_exact[:, -1:])
     logits = model.lm_head(last)[:, -1]
     t3 = time.perf_counter()
