@@ -201,7 +201,8 @@ def test_exact_row_attention_spans_only_the_causal_keys(monkeypatch, keys_are_ex
         return real(q_, k_, v_, qp, kp, scale)
 
     monkeypatch.setattr(engine, "_attend", spy)
-    got = engine.attend_exact_rows(q, k, v, q_pos, k_pos, 0.3, engine.QueryChunks(query_chunk=4096, prefix_end=n - tail))
+    chunks = engine.QueryChunks(query_chunk=4096, prefix_end=n - tail)
+    got = engine.attend_exact_rows(q, k, v, q_pos, k_pos, 0.3, chunks)
     torch.testing.assert_close(got, whole, rtol=1e-5, atol=1e-6)
     assert sum(qp.numel() for qp, _ in calls) == q_pos.numel()
     for qp, n_keys in calls:

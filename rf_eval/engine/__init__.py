@@ -87,7 +87,7 @@ def runs_plain(plan: Plan, n: int, selects: bool) -> bool:
     return (plan.fill == "exact" or plan.tail >= n) and plan.chunk_size is None and not selects
 
 
-def exact_row_set(n: int, plan: Plan, selected: torch.Tensor | None, device) -> torch.Tensor:
+def exact_row_set(n: int, plan: Plan, selected: torch.Tensor | None, device: torch.device | str | None) -> torch.Tensor:
     """Sorted late-layer exact rows: the tail plus selected prefix rows (tail rows never selected)."""
     prefix_end = max(n - plan.tail, 0)
     rows = [torch.arange(prefix_end, n, device=device)]

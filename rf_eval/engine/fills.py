@@ -132,7 +132,9 @@ class NoFill(PredictedInput):
         super().__init__(None)
 
 
-def exact_rows_beside(step: LayerStep, index: int, x_exact: torch.Tensor, filled_kv: tuple, into: bool = False):
+def exact_rows_beside(
+    step: LayerStep, index: int, x_exact: torch.Tensor, filled_kv: tuple[torch.Tensor, torch.Tensor], into: bool = False
+) -> AttentionRows:
     """K/V of attention layer `index` at `rows.keys`: `filled_kv` for the filled rows, the exact rows' own beside.
 
     The exact rows' K/V come from their own normed input. `filled_kv` holds the
@@ -226,7 +228,9 @@ class LateLayerHooks:
     prefix_state: Callable[[LayerView, torch.Tensor], torch.Tensor] | None = None
 
 
-def scan_with_prefix_state(view: LayerView, prefix_state: Callable) -> torch.Tensor:
+def scan_with_prefix_state(
+    view: LayerView, prefix_state: Callable[[LayerView, torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
     """The stock Gated DeltaNet mixer over the prefix, then `prefix_state` on its state, then the tail.
 
     The conv and recurrent state carry across the two calls (the cache's own
