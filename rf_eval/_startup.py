@@ -24,7 +24,6 @@ MODELS = {
     "ridgefill": "rf_eval.model_adapters.ridgefill:RidgeFillLM",
     "rarecache": "rf_eval.model_adapters.rarecache:RaReCacheLM",
 }
-_WATCHED = ("lm_eval.models", "lm_eval.tasks.manager")
 
 
 def _register_models(module) -> None:

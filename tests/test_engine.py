@@ -181,7 +181,7 @@ def test_check_equivalence_command(tiny_model_dir, tiny_model, capsys):
 @pytest.mark.parametrize("keys_are_exact_rows", [False, True])
 def test_exact_row_attention_spans_only_the_causal_keys(monkeypatch, keys_are_exact_rows):
     """Selected prefix rows attend in small chunks over the keys up to their last position; same result."""
-    import rf_eval.engine as engine
+    import rf_eval.engine.attention as engine
 
     g = torch.Generator().manual_seed(3)
     n, tail, heads, kv_heads, dim = 400, 40, 4, 2, 8
@@ -201,7 +201,8 @@ def test_exact_row_attention_spans_only_the_causal_keys(monkeypatch, keys_are_ex
         return real(q_, k_, v_, qp, kp, scale)
 
     monkeypatch.setattr(engine, "_attend", spy)
-    got = engine.attend_exact_rows(q, k, v, q_pos, k_pos, 0.3, query_chunk=4096, prefix_end=n - tail)
+    chunks = engine.QueryChunks(query_chunk=4096, prefix_end=n - tail)
+    got = engine.attend_exact_rows(q, k, v, q_pos, k_pos, 0.3, chunks)
     torch.testing.assert_close(got, whole, rtol=1e-5, atol=1e-6)
     assert sum(qp.numel() for qp, _ in calls) == q_pos.numel()
     for qp, n_keys in calls:

@@ -4,7 +4,7 @@ Paper section 3. The source prefills the prompt; the transfer maps predict
 the target's cache for every position; the target recomputes the
 ceil(rho * T) selected positions exactly over that mixed cache (one set for
 all layers) through the shared partial-prefill engine (`engine.prefill` with
-split 0 and a cache-to-cache `kv_fill`). The result is the target's own
+split 0 and the mapped-K/V strategy `engine.MappedKV`). The result is the target's own
 `transformers` cache, so decoding is the stock target model.
 
 Budget and the last prompt row: the engine needs the last prompt row exact
@@ -35,7 +35,7 @@ from torch import nn
 
 from rf_eval import engine
 from rf_eval.api import default_device, parse_dtype
-from rf_eval.engine import Plan, PrefillResult, new_cache, num_layers
+from rf_eval.engine import MappedKV, Plan, PrefillResult, new_cache, num_layers
 from rf_eval.method import check_prompt, generation_cache, input_device
 from rf_eval.rarecache.arm_spec import RaReCacheArm
 from rf_eval.rarecache.features import cache_entries, check_attention_only, prefill_cache
@@ -187,14 +187,13 @@ class RaReCache:
     def _assemble(self, ids: torch.Tensor, mapped: MappedCache, rows: torch.Tensor, for_generation: bool):
         """The target cache: `rows` (and, for a full prompt, the last row) exact; every other row mapped."""
         n = ids.shape[1]
-        plan = Plan(split=0, tail=1, fill="ridge")
+        plan, fill = Plan(split=0, tail=1, fill="mapped"), MappedKV(mapped.kv_fill)
         if not for_generation:
-            return engine.prefill(self.target, ids, plan, kv_fill=mapped.kv_fill, select=lambda _ctx: rows)
+            return engine.prefill(self.target, ids, plan, fill=fill, select=lambda _ctx: rows)
         if rows.numel() == 0:
             return self._mapped_only(mapped, n, new_cache(self.target), 0)
         end = int(rows[-1]) + 1  # rows after the last exact one cannot change it: run the engine up to it
-        result = engine.prefill(self.target, ids[:, :end], plan, kv_fill=mapped.kv_fill,
-                                select=lambda _ctx: rows[:-1])
+        result = engine.prefill(self.target, ids[:, :end], plan, fill=fill, select=lambda _ctx: rows[:-1])
         return self._mapped_only(mapped, n, result.cache, end, result.exact_rows)
 
     def _mapped_only(self, mapped: MappedCache, n: int, cache, start: int, exact=None) -> PrefillResult:
@@ -222,8 +221,8 @@ class RaReCache:
                 engine.run_lower_layers(self.target, ids, m, cache)
             result = self._mapped_only(mapped, ids.shape[1], cache, 0)
         else:
-            plan = Plan(split=m, tail=1, fill="ridge")
-            result = engine.prefill(self.target, ids, plan, kv_fill=mapped.kv_fill)
+            plan = Plan(split=m, tail=1, fill="mapped")
+            result = engine.prefill(self.target, ids, plan, fill=MappedKV(mapped.kv_fill))
         t3 = self.clock()
         result.timings = {"source": t1 - t0, **mapped.timings, "select": 0.0, "target": t3 - t2,
                           "target_side": t3 - t1}

@@ -151,17 +151,18 @@ class Union(Selector):
 
     def select(self, req):
         ordered = [p for p in self.parts if p.on_top] + [p for p in self.parts if not p.on_top]
-        rows, tail = [], None
+        rows, tail, fill = [], None, None
         saved = req.exclude.clone()
         for part in ordered:
             got = part.select(req)
             rows.append(got.rows)
             if got.tail is not None:
                 tail = max(tail or 0, got.tail)
+            fill = fill if fill is not None else got.fill  # the first part's precomputed K/V (the probe's)
             if part.on_top and got.rows.numel():
                 req.exclude[got.rows] = True
         req.exclude = saved
-        return Selection(as_rows(torch.cat(rows)) if rows else torch.zeros(0, dtype=torch.long), tail)
+        return Selection(as_rows(torch.cat(rows)) if rows else torch.zeros(0, dtype=torch.long), tail, fill)
 
 
 def merge_captures(items) -> dict[int, tuple[int, int]]:

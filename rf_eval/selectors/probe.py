@@ -18,10 +18,11 @@ Decisions where the paper is silent:
   read filled, the rows between the prefix end and the probe rows are not
   yet computed (absent), as in figure 5.
 - Layer S's filled rows read the true split state, as in the engine.
-- The probe computes the filled keys/values of every prefix row before the
-  probe rows and hands them to the engine (`PrefillContext.filled_kv`), which
-  writes the exact rows beside them instead of computing the filled rows
-  again (unless a correction or splice changes filled K/V).
+- The probe runs the engine's own late-layer step (`rf_eval.engine.run_layer`)
+  with a strategy that computes every filled prefix row's keys/values before
+  the probe rows, and hands them to the engine as a `Precomputed` strategy
+  (`Selection.fill`): the engine writes the exact rows beside them instead of
+  computing the filled rows again (unless a correction or splice wraps its fill).
 """
 
 from __future__ import annotations
@@ -30,56 +31,80 @@ from collections.abc import Sequence
 
 import torch
 
-from rf_eval.engine import FilledKV, Selection
+from rf_eval.engine import (
+    AttentionRows,
+    LayerStep,
+    NoFill,
+    Precomputed,
+    PredictedInput,
+    RowFill,
+    Rows,
+    Selection,
+    exact_rows_beside,
+    run_layers,
+)
 from rf_eval.selectors.attention import DEFAULT_LAYERS, Attention, attention_mass
 from rf_eval.selectors.base import Request, Selector, as_rows, top_rows
 from rf_eval.selectors.lexical import LexicalNet
 from rf_eval.selectors.tokens import ProtectedTokens, is_digit_token, request_texts
 
 
-def probe_attention(req: Request, rows: int) -> torch.Tensor:
-    """Attention each prompt row receives from the last `rows` rows in the late layers (N,)."""
+class ProbeSweep(RowFill):
+    """The probe's late layers: filled rows' K/V from their predicted inputs, kept in `shared` for the engine.
+
+    Attention layers read the filled rows' K/V (computed apart from the probe
+    rows') beside the probe rows' own; Gated DeltaNet layers scan the probe
+    rows alone from an empty state (filled rows absent, as in figure 5).
+    """
+
+    def __init__(self, predicted: PredictedInput, shared: Precomputed | None):
+        self.predicted, self.shared = predicted, shared
+
+    def attention(self, step: LayerStep, index: int, x_exact: torch.Tensor) -> AttentionRows:
+        if not step.rows.filled.numel():
+            return NoFill().attention(step, index, x_exact)
+        kv = self.predicted.filled_kv(step, index)
+        if self.shared is not None:  # full-length K/V whose first rows the engine reuses
+            self.shared.keep(index, kv, step.n)
+        return exact_rows_beside(step, index, x_exact, kv)
+
+    def recurrent(self, step: LayerStep, index: int, x_exact: torch.Tensor) -> torch.Tensor:
+        return NoFill().recurrent(step, index, x_exact)
+
+
+def probe_sweep(req: Request, rows: int) -> tuple[torch.Tensor, Precomputed | None]:
+    """Attention each prompt row receives from the last `rows` rows in the late layers (N,), and their K/V.
+
+    The second value holds the filled prefix rows' K/V for the engine (None
+    when no prefix row lies before the probe rows).
+    """
     ctx = req.ctx
     if req.plan.fill not in ("identity", "ridge") or req.fill is None:
         raise ValueError("the probe reads a filled cache: it needs fill='identity' or 'ridge'")
-    n, split = req.n, req.plan.split
+    n = req.n
     p0 = max(n - rows, 0)
     filled = torch.arange(min(req.prefix_end, p0))
     probe = torch.arange(p0, n)
     key_rows = torch.cat([filled, probe])
-    x_split, cos, sin = ctx.inputs.x_split, ctx.inputs.cos, ctx.inputs.sin
-    device = x_split.device
-    filled_d, probe_d, key_d = filled.to(device), probe.to(device), key_rows.to(device)
-    x = x_split[:, probe_d]
+    device = ctx.inputs.x_split.device
     received = torch.zeros(n, dtype=torch.float32)
-    layers = req.layers()
-    shared = FilledKV(rows=filled.numel()) if ctx.filled_kv is None and filled.numel() else None
-    for index in range(split, len(layers)):
-        layer = layers[index]
-        h = layer.input_layernorm(x)
-        if ctx.family.is_recurrent(layer):
-            mixed = layer.linear_attn(hidden_states=h, cache=None, attention_mask=None)
-        else:
-            attn = layer.self_attn
-            k, v = ctx.family.kv(attn, h, cos[:, probe_d], sin[:, probe_d])
-            if filled.numel():
-                x_f = x_split[:, filled_d]
-                x_f = x_f if index == split else req.fill(index, x_f)
-                k_f, v_f = ctx.family.kv(attn, layer.input_layernorm(x_f), cos[:, filled_d], sin[:, filled_d])
-                if shared is not None:  # full-length K/V whose first rows the engine reuses
-                    k_all = k_f.new_empty((*k_f.shape[:2], n, k_f.shape[-1]))
-                    v_all = v_f.new_empty((*v_f.shape[:2], n, v_f.shape[-1]))
-                    k_all[:, :, : filled.numel()], v_all[:, :, : filled.numel()] = k_f, v_f
-                    shared.kv[index] = (k_all, v_all)
-                k, v = torch.cat([k_f, k], 2), torch.cat([v_f, v], 2)
-            q, gate = ctx.family.query(attn, h, cos[:, probe_d], sin[:, probe_d])
-            mass, context = attention_mass(q, k, attn.scaling, probe_d, key_d, v)
-            received[key_rows] += mass.cpu()
-            mixed = ctx.family.attention_output(attn, context.to(h.dtype), gate)
-        x = ctx.family.mlp(layer, x + mixed)
-    if shared is not None:
-        ctx.filled_kv = shared
-    return received
+
+    def attend(step, q, keys, values, scale):
+        mass, context = attention_mass(q, keys, scale, step.rows.exact, step.rows.keys, values)
+        received[key_rows] += mass.cpu()
+        return context.to(values.dtype)
+
+    predicted = PredictedInput(req.fill)
+    shared = Precomputed(predicted, filled.numel()) if filled.numel() else None
+    step = LayerStep(ctx.family, req.layers(), req.plan, ctx.inputs,
+                     Rows(probe.to(device), filled.to(device), key_rows.to(device)), None, attend)
+    run_layers(step, ProbeSweep(predicted, shared), ctx.inputs.x_split[:, step.rows.exact])
+    return received, shared
+
+
+def probe_attention(req: Request, rows: int) -> torch.Tensor:
+    """Attention each prompt row receives from the last `rows` rows in the late layers (N,)."""
+    return probe_sweep(req, rows)[0]
 
 
 class Probe(Selector):
@@ -127,6 +152,6 @@ class Probe(Selector):
         rest = req.candidates()
         if lexical.numel():
             rest = rest[~torch.isin(rest, lexical)]
-        scores = probe_attention(req, self.rows)
+        scores, shared = probe_sweep(req, self.rows)
         ranked = top_rows(scores, rest, count - lexical.numel())
-        return Selection(as_rows(torch.cat([lexical, ranked])))
+        return Selection(as_rows(torch.cat([lexical, ranked])), fill=shared)

@@ -1,0 +1,192 @@
+"""The partial-prefill engine: one prompt in, the model's own cache out.
+
+RidgeFill paper section 2.1. Layers 0..S-1 run exactly for every row (the
+model's own forward, stopped at layer S: `lower`). In each late layer l >= S
+a prompt row is *exact* (the last `tail` rows and any selected prefix rows)
+or *filled*; a row-fill strategy (`rowfill.RowFill`, implementations in
+`fills`) supplies what a filled row contributes: keys and values in an
+attention layer, the conv and recurrent state update in a Gated DeltaNet
+layer. For the predicted-input fill its input is x̂_l = fill(l, x_S).
+Queries, attention output and the MLP run for exact rows only (`layers`).
+The result is the model's own `transformers` cache plus the last prompt
+row's logits; everything after the prompt is the stock model.
+
+Layer S itself receives the true x_S for every row (it is already computed
+exactly, so its filled rows' keys and values are exact). The fitted map for
+layer S is still saved with the others (the paper's release keeps it).
+
+With no filled rows (fill `exact`, or tail >= N) the engine is the plain
+model forward, so logits and cache are bitwise those of `transformers`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+from torch import nn
+
+from rf_eval.engine.attention import PREFIX_QUERY_CHUNK, QueryChunks, attend_exact_rows
+from rf_eval.engine.context import PrefillContext, SelectFn, Selection
+from rf_eval.engine.fills import (
+    Corrected,
+    LateLayerHooks,
+    LayerView,
+    MappedKV,
+    NoFill,
+    Precomputed,
+    PredictedInput,
+    exact_rows_beside,
+    row_fill_for,
+)
+from rf_eval.engine.layers import late_layers, run_layer, run_layers
+from rf_eval.engine.lower import decoder_layers, new_cache, num_layers, run_lower_layers
+from rf_eval.engine.plan import FILL_SOURCES, PLAN_FILLS, FillFn, KVFillFn, LayerInputs, Plan, PrefillResult
+from rf_eval.engine.rowfill import AttentionRows, RowFill
+from rf_eval.engine.step import LayerStep, Rows
+from rf_eval.families import family_for
+
+__all__ = [
+    "FILL_SOURCES", "PLAN_FILLS", "PREFIX_QUERY_CHUNK", "AttentionRows", "Corrected", "FillFn", "KVFillFn",
+    "LateLayerHooks", "LayerInputs", "LayerStep", "LayerView", "MappedKV", "NoFill", "Plan", "Precomputed",
+    "PredictedInput", "PrefillContext", "PrefillResult", "QueryChunks", "RowFill", "Rows", "SelectFn", "Selection",
+    "attend_exact_rows", "decoder_layers", "exact_row_set", "exact_rows_beside", "extend", "family_for",
+    "late_layers", "new_cache", "num_layers", "plain_prefill", "prefill", "row_fill_for", "run_layer",
+    "run_layers", "run_lower_layers", "runs_plain",
+]
+
+
+@torch.no_grad()
+def plain_prefill(model: nn.Module, input_ids: torch.Tensor) -> PrefillResult:
+    """The unmodified model's prefill: what every filled arm is compared with.
+
+    `logits_to_keep=1` (the stock way to skip the vocabulary projection of
+    every other row) is the reference: an lm_head over all N rows can round
+    the last row differently in the last bit.
+    """
+    t0 = time.perf_counter()
+    cache = new_cache(model)
+    out = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+    n = input_ids.shape[1]
+    return PrefillResult(
+        cache=cache,
+        logits=out.logits[:, -1],
+        exact_rows=torch.arange(n, device=input_ids.device),
+        timings={"total": time.perf_counter() - t0},
+        prompt_length=n,
+    )
+
+
+def runs_plain(plan: Plan, n: int, selects: bool) -> bool:
+    """True when `prefill` of an n-row prompt is the plain model's forward, bitwise.
+
+    That is when no row is filled (fill exact, or the tail covers the prompt),
+    the lower layers run in one pass, and no selector may lengthen the tail.
+    """
+    return (plan.fill == "exact" or plan.tail >= n) and plan.chunk_size is None and not selects
+
+
+def exact_row_set(n: int, plan: Plan, selected: torch.Tensor | None, device: torch.device | str | None) -> torch.Tensor:
+    """Sorted late-layer exact rows: the tail plus selected prefix rows (tail rows never selected)."""
+    prefix_end = max(n - plan.tail, 0)
+    rows = [torch.arange(prefix_end, n, device=device)]
+    if selected is not None and selected.numel():
+        sel = selected.to(device=device, dtype=torch.long)
+        if (sel < 0).any() or (sel >= prefix_end).any():
+            bad = sel[(sel < 0) | (sel >= prefix_end)][:5].tolist()
+            raise ValueError(f"exact rows must lie in the prefix 0..{prefix_end - 1}; got {bad}")
+        rows.append(sel)
+    return torch.unique(torch.cat(rows))
+
+
+@torch.no_grad()
+def prefill(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    plan: Plan,
+    fill: FillFn | RowFill | None = None,
+    select: SelectFn | None = None,
+    capture: dict[int, slice] | None = None,
+    hooks: LateLayerHooks | None = None,
+) -> PrefillResult:
+    """Prefill `input_ids` (1 x N) under `plan`; see the module docstring.
+
+    `fill`: a fill function for the plan's identity/ridge fill, or a row-fill
+    strategy (e.g. `MappedKV` for fill `mapped`, which allows split 0: every
+    layer reads mapped K/V for its filled rows and runs only the exact rows).
+    `select` returns prefix rows, or a `Selection` (rows, a new tail, a
+    strategy to lay over this one). `hooks`: corrections and splices, which
+    wrap the strategy (`Corrected`).
+    """
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"input_ids must be a 1 x N tensor, got shape {tuple(input_ids.shape)}")
+    strategy = row_fill_for(plan, fill, hooks)
+    n_layers = num_layers(model)
+    if not strategy.min_split <= plan.split <= n_layers - 1:
+        raise ValueError(
+            f"split {plan.split} is outside {strategy.min_split}..{n_layers - 1} for this {n_layers}-layer model"
+        )
+    n = input_ids.shape[1]
+    if runs_plain(plan, n, select is not None):
+        return plain_prefill(model, input_ids)
+    no_filled_rows = plan.fill == "exact" or plan.tail >= n
+
+    family = family_for(model.config)
+    t0 = time.perf_counter()
+    cache = new_cache(model)
+    inputs, lower = run_lower_layers(model, input_ids, plan.split, cache, plan.chunk_size, capture)
+    t1 = time.perf_counter()
+    selected = None
+    if select is not None:
+        selected = select(PrefillContext(model, family, input_ids, plan, inputs, cache, lower))
+        if isinstance(selected, Selection):
+            if selected.tail is not None:
+                plan = dataclasses.replace(plan, tail=max(1, min(int(selected.tail), n)))
+                no_filled_rows = no_filled_rows or plan.tail >= n
+            if selected.fill is not None:
+                strategy = selected.fill.over(strategy)
+            selected = selected.rows
+    exact = exact_row_set(n, plan, selected, input_ids.device)
+    if no_filled_rows:
+        exact = torch.arange(n, device=input_ids.device)
+    t2 = time.perf_counter()
+    x_exact = late_layers(model, family, plan, inputs, cache, exact, strategy)
+    last = model.model.norm(x_exact[:, -1:])
+    logits = model.lm_head(last)[:, -1]
+    t3 = time.perf_counter()
+    return PrefillResult(
+        cache=cache,
+        logits=logits,
+        exact_rows=exact,
+        timings={"lower": t1 - t0, "select": t2 - t1, "late": t3 - t2, "total": t3 - t0},
+        prompt_length=n,
+        ragged=strategy.absent and exact.numel() < n,
+        plan=plan,
+    )
+
+
+@torch.no_grad()
+def extend(model: nn.Module, result: PrefillResult, tokens: torch.Tensor) -> torch.Tensor:
+    """The stock model over `tokens` (1 x k) after a prefilled prompt: their logits (1, k, V).
+
+    Advances `result.cache` and `result.prompt_length`. A ragged cache (late
+    layers shorter than the prompt) is extended one token at a time: a single
+    query needs no mask, so each layer attends to exactly the rows it holds.
+    """
+    start = result.prompt_length
+    k = tokens.shape[1]
+    positions = torch.arange(start, start + k, device=tokens.device)[None]
+    if not result.ragged or k == 1:
+        out = model(input_ids=tokens, cache=result.cache, use_cache=True, position_ids=positions)
+        logits = out.logits
+    else:
+        steps = [
+            model(
+                input_ids=tokens[:, i : i + 1], cache=result.cache, use_cache=True, position_ids=positions[:, i : i + 1]
+            ).logits
+            for i in range(k)
+        ]
+        logits = torch.cat(steps, 1)
+    result.prompt_length = start + k
+    return logits

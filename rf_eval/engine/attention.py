@@ -1,0 +1,67 @@
+"""Causal attention of a late layer's exact rows over the keys its cache holds."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Causal attention of queries at positions q_pos over keys at k_pos -> (B, n, heads*D)."""
+    mask = k_pos[None, :] <= q_pos[:, None]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+#: Queries per attention call for exact rows inside the prefix (selected rows).
+PREFIX_QUERY_CHUNK = 64
+
+
+class QueryChunks(NamedTuple):
+    """How `attend_exact_rows` splits its queries: tail rows `query_chunk` at a time, from `prefix_end` on."""
+
+    query_chunk: int
+    prefix_end: int
+
+
+def attend_exact_rows(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    scale: float,
+    chunks: QueryChunks,
+) -> torch.Tensor:
+    """Causal attention of the exact rows (sorted positions q_pos) over the cache's keys (sorted k_pos).
+
+    `chunks`: see `QueryChunks`. A masked SDPA call computes scores
+    against every key it is given, so a selected row early in the prompt would
+    pay for the whole context. Rows before `prefix_end` therefore go in small
+    chunks, each given only the keys up to its last query's position: the work
+    follows the causal triangle, as the cost model charges it (paper section
+    4.4 on scattered exact rows). Rows from `prefix_end` on (the tail) go in
+    chunks of `query_chunk` over every key, as before. Dropping keys that every
+    query in a chunk masks out changes nothing but the summation's length.
+    """
+    query_chunk, prefix_end = chunks
+    n_q = q.shape[2]
+    n_prefix = int(torch.searchsorted(q_pos, prefix_end).item()) if n_q else 0
+    bounds = [(i, min(i + PREFIX_QUERY_CHUNK, n_prefix)) for i in range(0, n_prefix, PREFIX_QUERY_CHUNK)]
+    bounds += [(i, min(i + query_chunk, n_q)) for i in range(n_prefix, n_q, query_chunk)]
+    if not bounds:
+        return q.new_empty((q.shape[0], 0, q.shape[1] * values.shape[-1]))
+    last_pos = q_pos[torch.tensor([stop - 1 for _, stop in bounds], device=q_pos.device)]
+    key_ends = torch.searchsorted(k_pos, last_pos, right=True).tolist()
+    pieces = []
+    for (start, stop), end in zip(bounds, key_ends):
+        if start >= n_prefix:
+            end = k_pos.numel()  # tail chunks: every key (the mask does the rest), as the plain path
+        pieces.append(
+            _attend(q[:, :, start:stop], keys[:, :, :end], values[:, :, :end], q_pos[start:stop], k_pos[:end], scale)
+        )
+    return torch.cat(pieces, 1)

@@ -1,0 +1,59 @@
+"""Late layers S..L-1: exact rows run the layer, filled rows come from a row-fill strategy (paper section 2.1)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from rf_eval.engine.lower import decoder_layers
+from rf_eval.engine.plan import LayerInputs, Plan
+from rf_eval.engine.rowfill import RowFill
+from rf_eval.engine.step import LayerStep, Rows
+from rf_eval.families import Family
+
+
+def run_layer(step: LayerStep, fill: RowFill, index: int, x_exact: torch.Tensor) -> torch.Tensor:
+    """One late layer for the exact rows `step.rows.exact` (input `x_exact`); returns their output.
+
+    An attention layer takes its keys and values at `step.rows.keys` from the
+    strategy (which writes the filled rows'), stores them in `step.cache`, and
+    runs queries, attention, output projection and MLP for the exact rows only.
+    A Gated DeltaNet layer's mixer output for the exact rows also comes from the
+    strategy (it scans every row the layer sees).
+    """
+    layer, family = step.layers[index], step.family
+    if family.is_recurrent(layer):
+        mixed = fill.recurrent(step, index, x_exact)
+    else:
+        attn = layer.self_attn
+        h_exact, k, v = fill.attention(step, index, x_exact)
+        keys, values = (k, v) if step.cache is None else step.cache.update(k, v, index)
+        q, gate = family.query(attn, h_exact, *step.rope_exact)
+        mixed = family.attention_output(attn, step.attention(q, keys, values, attn.scaling), gate)
+    return family.mlp(layer, x_exact + mixed)
+
+
+def run_layers(step: LayerStep, fill: RowFill, x_exact: torch.Tensor) -> torch.Tensor:
+    """`run_layer` for every late layer S..L-1 in order; the last one's output for the exact rows."""
+    for index in range(step.plan.split, len(step.layers)):
+        x_exact = run_layer(step, fill, index, x_exact)
+    return x_exact
+
+
+def late_layers(
+    model: nn.Module,
+    family: Family,
+    plan: Plan,
+    inputs: LayerInputs,
+    cache: DynamicCache,
+    exact: torch.Tensor,
+    fill: RowFill,
+) -> torch.Tensor:
+    """Run layers S..L-1 with exact rows `exact`; every other row is filled by `fill` (or absent: `NoFill`).
+
+    Returns the last layer's output for the exact rows, (1, |exact|, d).
+    """
+    rows = Rows.of(inputs.x_split.shape[1], exact, fill.absent)
+    step = LayerStep(family, decoder_layers(model), plan, inputs, rows, cache)
+    return run_layers(step, fill, inputs.x_split[:, exact])

@@ -1,0 +1,69 @@
+"""What a prefill is asked to do (`Plan`) and what it gives back (`PrefillResult`); plain data only."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+#: The fills a RidgeFill arm names (paper section 2.1, table 3).
+FILL_SOURCES = ("exact", "nofill", "identity", "ridge")
+#: Every fill a Plan may carry: RidgeFill's, plus `mapped` (RaReCache's mapped K/V, given as a `MappedKV`).
+PLAN_FILLS = (*FILL_SOURCES, "mapped")
+
+# A fill function maps (late layer index, split states of the filled rows) to that layer's predicted input.
+FillFn = Callable[[int, torch.Tensor], torch.Tensor]
+# A cache-to-cache fill: (layer index, filled rows) -> that layer's keys (rotated) and values for those rows.
+KVFillFn = Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How to prefill one prompt.
+
+    split: first late layer S (1..L-1; 0 for a mapped-K/V fill). tail: count of
+    last prompt rows kept exact in every layer. fill: one of PLAN_FILLS.
+    chunk_size: run the lower layers in chunks of this many rows (None: one
+    pass; bitwise equal to the plain model). query_chunk: exact-row queries per
+    attention call in the late layers (bounds the mask's memory).
+    """
+
+    split: int
+    tail: int
+    fill: str = "exact"
+    chunk_size: int | None = None
+    query_chunk: int = 4096
+
+    def __post_init__(self):
+        if self.fill not in PLAN_FILLS:
+            raise ValueError(f"unknown fill {self.fill!r}; valid fills: {', '.join(PLAN_FILLS)}")
+        if self.tail < 1:
+            raise ValueError(f"tail must be >= 1 (the last prompt row is always exact), got {self.tail}")
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1 or None, got {self.chunk_size}")
+
+
+@dataclass
+class LayerInputs:
+    """What the engine knows after the lower layers: split states and RoPE tables."""
+
+    x_split: torch.Tensor  # (1, N, d): hidden state entering layer S, every row
+    cos: torch.Tensor  # (1, N, rope_dim)
+    sin: torch.Tensor
+
+
+@dataclass
+class PrefillResult:
+    """The prompt's cache (the model's own type) and its last row's logits (1, vocab)."""
+
+    cache: DynamicCache
+    logits: torch.Tensor
+    exact_rows: torch.Tensor  # late-layer exact rows (selected prefix rows + tail), sorted
+    timings: dict[str, float] = field(default_factory=dict)
+    prompt_length: int = 0
+    #: True when late layers hold fewer rows than the prompt (nofill): see `extend`
+    ragged: bool = False
+    #: the plan that ran (a selector may lengthen the tail: the longer-tail control)
+    plan: Plan | None = None

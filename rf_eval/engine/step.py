@@ -1,0 +1,107 @@
+"""One prompt's late-layer sweep as data: which rows run exactly, which keys they read, where K/V go.
+
+A `LayerStep` is what `rf_eval.engine.layers.run_layer` and every row-fill
+strategy (`rf_eval.engine.rowfill.RowFill`) read. The engine builds one per
+prompt (every late layer, the model's own cache); the probe selector builds
+one for its sweep (the probe rows exact, no cache).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from rf_eval.engine.attention import QueryChunks, attend_exact_rows
+from rf_eval.engine.plan import LayerInputs, Plan
+from rf_eval.families import Family
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Sorted prompt rows of one sweep.
+
+    exact: rows the late layers run (queries, attention output, MLP). filled:
+    rows whose keys/values (or recurrent inputs) the strategy supplies. keys:
+    rows the layers' keys cover, in prompt order (exact and filled rows, or only
+    the exact rows when filled rows are absent: nofill).
+    """
+
+    exact: torch.Tensor
+    filled: torch.Tensor
+    keys: torch.Tensor
+
+    @classmethod
+    def of(cls, n: int, exact: torch.Tensor, absent: bool) -> Rows:
+        """Every row of an n-row prompt not in `exact` is filled; `absent`: filled rows hold no keys."""
+        is_filled = torch.ones(n, dtype=torch.bool, device=exact.device)
+        is_filled[exact] = False
+        keys = exact if absent else torch.arange(n, device=exact.device)
+        return cls(exact, is_filled.nonzero().squeeze(1), keys)
+
+    @cached_property
+    def exact_at(self) -> torch.Tensor:
+        """Where the exact rows sit in `keys`."""
+        return torch.searchsorted(self.keys, self.exact)
+
+    @cached_property
+    def filled_at(self) -> torch.Tensor:
+        """Where the filled rows sit in `keys` (meaningful when they hold keys)."""
+        return torch.searchsorted(self.keys, self.filled)
+
+
+#: (step, queries, keys, values, scale) -> attention context of the exact rows (1, |exact|, heads*D).
+AttendFn = Callable[["LayerStep", torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+
+
+@dataclass
+class LayerStep:
+    """What one sweep over late layers shares across layers (see the module docstring).
+
+    `cache`: the model's cache that each layer's K/V (and recurrent state)
+    enter; None runs the layers without one (the probe). `attend`: attention
+    of the exact rows (None: `attend_exact_rows`, the engine's own).
+    """
+
+    family: Family
+    layers: nn.ModuleList
+    plan: Plan
+    inputs: LayerInputs
+    rows: Rows
+    cache: DynamicCache | None
+    attend: AttendFn | None = None
+
+    @property
+    def n(self) -> int:
+        return self.inputs.x_split.shape[1]
+
+    @property
+    def prefix_end(self) -> int:
+        """N - tail: the first tail row."""
+        return self.n - self.plan.tail
+
+    @cached_property
+    def x_filled(self) -> torch.Tensor:
+        """Split states of the filled rows (1, |filled|, d)."""
+        return self.inputs.x_split[:, self.rows.filled]
+
+    @cached_property
+    def rope_exact(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE tables (cos, sin) at the exact rows."""
+        return self.inputs.cos[:, self.rows.exact], self.inputs.sin[:, self.rows.exact]
+
+    @cached_property
+    def rope_keys(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE tables (cos, sin) at the key rows."""
+        return self.inputs.cos[:, self.rows.keys], self.inputs.sin[:, self.rows.keys]
+
+    def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+        """The exact rows' attention context over `keys` (at `rows.keys`)."""
+        if self.attend is not None:
+            return self.attend(self, q, keys, values, scale)
+        chunks = QueryChunks(self.plan.query_chunk, self.prefix_end)
+        return attend_exact_rows(q, keys, values, self.rows.exact, self.rows.keys, scale, chunks)
