@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rf_eval.engine.plan import FILL_SOURCES
 from rf_eval.fields import ArmError, build
 
-FILL_SOURCES = ("exact", "nofill", "identity", "ridge")
 FILLS_THAT_PREDICT = ("identity", "ridge")
 SPLICES = ("keys", "values", "both")
 #: The exact tail's length when an arm does not name one.

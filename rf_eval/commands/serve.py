@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from rf_eval.cli import UserError
 
@@ -40,18 +41,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-log", default=None, metavar="FILE", help="append request records (JSONL) here")
 
 
-def config_from_args(args: argparse.Namespace):
-    """The server's RidgeFillConfig, parsed and checked by the adapter's own model_args parser."""
+def config_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The server's (settings, hf args), parsed and checked by `--model ridgefill`'s own model_args parser."""
     from lm_eval.utils import simple_parse_args_string
 
-    from rf_eval.model_adapters.config import ModelArgsError, RidgeFillConfig, parse_model_args
+    from rf_eval.model_adapters.config import ModelArgsError
+    from rf_eval.model_adapters.ridgefill import parse_ridgefill_args
 
     given = {"pretrained": args.model, "tokenizer": args.tokenizer, "fill": args.fill, "maps": args.maps,
              "split": args.split, "tail": args.tail, "chunk_size": args.chunk_size, "device": args.device,
              "dtype": args.dtype, "max_length": args.max_length, "trust_remote_code": args.trust_remote_code or None}
     merged = {**simple_parse_args_string(args.model_args or ""), **{k: v for k, v in given.items() if v is not None}}
     try:
-        return parse_model_args(RidgeFillConfig, merged)
+        return parse_ridgefill_args(merged)
     except ModelArgsError as err:
         raise UserError(str(err)) from None
 
@@ -65,13 +67,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"rf-eval serve needs the serve extra ({err.name} is missing): pip install 'rf-eval[serve]'") from None
     from rf_eval.serving.backend import Backend
 
-    config = config_from_args(args)
+    settings, hf_args = config_from_args(args)
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(max(1, args.threads))
     try:
-        backend = Backend(config, served_name=args.served_model_name)
+        backend = Backend(settings, hf_args, served_name=args.served_model_name)
     except (ValueError, OSError) as err:  # bad model_args, maps or model folder
         raise UserError(f"cannot load {args.model!r}: {err}") from None
     app = create_app(backend, RequestLog(args.request_log, None if args.request_log else sys.stdout))

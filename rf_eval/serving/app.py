@@ -132,9 +132,9 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
 
     @app.get("/rf/info")
     async def info():
-        return {"model": backend.config.pretrained, "served_name": backend.served_name, "layers": backend.n_layers,
+        return {"model": backend.settings.pretrained, "served_name": backend.served_name, "layers": backend.n_layers,
                 "max_model_len": backend.max_length, "default_arm": backend.default_arm.info,
-                "arm_fields": list(arm_fields()), "maps": backend.config.maps}
+                "arm_fields": list(arm_fields()), "maps": backend.settings.maps}
 
     @app.post("/tokenize")
     async def tokenize(request: Request):

@@ -6,10 +6,10 @@ add body fields (lm-eval's API models): `/arm/fill=identity;tail=256/v1/completi
 The body field wins over the prefix; fields left out keep the server's own
 arm (the options `rf-eval serve` was started with).
 
-Arm fields are the arm-defining model_args of the `ridgefill` adapter
-(`RidgeFillConfig` minus what loads the model and the maps), and values are
-checked by the adapter's own parser: an unknown field or value is an
-`ArmError` naming it and the valid ones.
+Arm fields are the fields of `rf_eval.arm_spec.RidgeFillArm` (the same spec
+`--model ridgefill` builds from its model_args), checked by that spec: an
+unknown field or value is an `ArmError` naming it and the valid ones. What
+loads the model or the maps is the server's alone.
 """
 
 from __future__ import annotations
@@ -19,19 +19,16 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from rf_eval.model_adapters.config import ModelArgs, ModelArgsError, RidgeFillConfig, parse_model_args
+from rf_eval.arm_spec import RidgeFillArm
+from rf_eval.fields import ArmError
+from rf_eval.maps import MapError
 
-#: RidgeFillConfig fields a request may not change: they load the model or the maps, or are per run.
-SERVER_ONLY = frozenset({f.name for f in dataclasses.fields(ModelArgs)} | {"maps", "reference"})
-
-
-class ArmError(ValueError):
-    """A bad arm in a request: answered with HTTP 400, naming the bad field or value."""
+__all__ = ["ArmError", "arm_fields", "as_fields", "describe", "key", "parse_spec", "resolve"]
 
 
 def arm_fields() -> tuple[str, ...]:
-    """Field names a request's arm may set (in the config's order)."""
-    return tuple(f.name for f in dataclasses.fields(RidgeFillConfig) if f.name not in SERVER_ONLY)
+    """Field names a request's arm may set (in the spec's order)."""
+    return RidgeFillArm.fields()
 
 
 def parse_spec(text: str) -> dict[str, str]:
@@ -67,8 +64,8 @@ def as_fields(value: Any) -> dict[str, Any]:
     raise ArmError(f"rf_arm must be an object or a 'key=value;...' string, got {type(value).__name__}")
 
 
-def resolve(base: RidgeFillConfig, fields: Mapping[str, Any], n_layers: int) -> RidgeFillConfig:
-    """The server's config with a request's arm fields applied, checked by the adapter's parser."""
+def resolve(base: RidgeFillArm, fields: Mapping[str, Any], model_config: Any, maps: Any = None) -> RidgeFillArm:
+    """The server's arm with a request's fields applied, checked against the model and the server's maps."""
     valid = arm_fields()
     unknown = [k for k in fields if k not in valid]
     if unknown:
@@ -76,19 +73,16 @@ def resolve(base: RidgeFillConfig, fields: Mapping[str, Any], n_layers: int) -> 
     merged = {k: v for k, v in dataclasses.asdict(base).items() if v is not None}
     merged.update(fields)
     try:
-        config = parse_model_args(RidgeFillConfig, merged)
-    except ModelArgsError as err:
+        return RidgeFillArm.from_fields(merged, what="rf_arm").resolve(model_config, maps)
+    except (ArmError, MapError) as err:
         raise ArmError(f"rf_arm: {err}") from None
-    if config.split is not None and not 1 <= config.split <= n_layers - 1:
-        raise ArmError(f"rf_arm: split={config.split} is outside 1..{n_layers - 1} for this {n_layers}-layer model")
-    return config
 
 
-def key(config: RidgeFillConfig) -> str:
-    """A stable key of a config's arm fields (engines are cached by it)."""
-    return json.dumps({k: getattr(config, k) for k in arm_fields()}, sort_keys=True, default=str)
+def key(arm: RidgeFillArm) -> str:
+    """A stable key of an arm's fields (methods are cached by it)."""
+    return json.dumps(describe(arm), sort_keys=True, default=str)
 
 
-def describe(config: RidgeFillConfig) -> dict[str, Any]:
-    """The arm fields of a config (None values dropped)."""
-    return {k: v for k in arm_fields() if (v := getattr(config, k)) is not None}
+def describe(arm: RidgeFillArm) -> dict[str, Any]:
+    """The arm's fields (None values dropped)."""
+    return {k: v for k in arm_fields() if (v := getattr(arm, k)) is not None}

@@ -1,11 +1,12 @@
-"""The model behind `rf-eval serve`: one loaded model, one engine per arm, one request at a time.
+"""The model behind `rf-eval serve`: one loaded model, one `RidgeFill` method per arm, one request at a time.
 
-The model, tokenizer and engines come from the `ridgefill` lm-eval adapter
-(`RidgeFillLM`), built from the same typed model_args, and a prompt is
-prefilled by the adapter's own generation convention (all but the last
-prompt row through the engine with the tail shortened by one; `generate`
-runs the last row exactly). So a server request and a `--model ridgefill`
-request with the same arm and prompt tokens generate the same tokens.
+The server's settings are `--model ridgefill`'s model_args, parsed by the
+adapter's own parser; each arm is a `RidgeFillArm` and its method is used
+only through the prefill-method protocol (`rf_eval.method`), with the rules
+the adapter uses: plain prompts run the stock model, a generation prompt is
+prefilled by `generation_cache`, sampled requests are seeded by
+`sampling_seed`. So a server request and a `--model ridgefill` request with
+the same arm and prompt tokens generate the same tokens.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from rf_eval.model_adapters.config import RidgeFillConfig
+from rf_eval.arm_spec import RidgeFillArm
+from rf_eval.method import PrefillMethod, generation_cache, sampling_seed
 from rf_eval.serving import arms
 from rf_eval.serving.scoring import TokenScore, token_score
 
@@ -31,10 +33,10 @@ MAX_ENGINES = 16  # arms kept built (least recently used dropped)
 
 @dataclass(frozen=True)
 class Arm:
-    """A resolved arm: its config, engine and what responses report about it."""
+    """A resolved arm: its spec, its method and what responses report about it."""
 
-    config: RidgeFillConfig
-    engine: Any  # rf_eval.api.RidgeFill
+    spec: RidgeFillArm
+    method: PrefillMethod  # rf_eval.api.RidgeFill
     info: dict[str, Any]
 
 
@@ -80,17 +82,29 @@ class _TokenStreamer(BaseStreamer):
 
 
 class Backend:
-    """Loads the model once (as `--model ridgefill` does) and runs one request at a time."""
+    """Loads the model once (with `--model ridgefill`'s model_args) and runs one request at a time."""
 
-    def __init__(self, config: RidgeFillConfig, served_name: str | None = None):
-        from rf_eval.model_adapters.ridgefill import RidgeFillLM
+    def __init__(self, settings: Any, hf_args: dict[str, Any], served_name: str | None = None):
+        """`settings, hf_args`: what `rf_eval.model_adapters.ridgefill.parse_ridgefill_args` returns."""
+        from lm_eval.models.utils import configure_pad_token, resolve_max_length
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.config = config
-        self.lm = RidgeFillLM(config)
-        self.model, self.tokenizer = self.lm.model, self.lm.tokenizer
+        self.settings, self.hf_args = settings, hf_args
+        remote = {k: hf_args[k] for k in ("revision", "trust_remote_code") if hf_args.get(k) is not None}
+        self.model = AutoModelForCausalLM.from_pretrained(
+            settings.pretrained, dtype=hf_args.get("dtype", "auto"), **remote
+        ).to(hf_args["device"]).eval()
+        self.tokenizer = configure_pad_token(
+            AutoTokenizer.from_pretrained(hf_args.get("tokenizer") or settings.pretrained, **remote),
+            model_config=self.model.config,
+        )
+        self.add_bos_token = hf_args.get("add_bos_token")
+        thinking = hf_args.get("enable_thinking")
+        self.chat_template_args = {**(hf_args.get("chat_template_args") or {}),
+                                   **({} if thinking is None else {"enable_thinking": thinking})}  # as `hf`
         self.n_layers = len(self.model.model.layers)
-        self.max_length = int(self.lm.max_length)
-        self.served_name = served_name or config.pretrained.rstrip("/").rsplit("/", 1)[-1]
+        self.max_length = int(hf_args.get("max_length") or resolve_max_length(self.model.config, self.tokenizer))
+        self.served_name = served_name or settings.pretrained.rstrip("/").rsplit("/", 1)[-1]
         self.lock = threading.Lock()  # the model: one request at a time
         self._arms_lock = threading.Lock()
         self._arms: OrderedDict[str, Arm] = OrderedDict()  # by resolved arm
@@ -100,15 +114,15 @@ class Backend:
     # ---- arms
 
     def arm(self, fields: dict[str, Any]) -> Arm:
-        """The engine of the server's arm with `fields` applied (an ArmError if they are bad)."""
+        """The method of the server's arm with `fields` applied (an ArmError if they are bad)."""
         asked = json.dumps(fields, sort_keys=True, default=str)
         with self._arms_lock:
-            if asked in self._asked:  # resolved before: no second check of the maps file
+            if asked in self._asked:  # resolved before: no second check
                 return self._asked[asked]
-        config = arms.resolve(self.config, fields, self.n_layers)
-        key = arms.key(config)
+        spec = arms.resolve(self.settings.arm, fields, self.model.config, self.settings.maps_obj)
+        key = arms.key(spec)
         with self._arms_lock:
-            arm = self._arms.get(key) or self._build(config)
+            arm = self._arms.get(key) or self._build(spec)
             self._arms[key] = arm
             self._arms.move_to_end(key)
             while len(self._arms) > MAX_ENGINES:
@@ -118,27 +132,19 @@ class Backend:
             self._asked[asked] = arm
             return arm
 
-    def _build(self, config: RidgeFillConfig) -> Arm:
-        saved = self.lm.config  # the adapter builds its engines from its config: swap it in
-        try:
-            self.lm.config = config
-            engine, _exact = self.lm._build_engines()
-        except ValueError as err:
-            raise arms.ArmError(f"rf_arm: {err}") from None
-        finally:
-            self.lm.config = saved
-        plan = engine.plan
-        info = {**arms.describe(config), "fill": plan.fill, "split": plan.split, "tail": plan.tail,
-                "layers": self.n_layers}
-        return Arm(config, engine, info)
+    def _build(self, spec: RidgeFillArm) -> Arm:
+        from rf_eval.api import RidgeFill
+
+        method = RidgeFill(self.model, self.tokenizer, arm=spec, maps=self.settings.maps_obj)
+        return Arm(spec, method, {**arms.describe(spec), "layers": self.n_layers})
 
     def ceilings(self, arm: Arm, n: int) -> dict[str, float]:
         """Speedup ceilings of `arm` on an n-token prompt: 1/r (layer passes) and the MAC model's."""
         from rf_eval.cost import ceiling_r, speedup_ceiling
 
-        plan = arm.engine.plan
-        if plan.fill == "exact" or plan.tail >= n:
+        if arm.method.is_plain(n):
             return {"ceiling": 1.0, "mac_ceiling": 1.0}
+        plan = arm.method.plan_for(n)
         out = {"ceiling": 1.0 / ceiling_r(self.n_layers, plan.split, plan.tail, n)}
         try:
             out["mac_ceiling"] = speedup_ceiling(self.model.config, n, split=plan.split, tail=plan.tail, fill=plan.fill)
@@ -149,11 +155,20 @@ class Backend:
     # ---- text
 
     def encode(self, text: str) -> list[int]:
-        """A prompt string tokenized as `--model ridgefill` tokenizes a generation prompt."""
-        return list(self.lm.encode_prompt(text))
+        """A prompt string tokenized as `hf` (and so `--model ridgefill`) tokenizes a generation prompt."""
+        from lm_eval.models.utils import has_bos_prefix
+
+        special: dict[str, Any] = {}
+        if has_bos_prefix(text, getattr(self.tokenizer, "bos_token", None)):
+            special["add_special_tokens"] = False
+        elif self.add_bos_token is not None:
+            special["add_special_tokens"] = self.add_bos_token
+        return list(self.tokenizer(text, **special)["input_ids"])
 
     def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        return self.lm.apply_chat_template(messages, add_generation_prompt=True)
+        """The chat template as `hf` renders it (chat_template_args and enable_thinking included)."""
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                  **self.chat_template_args)
 
     def decode(self, tokens: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
@@ -193,13 +208,12 @@ class Backend:
                 return Generation([], "", "length", [] if params.logprobs is not None else None,
                                   {"queue_seconds": t0 - t_wait, "prefill_seconds": 0.0, "prompt_seconds": 0.0,
                                    "decode_seconds": 0.0, "total_seconds": 0.0})
-            prompt = torch.tensor([ids], device=self.lm.device)
-            sampled_seeded = params.temperature > 0 and self.config.seed is not None
-            if self.is_plain(arm, len(ids)) and not sampled_seeded:
-                # as the adapter: no filled rows -> lm-eval's `hf` generation (the prompt runs inside generate)
+            prompt = torch.tensor([ids], device=arm.method.device)
+            cached = generation_cache(arm.method, ids)
+            if cached is None:  # no filled rows: the stock generation (the prompt runs inside generate)
                 inputs: dict[str, Any] = {"attention_mask": torch.ones_like(prompt)}
             else:
-                inputs = {"cache": self._prefill_for_generation(arm, ids).cache}
+                inputs = {"cache": cached.cache}
             t1 = time.perf_counter()
             first: list[float] = []
             stop = list(params.stop)
@@ -214,8 +228,9 @@ class Backend:
                     kwargs["top_p"] = params.top_p
                 if params.top_k is not None:
                     kwargs["top_k"] = params.top_k
-                if params.seed is not None:
-                    torch.manual_seed(params.seed)
+                seed = params.seed if params.seed is not None else self.settings.seed
+                if seed is not None:  # the adapter's rule: (seed, prompt tokens)
+                    torch.manual_seed(sampling_seed(seed, ids))
             out = self.model.generate(
                 input_ids=prompt,
                 **inputs,
@@ -248,27 +263,13 @@ class Backend:
         }
         return Generation(tokens, text, "stop" if stopped else "length", scores, timings)
 
-    def is_plain(self, arm: Arm, n: int) -> bool:
-        """The adapter's rule: an n-token prompt the engine would prefill with the plain model."""
-        rule = getattr(self.lm, "_is_plain", None)
-        if rule is not None:
-            return bool(rule(arm.engine, n))
-        return bool(arm.engine.is_plain(n))
-
-    def _prefill_for_generation(self, arm: Arm, ids: list[int]):
-        if len(ids) >= 2:
-            return self.lm._prefill(arm.engine, ids[:-1], for_generation=True)
-        from rf_eval.engine import PrefillResult, new_cache
-
-        return PrefillResult(new_cache(self.model), None, torch.arange(0), prompt_length=0)
-
     def score_prompt(self, ids: list[int], arm: Arm, k: int) -> list[TokenScore]:
         """Log-probabilities of the prompt's own tokens under `arm`; see `scoring.score_prompt`."""
         from rf_eval.serving.scoring import score_prompt
 
         self.check_length(len(ids), 0)
         with self.lock:
-            return score_prompt(self.model, arm.engine, ids, k, self.lm.device)
+            return score_prompt(self.model, arm.method, ids, k)
 
 
 class _Cancelled(StoppingCriteria):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,27 +30,28 @@ def token_score(logits: torch.Tensor, token: int, k: int) -> TokenScore:
 
 
 @torch.no_grad()
-def score_prompt(model: nn.Module, engine: Any, ids: list[int], k: int, device: Any) -> list[TokenScore]:
-    """Log-probabilities of the prompt's own tokens under `engine`'s arm.
+def score_prompt(model: nn.Module, method: Any, ids: list[int], k: int) -> list[TokenScore]:
+    """Log-probabilities of the prompt's own tokens under `method`'s arm.
 
-    Without filled rows: one stock forward over the prompt (the first token has
-    none). A filled arm computes logits for its tail rows only: the prompt minus
-    its last T-1 tokens is prefilled with a tail of 1, and those T-1 tokens run
-    through the stock model over that cache, so every row keeps its class.
-    Tokens predicted by filled rows get None: lm-eval's loglikelihood requests
-    through such an arm must keep their continuation within the tail.
+    A plain prompt: one stock forward over it (the first token has none). A
+    filled arm computes logits for its tail rows only: the prompt minus its
+    last T-1 tokens is prefilled with those tokens held back (`held_back`:
+    every row keeps its class, selectors and cost match included), and they
+    run through the stock model over that cache. Tokens predicted by filled
+    rows get None: lm-eval's loglikelihood requests through such an arm must
+    keep their continuation within the tail.
     """
-    plan = engine.plan
     n = len(ids)
-    if plan.fill == "exact" or plan.tail >= n:
+    device = method.device
+    if method.is_plain(n):
         logits = model(input_ids=torch.tensor([ids], device=device)).logits[0]
         first = 1
     else:
-        m = min(plan.tail - 1, n - 1)
-        result = engine.prefill(torch.tensor([ids[: n - m]], device=device), replace(plan, tail=plan.tail - m))
+        m = min(method.plan_for(n).tail - 1, n - 1)
+        result = method.prefill(torch.tensor([ids[: n - m]], device=device), held_back=m)
         rows = [result.logits]
         if m > 1:
-            rows.append(engine.extend(result, torch.tensor([ids[n - m : n - 1]], device=device))[0])
+            rows.append(method.extend(result, torch.tensor([ids[n - m : n - 1]], device=device))[0])
         logits = torch.cat(rows, 0)
         first = n - m
     scored = [token_score(logits[i - first], ids[i], k) for i in range(first, n)]

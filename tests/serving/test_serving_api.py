@@ -20,21 +20,24 @@ def completion(server, **body):
 
 
 def test_arm_spec_and_resolution():
-    from rf_eval.model_adapters.config import RidgeFillConfig, parse_model_args
+    from transformers import LlamaConfig
+
+    from rf_eval.arm_spec import RidgeFillArm
 
     assert parse_spec("fill=identity;tail=64") == {"fill": "identity", "tail": "64"}
     assert parse_spec('{"fill": "nofill", "tail": 8}') == {"fill": "nofill", "tail": 8}
     assert set(arm_fields()) >= {"fill", "split", "tail", "chunk_size"}
     assert not {"pretrained", "maps", "device", "reference"} & set(arm_fields())
-    base = parse_model_args(RidgeFillConfig, {"pretrained": "m", "fill": "exact", "tail": 512})
-    arm = resolve(base, {"fill": "identity", "tail": "64"}, n_layers=6)
-    assert (arm.fill, arm.tail, arm.pretrained) == ("identity", 64, "m")
+    config = LlamaConfig(num_hidden_layers=6)
+    base = RidgeFillArm(fill="exact", tail=512).resolve(config)
+    arm = resolve(base, {"fill": "identity", "tail": "64"}, config)
+    assert (arm.fill, arm.tail, arm.split) == ("identity", 64, 3)
     with pytest.raises(ArmError, match="unknown rf_arm field.*'fil'.*valid fields: fill"):
-        resolve(base, {"fil": "identity"}, 6)
+        resolve(base, {"fil": "identity"}, config)
     with pytest.raises(ArmError, match="split=7 is outside 1..5"):
-        resolve(base, {"split": 7}, 6)
+        resolve(base, {"split": 7}, config)
     with pytest.raises(ArmError, match="pretrained"):
-        resolve(base, {"pretrained": "other"}, 6)
+        resolve(base, {"pretrained": "other"}, config)
 
 
 def test_unknown_arm_is_a_clear_400_and_the_server_keeps_serving(exact_server):
@@ -128,10 +131,9 @@ def test_echo_logprobs_give_lm_eval_loglikelihoods_equal_to_the_adapter(exact_se
 
 
 def test_generation_equals_the_adapter_greedy_exact_and_seeded_sampling(exact_server, serve_model_dir):
-    """Greedy with the fill off, and sampling under a filled arm: the server seeds torch with the request's
-    `seed` right before generating, as a task that seeds before `generate_until` does for `--model
-    ridgefill`: equal seeds, equal samples."""
-    import torch
+    """Greedy with the fill off, and sampling under a filled arm: a request's `seed` seeds torch by the
+    adapter's rule (`rf_eval.method.sampling_seed` of the seed and the prompt tokens), as `--model
+    ridgefill` with `seed=` does: equal seeds, equal samples."""
     from lm_eval.api.instance import Instance
 
     from rf_eval.model_adapters.ridgefill import RidgeFillLM
@@ -143,10 +145,9 @@ def test_generation_equals_the_adapter_greedy_exact_and_seeded_sampling(exact_se
         status, out = post(exact_server.url + "/v1/completions", {"prompt": prompt, "max_tokens": 12, "temperature": 0,
                                                                   "stop": ["<|im_end|>"]})
         assert out["choices"][0]["text"] == local
-    lm = RidgeFillLM(pretrained=serve_model_dir, fill="identity", tail=16, device="cpu")
     kwargs = {"until": [], "max_gen_toks": 12, "do_sample": True, "temperature": 0.7}
     for seed in (3, 4):
-        torch.manual_seed(seed)
+        lm = RidgeFillLM(pretrained=serve_model_dir, fill="identity", tail=16, device="cpu", seed=seed)
         local = lm.generate_until([Instance("generate_until", {}, (PROMPT, kwargs), 0)], disable_tqdm=True)[0]
         remote = completion(exact_server, max_tokens=12, temperature=0.7, seed=seed, stop=["<|im_end|>"],
                             rf_arm={"fill": "identity", "tail": 16})["choices"][0]["text"]
