@@ -4,10 +4,11 @@ import torch
 
 from rf_eval.api import RidgeFill
 from rf_eval.fitting import fit_maps
+from rf_eval.maps import load_maps
 from rf_eval.unigram import FILENAME, UnigramCounter, load_unigram
 
 
-def test_fit_saves_unigram_counts_beside_the_maps(tiny_model, tmp_path):
+def test_fit_saves_unigram_counts_beside_the_maps(tiny_model, tiny_model_dir, tmp_path):
     model, tok = tiny_model("llama")
     docs = ["Alpha beta gamma, the Zeta code 123.", "beta beta delta: Omega x9."]
     paths = []
@@ -32,6 +33,15 @@ def test_fit_saves_unigram_counts_beside_the_maps(tiny_model, tmp_path):
     result = rf.prefill(ids)
     assert result.exact_rows.numel() > 8
     assert rf.provenance()["selector"] == {"name": "protected", "rarest": 0.25, "unigram": None}
+    # maps handed over already loaded (as the lm-eval adapter and `rf-eval serve` do) still find the table
+    loaded = RidgeFill(model, tok, maps=load_maps(out, 3), tail=8, fill="ridge", selector="protected")
+    assert loaded.arm.resources["unigram"] == str(out / FILENAME)
+    assert torch.equal(loaded.prefill(ids).exact_rows, result.exact_rows)
+    from rf_eval.model_adapters.ridgefill import RidgeFillLM
+
+    lm = RidgeFillLM(pretrained=tiny_model_dir("llama"), maps=str(out), fill="ridge", selector="probe", tail=8,
+                     device="cpu")
+    assert lm.method.arm.resources["unigram"] == str(out / FILENAME)
 
 
 def test_counter_grows_for_ids_past_its_size():
