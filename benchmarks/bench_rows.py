@@ -28,8 +28,8 @@ import time
 
 import torch
 
-from rf_eval.arm import Arm
 from rf_eval.engine import Plan, plain_prefill
+from rf_eval.ridgefill.arm import Arm
 from rf_eval.selectors import Request, Selector, selector_from
 from rf_eval.selectors.probe import probe_attention
 from rf_eval.testing import build_tokenizer

@@ -43,7 +43,6 @@ import lm_eval.models  # noqa: F401  (lm-eval's own models first: its registry i
 from lm_eval.api.registry import register_model
 
 from rf_eval.fields import ArmError
-from rf_eval.maps import MapError
 from rf_eval.model_adapters.config import (
     AdapterSettings,
     ModelArgsError,
@@ -55,6 +54,7 @@ from rf_eval.model_adapters.config import (
 )
 from rf_eval.model_adapters.prefill_lm import PrefillLM
 from rf_eval.rarecache.arm_spec import RaReCacheArm
+from rf_eval.ridgefill.maps import MapError
 
 OWN_KEYS = ("pretrained", "source", "maps", "reference", *RaReCacheArm.fields())
 
@@ -111,8 +111,8 @@ class RaReCacheLM(PrefillLM):
     def build_method(self) -> tuple[Any, Any]:
         from transformers import AutoModelForCausalLM
 
-        from rf_eval.api import RidgeFill
         from rf_eval.rarecache.api import RaReCache
+        from rf_eval.ridgefill.api import RidgeFill
 
         s = self.settings
         remote = bool(self._hf_args.get("trust_remote_code", False))

@@ -14,10 +14,10 @@ has no filled rows (fill=exact, or a prompt no longer than the tail) are run by
 `hf`'s own code, batched as `hf` batches them: the exact arm is `hf`, bitwise,
 at any batch size.
 
-model_args of the arm (a `rf_eval.arm_spec.RidgeFillArm`, checked with the maps
+model_args of the arm (a `rf_eval.ridgefill.arm_spec.RidgeFillArm`, checked with the maps
 against the model's config before the weights load; a key that looks like a
 typo of a known one is refused):
-  pretrained   HF folder or hub id; `demo` or absent: the embedded demo model (rf_eval.demo)
+  pretrained   HF folder or hub id; `demo` or absent: the embedded demo model (rf_eval.demo.study)
   fill         exact | nofill | identity | ridge (required, except with the demo model, where it
                defaults to ridge with the demo's own maps, fitted on first use)
   maps     folder or file written by `rf-eval fit` (required for fill=ridge)
@@ -62,9 +62,7 @@ from typing import Any
 import lm_eval.models  # noqa: F401  (lm-eval's own models first: its registry imports them only when empty)
 from lm_eval.api.registry import register_model
 
-from rf_eval.arm_spec import RidgeFillArm
 from rf_eval.fields import ArmError
-from rf_eval.maps import MapError
 from rf_eval.model_adapters.config import (
     AdapterSettings,
     ModelArgsError,
@@ -75,6 +73,8 @@ from rf_eval.model_adapters.config import (
     split_model_args,
 )
 from rf_eval.model_adapters.prefill_lm import PrefillLM
+from rf_eval.ridgefill.arm_spec import RidgeFillArm
+from rf_eval.ridgefill.maps import MapError
 
 OWN_KEYS = ("pretrained", "maps", "reference", "seed", *RidgeFillArm.fields())
 
@@ -90,8 +90,8 @@ class RidgeFillSettings(AdapterSettings):
 
 def parse_ridgefill_args(args: dict[str, Any]) -> tuple[RidgeFillSettings, dict[str, Any]]:
     """(settings, HFLM keyword arguments) from `--model_args`; every check that needs no weights."""
-    from rf_eval.demo import demo_defaults
-    from rf_eval.maps import load_arm_maps
+    from rf_eval.demo.study import demo_defaults
+    from rf_eval.ridgefill.maps import load_arm_maps
 
     mine, hf = split_model_args(args, OWN_KEYS)
     mine = demo_defaults({k: v for k, v in mine.items() if v is not None})
@@ -126,7 +126,7 @@ class RidgeFillLM(PrefillLM):
         return parse_ridgefill_args(args)
 
     def build_method(self) -> tuple[Any, Any]:
-        from rf_eval.api import RidgeFill
+        from rf_eval.ridgefill.api import RidgeFill
 
         s = self.settings
         method = RidgeFill(self.model, self.tokenizer, arm=s.arm, maps=s.maps_obj)

@@ -10,7 +10,7 @@ __all__ = ["RidgeFill", "__version__"]
 def __getattr__(name: str):
     # Lazy: `import rf_eval` must stay cheap (the lm-eval startup hook imports it).
     if name == "RidgeFill":
-        from rf_eval.api import RidgeFill
+        from rf_eval.ridgefill.api import RidgeFill
 
         return RidgeFill
     raise AttributeError(f"module 'rf_eval' has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """Typed fields from loose values: one parser for every place an arm is written down.
 
-An arm spec (`rf_eval.arm_spec`) is a frozen dataclass. Its values arrive as
+An arm spec (`rf_eval.ridgefill.arm_spec`) is a frozen dataclass. Its values arrive as
 lm-eval `model_args` (strings, or values `simple_parse_args_string` already
 typed), CLI flags, a served request's JSON or Python keyword arguments;
 `build(cls, mapping)` turns each of them into the same instance, once:

@@ -1,6 +1,6 @@
 """The prefill-method protocol both methods implement, and the rules every shell shares.
 
-`RidgeFill` (rf_eval.api) and `RaReCache` (rf_eval.rarecache.api) are prefill
+`RidgeFill` (rf_eval.ridgefill.api) and `RaReCache` (rf_eval.rarecache.api) are prefill
 methods: they turn a prompt into the model's own cache and its last row's
 logits, and after that everything is the stock model. The lm-eval adapters
 and `rf-eval serve` talk to a method only through this protocol, and the

@@ -1,7 +1,7 @@
 import pytest
 from transformers import LlamaConfig
 
-from rf_eval.cost import ceiling_r, cost_matched_tail, prefill_macs, speedup_ceiling
+from rf_eval.ridgefill.cost import ceiling_r, cost_matched_tail, prefill_macs, speedup_ceiling
 
 
 def test_ceiling_matches_flash_next_figures():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rf_eval.demo import SPLIT, settings
+from rf_eval.demo.study import SPLIT, settings
 
 
 def test_demo_settings_fit_the_promise():

@@ -4,10 +4,10 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from rf_eval.api import RidgeFill
-from rf_eval.commands.check_equivalence import cache_tensors, compare
+from rf_eval.cli.check_equivalence import cache_tensors, compare
 from rf_eval.engine import Plan, plain_prefill, prefill
-from rf_eval.maps import identity_fill
+from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.ridgefill.maps import identity_fill
 from rf_eval.testing import FAMILIES  # every registered family
 
 N = 48

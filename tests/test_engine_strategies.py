@@ -32,7 +32,7 @@ from rf_eval.engine import (
     run_layers,
     run_lower_layers,
 )
-from rf_eval.maps import identity_fill
+from rf_eval.ridgefill.maps import identity_fill
 
 N, TAIL, SPLIT = 48, 8, 3
 SELECTED = torch.tensor([2, 9, 30])
@@ -83,7 +83,7 @@ class Sweep:
 
 
 def tensors(cache):
-    from rf_eval.commands.check_equivalence import cache_tensors
+    from rf_eval.cli.check_equivalence import cache_tensors
 
     return cache_tensors(cache)
 

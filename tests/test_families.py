@@ -4,10 +4,10 @@ import pytest
 import torch
 import transformers as tf
 
-from rf_eval.commands.check_equivalence import compare
+from rf_eval.cli.check_equivalence import compare
 from rf_eval.engine import Plan, plain_prefill, prefill
 from rf_eval.families import family_for, sliding_window
-from rf_eval.maps import identity_fill
+from rf_eval.ridgefill.maps import identity_fill
 from rf_eval.testing import tiny_config
 
 

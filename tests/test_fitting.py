@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from rf_eval.api import RidgeFill
 from rf_eval.cli import main
-from rf_eval.fitting import fit_maps, refit_from_sums
-from rf_eval.maps import MapError, RidgeMaps, load_maps, quantize_int8
+from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.ridgefill.fitting import fit_maps, refit_from_sums
+from rf_eval.ridgefill.maps import MapError, RidgeMaps, load_maps, quantize_int8
 
 
 def write_corpus(path, n_docs, seed):

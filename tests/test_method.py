@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rf_eval.api import RidgeFill
 from rf_eval.method import PrefillMethod, generation_cache, sampling_seed
+from rf_eval.ridgefill.api import RidgeFill
 
 
 @pytest.mark.parametrize(

@@ -153,10 +153,10 @@ def test_adding_a_model_family(one_torch_thread):
     import transformers as tf
 
     from rf_eval import families
-    from rf_eval.api import RidgeFill
-    from rf_eval.commands.check_equivalence import compare
+    from rf_eval.cli.check_equivalence import compare
     from rf_eval.engine import Plan, plain_prefill, prefill
-    from rf_eval.maps import identity_fill
+    from rf_eval.ridgefill.api import RidgeFill
+    from rf_eval.ridgefill.maps import identity_fill
 
     block = blocks_by_section()["Adding a model family"]
     header = "# rf_eval/families/mistral.py\n"
@@ -301,7 +301,7 @@ def results(run_dir: Path) -> tuple[dict, list[dict]]:
 
 
 def check_fitting(root: Path, ran: Ran, values: dict) -> None:
-    from rf_eval.maps import load_maps
+    from rf_eval.ridgefill.maps import load_maps
 
     for split in (2, 3):
         fitted, refit, sharded = (load_maps(root / d, split) for d in ("maps", "maps-0.01", "maps-dp"))
@@ -315,7 +315,7 @@ def check_fitting(root: Path, ran: Ran, values: dict) -> None:
 
 
 def check_python_api(root: Path, ran: Ran, values: dict) -> None:
-    from rf_eval.maps import load_maps
+    from rf_eval.ridgefill.maps import load_maps
 
     line = next(x for x in reversed(ran.output.splitlines()) if x.startswith("{'fill'"))
     provenance = ast.literal_eval(line)

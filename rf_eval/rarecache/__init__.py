@@ -28,7 +28,7 @@ Choices the paper leaves open (each also stated where it is made):
   sha256(seed, prompt tokens); `oracle-l2` sums absolute squared errors over
   layers and sides (keys compared rotated).
 - Pair checks: one token -> id vocabulary (sha256); both configs' hashes (the
-  shape fields of `rf_eval.maps.config_hash`: two checkpoints of one
+  shape fields of `rf_eval.ridgefill.maps.config_hash`: two checkpoints of one
   architecture are not told apart).
 - Eq. 11's P_T: decoder layers and final norm (no embedding lookup, and the
   prefill's LM head runs on the last row only).

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from rf_eval import engine
-from rf_eval.api import default_device, parse_dtype
+from rf_eval.devices import default_device, parse_dtype
 from rf_eval.engine import MappedKV, Plan, PrefillResult, new_cache, num_layers
 from rf_eval.method import check_prompt, generation_cache, input_device
 from rf_eval.rarecache.arm_spec import RaReCacheArm

@@ -1,4 +1,4 @@
-"""`RaReCacheArm`: one RaReCache arm, written once, checked once (as `rf_eval.arm_spec.RidgeFillArm`).
+"""`RaReCacheArm`: one RaReCache arm, written once, checked once (as `rf_eval.ridgefill.arm_spec.RidgeFillArm`).
 
 Paper section 3: `rho` is the recompute budget in [0, 1] (ceil(rho * T)
 positions, or ceil(rho * L) layers for `layer-prefix`); `selector` chooses the

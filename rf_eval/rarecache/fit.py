@@ -42,13 +42,14 @@ import torch
 from torch import nn
 
 import rf_eval
-from rf_eval.calibration import check_nonempty, sha256_of_files
+from rf_eval.devices import rank_and_world
 from rf_eval.engine import num_layers
-from rf_eval.fitting import _dist, tokenized
-from rf_eval.maps import config_hash
 from rf_eval.rarecache.features import cache_entries, check_attention_only, kv_shape, prefill_cache
 from rf_eval.rarecache.maps import SIDES, SideMap, TransferMaps, check_tokenizers
-from rf_eval.ridge import RidgeSums
+from rf_eval.ridgefill.calibration import check_nonempty, sha256_of_files
+from rf_eval.ridgefill.fitting import tokenized
+from rf_eval.ridgefill.maps import config_hash
+from rf_eval.ridgefill.ridge import RidgeSums
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +243,6 @@ def fit_transfer(
         "fit_seconds": f"{time.perf_counter() - t0:.1f}",
     }
     path = None
-    if out is not None and _dist()[0] == 0:
+    if out is not None and rank_and_world()[0] == 0:
         path = maps.save(out)
     return maps, path

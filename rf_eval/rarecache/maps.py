@@ -28,7 +28,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from rf_eval.maps import MapError, config_hash
+from rf_eval.ridgefill.maps import MapError, config_hash
 
 FORMAT = "rf-eval-rarecache-maps/1"
 FILENAME = "rarecache_maps.safetensors"

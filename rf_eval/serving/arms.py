@@ -6,7 +6,7 @@ add body fields (lm-eval's API models): `/arm/fill=identity;tail=256/v1/completi
 The body field wins over the prefix; fields left out keep the server's own
 arm (the options `rf-eval serve` was started with).
 
-Arm fields are the fields of `rf_eval.arm_spec.RidgeFillArm` (the same spec
+Arm fields are the fields of `rf_eval.ridgefill.arm_spec.RidgeFillArm` (the same spec
 `--model ridgefill` builds from its model_args), checked by that spec: an
 unknown field or value is an `ArmError` naming it and the valid ones. What
 loads the model or the maps is the server's alone.
@@ -19,9 +19,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from rf_eval.arm_spec import RidgeFillArm
 from rf_eval.fields import ArmError
-from rf_eval.maps import MapError
+from rf_eval.ridgefill.arm_spec import RidgeFillArm
+from rf_eval.ridgefill.maps import MapError
 
 __all__ = ["ArmError", "arm_fields", "as_fields", "describe", "key", "parse_spec", "resolve"]
 

@@ -23,8 +23,8 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from rf_eval.arm_spec import RidgeFillArm
 from rf_eval.method import PrefillMethod, generation_cache, sampling_seed
+from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.serving import arms
 from rf_eval.serving.scoring import TokenScore, token_score
 
@@ -36,7 +36,7 @@ class Arm:
     """A resolved arm: its spec, its method and what responses report about it."""
 
     spec: RidgeFillArm
-    method: PrefillMethod  # rf_eval.api.RidgeFill
+    method: PrefillMethod  # rf_eval.ridgefill.api.RidgeFill
     info: dict[str, Any]
 
 
@@ -133,14 +133,14 @@ class Backend:
             return arm
 
     def _build(self, spec: RidgeFillArm) -> Arm:
-        from rf_eval.api import RidgeFill
+        from rf_eval.ridgefill.api import RidgeFill
 
         method = RidgeFill(self.model, self.tokenizer, arm=spec, maps=self.settings.maps_obj)
         return Arm(spec, method, {**arms.describe(spec), "layers": self.n_layers})
 
     def ceilings(self, arm: Arm, n: int) -> dict[str, float]:
         """Speedup ceilings of `arm` on an n-token prompt: 1/r (layer passes) and the MAC model's."""
-        from rf_eval.cost import ceiling_r, speedup_ceiling
+        from rf_eval.ridgefill.cost import ceiling_r, speedup_ceiling
 
         if arm.method.is_plain(n):
             return {"ceiling": 1.0, "mac_ceiling": 1.0}

@@ -81,7 +81,8 @@ def test_maps_contradictions_fail_before_the_weights_load(tiny_model_dir, tmp_pa
 
 def test_demo_is_the_default_model_and_brings_its_maps(monkeypatch, tiny_model_dir, tmp_path):
     """No pretrained (or pretrained=demo): the demo model, and for fill=ridge the demo's maps."""
-    from rf_eval import demo, demo_model
+    from rf_eval.demo import model as demo_model
+    from rf_eval.demo import study as demo
 
     model_dir = tiny_model_dir("llama")
     maps = identity_maps(model_dir, 3, tmp_path / "maps")

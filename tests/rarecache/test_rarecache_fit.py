@@ -10,14 +10,14 @@ import torch
 from safetensors import safe_open
 
 from rf_eval.cli import main
-from rf_eval.fitting import tokenized
-from rf_eval.maps import MapError
 from rf_eval.rarecache.api import RaReCache
 from rf_eval.rarecache.cost import speedup_ceiling
 from rf_eval.rarecache.features import cache_entries, prefill_cache, rope_tables, unrotate
 from rf_eval.rarecache.fit import accumulate, fit_transfer, single_source_r2, top_layers
 from rf_eval.rarecache.maps import SIDES, TokenizerMismatch, load_transfer_maps
 from rf_eval.rarecache.transfer import Mapper
+from rf_eval.ridgefill.fitting import tokenized
+from rf_eval.ridgefill.maps import MapError
 from rf_eval.testing import make_tiny_model
 
 LAM = 0.01

@@ -4,9 +4,9 @@ the attention selector finds a hand-built dominant row, the probe's count is the
 import pytest
 import torch
 
-from rf_eval.api import RidgeFill
 from rf_eval.engine import Plan, prefill
-from rf_eval.maps import identity_fill
+from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.ridgefill.maps import identity_fill
 from rf_eval.selectors import Attention, Probe, Request, make_selector
 
 TAIL = 12
@@ -166,7 +166,7 @@ def test_probe_count_equals_base_rules_count(tiny_model):
 def test_probe_shares_its_filled_kv_with_the_engine(tiny_model, family, monkeypatch):
     """The probe arm (filled K/V computed once, in the probe) = the engine given the probe's rows (computed anew)."""
     import rf_eval.engine as engine
-    from rf_eval.commands.check_equivalence import cache_tensors
+    from rf_eval.cli.check_equivalence import cache_tensors
 
     model, tok = tiny_model(family)
     ids = ids_of(tok)

@@ -22,7 +22,7 @@ def completion(server, **body):
 def test_arm_spec_and_resolution():
     from transformers import LlamaConfig
 
-    from rf_eval.arm_spec import RidgeFillArm
+    from rf_eval.ridgefill.arm_spec import RidgeFillArm
 
     assert parse_spec("fill=identity;tail=64") == {"fill": "identity", "tail": "64"}
     assert parse_spec('{"fill": "nofill", "tail": 8}') == {"fill": "nofill", "tail": 8}

@@ -38,11 +38,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rf_eval.api import default_device, parse_dtype
-    from rf_eval.calibration import CalibrationError, check_nonempty
-    from rf_eval.commands.fit import _init_distributed
+    from rf_eval.cli.fit import init_distributed
+    from rf_eval.devices import default_device, parse_dtype
     from rf_eval.rarecache.fit import fit_transfer
     from rf_eval.rarecache.maps import check_tokenizers
+    from rf_eval.ridgefill.calibration import CalibrationError, check_nonempty
 
     remote = dict(trust_remote_code=args.trust_remote_code)
     try:
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         source_tok = AutoTokenizer.from_pretrained(args.source, **remote)
         target_tok = AutoTokenizer.from_pretrained(args.target, **remote)
         check_tokenizers(source_tok, target_tok)  # before any weights load
-        _init_distributed()
+        init_distributed()
         device = args.device or default_device()
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and device.startswith("cuda"):
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"

@@ -16,7 +16,7 @@ from torch import nn
 
 from rf_eval.engine import decoder_layers
 from rf_eval.families import Family, family_for
-from rf_eval.ridge import RidgeSums
+from rf_eval.ridgefill.ridge import RidgeSums
 
 Hook = Callable[[int, torch.Tensor, dict], None]
 

@@ -12,7 +12,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.demo import run_demo
+    from rf_eval.demo.study import run_demo
 
     run_demo(Path(args.out), quick=args.quick)
     return 0

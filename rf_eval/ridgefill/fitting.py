@@ -19,12 +19,13 @@ from torch import nn
 from tqdm.auto import tqdm
 
 import rf_eval
-from rf_eval.calibration import check_nonempty, iter_documents, sha256_of_files
-from rf_eval.capture import capture_sums, heldout_cosines
+from rf_eval.devices import rank_and_world
 from rf_eval.engine import num_layers
-from rf_eval.maps import RidgeMaps, config_hash
-from rf_eval.ridge import LAMBDA_GRID, RidgeSums, sums_filename
-from rf_eval.unigram import UnigramCounter
+from rf_eval.ridgefill.calibration import check_nonempty, iter_documents, sha256_of_files
+from rf_eval.ridgefill.capture import capture_sums, heldout_cosines
+from rf_eval.ridgefill.maps import RidgeMaps, config_hash
+from rf_eval.ridgefill.ridge import LAMBDA_GRID, RidgeSums, sums_filename
+from rf_eval.ridgefill.unigram import UnigramCounter
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +38,6 @@ class FitResult:
     chosen: dict[int, float]
     scores: dict[int, dict[float, float]]
     rows: int
-
-
-def _dist() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def check_lambdas(lambdas: Sequence[float] | None, have_heldout: bool) -> tuple[float, ...]:
@@ -71,7 +64,7 @@ def tokenized(
     tokenizer, paths: Sequence[str | Path], device, max_tokens: int, desc: str, progress: bool
 ) -> Iterator[torch.Tensor]:
     """This rank's share of the documents as 1 x n id tensors (truncated to max_tokens)."""
-    rank, world = _dist()
+    rank, world = rank_and_world()
     docs = list(iter_documents(paths))
     for i, text in enumerate(tqdm(docs, desc=desc, disable=not progress or rank != 0, unit="doc")):
         if i % world != rank:
@@ -100,7 +93,7 @@ def choose_lambda(
     import torch.distributed as dist
 
     totals = torch.tensor([[raw[lam][0], raw[lam][1]] for lam in lambdas], dtype=torch.float64)
-    if _dist()[1] > 1:
+    if rank_and_world()[1] > 1:
         dist.all_reduce(totals)
     scores = {lam: float(totals[i, 0] / max(totals[i, 1], 1)) for i, lam in enumerate(lambdas)}
     best = max(lambdas, key=lambda lam: scores[lam])
@@ -137,7 +130,7 @@ def fit_maps(
     if heldout:
         check_nonempty(heldout)
     out = Path(out)
-    rank, _ = _dist()
+    rank, _ = rank_and_world()
     model.eval()
     device = next(model.parameters()).device
     t0 = time.perf_counter()

@@ -31,11 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.calibration import CalibrationError, check_nonempty, sha256_of_files
-    from rf_eval.commands.fit import _load
-    from rf_eval.fitting import tokenized
-    from rf_eval.maps import identity_fill, load_maps
-    from rf_eval.state_correction import fit_delta, save_table, table_metadata
+    from rf_eval.cli.fit import load_model
+    from rf_eval.ridgefill.calibration import CalibrationError, check_nonempty, sha256_of_files
+    from rf_eval.ridgefill.fitting import tokenized
+    from rf_eval.ridgefill.maps import identity_fill, load_maps
+    from rf_eval.ridgefill.state_correction import fit_delta, save_table, table_metadata
 
     if args.every < 1:
         raise UserError("--every must be >= 1")
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_nonempty(args.calibration)
         args.trust_remote_code = False
-        model, tokenizer = _load(args)
+        model, tokenizer = load_model(args)
         maps = load_maps(args.maps, args.split) if args.maps else None
         if maps is not None:
             maps.check_model(model.config)

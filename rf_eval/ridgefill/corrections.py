@@ -11,7 +11,7 @@ issue's "ratio of mean norms".
 `key_rescale(c=512)`: the same on keys (after k-norm; RoPE keeps norms, so
 scaling rotated keys equals scaling before RoPE).
 `terminal_state(path=FILE)`: adds rho * Delta-M once to each late Gated
-DeltaNet layer's state at the end of the prefix (`rf_eval.state_correction`).
+DeltaNet layer's state at the end of the prefix (`rf_eval.ridgefill.state_correction`).
 `scale=one` adds Delta-M unscaled (the ablation appendix H compares).
 
 Splices replace the filled rows' keys, values or both with the exact ones in
@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from rf_eval.engine import LateLayerHooks, LayerView, Plan, plain_prefill
+from rf_eval.ridgefill.state_correction import filled_share, load_table, log_gates
 from rf_eval.spec import check_params, parse_spec
-from rf_eval.state_correction import filled_share, load_table, log_gates
 
 SPLICES = ("keys", "values", "both")
 

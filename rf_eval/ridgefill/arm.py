@@ -3,11 +3,11 @@
 Parts (each named, with parameters, recorded by `describe()`):
 - selector: exact prefix rows (`rf_eval.selectors`), or a bare callable
   `(PrefillContext) -> rows` as before;
-- corrections: value/key rescale, terminal-state correction (`rf_eval.corrections`);
+- corrections: value/key rescale, terminal-state correction (`rf_eval.ridgefill.corrections`);
 - splice: keys | values | both, from an exact reference prefill of the same prompt;
 - cost_match: the compute-matched `nofill` control (paper section 3.3): the
   tail is lengthened, per prompt length N, to the longest tail whose MAC
-  count (`rf_eval.cost`) does not exceed the matched arm's. The matched arm
+  count (`rf_eval.ridgefill.cost`) does not exceed the matched arm's. The matched arm
   is a fill (identity | ridge) with `tail` (default: this arm's tail),
   `exact_share` (exact prefix rows as a share of N, e.g. 0.1 for the
   attention selector's rows) or `exact_rows` (a count), and `probe_rows`.
@@ -23,9 +23,9 @@ import torch
 from torch import nn
 
 from rf_eval import engine
-from rf_eval.corrections import build_hooks
-from rf_eval.cost import cost_matched_tail, prefill_macs
 from rf_eval.engine import Plan, PrefillResult
+from rf_eval.ridgefill.corrections import build_hooks
+from rf_eval.ridgefill.cost import cost_matched_tail, prefill_macs
 from rf_eval.selectors.base import Request, Selector
 from rf_eval.spec import check_params, parse_spec
 

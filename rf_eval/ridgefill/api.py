@@ -10,35 +10,18 @@ import torch
 from torch import nn
 
 from rf_eval import engine
-from rf_eval.arm import Arm
-from rf_eval.arm_spec import RidgeFillArm
+from rf_eval.devices import default_device, parse_dtype
 from rf_eval.engine import Plan, PrefillResult
-from rf_eval.maps import RidgeMaps, identity_fill, load_arm_maps
 from rf_eval.method import check_prompt, generation_cache, input_device
-
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
-
-
-def parse_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
-    """A torch dtype from a name; `auto`/None picks bf16 on CUDA and fp32 on CPU."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in (None, "auto"):
-        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; valid: auto, {', '.join(_DTYPES)}")
-    return _DTYPES[dtype]
-
-
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+from rf_eval.ridgefill.arm import Arm
+from rf_eval.ridgefill.arm_spec import RidgeFillArm
+from rf_eval.ridgefill.maps import RidgeMaps, identity_fill, load_arm_maps
 
 
 class RidgeFill:
     """A causal LM whose prompt prefill runs through the partial-prefill engine.
 
-    The arm is a `RidgeFillArm` (`rf_eval.arm_spec`): give it as `arm=`, or
+    The arm is a `RidgeFillArm` (`rf_eval.ridgefill.arm_spec`): give it as `arm=`, or
     give its fields as keyword arguments (`fill=`, `split=`, `tail=`,
     `chunk_size=`, `selector=`, `corrections=`, `splice=`, `cost_match=`,
     `unigram=`; see that module for each). `maps`: a `RidgeMaps`, or a folder

@@ -104,7 +104,7 @@ class RidgeFillArm:
         Returns the spec with `split` (and `unigram`, when the maps' folder
         holds one) filled in; an `ArmError` for anything that does not fit.
         """
-        from rf_eval.maps import config_hash
+        from rf_eval.ridgefill.maps import config_hash
 
         n_layers = int(model_config.num_hidden_layers)
         split = self.split
@@ -150,8 +150,8 @@ class RidgeFillArm:
 
 def _parse_parts(arm: RidgeFillArm) -> dict[str, Any]:
     """Selector, corrections and cost match parsed by their own registries, errors naming the key."""
-    from rf_eval.arm import cost_match_from
-    from rf_eval.corrections import corrections_from
+    from rf_eval.ridgefill.arm import cost_match_from
+    from rf_eval.ridgefill.corrections import corrections_from
     from rf_eval.selectors import selector_from
 
     def selector(value):

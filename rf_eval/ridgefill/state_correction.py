@@ -30,10 +30,10 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import DynamicCache
 
-from rf_eval.capture import run_with_layer_hooks
 from rf_eval.engine import FillFn, decoder_layers
 from rf_eval.families import family_for
-from rf_eval.maps import config_hash
+from rf_eval.ridgefill.capture import run_with_layer_hooks
+from rf_eval.ridgefill.maps import config_hash
 
 
 def log_gates(mixer: nn.Module, h: torch.Tensor) -> torch.Tensor:

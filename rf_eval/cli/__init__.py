@@ -1,4 +1,4 @@
-"""`rf-eval` command line: one subcommand per module in `rf_eval.commands`.
+"""`rf-eval` command line: one subcommand per module in `rf_eval.cli`.
 
 Subcommands are imported only when chosen, so `rf-eval --help` stays fast.
 Each command module defines `add_arguments(parser)` and `run(args) -> int`.
@@ -12,23 +12,23 @@ import sys
 
 # name -> (module, one-line help). Add a command by adding a module and a line.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "tiny-model": ("rf_eval.commands.tiny_model", "write a tiny random model + local tokenizer"),
-    "demo": ("rf_eval.commands.demo", "the main job on the embedded demo model: fit, run arms, report"),
-    "demo-model": ("rf_eval.commands.demo_model", "convert the embedded demo model once (or reuse it); print its path"),
-    "fit": ("rf_eval.commands.fit", "capture a model's hidden states and fit RidgeFill maps"),
-    "fit-transfer": ("rf_eval.commands.fit_transfer", "fit RaReCache's source -> target KV-cache maps"),
+    "tiny-model": ("rf_eval.cli.tiny_model", "write a tiny random model + local tokenizer"),
+    "demo": ("rf_eval.cli.demo", "the main job on the embedded demo model: fit, run arms, report"),
+    "demo-model": ("rf_eval.cli.demo_model", "convert the embedded demo model once (or reuse it); print its path"),
+    "fit": ("rf_eval.cli.fit", "capture a model's hidden states and fit RidgeFill maps"),
+    "fit-transfer": ("rf_eval.cli.fit_transfer", "fit RaReCache's source -> target KV-cache maps"),
     "fit-state-correction": (
-        "rf_eval.commands.fit_state_correction",
+        "rf_eval.cli.fit_state_correction",
         "fit Delta-M for the terminal-state correction of Gated DeltaNet layers",
     ),
     "check-equivalence": (
-        "rf_eval.commands.check_equivalence",
+        "rf_eval.cli.check_equivalence",
         "engine with the fill off vs the plain model, bitwise (or two servers: --base-url A --base-url B)",
     ),
-    "serve": ("rf_eval.commands.serve", "serve a model's arms behind an OpenAI-compatible API (completions, chat)"),
-    "ttft": ("rf_eval.commands.ttft", "time to first token of two arms on one server (median, ratio of medians)"),
-    "report": ("rf_eval.commands.report", "paired statistics of lm-eval runs as HTML, LaTeX and Markdown"),
-    "ledger": ("rf_eval.commands.ledger", "register claims in the hash-chained run ledger; verify it"),
+    "serve": ("rf_eval.cli.serve", "serve a model's arms behind an OpenAI-compatible API (completions, chat)"),
+    "ttft": ("rf_eval.cli.ttft", "time to first token of two arms on one server (median, ratio of medians)"),
+    "report": ("rf_eval.cli.report", "paired statistics of lm-eval runs as HTML, LaTeX and Markdown"),
+    "ledger": ("rf_eval.cli.ledger", "register claims in the hash-chained run ledger; verify it"),
 }
 
 

@@ -29,10 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
-def _load(args):
+def load_model(args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rf_eval.api import default_device, parse_dtype
+    from rf_eval.devices import default_device, parse_dtype
 
     device = args.device or default_device()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and device.startswith("cuda"):
@@ -43,7 +43,7 @@ def _load(args):
     return model.eval(), AutoTokenizer.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
 
 
-def _init_distributed() -> None:
+def init_distributed() -> None:
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return
     import torch
@@ -54,8 +54,8 @@ def _init_distributed() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.calibration import CalibrationError
-    from rf_eval.fitting import fit_maps, refit_from_sums
+    from rf_eval.ridgefill.calibration import CalibrationError
+    from rf_eval.ridgefill.fitting import fit_maps, refit_from_sums
 
     try:
         if args.from_sums:
@@ -63,20 +63,20 @@ def run(args: argparse.Namespace) -> int:
                 raise UserError("--from-sums needs --lambdas")
             model = tokenizer = None
             if args.model:
-                model, tokenizer = _load(args)
+                model, tokenizer = load_model(args)
             result = refit_from_sums(args.from_sums, out=args.out, lambdas=args.lambdas, model=model,
                                      tokenizer=tokenizer, heldout=args.heldout, max_tokens=args.max_tokens,
                                      progress=not args.no_progress)
         else:
             if not args.model or not args.splits:
                 raise UserError("fit needs --model and --splits (or --from-sums)")
-            from rf_eval.calibration import check_nonempty
-            from rf_eval.fitting import check_lambdas
+            from rf_eval.ridgefill.calibration import check_nonempty
+            from rf_eval.ridgefill.fitting import check_lambdas
 
             check_lambdas(args.lambdas, bool(args.heldout))  # fail before loading the model
             check_nonempty(args.calibration)
-            _init_distributed()
-            model, tokenizer = _load(args)
+            init_distributed()
+            model, tokenizer = load_model(args)
             result = fit_maps(model, tokenizer, splits=args.splits, calibration=args.calibration,
                               heldout=args.heldout, lambdas=args.lambdas, out=args.out,
                               max_tokens=args.max_tokens, progress=not args.no_progress)

@@ -69,9 +69,9 @@ def run(args: argparse.Namespace) -> int:
         return run_servers(args)
     if args.model is None:
         raise UserError("give --model (in-process check) or two --base-url (across servers)")
-    from rf_eval.api import RidgeFill
     from rf_eval.engine import Plan, plain_prefill, prefill
-    from rf_eval.maps import identity_fill
+    from rf_eval.ridgefill.api import RidgeFill
+    from rf_eval.ridgefill.maps import identity_fill
 
     try:
         rf = RidgeFill.from_pretrained(args.model, maps=args.maps, split=args.split, device=args.device,

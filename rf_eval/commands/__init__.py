@@ -1,1 +1,0 @@
-"""One module per `rf-eval` subcommand (see rf_eval.cli.COMMANDS)."""
