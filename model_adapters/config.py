@@ -118,6 +118,19 @@ def model_config(pretrained: str, hf: dict[str, Any]):
         raise ModelArgsError(f"pretrained={pretrained!r}: {err}") from None
 
 
+def take_model_args(args: dict[str, Any], own: tuple[str, ...], needed: tuple[str, ...],
+                    defaults: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The adapter's keys (None dropped, `defaults` applied, `needed` present, reference checked) and
+    the checked `hf` keys: every check both adapters make before anything loads."""
+    mine, hf = split_model_args(args, own)
+    mine = {k: v for k, v in mine.items() if v is not None}
+    if defaults is not None:
+        mine = defaults(mine)
+    required(mine, needed, own)
+    check_reference(mine.get("reference"))
+    return mine, check_hf_args(hf)
+
+
 def required(values: dict[str, Any], names: Iterable[str], own: Iterable[str]) -> None:
     missing = [n for n in names if values.get(n) is None]
     if missing:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from lm_eval.api.model import hash_args
@@ -41,8 +41,6 @@ _NOT_RESULTS = {"device", "batch_size", "max_batch_size", "parallelize", "device
 
 class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
     """Shared by `--model ridgefill` and `--model rarecache`; see the module docstring."""
-
-    method_name: ClassVar[str] = ""
 
     def __init__(self, pretrained: str | None = None, **model_args: Any) -> None:
         settings, hf_args = self.parse({"pretrained": pretrained, **model_args})

@@ -43,15 +43,7 @@ import lm_eval.models  # noqa: F401  (lm-eval's own models first: its registry i
 from lm_eval.api.registry import register_model
 
 from rf_eval.fields import ArmError
-from rf_eval.model_adapters.config import (
-    AdapterSettings,
-    ModelArgsError,
-    check_hf_args,
-    check_reference,
-    model_config,
-    required,
-    split_model_args,
-)
+from rf_eval.model_adapters.config import AdapterSettings, ModelArgsError, model_config, take_model_args
 from rf_eval.model_adapters.prefill_lm import PrefillLM
 from rf_eval.rarecache.arm_spec import RaReCacheArm
 from rf_eval.ridgefill.maps import MapError
@@ -75,11 +67,7 @@ def parse_rarecache_args(args: dict[str, Any]) -> tuple[RaReCacheSettings, dict[
 
     from rf_eval.rarecache.maps import TokenizerMismatch, check_tokenizers, load_transfer_maps
 
-    mine, hf = split_model_args(args, OWN_KEYS)
-    mine = {k: v for k, v in mine.items() if v is not None}
-    required(mine, ("pretrained", "source", "maps"), OWN_KEYS)
-    hf = check_hf_args(hf)
-    check_reference(mine.get("reference"))
+    mine, hf = take_model_args(args, OWN_KEYS, ("pretrained", "source", "maps"))
     remote = {k: hf[k] for k in ("trust_remote_code",) if hf.get(k) is not None}
     try:
         arm = RaReCacheArm.from_fields({k: v for k, v in mine.items() if k in RaReCacheArm.fields()},
@@ -101,7 +89,6 @@ def parse_rarecache_args(args: dict[str, Any]) -> tuple[RaReCacheSettings, dict[
 class RaReCacheLM(PrefillLM):
     """`--model rarecache`: prompts prefilled by `rf_eval.rarecache.RaReCache`; see the module docstring."""
 
-    method_name = "rarecache"
     settings: RaReCacheSettings
 
     @classmethod

@@ -63,15 +63,7 @@ import lm_eval.models  # noqa: F401  (lm-eval's own models first: its registry i
 from lm_eval.api.registry import register_model
 
 from rf_eval.fields import ArmError
-from rf_eval.model_adapters.config import (
-    AdapterSettings,
-    ModelArgsError,
-    check_hf_args,
-    check_reference,
-    model_config,
-    required,
-    split_model_args,
-)
+from rf_eval.model_adapters.config import AdapterSettings, ModelArgsError, model_config, take_model_args
 from rf_eval.model_adapters.prefill_lm import PrefillLM
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.ridgefill.maps import MapError
@@ -93,11 +85,7 @@ def parse_ridgefill_args(args: dict[str, Any]) -> tuple[RidgeFillSettings, dict[
     from rf_eval.demo.study import demo_defaults
     from rf_eval.ridgefill.maps import load_arm_maps
 
-    mine, hf = split_model_args(args, OWN_KEYS)
-    mine = demo_defaults({k: v for k, v in mine.items() if v is not None})
-    required(mine, ("fill",), OWN_KEYS)
-    hf = check_hf_args(hf)
-    check_reference(mine.get("reference"))
+    mine, hf = take_model_args(args, OWN_KEYS, ("fill",), defaults=demo_defaults)
     try:
         arm = RidgeFillArm.from_fields({k: v for k, v in mine.items() if k in RidgeFillArm.fields()},
                                        what="model_args")
@@ -118,7 +106,6 @@ def _int(value: Any) -> int | None:
 class RidgeFillLM(PrefillLM):
     """`--model ridgefill`: prompts prefilled by `rf_eval.RidgeFill`; see the module docstring."""
 
-    method_name = "ridgefill"
     settings: RidgeFillSettings
 
     @classmethod
