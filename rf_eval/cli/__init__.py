@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ttft": ("rf_eval.cli.ttft", "time to first token of two arms on one server (median, ratio of medians)"),
     "report": ("rf_eval.cli.report", "paired statistics of lm-eval runs as HTML, LaTeX and Markdown"),
     "ledger": ("rf_eval.cli.ledger", "register claims in the hash-chained run ledger; verify it"),
+    "study": ("rf_eval.cli.study", "a whole registered study in one command: plan, run (resumable), status"),
 }
 
 

@@ -1,0 +1,273 @@
+"""`rf-eval study run | plan | status`: a registered study, one lm-eval evaluation per arm, resumable.
+
+Run (paper section 9's order): the claims are registered in the ledger before
+any arm runs (refused once results exist, unless `--follow-up`), with the
+study file's sha256; then each arm is one `lm_eval` process (one model load,
+`--log_samples`, its own `--use_cache` database) through a launcher; then the
+report. A killed study re-run skips every arm whose `done.json` fingerprint
+(model, maps sha256, arm, tasks, lengths, lm-eval version) matches, resumes a
+half-finished arm from its request cache, and refuses a folder written by
+another version of the study file. `study.json` records every arm's command,
+timings and fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from rf_eval.study.spec import ADAPTERS, Arm, Study, StudyError
+
+STATE = "study.json"
+
+
+def maps_sha256(folder: str | None) -> str:
+    """sha256 over the map files of a maps folder (or one file), for fingerprints."""
+    if folder is None:
+        return ""
+    path = Path(folder)
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode())
+        digest.update(hashlib.sha256(f.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def model_args(study: Study, arm: Arm, maps: str | None) -> dict[str, Any]:
+    """The arm's model_args: the study's model, then the arm's own (the study's maps for a ridge arm)."""
+    if arm.model in ADAPTERS:
+        args = {"pretrained": study.pretrained, **study.model_args, **arm.args}
+        if arm.model == "ridgefill" and args.get("fill") == "ridge" and "maps" not in args and maps:
+            args["maps"] = maps
+        return args
+    return dict(arm.args)  # an API model: its own arguments only
+
+
+def lm_eval_command(study: Study, arm: Arm, out: Path, maps: str | None) -> list[str]:
+    """The arm's `lm_eval` argv (without a launcher prefix)."""
+    metadata = dict(study.metadata)
+    if study.lengths:
+        metadata["max_seq_lengths"] = list(study.lengths)
+    cmd = ["-m", "lm_eval", "--model", arm.model, "--model_args", json.dumps(model_args(study, arm, maps)),
+           "--tasks", ",".join(study.tasks), "--output_path", str(out / "arms" / arm.name), "--log_samples",
+           "--use_cache", str(out / "cache" / arm.name), "--seed", str(study.seed)]
+    if metadata:
+        cmd += ["--metadata", json.dumps(metadata)]
+    if study.include_path:
+        cmd += ["--include_path", study.include_path]
+    if study.limit is not None:
+        cmd += ["--limit", str(study.limit)]
+    if study.samples is not None:
+        cmd += ["--samples", json.dumps(study.samples)]
+    if study.apply_chat_template:
+        cmd.append("--apply_chat_template")
+    return cmd
+
+
+def fingerprint(study: Study, arm: Arm, maps: str | None) -> str:
+    """What makes an arm's results what they are; a finished arm is skipped only when it matches."""
+    import lm_eval
+
+    record = {"model": study.pretrained, "model_args": study.model_args, "maps_sha256": maps_sha256(maps),
+              "arm": {"model": arm.model, "args": arm.args}, "tasks": list(study.tasks), "lengths": list(study.lengths),
+              "metadata": study.metadata, "limit": study.limit, "samples": study.samples,
+              "chat": study.apply_chat_template, "seed": study.seed, "lm_eval": lm_eval.__version__}
+    return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def cached_requests(out: Path, arm: str) -> int:
+    """Requests in the arm's --use_cache databases so far (a progress count; lm-eval writes as it goes)."""
+    total = 0
+    for db in (out / "cache").glob(f"{arm}_rank*.db"):
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+                total += conn.execute("SELECT COUNT(*) FROM unnamed").fetchone()[0]
+        except sqlite3.Error:
+            pass
+    return total
+
+
+def done_marker(out: Path, arm: str) -> Path:
+    return out / "arms" / arm / "done.json"
+
+
+def is_done(out: Path, arm: str, want: str) -> bool:
+    marker = done_marker(out, arm)
+    return marker.is_file() and json.loads(marker.read_text()).get("fingerprint") == want
+
+
+def load_state(out: Path) -> dict[str, Any] | None:
+    path = out / STATE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def save_state(out: Path, state: dict[str, Any]) -> None:
+    tmp = out / (STATE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+    tmp.replace(out / STATE)  # atomic: a kill never leaves half a state file
+
+
+def check_folder(study: Study, out: Path) -> dict[str, Any]:
+    """The folder's state for this study; refuses a folder of another version of the study file."""
+    state = load_state(out)
+    if state is not None and state.get("study_sha256") != study.sha256:
+        raise StudyError(f"{out} holds results of another version of the study file (sha256 "
+                         f"{state.get('study_sha256', '')[:12]}..., this file {study.sha256[:12]}...): "
+                         "results of a changed study are never mixed; give a new --out")
+    return state or {"study": str(study.path), "study_sha256": study.sha256, "arms": {}}
+
+
+def register(study: Study, out: Path, state: dict[str, Any], ledger: Path, follow_up: bool) -> None:
+    """Register the study's claims before any arm runs (once; a resumed run finds them registered)."""
+    from rf_eval.stats.ledger import append_entry, verify_ledger
+
+    if state.get("registered"):
+        return
+    results = [a for a in study.arms if done_marker(out, a).is_file()]
+    if results and not follow_up:
+        raise StudyError(f"arms {', '.join(results)} already have results in {out}: claims registered now "
+                         "would not be pre-registered. Pass --follow-up to register them as follow-up claims")
+    entries = []
+    for claim in study.claims:
+        entry = append_entry(ledger, claim=claim["claim"], prediction=claim["prediction"], configs=[study.path],
+                             arms=list(study.arms))
+        entries.append({"index": entry.index, "hash": entry.hash, "time": entry.time.isoformat()})
+    head = verify_ledger(ledger)[-1] if ledger.is_file() else None
+    state.update(registered=True, follow_up=bool(results), ledger=str(ledger), claims=entries,
+                 ledger_head={"hash": head.hash, "count": head.index + 1} if head else None)
+    save_state(out, state)
+
+
+def plan_text(study: Study, out: Path, launcher: Any) -> str:
+    """Each arm's exact command and its MAC-model cost against exact prefill at each length."""
+    lines = [f"study {study.path.name} (sha256 {study.sha256[:12]}...): {len(study.arms)} arms, "
+             f"tasks {', '.join(study.tasks)}, lengths {', '.join(map(str, study.lengths)) or '(task default)'}"]
+    for arm in study.arms.values():
+        argv = launcher.argv(lm_eval_command(study, arm, out, study.maps or "<maps from fit>"))
+        lines.append(f"\n[{arm.name}] {shlex.join(argv)}")
+        costs = arm_costs(study, arm)
+        if costs:
+            lines.append("  MAC cost / exact: " + ", ".join(f"N={n}: {c:.3f}" for n, c in costs.items()))
+    return "\n".join(lines)
+
+
+def arm_costs(study: Study, arm: Arm) -> dict[int, float]:
+    """The MAC model's cost of a ridgefill arm relative to exact prefill (paper section 2.5); {} where unknown."""
+    if arm.model != "ridgefill" or not study.lengths:
+        return {}
+    from transformers import AutoConfig
+
+    from rf_eval.ridgefill.arm_spec import DEFAULT_TAIL
+    from rf_eval.ridgefill.cost import prefill_macs
+
+    try:
+        config = AutoConfig.from_pretrained(study.pretrained)
+    except OSError:
+        return {}
+    fill = arm.args.get("fill", "exact")
+    split = int(arm.args.get("split", config.num_hidden_layers // 2))
+    tail = int(arm.args.get("tail", DEFAULT_TAIL))
+    out = {}
+    for n in study.lengths:
+        exact = prefill_macs(config, n, split=split, tail=n, fill="exact")
+        out[n] = 1.0 if fill == "exact" else prefill_macs(config, n, split=split, tail=min(tail, n), fill=fill) / exact
+    return out
+
+
+def status_text(out: Path) -> str:
+    state = load_state(out)
+    if state is None:
+        return f"{out}: no study has run here"
+    lines = [f"study {state['study']} (sha256 {state['study_sha256'][:12]}...)",
+             f"claims registered: {'yes' if state.get('registered') else 'no'}"]
+    for name, info in state["arms"].items():
+        status = "done" if done_marker(out, name).is_file() else info.get("status", "pending")
+        seconds = info.get("seconds")
+        lines.append(f"  {name:<20} {status:<8} requests cached {cached_requests(out, name):>6}"
+                     + (f"  {seconds:.0f}s" if seconds is not None else ""))
+    return "\n".join(lines)
+
+
+def fit_maps_once(study: Study, out: Path) -> str | None:
+    """The study's maps: its `maps`, or those its `fit:` block fits into OUT/maps (once: a re-run reuses them)."""
+    if study.fit is None:
+        return study.maps
+    folder = out / "maps"
+    marker = folder / "fit.json"
+    want = hashlib.sha256(json.dumps([study.pretrained, study.model_args, study.fit], sort_keys=True,
+                                     default=str).encode()).hexdigest()
+    if marker.is_file() and json.loads(marker.read_text()).get("fit") == want:
+        return str(folder)
+    from rf_eval.cli import main as cli
+
+    fit = study.fit
+    argv = ["fit", "--model", study.pretrained, "--splits", str(fit["split"]), "--out", str(folder),
+            "--calibration", *[str(study.folder() / c) for c in fit["calibration"]]]
+    if fit.get("heldout"):
+        argv += ["--heldout", *[str(study.folder() / c) for c in fit["heldout"]]]
+    if fit.get("lambdas"):
+        argv += ["--lambdas", *map(str, fit["lambdas"])]
+    for key in ("dtype", "device"):
+        if key in study.model_args:
+            argv += [f"--{key}", str(study.model_args[key])]
+    print(f"[fit] maps for split {fit['split']} into {folder}", flush=True)
+    if cli(argv) != 0:
+        raise StudyError("the study's fit: block failed (see the messages above)")
+    marker.write_text(json.dumps({"fit": want}))
+    return str(folder)
+
+
+def report_argv(study: Study, out: Path, ledger: Path) -> list[str]:
+    argv = ["report", *[str(out / "arms" / a) for a in study.arms], "--reference", study.reference,
+            "--margin", str(study.margin), "--html", str(out / "report.html"), "--latex", str(out / "report.tex"),
+            "--markdown", str(out / "report.md")]
+    if ledger.is_file():
+        argv += ["--ledger", str(ledger)]
+    for selected, controls in study.controls.items():
+        argv += ["--control", f"{selected}={','.join(controls)}"]
+    return argv
+
+
+def run_study(study: Study, out: Path, launcher: Any, *, ledger: Path | None = None, follow_up: bool = False,
+              report: bool = True) -> int:
+    """Register, run every arm not yet done (resuming a half-finished one), report; see the module docstring."""
+    from rf_eval.study.launch import ArmJob, Progress
+
+    out.mkdir(parents=True, exist_ok=True)
+    state = check_folder(study, out)
+    save_state(out, state)
+    ledger = ledger or out / "ledger.jsonl"
+    maps = fit_maps_once(study, out)
+    register(study, out, state, ledger, follow_up)
+    jobs, done = [], 0
+    for arm in study.arms.values():
+        want = fingerprint(study, arm, maps)
+        argv = launcher.argv(lm_eval_command(study, arm, out, maps))
+        state["arms"][arm.name] = {**state["arms"].get(arm.name, {}), "command": argv, "fingerprint": want}
+        if is_done(out, arm.name, want):
+            done += 1
+            print(f"      {arm.name}: done before (fingerprint matches), skipped", flush=True)
+            continue
+        state["arms"][arm.name]["status"] = "pending"
+        jobs.append(ArmJob(arm.name, tuple(argv), str(out), want))
+    save_state(out, state)
+    print(f"[arms] {len(jobs)} to run, {done} done; launcher {type(launcher).__name__}", flush=True)
+    t0 = time.time()
+    launcher.run(jobs, Progress(out, len(study.arms), done))
+    for arm in study.arms:
+        record = json.loads(done_marker(out, arm).read_text())
+        state["arms"][arm].update(status="done", seconds=record["seconds"], finished=record["finished"])
+    state["seconds"] = time.time() - t0
+    save_state(out, state)
+    if not report:
+        return 0
+    from rf_eval.cli import main as cli
+
+    print("[report] " + shlex.join(["rf-eval", *report_argv(study, out, ledger)]), flush=True)
+    return cli(report_argv(study, out, ledger))

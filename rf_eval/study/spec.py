@@ -1,0 +1,194 @@
+"""The study file: a whole registered study (RidgeFill paper section 3.4 and the recipe of section 9) as YAML.
+
+    model:                       # the model every arm runs on
+      pretrained: /models/llama  # folder or hub id
+      args: {dtype: bfloat16}    # any other `hf` model_args (device, parallelize, revision, ...)
+    maps: /maps/llama            # RidgeFill maps, or `fit:` below to fit them first
+    fit: {calibration: [cal.jsonl], heldout: [held.jsonl], split: 16, lambdas: [0.01, 0.03]}
+    tasks: [niah_single_1_filled, keytoken_nll]
+    include_path: ./my_tasks     # optional: a folder of task YAMLs (lm_eval --include_path)
+    lengths: [4096, 8192]        # --metadata max_seq_lengths
+    metadata: {tail: 4096}       # any other --metadata
+    limit: 50                    # or `samples: {task: [doc ids]}`
+    apply_chat_template: true
+    seed: 0
+    arms:                        # name -> lm-eval model and its model_args
+      exact: {args: {fill: exact}}
+      ridge: {args: {fill: ridge, tail: 4096}}       # model defaults to ridgefill; maps: the study's
+      rows:  {args: {fill: ridge, tail: 4096, selector: attention}}
+      random_rows: {args: {fill: ridge, tail: 4096, selector: "random(of=attention)"}}
+      served: {model: local-completions, args: {base_url: "http://127.0.0.1:8000/v1/completions"}}
+    reference: exact
+    margin: 2.0                  # non-inferiority margin, points
+    controls: {rows: [random_rows]}   # count-matched controls of a selection
+    claims:
+      - {claim: "ridge is non-inferior to exact", prediction: "lower bound above -2 points"}
+
+`load_study(path)` validates it before anything runs: an unknown key, a
+missing one, a value of the wrong type, an arm without a fill, a reference or
+control that names no declared arm are a `StudyError` naming the key and the
+file's line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ADAPTERS = ("ridgefill", "rarecache")  # the rf-eval models; any other name is an lm-eval model (API arms)
+
+
+class StudyError(ValueError):
+    """A bad study file: the message names the key and its line."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    model: str
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Study:
+    path: Path
+    sha256: str
+    pretrained: str
+    model_args: dict[str, Any]
+    tasks: tuple[str, ...]
+    arms: dict[str, Arm]
+    reference: str
+    maps: str | None = None
+    fit: dict[str, Any] | None = None
+    include_path: str | None = None
+    lengths: tuple[int, ...] = ()
+    metadata: dict[str, Any] = field(default_factory=dict)
+    limit: int | None = None
+    samples: dict[str, list[int]] | None = None
+    apply_chat_template: bool = False
+    seed: int = 0
+    margin: float = 2.0
+    controls: dict[str, list[str]] = field(default_factory=dict)
+    claims: tuple[dict[str, str], ...] = ()
+
+    def folder(self) -> Path:
+        return self.path.parent
+
+
+# key -> (type(s), required); nested schemas for the mappings below
+_TOP = {
+    "name": (str, False), "model": (dict, True), "maps": (str, False), "fit": (dict, False), "tasks": (list, True),
+    "include_path": (str, False), "lengths": (list, False), "metadata": (dict, False), "limit": (int, False),
+    "samples": (dict, False), "apply_chat_template": (bool, False), "seed": (int, False), "arms": (dict, True),
+    "reference": (str, True), "margin": ((int, float), False), "controls": (dict, False), "claims": (list, False),
+}
+_MODEL = {"pretrained": (str, True), "args": (dict, False)}
+_FIT = {"calibration": (list, True), "heldout": (list, False), "split": (int, True), "lambdas": (list, False)}
+_ARM = {"model": (str, False), "args": (dict, False)}
+_CLAIM = {"claim": (str, True), "prediction": (str, True)}
+
+
+def _line(node: yaml.Node | None) -> str:
+    return f"line {node.start_mark.line + 1}" if node is not None else "top level"
+
+
+def _check(where: str, values: dict, nodes: dict, schema: dict, parent: yaml.Node | None) -> None:
+    for key, value in values.items():
+        if key not in schema:
+            raise StudyError(f"{where}: unknown key {key!r} ({_line(nodes.get(key))}); valid keys: "
+                             f"{', '.join(schema)}")
+        kinds, _ = schema[key]
+        if not isinstance(value, kinds) or (kinds is int and isinstance(value, bool)):
+            names = " or ".join(k.__name__ for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
+            raise StudyError(f"{where}: {key} must be {names}, got {value!r} ({_line(nodes.get(key))})")
+    missing = [k for k, (_, needed) in schema.items() if needed and k not in values]
+    if missing:
+        raise StudyError(f"{where}: missing key(s) {', '.join(missing)} ({_line(parent)})")
+
+
+def _key_nodes(node: yaml.Node) -> dict[str, yaml.Node]:
+    """Each mapping key's node (for line numbers)."""
+    return {k.value: k for k, _ in node.value} if isinstance(node, yaml.MappingNode) else {}
+
+
+def _value_nodes(node: yaml.Node) -> dict[str, yaml.Node]:
+    return {k.value: v for k, v in node.value} if isinstance(node, yaml.MappingNode) else {}
+
+
+def load_study(path: str | Path) -> Study:
+    """Parse and validate a study file (nothing runs)."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise StudyError(f"no study file at {path}")
+    text = path.read_text()
+    try:
+        root = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise StudyError(f"{path.name}: not valid YAML ({err})") from None
+    if not isinstance(data, dict) or root is None:
+        raise StudyError(f"{path.name}: a study file is a mapping of keys (model, tasks, arms, reference, ...)")
+    name = path.name
+    _check(name, data, _key_nodes(root), _TOP, root)
+    values = _value_nodes(root)
+    _check(f"{name}: model", data["model"], _key_nodes(values["model"]), _MODEL, values["model"])
+    if "fit" in data:
+        _check(f"{name}: fit", data["fit"], _key_nodes(values["fit"]), _FIT, values["fit"])
+        if "maps" in data:
+            raise StudyError(f"{name}: give maps or fit, not both ({_line(_key_nodes(root)['fit'])})")
+    arm_nodes = _value_nodes(values["arms"])
+    arms: dict[str, Arm] = {}
+    for arm_name, spec in data["arms"].items():
+        where = f"{name}: arms.{arm_name}"
+        if not isinstance(spec, dict):
+            raise StudyError(f"{where} must be a mapping (model, args) ({_line(arm_nodes.get(arm_name))})")
+        _check(where, spec, _key_nodes(arm_nodes[arm_name]), _ARM, arm_nodes[arm_name])
+        model = spec.get("model", "ridgefill")
+        args = dict(spec.get("args") or {})
+        if model == "ridgefill" and "fill" not in args:
+            raise StudyError(f"{where}: a ridgefill arm needs args.fill (exact | nofill | identity | ridge) "
+                             f"({_line(arm_nodes[arm_name])})")
+        arms[str(arm_name)] = Arm(str(arm_name), model, args)
+    if not arms:
+        raise StudyError(f"{name}: arms is empty")
+    reference = data["reference"]
+    if reference not in arms:
+        raise StudyError(f"{name}: reference {reference!r} is not a declared arm ({_line(values['reference'])}); "
+                         f"arms: {', '.join(arms)}")
+    controls = data.get("controls") or {}
+    for selected, pair in controls.items():
+        named = [selected, *(pair if isinstance(pair, list) else [pair])]
+        missing = [a for a in named if a not in arms]
+        if missing:
+            raise StudyError(f"{name}: controls.{selected} names no declared arm {missing[0]!r} "
+                             f"({_line(_value_nodes(values['controls']).get(selected))}); arms: {', '.join(arms)}")
+    claim_nodes = values["claims"].value if "claims" in data else []
+    for i, claim in enumerate(data.get("claims") or []):
+        if not isinstance(claim, dict):
+            raise StudyError(f"{name}: claims[{i}] must be a mapping (claim, prediction) ({_line(claim_nodes[i])})")
+        _check(f"{name}: claims[{i}]", claim, _key_nodes(claim_nodes[i]), _CLAIM, claim_nodes[i])
+    if data.get("limit") is not None and data.get("samples") is not None:
+        raise StudyError(f"{name}: give limit or samples, not both (lm-eval cannot combine them)")
+    lengths = tuple(int(n) for n in data.get("lengths") or ())
+    return Study(
+        path=path, sha256=hashlib.sha256(text.encode()).hexdigest(),
+        pretrained=_resolve(path, data["model"]["pretrained"]), model_args=dict(data["model"].get("args") or {}),
+        tasks=tuple(str(t) for t in data["tasks"]), arms=arms, reference=reference,
+        maps=_resolve(path, data["maps"]) if "maps" in data else None, fit=data.get("fit"),
+        include_path=_resolve(path, data["include_path"]) if "include_path" in data else None,
+        lengths=lengths, metadata=dict(data.get("metadata") or {}), limit=data.get("limit"),
+        samples=data.get("samples"), apply_chat_template=bool(data.get("apply_chat_template", False)),
+        seed=int(data.get("seed", 0)), margin=float(data.get("margin", 2.0)),
+        controls={k: (v if isinstance(v, list) else [v]) for k, v in controls.items()},
+        claims=tuple(data.get("claims") or ()),
+    )
+
+
+def _resolve(study_file: Path, value: str) -> str:
+    """A path relative to the study file's folder, when it names something there; else as given (hub ids)."""
+    candidate = (study_file.parent / value)
+    return str(candidate.resolve()) if candidate.exists() else value
