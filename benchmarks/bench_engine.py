@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from bench_rows import make_prompt
+from bench_rows import arm_spec, make_prompt
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rf_eval.engine import Plan, plain_prefill, prefill
@@ -144,9 +144,9 @@ def measure_length(model, tokenizer, N: int, S: int, T: int, L: int, fill, a, ti
     layers = [i for i in (3, 7, 11, 15) if i < S] or [S - 1]
     spec = f"attention(share=0.1;layers={'|'.join(map(str, layers))})"
     plan = Plan(S, T, "ridge")
-    rows_arm = Arm(model, tokenizer, plan, selector=spec)
+    rows_arm = Arm(model, tokenizer, arm_spec(plan, spec))
     unigram = torch.randint(0, 1000, (len(tokenizer),), generator=torch.Generator().manual_seed(2))
-    probe_arm = Arm(model, tokenizer, plan, selector="probe+special", resources={"unigram": unigram})
+    probe_arm = Arm(model, tokenizer, arm_spec(plan, "probe+special"), resources={"unigram": unigram})
     with torch.no_grad():
         n_rows = int(rows_arm.prefill(ids, plan, fill).exact_rows.numel()) - T
         n_probe = int(probe_arm.prefill(ids, plan, fill).exact_rows.numel()) - T
