@@ -323,7 +323,7 @@ def check_fitting(root: Path, ran: Ran, values: dict) -> None:
 def check_python_api(root: Path, ran: Ran, values: dict) -> None:
     from rf_eval.ridgefill.maps import load_maps
 
-    line = next(x for x in reversed(ran.output.splitlines()) if x.startswith("{'fill'"))
+    line = next(x for x in reversed(ran.output.splitlines()) if x.startswith("{'method': 'ridgefill'"))
     provenance = ast.literal_eval(line)
     assert (provenance["fill"], provenance["split"], provenance["tail"]) == ("ridge", 3, 256)
     assert provenance["maps_sha256"] == load_maps(root / "maps", 3).sha256()
