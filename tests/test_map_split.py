@@ -51,6 +51,12 @@ def test_the_default_follows_the_released_maps_and_model_args_parse_it():
     assert arm.map_split is False and arm.describe()["map_split"] is False
     with pytest.raises(ArmError, match="map_split"):
         RidgeFillArm.from_fields({"map_split": "maybe"})
+    # the served arm and lm-eval's model_args take it as any other arm field
+    from rf_eval.model_adapters.ridgefill import OWN_KEYS
+    from rf_eval.serving.arms import arm_fields, as_fields
+
+    assert "map_split" in arm_fields() and "map_split" in OWN_KEYS
+    assert RidgeFillArm.from_fields(as_fields("fill=identity;map_split=false")).map_split is False
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
