@@ -11,7 +11,7 @@ from rf_eval.engine import LateLayerHooks, Plan, plain_prefill, prefill
 from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.cost import cost_matched_tail, prefill_macs
 from rf_eval.ridgefill.maps import config_hash, identity_fill
-from rf_eval.ridgefill.state_correction import filled_share, load_table, log_gates, share_bound
+from rf_eval.ridgefill.state_correction import filled_share, load_table, share_bound
 
 N, TAIL = 48, 8
 
@@ -151,7 +151,7 @@ def test_fit_state_correction_command_and_correction(tiny_model, tiny_model_dir,
     def record(view, state):
         seen["in"] = state.clone()
         seen["out"] = correction.prefix_state(view, state)
-        seen["gates"] = log_gates(view.layer.linear_attn, view.h[:, : view.prefix_end])
+        seen["gates"] = view.family.log_gates(view.layer.linear_attn, view.h[:, : view.prefix_end])
         return seen["out"]
 
     correction_hooks = LateLayerHooks(prefix_state=record)

@@ -116,11 +116,23 @@ def test_predicted_input_filled_kv_is_what_the_layer_caches(tiny_model, family):
 
 def test_layer_s_reads_the_split_state(tiny_model):
     model, _ = tiny_model("llama")
-    sweep = Sweep(model)
+    sweep = Sweep(model, Plan(SPLIT, TAIL, "ridge", map_split=False))
     step = LayerStep(sweep.family, decoder_layers(model), sweep.plan, None, None, None)
     x = torch.randn(1, 4, 8)
     fill = PredictedInput(scaled_fill)
     assert fill.predict(step, SPLIT, x) is x
+    assert torch.equal(fill.predict(step, SPLIT + 1, x), scaled_fill(SPLIT + 1, x))
+
+
+def test_layer_s_reads_its_map_with_map_split(tiny_model):
+    """The default (the paper's released maps cover layers S..L-1): layer S reads fill(S, x_S)."""
+    model, _ = tiny_model("llama")
+    sweep = Sweep(model)
+    assert sweep.plan.map_split
+    step = LayerStep(sweep.family, decoder_layers(model), sweep.plan, None, None, None)
+    x = torch.randn(1, 4, 8)
+    fill = PredictedInput(scaled_fill)
+    assert torch.equal(fill.predict(step, SPLIT, x), scaled_fill(SPLIT, x))
     assert torch.equal(fill.predict(step, SPLIT + 1, x), scaled_fill(SPLIT + 1, x))
 
 

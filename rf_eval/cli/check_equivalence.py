@@ -46,6 +46,8 @@ def cache_tensors(cache) -> list[torch.Tensor]:
             value = getattr(layer, name, None)
             if isinstance(value, torch.Tensor):
                 out.append(value)
+            elif isinstance(value, dict):  # linear-attention layers keep their states per state index
+                out.extend(value[k] for k in sorted(value) if isinstance(value[k], torch.Tensor))
             elif isinstance(value, (list, tuple)):
                 out.extend(v for v in value if isinstance(v, torch.Tensor))
     return out

@@ -25,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=32768, help="truncate documents to this many tokens")
     p.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    p.add_argument("--map-split", dest="map_split", action=argparse.BooleanOptionalAction, default=True,
+                   help="the arms read layer S's own map (the paper's released maps; default): the held-out "
+                        "lambda choice scores layer S too. --no-map-split: layer S reads x_S, not scored")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--no-progress", action="store_true")
 
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
                 model, tokenizer = load_model(args)
             result = refit_from_sums(args.from_sums, out=args.out, lambdas=args.lambdas, model=model,
                                      tokenizer=tokenizer, heldout=args.heldout, max_tokens=args.max_tokens,
-                                     progress=not args.no_progress)
+                                     progress=not args.no_progress, map_split=args.map_split)
         else:
             if not args.model or not args.splits:
                 raise UserError("fit needs --model and --splits (or --from-sums)")
@@ -79,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
             model, tokenizer = load_model(args)
             result = fit_maps(model, tokenizer, splits=args.splits, calibration=args.calibration,
                               heldout=args.heldout, lambdas=args.lambdas, out=args.out,
-                              max_tokens=args.max_tokens, progress=not args.no_progress)
+                              max_tokens=args.max_tokens, progress=not args.no_progress,
+                              map_split=args.map_split)
     except (ValueError, CalibrationError) as err:
         raise UserError(str(err)) from err
     for split, path in sorted(result.paths.items()):

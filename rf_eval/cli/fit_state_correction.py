@@ -4,7 +4,7 @@ Runs the unmodified model over calibration prompts kept apart from the maps'
 text, reads each late Gated DeltaNet layer's state every `--every` (2,048)
 tokens from the true inputs and from the fill's predicted inputs, and saves
 the mean difference per layer and value head beside `--out`. The file
-records the model, split, fill and maps it was fitted for; `RidgeFill(...,
+records the model, split, fill, maps and `--map-split` it was fitted for; `RidgeFill(...,
 corrections="terminal_state(path=FILE)")` refuses any other combination.
 """
 
@@ -25,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output folder (or .safetensors file)")
     p.add_argument("--every", type=int, default=2048, help="read the state every this many tokens")
     p.add_argument("--max-tokens", type=int, default=131072, help="truncate prompts to this many tokens")
+    p.add_argument("--map-split", dest="map_split", action=argparse.BooleanOptionalAction, default=True,
+                   help="the arm's layer S reads its own map (the default, as the arm's map_split)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--no-progress", action="store_true")
@@ -55,11 +57,11 @@ def run(args: argparse.Namespace) -> int:
         fill = maps.fill_fn(param.dtype, param.device) if args.fill == "ridge" else identity_fill
         docs = tokenized(tokenizer, args.calibration, param.device, args.max_tokens, "state correction",
                          not args.no_progress)
-        delta, states = fit_delta(model, docs, split, fill, every=args.every)
+        delta, states = fit_delta(model, docs, split, fill, every=args.every, map_split=args.map_split)
     except (ValueError, CalibrationError) as err:
         raise UserError(str(err)) from err
     meta = table_metadata(model, args.fill, maps.sha256() if maps is not None else "", args.every, states,
-                          sha256_of_files(args.calibration))
+                          sha256_of_files(args.calibration), args.map_split)
     path = save_table(delta, meta, args.out, split)
     print(f"split {split}: Delta-M for {len(delta)} Gated DeltaNet layers from {states} states -> {path}")
     return 0

@@ -20,7 +20,7 @@ class LayerView:
     x_in / h: the layer's input and normed input for every row it sees (`key_rows`,
     prompt order): predicted for filled rows, true for exact rows. `prefix_end` is
     N - tail. `predict(x_split_rows)` gives this layer's predicted input for rows'
-    split states (layer S reads the split state itself).
+    split states (at layer S: the fill's own map with `plan.map_split`, else the split state itself).
     """
 
     def __init__(self, step: LayerStep, fill: PredictedInput, index: int, x_in: torch.Tensor, h: torch.Tensor):
@@ -71,7 +71,8 @@ class LayerView:
 class PredictedInput(RowFill):
     """Filled rows' input to late layer l is x̂_l = fill(l, x_S) (paper section 2.1: identity, ridge).
 
-    Layer S reads x_S itself (it is exact already). Each layer runs its own
+    Layer S reads fill(S, x_S) with `plan.map_split` (the paper's released maps
+    cover layers S..L-1), else x_S itself (exact already). Each layer runs its own
     input norm and K/V projections (k-norm, RoPE) over every row it sees at
     once, so with every row exact it is the stock layer; a Gated DeltaNet
     layer's stock mixer scans predicted inputs of filled rows and true inputs
@@ -84,7 +85,7 @@ class PredictedInput(RowFill):
 
     def predict(self, step: LayerStep, index: int, x_rows: torch.Tensor) -> torch.Tensor:
         """Layer `index`'s predicted input for rows whose split states are `x_rows`."""
-        if index == step.plan.split or self.fill is None:
+        if self.fill is None or (index == step.plan.split and not step.plan.map_split):
             return x_rows
         return self.fill(index, x_rows)
 

@@ -27,7 +27,10 @@ class Plan:
     last prompt rows kept exact in every layer. fill: one of PLAN_FILLS.
     chunk_size: run the lower layers in chunks of this many rows (None: one
     pass; bitwise equal to the plain model). query_chunk: exact-row queries per
-    attention call in the late layers (bounds the mask's memory).
+    attention call in the late layers (bounds the mask's memory). map_split:
+    filled rows of layer S itself read the fill's prediction x̂_S = fill(S, x_S)
+    (A_S x_S + b_S for ridge maps, which cover layers S..L-1 as the paper's
+    released maps do, section 2.2 "Size and cost"); False: layer S reads x_S.
     """
 
     split: int
@@ -35,6 +38,7 @@ class Plan:
     fill: str = "exact"
     chunk_size: int | None = None
     query_chunk: int = 4096
+    map_split: bool = True
 
     def __post_init__(self):
         if self.fill not in PLAN_FILLS:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
@@ -91,6 +92,26 @@ class Family:
         if gate is not None:
             context = context * torch.sigmoid(gate)
         return attn.o_proj(context)
+
+    # -- Gated DeltaNet pieces (families with `linear_attention`) --------------------
+    def delta_inputs(self, mixer: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What drives a Gated DeltaNet layer's state update, from its normed input h (B, n, d).
+
+        RidgeFill section 2.1: a filled row contributes the recurrent state update.
+        Returns the mixed queries/keys/values the short convolution reads
+        (B, n, 2 * key_dim + value_dim, in the module's own order), beta's input b
+        and the gate input a (B, n, value heads), from the module's own projections.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no Gated DeltaNet layers")
+
+    def log_gates(self, mixer: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        """log g per row and value head (n, heads), fp64, from the normed input h (1, n, d).
+
+        RidgeFill section 2.3 and appendix H: g = exp(-exp(A_log) * softplus(a + dt_bias)),
+        the decay the module applies, from its own parameters.
+        """
+        a = self.delta_inputs(mixer, h)[2][0].float()
+        return (-mixer.A_log.float().exp() * F.softplus(a + mixer.dt_bias.float())).double()
 
     # -- the rest of the block ------------------------------------------------------
     def mlp(self, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,8 @@ Choices the paper leaves open (each also stated where it is made):
 
 - Sides: a target key map reads source keys, a value map source values.
 - R² (layer choice): in-sample, pooled over the d_t outputs (1 - SSE/SST of
-  the whole entry), each single-source fit a ridge with the same lambda; the
-  top K (ties: lower layer) are concatenated in ascending layer order.
+  the whole entry), each single-source fit least squares as section 3.1
+  says (minimum-norm where the Gram is singular); the top K (ties: lower layer) are concatenated in ascending layer order.
 - Lambda is added to the centred Gram as eq. 1 writes it (not rescaled by
   its trace, unlike RidgeFill's maps).
 - The basis: eigenvectors of W^T (X^T X) W / N, exactly the covariance of the
@@ -25,8 +25,9 @@ Choices the paper leaves open (each also stated where it is made):
   target prefill. Layer-prefix: ceil(rho * L) layers.
 - Selectors: `attention` sums softmax weights from the last 32 prompt rows over
   heads and the last max(1, L // 4) layers (sink included); `random` seeds from
-  sha256(seed, prompt tokens); `oracle-l2` sums absolute squared errors over
-  layers and sides (keys compared rotated).
+  sha256(seed, prompt tokens); `oracle-l2` ranks by the relative error
+  ||mapped - true||² / ||true||², keys and values of a layer together,
+  averaged over layers (appendix C, figure 13; keys compared rotated).
 - Pair checks: one token -> id vocabulary (sha256); both configs' hashes (the
   shape fields of `rf_eval.ridgefill.maps.config_hash`: two checkpoints of one
   architecture are not told apart).

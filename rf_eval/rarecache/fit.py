@@ -10,8 +10,10 @@ per target layer and side (target entries as its inputs, no outputs) keeps
 the target's centred Gram for the R² denominators. Everything after is
 solves on sub-blocks of those sums:
 
-- single-source R² per (target layer, side, source layer): the ridge fit
-  of the target entries on that one source layer's entries (same lambda),
+- single-source R² per (target layer, side, source layer): the
+  least-squares fit of the target entries on that one source layer's
+  entries (section 3.1: "a single-source least-squares regression"; no
+  lambda, a minimum-norm solve where the Gram is singular),
   R² = 1 - SSE / SST pooled over the d_t output dimensions (the fraction of
   the target entries' total variance explained);
 - the K source layers with the highest R² (ties: lower layer), concatenated
@@ -102,13 +104,22 @@ def _ridge(cxx: torch.Tensor, cxy: torch.Tensor, lam: float) -> torch.Tensor:
     return torch.linalg.solve(cxx + lam * eye, cxy)
 
 
+def _least_squares(cxx: torch.Tensor, cxy: torch.Tensor) -> torch.Tensor:
+    """A minimum-norm solution of the normal equations C_xx W = C_xy (fp64, CPU): least squares, no penalty."""
+    return torch.linalg.lstsq(cxx.cpu(), cxy.cpu(), driver="gelsd").solution
+
+
 def _sse(cxx: torch.Tensor, cxy: torch.Tensor, sst: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Residual sum of squares of the centred prediction x W: tr(C_yy) - 2 tr(W^T C_xy) + tr(W^T C_xx W)."""
     return sst - 2 * (w * cxy).sum() + (w * (cxx @ w)).sum()
 
 
-def single_source_r2(sums: TransferSums, side: str, layer: int, lam: float) -> torch.Tensor:
-    """R² of each source layer alone for target `layer` (n_source,), pooled over output dimensions."""
+def single_source_r2(sums: TransferSums, side: str, layer: int) -> torch.Tensor:
+    """R² of each source layer alone for target `layer` (n_source,), pooled over output dimensions.
+
+    Section 3.1: each single-source fit is least squares (not the maps' ridge), so
+    R² is the share of the target entries' variance that source layer explains.
+    """
     joint = sums.joint[side]
     cxy_all = joint.cxy[layer].cpu()
     cxx_all = joint.cxx.cpu()
@@ -117,7 +128,7 @@ def single_source_r2(sums: TransferSums, side: str, layer: int, lam: float) -> t
     for j in range(sums.n_source):
         b = _block(j, sums.d_source)
         cxx, cxy = cxx_all[b, b], cxy_all[b]
-        out[j] = 1 - _sse(cxx, cxy, sst, _ridge(cxx, cxy, lam)) / sst
+        out[j] = 1 - _sse(cxx, cxy, sst, _least_squares(cxx, cxy)) / sst
     return out
 
 
@@ -157,7 +168,7 @@ def solve_transfer(sums: TransferSums, k: int, rank: int, lam: float) -> tuple[T
     maps, report = {}, {s: {} for s in SIDES}
     for side in SIDES:
         for layer in range(sums.n_target):
-            r2 = single_source_r2(sums, side, layer, lam)
+            r2 = single_source_r2(sums, side, layer)
             chosen = top_layers(r2, k)
             maps[(side, layer)], r2_k = solve_side(sums, side, layer, chosen, lam, rank)
             report[side][str(layer)] = {"r2_k": round(r2_k, 6), "r2_single": [round(float(v), 6) for v in r2]}

@@ -13,9 +13,10 @@ ceil(rho * L) layers.
   (deployable: the source prefilled anyway).
 - `oracle-attention`: the same from the **target**'s own prefill (an
   oracle: it needs the prefill RaReCache saves).
-- `oracle-l2`: CacheBlend-like; the true squared l2 mapping error summed
-  over layers and sides, ||ŷ - y||² against the target's own cache (an
-  oracle).
+- `oracle-l2`: CacheBlend-like (section 4.5); the true relative mapping
+  error ||mapped - true||² / ||true||² against the target's own cache, keys
+  and values of a layer together, averaged over layers (appendix C,
+  figure 13; an oracle).
 - `layer-prefix`: DroidSpeak-like; the first ceil(rho * L) target layers
   recomputed for every row, the rest mapped.
 """
@@ -67,13 +68,23 @@ def random_rows(n: int, count: int, seed: int, input_ids: torch.Tensor) -> torch
 
 
 def l2_error(mapped, target_cache: DynamicCache, n: int) -> torch.Tensor:
-    """Oracle: per position, Σ_{l,σ} ||ŷ - y||² against the target's own cache (keys compared rotated)."""
-    total = torch.zeros(n, dtype=torch.float32, device=target_cache.layers[0].keys.device)
-    for layer, cached in enumerate(target_cache.layers):
+    """Oracle: per position, the mean over layers of ||ŷ - y||² / ||y||², keys and values together.
+
+    Appendix C, figure 13: the relative mapping error against the target's own
+    cache (keys compared rotated). A layer whose true entry is all zeros at a
+    position adds its absolute error there (no division by zero).
+    """
+    layers = target_cache.layers
+    total = torch.zeros(n, dtype=torch.float64, device=layers[0].keys.device)
+    for layer, cached in enumerate(layers):
+        err = torch.zeros(n, dtype=torch.float64, device=total.device)
+        norm = torch.zeros(n, dtype=torch.float64, device=total.device)
         for pred, true in ((mapped.keys[layer], cached.keys), (mapped.values[layer], cached.values)):
-            diff = pred[0, :, :n].float() - true[0, :, :n].float().to(pred.device)
-            total += diff.pow(2).sum((0, 2)).to(total.device)
-    return total
+            y = true[0, :, :n].double().to(total.device)
+            err += (pred[0, :, :n].double().to(total.device) - y).pow(2).sum((0, 2))
+            norm += y.pow(2).sum((0, 2))
+        total += err / torch.where(norm > 0, norm, torch.ones_like(norm))
+    return (total / len(layers)).float()
 
 
 @torch.no_grad()

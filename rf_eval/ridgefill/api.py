@@ -24,7 +24,7 @@ class RidgeFill:
     The arm is a `RidgeFillArm` (`rf_eval.ridgefill.arm_spec`): give it as `arm=`, or
     give its fields as keyword arguments (`fill=`, `split=`, `tail=`,
     `chunk_size=`, `selector=`, `corrections=`, `splice=`, `cost_match=`,
-    `unigram=`; see that module for each). `maps`: a `RidgeMaps`, or a folder
+    `unigram=`, `map_split=`; see that module for each). `maps`: a `RidgeMaps`, or a folder
     or file written by `rf-eval fit` (needed for fill `ridge`). The arm is
     checked against the model and the maps once, here.
 
@@ -52,7 +52,8 @@ class RidgeFill:
         self.maps = maps
         self.spec = arm.resolve(model.config, maps)
         spec = self.spec
-        self.plan = Plan(split=spec.split, tail=spec.tail, fill=spec.fill, chunk_size=spec.chunk_size)
+        self.plan = Plan(split=spec.split, tail=spec.tail, fill=spec.fill, chunk_size=spec.chunk_size,
+                         map_split=spec.map_split)
         resources = {"unigram": spec.unigram} if spec.unigram else {}
         self.arm = Arm(model, tokenizer, spec, resources=resources)
         self.selector = self.arm.selector
@@ -145,7 +146,7 @@ class RidgeFill:
         """What ran: the arm and the maps' identity, for results files."""
         info: dict[str, Any] = {
             "method": "ridgefill",
-            **self.spec.describe(),  # fill, split, tail, chunk_size, selector, corrections, splice, cost_match
+            **self.spec.describe(),  # fill, split, tail, chunk_size, map_split, selector, corrections, ...
             "model_type": self.model.config.model_type,
             "model_name": getattr(self.model.config, "_name_or_path", ""),
         }

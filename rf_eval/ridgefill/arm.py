@@ -44,13 +44,14 @@ class CostMatch:
         if self.fill not in ("identity", "ridge"):
             raise ValueError(f"cost_match fill must be identity or ridge, got {self.fill!r}")
 
-    def target_macs(self, config, n: int, split: int, own_tail: int) -> int:
+    def target_macs(self, config, n: int, split: int, own_tail: int, map_split: bool = True) -> int:
+        """The matched arm's MACs; `map_split` (the control's own arm field) charges its map at layer S."""
         exact = self.exact_rows if self.exact_rows is not None else int(round(self.exact_share * n))
         return prefill_macs(config, n, split=split, tail=self.tail or own_tail, exact_rows=exact,
-                            fill=self.fill, probe_rows=self.probe_rows)
+                            fill=self.fill, probe_rows=self.probe_rows, map_split=map_split)
 
-    def tail_for(self, config, n: int, split: int, own_tail: int) -> int:
-        return cost_matched_tail(config, n, split, self.target_macs(config, n, split, own_tail))
+    def tail_for(self, config, n: int, split: int, own_tail: int, map_split: bool = True) -> int:
+        return cost_matched_tail(config, n, split, self.target_macs(config, n, split, own_tail, map_split))
 
     def describe(self) -> dict[str, Any]:
         return {"name": "cost_match", **dataclasses.asdict(self)}
@@ -83,7 +84,7 @@ class Arm:
         """`plan` for an n-token prompt: a cost-matched control's tail is set by n."""
         if self.cost_match is None:
             return plan
-        tail = self.cost_match.tail_for(self.model.config, n, plan.split, plan.tail)
+        tail = self.cost_match.tail_for(self.model.config, n, plan.split, plan.tail, plan.map_split)
         return dataclasses.replace(plan, tail=tail)
 
     def prefill(self, input_ids: torch.Tensor, plan: Plan, fill) -> PrefillResult:

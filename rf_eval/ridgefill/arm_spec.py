@@ -14,7 +14,9 @@ Arms (RidgeFill paper, table 3 and section 3.3): `fill` exact | nofill |
 identity | ridge; `split` S; `tail` T; optional exact prefix rows from a
 `selector` (section 2.4), `corrections` (section 2.3), a `splice` (section
 6.6) and, on a `nofill` control, `cost_match` (the tail lengthened to the
-MAC cost of the named arm).
+MAC cost of the named arm). `map_split` (default true, the paper's released
+maps, section 2.2 "Size and cost"): filled rows of layer S read
+x̂_S = A_S x_S + b_S; false: they read x_S (identity is the same either way).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class RidgeFillArm:
     splice: str | None = None
     cost_match: Any = None  # `ridge(tail=4096;exact_share=0.1)`, a dict or a CostMatch
     unigram: str | None = None  # the protected-token selectors' table (default: beside the maps)
+    map_split: bool = True  # layer S's filled rows read the map's x̂_S (paper's release), not x_S
 
     def __post_init__(self) -> None:
         if self.fill not in FILL_SOURCES:
@@ -141,6 +144,7 @@ class RidgeFillArm:
             "split": self.split,
             "tail": self.tail,
             "chunk_size": self.chunk_size,
+            "map_split": self.map_split,
             "selector": sel.describe() if hasattr(sel, "describe") else None,
             "corrections": [c.describe() for c in self.correction_objs],
             "splice": self.splice,

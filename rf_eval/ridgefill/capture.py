@@ -79,9 +79,7 @@ def cache_writes(family: Family, layer: nn.Module, x: torch.Tensor, kwargs: dict
     """
     h = layer.input_layernorm(x)
     if family.is_recurrent(layer):
-        mixer = layer.linear_attn
-        parts = [mixer.in_proj_qkv(h), mixer.in_proj_b(h), mixer.in_proj_a(h)]
-        return torch.cat(parts, -1)[0]
+        return torch.cat(family.delta_inputs(layer.linear_attn, h), -1)[0]
     cos, sin = kwargs["position_embeddings"]
     k, v = family.kv(layer.self_attn, h, cos, sin)
     n = x.shape[1]
@@ -94,10 +92,15 @@ def heldout_cosines(
     documents: Iterable[torch.Tensor],
     split: int,
     candidates: dict[float, tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]],
+    map_split: bool = True,
 ) -> dict[float, tuple[float, int]]:
     """Per lambda: (sum of row cosines, row count) between cache writes from predicted and true inputs.
 
-    Layer S is skipped: the engine feeds it the true split state, so every lambda scores 1 there.
+    Paper section 2.2 (lambda chosen by this cosine on held-out text). With
+    `map_split` (the engine's default) layer S's filled rows read A_S x_S + b_S,
+    so layer S is scored like every other late layer; without it the engine
+    feeds layer S the true split state, every lambda would score 1 there, and
+    it is skipped.
     """
     family = family_for(model.config)
     layers = decoder_layers(model)
@@ -107,7 +110,8 @@ def heldout_cosines(
     def hook(index: int, x: torch.Tensor, kwargs: dict) -> None:
         if index == split:
             state["x"] = x
-            return
+            if not map_split:
+                return
         true_writes = cache_writes(family, layers[index], x, kwargs).float()
         for lam, (A, b) in candidates.items():
             a = A[index].to(device=x.device, dtype=x.dtype)

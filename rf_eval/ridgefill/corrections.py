@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from rf_eval.engine import LateLayerHooks, LayerView, Plan, plain_prefill
-from rf_eval.ridgefill.state_correction import filled_share, load_table, log_gates
+from rf_eval.ridgefill.state_correction import filled_share, load_table
 from rf_eval.spec import check_params, parse_spec
 
 SPLICES = ("keys", "values", "both")
@@ -102,7 +102,7 @@ class TerminalState:
         self.last_rho: dict[int, torch.Tensor] = {}
 
     def describe(self) -> dict[str, Any]:
-        keep = ("config_hash", "fill", "maps_sha256", "every", "states", "split")
+        keep = ("config_hash", "fill", "maps_sha256", "every", "states", "split", "map_split")
         return {"name": self.name, "path": self.path, "scale": self.scale,
                 **{k: self.metadata.get(k) for k in keep}}
 
@@ -114,6 +114,11 @@ class TerminalState:
             raise ValueError(f"{self.path} was fitted at split {meta['split']}, this arm runs split {plan.split}")
         if meta.get("fill") != plan.fill or (plan.fill == "ridge" and meta.get("maps_sha256") != maps_sha):
             raise ValueError(f"{self.path} was fitted for fill {meta.get('fill')!r} with other maps than this arm's")
+        fitted_split_map = meta.get("map_split", "false") == "true"  # files before the field: layer S read x_S
+        if plan.fill == "ridge" and fitted_split_map != bool(getattr(plan, "map_split", True)):
+            raise ValueError(f"{self.path} was fitted with map_split={str(fitted_split_map).lower()}, this arm "
+                             f"runs map_split={str(plan.map_split).lower()} (refit with `rf-eval "
+                             "fit-state-correction`, or set map_split to match)")
 
     def prefix_state(self, view: LayerView, state: torch.Tensor) -> torch.Tensor:
         if view.index not in self.delta:
@@ -125,7 +130,7 @@ class TerminalState:
             filled = torch.ones(end, dtype=torch.bool)
             exact = view.exact.cpu()
             filled[exact[exact < end]] = False
-            rho = filled_share(log_gates(view.layer.linear_attn, view.h[:, :end]), filled).cpu()
+            rho = filled_share(view.family.log_gates(view.layer.linear_attn, view.h[:, :end]), filled).cpu()
         self.last_rho[view.index] = rho
         delta = self.delta[view.index].to(device=state.device, dtype=torch.float32)
         return state + (rho.float().to(state.device)[:, None, None] * delta)[None].to(state.dtype)

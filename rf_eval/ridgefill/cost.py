@@ -9,8 +9,10 @@ causal context included, plus the maps (d_in * d_out per filled row per
 layer). What a filled row costs in a late layer is what the engine computes
 for it: K/V projections in an attention layer; the state-update side of a
 Gated DeltaNet layer (input projections, short convolution, recurrent
-update); nothing in `nofill`. The engine feeds layer S the true split state,
-so maps are charged from layer S+1 on. Selected exact prefix rows are
+update); nothing in `nofill`. With `map_split` (the default, as the paper's
+released maps and its MAC counts: section 2.2 "Size and cost", section 2.5)
+layer S's filled rows read A_S x_S + b_S, so maps are charged at layers
+S..L-1; without it layer S reads x_S and maps are charged from S+1. Selected exact prefix rows are
 charged attention at the mean prefix position, (N - T) / 2.
 
 What a layer holds is read from the model's family (`rf_eval.families`):
@@ -100,8 +102,12 @@ def prefill_macs(
     exact_rows: int = 0,
     fill: str = "exact",
     probe_rows: int = 0,
+    map_split: bool = True,
 ) -> int:
-    """Multiply-accumulates of one prompt's prefill under an arm (lm_head on the last row only)."""
+    """Multiply-accumulates of one prompt's prefill under an arm (lm_head on the last row only).
+
+    Section 2.5 (Figure 7); `map_split` charges the map at layer S (see the module docstring).
+    """
     costs = layer_costs(config)
     L = len(costs)
     d = config.hidden_size
@@ -116,6 +122,7 @@ def prefill_macs(
     prefix = N - T
     E = min(max(exact_rows, 0), prefix)
     filled = prefix - E
+    first_map = split if map_split else split + 1
     for i, c in enumerate(costs):
         if i < split:
             total += N * (c.write + c.rest) + c.attn_per_key * _causal_pairs(0, N)
@@ -128,7 +135,7 @@ def prefill_macs(
         else:
             total += filled * c.write
             total += c.attn_per_key * (_causal_pairs(prefix, N) + E * (prefix // 2 + 1))
-            if fill in FILLS_WITH_MAPS and i > split:
+            if fill in FILLS_WITH_MAPS and i >= first_map:
                 total += filled * d * d
         if probe_rows:
             total += probe_rows * (c.write + c.rest) + c.attn_per_key * probe_rows * N

@@ -82,14 +82,18 @@ def choose_lambda(
     heldout: Sequence[str | Path],
     max_tokens: int,
     progress: bool,
+    map_split: bool = True,
 ) -> tuple[float, dict[float, float], dict[float, tuple]]:
-    """Solve for every lambda; pick the best mean cache-write cosine on held-out documents."""
+    """Solve for every lambda; pick the best mean cache-write cosine on held-out documents (section 2.2).
+
+    `map_split`: layer S's own map is scored too (the arm's `map_split`, see `heldout_cosines`).
+    """
     solved = {lam: sums.solve(lam) for lam in lambdas}
     if len(lambdas) == 1:
         return lambdas[0], {}, solved
     device = next(model.parameters()).device
     docs = tokenized(tokenizer, heldout, device, max_tokens, f"held-out (split {sums.split})", progress)
-    raw = heldout_cosines(model, docs, sums.split, solved)
+    raw = heldout_cosines(model, docs, sums.split, solved, map_split)
     import torch.distributed as dist
 
     totals = torch.tensor([[raw[lam][0], raw[lam][1]] for lam in lambdas], dtype=torch.float64)
@@ -122,8 +126,14 @@ def fit_maps(
     max_tokens: int = 32768,
     progress: bool = True,
     save_sums: bool = True,
+    map_split: bool = True,
 ) -> FitResult:
-    """One capture pass for every split, solves, lambda choice, and the map files in `out`."""
+    """One capture pass for every split, solves, lambda choice, and the map files in `out`.
+
+    `map_split`: the arms these maps serve read layer S's map (the default, as the
+    paper's release), so the held-out lambda choice scores layer S too; the
+    files record it (`map_split` metadata).
+    """
     splits = check_splits(splits, num_layers(model))
     lambdas = check_lambdas(lambdas, bool(heldout))
     check_nonempty(calibration)
@@ -147,13 +157,15 @@ def fit_maps(
         "calibration_sha256": sha256_of_files(calibration),
         "heldout_sha256": sha256_of_files(heldout) if heldout else "",
         "max_tokens": str(max_tokens),
+        "map_split": str(bool(map_split)).lower(),
         "rf_eval_version": rf_eval.__version__,
     }
     result = FitResult(paths={}, chosen={}, scores={}, rows=0)
     for split, sums in all_sums.items():
         if sums.count == 0:
             raise ValueError("the calibration documents produced no rows (all shorter than 2 tokens?)")
-        best, scores, solved = choose_lambda(model, tokenizer, sums, lambdas, heldout, max_tokens, progress)
+        best, scores, solved = choose_lambda(model, tokenizer, sums, lambdas, heldout, max_tokens, progress,
+                                             map_split)
         result.chosen[split], result.scores[split], result.rows = best, scores, sums.count
         if rank == 0:
             out.mkdir(parents=True, exist_ok=True)
@@ -176,8 +188,9 @@ def refit_from_sums(
     heldout: Sequence[str | Path] = (),
     max_tokens: int = 32768,
     progress: bool = True,
+    map_split: bool = True,
 ) -> FitResult:
-    """New solves from saved sums: a new lambda costs no capture pass."""
+    """New solves from saved sums: a new lambda costs no capture pass (`map_split` as in `fit_maps`)."""
     sums_dir, out = Path(sums_dir), Path(out)
     files = sorted(sums_dir.glob("sums_split*.safetensors"))
     if not files:
@@ -191,10 +204,12 @@ def refit_from_sums(
         if model is not None and meta.get("config_hash") != config_hash(model.config):
             raise ValueError(f"{file} was captured from another model (config hash differs)")
         keep = {k: v for k, v in meta.items() if k not in ("split", "count", "layers")}
+        keep["map_split"] = str(bool(map_split)).lower()
         if len(lambdas) == 1:
             best, scores, solved = lambdas[0], {}, {lambdas[0]: sums.solve(lambdas[0])}
         else:
-            best, scores, solved = choose_lambda(model, tokenizer, sums, lambdas, heldout, max_tokens, progress)
+            best, scores, solved = choose_lambda(model, tokenizer, sums, lambdas, heldout, max_tokens, progress,
+                                                 map_split)
         result.chosen[sums.split], result.scores[sums.split], result.rows = best, scores, sums.count
         result.paths[sums.split] = _write_maps(sums, solved, best, scores, keep, out)
     return result

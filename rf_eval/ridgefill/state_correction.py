@@ -8,7 +8,8 @@ the correction adds rho * Delta-M once, at the end of the prefix. The gates
 are the layer's own, g = exp(-exp(A_log) * softplus(a + dt_bias)) per value
 head and row, from the inputs the fill computes anyway. The derivation is
 per head (one gate per head and token), so rho is computed per value head;
-the paper's rho_l is that vector.
+the paper's rho_l is that vector. The gate inputs come from the model's family
+(`Family.log_gates`: Qwen3.5's separate projections, Qwen3-Next's fused ones).
 
 Delta-M (per layer and value head, a d_k x d_v matrix) is the mean of
 M_exact - M_filled over states read every `every` (2,048) tokens of
@@ -24,7 +25,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
@@ -34,12 +34,6 @@ from rf_eval.engine import FillFn, decoder_layers
 from rf_eval.families import family_for
 from rf_eval.ridgefill.capture import run_with_layer_hooks
 from rf_eval.ridgefill.maps import config_hash
-
-
-def log_gates(mixer: nn.Module, h: torch.Tensor) -> torch.Tensor:
-    """log g per row and value head (rows, heads), fp64, from the normed layer input h (1, rows, d)."""
-    a = mixer.in_proj_a(h)[0].float()
-    return (-mixer.A_log.float().exp() * F.softplus(a + mixer.dt_bias.float())).double()
 
 
 def filled_share(log_g: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:
@@ -107,9 +101,14 @@ def _states(mixer: nn.Module, h: torch.Tensor, index: int, config, every: int) -
 
 @torch.no_grad()
 def fit_delta(
-    model: nn.Module, documents: Iterable[torch.Tensor], split: int, fill: FillFn, every: int = 2048
+    model: nn.Module, documents: Iterable[torch.Tensor], split: int, fill: FillFn, every: int = 2048,
+    map_split: bool = True,
 ) -> tuple[dict[int, torch.Tensor], int]:
-    """Mean exact-minus-filled state per late Gated DeltaNet layer, and the number of states per layer."""
+    """Mean exact-minus-filled state per late Gated DeltaNet layer, and the number of states per layer.
+
+    Appendix H. Filled inputs are the engine's: fill(l, x_S), at layer S too with
+    `map_split` (the arm's field), else x_S itself there.
+    """
     family = family_for(model.config)
     layers = decoder_layers(model)
     late = [i for i in range(split, len(layers)) if family.is_recurrent(layers[i])]
@@ -125,7 +124,7 @@ def fit_delta(
         if index not in late:
             return
         layer = layers[index]
-        x_hat = keep["x"] if index == split else fill(index, keep["x"])
+        x_hat = keep["x"] if index == split and not map_split else fill(index, keep["x"])
         exact = _states(layer.linear_attn, layer.input_layernorm(x), index, model.config, every)
         filled = _states(layer.linear_attn, layer.input_layernorm(x_hat), index, model.config, every)
         for e, f in zip(exact, filled):
@@ -140,7 +139,9 @@ def fit_delta(
     return {i: (sums[i] / count["states"]).float() for i in late}, count["states"]
 
 
-def table_metadata(model: nn.Module, fill_name: str, maps_sha: str, every: int, states: int, docs_sha: str):
+def table_metadata(model: nn.Module, fill_name: str, maps_sha: str, every: int, states: int, docs_sha: str,
+                   map_split: bool = True) -> dict[str, str]:
+    """What a Delta-M file records: the model, fill, maps and `map_split` it was fitted for."""
     return {"config_hash": config_hash(model.config), "fill": fill_name, "maps_sha256": maps_sha,
             "every": str(every), "states": str(states), "calibration_sha256": docs_sha,
-            "kind": "rf-eval-state-correction/1"}
+            "map_split": str(bool(map_split)).lower(), "kind": "rf-eval-state-correction/1"}

@@ -147,7 +147,8 @@ class Backend:
         plan = arm.method.plan_for(n)
         out = {"ceiling": 1.0 / ceiling_r(self.n_layers, plan.split, plan.tail, n)}
         try:
-            out["mac_ceiling"] = speedup_ceiling(self.model.config, n, split=plan.split, tail=plan.tail, fill=plan.fill)
+            out["mac_ceiling"] = speedup_ceiling(self.model.config, n, split=plan.split, tail=plan.tail, fill=plan.fill,
+                                             map_split=plan.map_split)
         except (ValueError, AttributeError, TypeError):  # a family the MAC model does not know
             pass
         return out

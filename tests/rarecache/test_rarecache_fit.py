@@ -76,7 +76,7 @@ def test_r2_layer_choice_matches_direct_least_squares(fitted, calibration, data)
                 coef = torch.linalg.lstsq(xc, yc).solution
                 direct.append(1 - (yc - xc @ coef).pow(2).sum() / yc.pow(2).sum())
             direct = torch.stack(direct)
-            ours = single_source_r2(sums, side, layer, LAM)
+            ours = single_source_r2(sums, side, layer)
             torch.testing.assert_close(ours, direct, rtol=1e-4, atol=1e-4)
             assert top_layers(ours, 2) == sorted(torch.argsort(direct, descending=True)[:2].tolist())
             assert f["maps"].maps[(side, layer)].source_layers == top_layers(ours, 2)
