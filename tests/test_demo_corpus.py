@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rf_eval.demo.study.corpus import write_demo_corpus
+from rf_eval.demo.corpus import write_demo_corpus
 
 
 class WordTokenizer:

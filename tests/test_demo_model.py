@@ -75,7 +75,7 @@ def test_resolve_pretrained_leaves_other_names_alone(monkeypatch):
 
 def test_resolve_pretrained_maps_demo_and_none_and_logs(monkeypatch, tmp_path, caplog):
     monkeypatch.setattr(demo_model, "demo_model_dir", lambda **kw: tmp_path)
-    with caplog.at_level("INFO", logger="rf_eval.demo.study.model"):
+    with caplog.at_level("INFO", logger="rf_eval.demo.model"):
         assert demo_model.resolve_pretrained(None) == str(tmp_path)
         assert demo_model.resolve_pretrained("demo") == str(tmp_path)
     assert "embedded demo model" in caplog.text
@@ -172,7 +172,7 @@ def test_corpus_with_the_demo_tokenizer(demo_cache, tmp_path):
     from test_demo_corpus import _check
     from transformers import AutoTokenizer
 
-    from rf_eval.demo.study.corpus import write_demo_corpus
+    from rf_eval.demo.corpus import write_demo_corpus
 
     tok = AutoTokenizer.from_pretrained(demo_cache[1])
     m = write_demo_corpus(tmp_path / "a", 8, 4, tok)

