@@ -89,10 +89,14 @@ def filled_tail(metadata: dict[str, Any] | None) -> int:
     (`rf_eval.ridgefill.arm_spec.DEFAULT_TAIL`, 4,096, the paper's). A `tail` that
     contradicts the running arm's is refused: its subset would not be the arm's
     filled region. An arm that fills no rows (fill=exact, `hf`) takes the task's tail,
-    so the exact arm is scored on the same subset as the others.
+    so the exact arm is scored on the same subset as the others. Metadata `subset_tail`
+    sets the subset's tail on purpose apart from the arm's (the controls that spend their
+    rows on a longer tail are scored on the subset of the arms they control).
     """
     from rf_eval.ridgefill.arm_spec import DEFAULT_TAIL
 
+    if (metadata or {}).get("subset_tail") not in (None, ""):
+        return int(metadata["subset_tail"])
     given = (metadata or {}).get("tail")
     run = run_model() or {}
     arm_tail = run.get("tail") if run.get("fills_rows") else None
@@ -102,7 +106,8 @@ def filled_tail(metadata: dict[str, Any] | None) -> int:
         raise TailMismatch(
             f"tail={int(given)} (task metadata) contradicts the tail of the arm being run "
             f"({run.get('adapter', 'the model')}, tail={int(arm_tail)}): the filled region is the arm's "
-            "prefix, so give the tail once, in --model_args (the task reads it from there)"
+            "prefix, so give the tail once, in --model_args (the task reads it from there), or set "
+            "--metadata subset_tail to score a subset other than the arm's filled region on purpose"
         )
     return int(given)
 

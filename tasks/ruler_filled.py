@@ -38,7 +38,8 @@ Scores are RULER's, in [0, 1].
 
 Options (`--metadata` JSON; `--model_args` values are seen too): `tail`,
 `needles` (all | queried), `protocol` (official | serving | serving_vllm, appendix E), `max_seq_lengths`,
-`essay_haystack`, `squad_json`, `hotpotqa_json`, `seed`, `numpy_seed`.
+`essay_haystack`, `squad_json`, `hotpotqa_json`, `seed`, `numpy_seed`, `subset_tail` (a subset tail set apart
+from the arm's on purpose: the longer-tail controls).
 """
 
 from __future__ import annotations

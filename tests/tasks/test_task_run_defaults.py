@@ -41,6 +41,8 @@ def test_task_reads_the_running_arms_tail_and_refuses_a_contradiction(tiny_llama
     assert th.load_task("niah_single_1_filled", meta(tiny_llama, task_data, tail=300)).tail == 300
     with pytest.raises(TailMismatch, match=r"tail=600 .*contradicts.*tail=300"):
         th.load_task("niah_single_1_filled", meta(tiny_llama, task_data, tail=600))
+    # a subset other than the arm's on purpose (a longer-tail control scored on its arms' subset)
+    assert th.load_task("niah_single_1_filled", meta(tiny_llama, task_data, subset_tail=600)).tail == 600
     del lm
     # an arm that fills nothing (the exact arm) is scored on the task's subset, whatever its tail
     exact = th.ridgefill_class().create_from_arg_string(f"pretrained={tiny_llama},fill=exact,tail=64,device=cpu")
