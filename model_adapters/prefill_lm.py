@@ -13,6 +13,18 @@ and read by the stock model.
 
 A subclass names its own model_args (`own_keys`) and builds its method in
 `build_method`; settings are checked in `parse` before any weights load.
+
+Thinking off by default (RidgeFill paper, section 3.2 and appendix E: the
+protocols run with thinking off): when the model's chat template has an
+`enable_thinking` switch (Qwen3, Qwen3.5) and the run sets neither
+`enable_thinking` nor `chat_template_args={"enable_thinking": ...}`, the
+adapter renders chat prompts with enable_thinking=False. A value the user
+gives wins. The results record what was rendered
+(`rf_eval.chat_template`: the switch, enable_thinking, the template's sha256
+and a rendered example with its sha256).
+
+The adapter publishes its run facts (`rf_eval.run_context`): the arm's tail
+and the tokenizer's checkpoint, which the tasks read (`rf_eval.tasks.common`).
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ from lm_eval.api.model import hash_args
 from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
+from rf_eval import run_context
 from rf_eval.method import input_device
 from rf_eval.model_adapters.config import ModelArgsError, merge_lm_eval_flags
 from rf_eval.model_adapters.generation import GenerationMixin
@@ -47,7 +60,9 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
         self.settings = settings
         self._hf_args = hf_args
         super().__init__(pretrained=settings.pretrained, backend="causal", **hf_args)
+        self.thinking_default = self._thinking_off_by_default(hf_args)
         self.method, self.exact = self.build_method()
+        run_context.publish(self, self.run_facts())
 
     # ---- what a subclass provides -------------------------------------------------
     @classmethod
@@ -60,7 +75,49 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
         raise NotImplementedError
 
     def arm_info(self) -> dict[str, Any]:
-        return {**self.method.provenance(), "reference": self.settings.reference}
+        return {**self.method.provenance(), "reference": self.settings.reference,
+                "chat_template": self.chat_template_record()}
+
+    def run_facts(self) -> dict[str, Any]:
+        """What the tasks scoring this run read (`rf_eval.run_context`); a subclass adds its arm's tail."""
+        tokenizer = self._hf_args.get("tokenizer")
+        return {"adapter": self.method_name, "pretrained": self.settings.pretrained,
+                "tokenizer": tokenizer if isinstance(tokenizer, str) else self.settings.pretrained}
+
+    # ---- chat template --------------------------------------------------------------
+    def _thinking_off_by_default(self, hf_args: dict[str, Any]) -> bool:
+        """Set enable_thinking=False when the template has the switch and the user set nothing."""
+        user_args = hf_args.get("chat_template_args") or {}
+        if hf_args.get("enable_thinking") is not None or "enable_thinking" in user_args:
+            return False
+        if not template_has_thinking_switch(getattr(self.tokenizer, "chat_template", None)):
+            return False
+        self.enable_thinking = False
+        self.chat_template_args = {**(self.chat_template_args or {}), "enable_thinking": False}
+        log.info("the chat template has an enable_thinking switch: rendering with enable_thinking=False "
+                 "(the paper's protocols; pass enable_thinking=True to think)")
+        return True
+
+    def chat_template_record(self) -> dict[str, Any] | None:
+        """What chat prompts are rendered with: the switch, enable_thinking, hashes and an example."""
+        import hashlib
+
+        template = getattr(self.tokenizer, "chat_template", None)
+        if not template:
+            return None
+        text = json.dumps(template, sort_keys=True) if isinstance(template, dict) else str(template)
+        try:
+            example = self.apply_chat_template([{"role": "user", "content": "Question?"}])
+        except Exception as err:  # a template that needs other roles or arguments: record why
+            example = f"(not rendered: {type(err).__name__})"
+        return {
+            "thinking_switch": template_has_thinking_switch(template),
+            "enable_thinking": (self.chat_template_args or {}).get("enable_thinking"),
+            "enable_thinking_default": self.thinking_default,
+            "template_sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "rendered_example": example,
+            "rendered_sha256": hashlib.sha256(example.encode()).hexdigest(),
+        }
 
     # ---- construction -------------------------------------------------------------
     @classmethod
@@ -132,6 +189,13 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
             self.cache_hook.add_partial(attr, req.args, res)
             out.append(res)
         return out
+
+
+def template_has_thinking_switch(template: Any) -> bool:
+    """True when a chat template (a string, or a dict of named templates) reads `enable_thinking`."""
+    if isinstance(template, dict):
+        return any(template_has_thinking_switch(t) for t in template.values())
+    return isinstance(template, str) and "enable_thinking" in template
 
 
 def _samples(args: tuple) -> bool:

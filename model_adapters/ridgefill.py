@@ -22,7 +22,7 @@ typo of a known one is refused):
                defaults to ridge with the demo's own maps, fitted on first use)
   maps     folder or file written by `rf-eval fit` (required for fill=ridge)
   split    first filled layer (default: the maps' split, else L/2)
-  tail     last prompt rows kept exact (default 1024)
+  tail     last prompt rows kept exact (default 4096, the paper's; the demo model: 512)
   chunk_size  lower layers run in chunks of this many rows (memory)
   map_split   true (default, the paper's released maps): layer S's filled rows read A_S x_S + b_S;
               false: they read x_S
@@ -80,6 +80,7 @@ class RidgeFillSettings(AdapterSettings):
     arm: RidgeFillArm
     maps: str | None = None
     maps_obj: Any = None  # the loaded RidgeMaps (read once, before the weights)
+    demo: bool = False  # the embedded demo model (no pretrained, or pretrained=demo)
 
 
 def parse_ridgefill_args(args: dict[str, Any]) -> tuple[RidgeFillSettings, dict[str, Any]]:
@@ -87,6 +88,7 @@ def parse_ridgefill_args(args: dict[str, Any]) -> tuple[RidgeFillSettings, dict[
     from rf_eval.demo.study import demo_defaults
     from rf_eval.ridgefill.maps import load_arm_maps
 
+    demo = str(args.get("pretrained") or "demo").strip().lower() == "demo"
     mine, hf = take_model_args(args, OWN_KEYS, ("fill",), defaults=demo_defaults)
     try:
         arm = RidgeFillArm.from_fields({k: v for k, v in mine.items() if k in RidgeFillArm.fields()},
@@ -94,7 +96,8 @@ def parse_ridgefill_args(args: dict[str, Any]) -> tuple[RidgeFillSettings, dict[
         maps = load_arm_maps(mine["maps"], arm.split) if mine.get("maps") is not None else None
         arm = arm.resolve(model_config(mine["pretrained"], hf), maps)
         settings = RidgeFillSettings(pretrained=str(mine["pretrained"]), arm=arm, maps=mine.get("maps"),
-                                     maps_obj=maps, reference=mine.get("reference"), seed=_int(mine.get("seed")))
+                                     maps_obj=maps, reference=mine.get("reference"), seed=_int(mine.get("seed")),
+                                     demo=demo)
     except (ArmError, MapError) as err:
         raise ModelArgsError(f"{'maps=' + repr(mine['maps']) + ': ' if isinstance(err, MapError) else ''}{err}") from err
     return settings, hf
@@ -121,6 +124,16 @@ class RidgeFillLM(PrefillLM):
         method = RidgeFill(self.model, self.tokenizer, arm=s.arm, maps=s.maps_obj)
         exact = RidgeFill(self.model, self.tokenizer, split=method.plan.split, tail=method.plan.tail, fill="exact")
         return method, exact
+
+    def run_facts(self) -> dict[str, Any]:
+        """The base facts plus the arm's tail (the filled region's edge) and, for the embedded
+        demo model, the task lengths its context fits."""
+        facts = {**super().run_facts(), "tail": self.settings.arm.tail, "fills_rows": self.settings.arm.fills_rows}
+        if self.settings.demo:
+            from rf_eval.demo.study import demo_task_defaults
+
+            facts["task_defaults"] = demo_task_defaults()
+        return facts
 
     def arm_info(self) -> dict[str, Any]:
         """The method's provenance (fill, split, tail, selector, corrections, splice, cost_match, maps sha256

@@ -2,7 +2,7 @@
 
 Installed as `rf_eval.tasks`. The YAML files live in data folders beside the
 Python modules (`ruler_filled/`, `ruler_second_question/`, `keytoken_nll/`,
-`longbench_v2_cot/`); the task classes they name are the modules here.
+`decode_agreement/`, `longbench_v2_cot/`); the task classes they name are the modules here.
 
 Plain `lm_eval` finds them through rf-eval's startup hook (`rf_eval/_startup.py`).
 `task_dir()` is the same folder, for an explicit include path (a `TaskManager`
@@ -11,8 +11,9 @@ built in Python, or a Python started with the hook switched off):
     lm_eval --include_path "$(python -c 'import rf_eval.tasks as t; print(t.task_dir())')" ...
 
 Tasks: `ruler_filled` and `<ruler task>_filled` (ruler_filled.py), `keytoken_nll`
-(keytoken.py), `ruler_second_question` (second_question.py), `longbench_v2_cot`
-(longbench_cot.py); extra request types in request_types.py.
+(keytoken.py), `decode_agreement` (decode_agreement.py), `ruler_second_question`
+(second_question.py), `longbench_v2_cot` (longbench_cot.py); extra request types
+in request_types.py.
 """
 
 from __future__ import annotations

@@ -52,11 +52,79 @@ def as_bool(value: Any) -> bool:
     return bool(value)
 
 
-def tokenizer_from(metadata: dict[str, Any] | None):
-    """The model's tokenizer, found the way lm-eval's RULER finds it (`tokenizer`, `pretrained`, `model`)."""
-    from lm_eval.tasks.ruler.common_utils import get_tokenizer, resolve_tokenizer_name
+class TailMismatch(ValueError):
+    """The task's tail (metadata `tail`) is not the tail of the arm it scores."""
 
-    name = resolve_tokenizer_name(metadata or {})
+
+def run_model() -> dict[str, Any] | None:
+    """Facts of the rf-eval adapter this process evaluates (`rf_eval.run_context`), or None."""
+    from rf_eval import run_context
+
+    return run_context.current()
+
+
+def with_run_defaults(metadata: dict[str, Any] | None) -> dict[str, Any]:
+    """Task metadata with what the run's model implies where the run gives nothing: its tokenizer
+    (e.g. the embedded demo model's under `--model ridgefill` with no model_args) and the
+    model's default task options (`max_seq_lengths` of the demo model)."""
+    from lm_eval.tasks.ruler.common_utils import resolve_tokenizer_name
+
+    meta = dict(metadata or {})
+    run = run_model()
+    if run is None:
+        return meta
+    if resolve_tokenizer_name(meta) is None and run.get("tokenizer"):
+        meta["tokenizer"] = run["tokenizer"]
+    for key, value in (run.get("task_defaults") or {}).items():
+        if meta.get(key) is None:
+            meta[key] = value
+    return meta
+
+
+def filled_tail(metadata: dict[str, Any] | None) -> int:
+    """The tail that bounds the filled region of the run this task scores.
+
+    Metadata `tail` (from `--metadata`, or from model_args, which lm-eval merges in),
+    else the tail of the rf-eval arm being run, else the shared default
+    (`rf_eval.ridgefill.arm_spec.DEFAULT_TAIL`, 4,096, the paper's). A `tail` that
+    contradicts the running arm's is refused: its subset would not be the arm's
+    filled region. An arm that fills no rows (fill=exact, `hf`) takes the task's tail,
+    so the exact arm is scored on the same subset as the others. Metadata `subset_tail`
+    sets the subset's tail on purpose apart from the arm's (the controls that spend their
+    rows on a longer tail are scored on the subset of the arms they control).
+    """
+    from rf_eval.ridgefill.arm_spec import DEFAULT_TAIL
+
+    if (metadata or {}).get("subset_tail") not in (None, ""):
+        return int(metadata["subset_tail"])
+    given = (metadata or {}).get("tail")
+    run = run_model() or {}
+    arm_tail = run.get("tail") if run.get("fills_rows") else None
+    if given is None or given == "":
+        return int(arm_tail) if arm_tail is not None else DEFAULT_TAIL
+    if arm_tail is not None and int(given) != int(arm_tail):
+        raise TailMismatch(
+            f"tail={int(given)} (task metadata) contradicts the tail of the arm being run "
+            f"({run.get('adapter', 'the model')}, tail={int(arm_tail)}): the filled region is the arm's "
+            "prefix, so give the tail once, in --model_args (the task reads it from there), or set "
+            "--metadata subset_tail to score a subset other than the arm's filled region on purpose"
+        )
+    return int(given)
+
+
+def tokenizer_name(metadata: dict[str, Any] | None) -> str | None:
+    """The tokenizer lm-eval's RULER would use (`tokenizer`, `pretrained`, `model`), else the run model's."""
+    from lm_eval.tasks.ruler.common_utils import resolve_tokenizer_name
+
+    return resolve_tokenizer_name(metadata or {}) or (run_model() or {}).get("tokenizer")
+
+
+def tokenizer_from(metadata: dict[str, Any] | None):
+    """The model's tokenizer, found the way lm-eval's RULER finds it (`tokenizer`, `pretrained`, `model`),
+    else the tokenizer of the rf-eval adapter being run (`run_model`)."""
+    from lm_eval.tasks.ruler.common_utils import get_tokenizer
+
+    name = tokenizer_name(metadata)
     if name is None:
         raise ValueError(
             "this task tokenizes its prompts with the model's tokenizer: pass `pretrained=` or "

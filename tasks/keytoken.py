@@ -21,8 +21,18 @@ shared by every arm, from one of two sources (metadata `key_reference`):
 Per-document metrics (loss in nats per token, documents weighted equally):
 `nll_all`, `nll_novel`, `nll_key`; against the exact losses (same-run
 `reference=exact`, else the reference file) `dnll_all`, `dnll_novel`,
-`dnll_key`; with a same-run reference `kl` (mean KL(exact||arm)) and
-`top1_agree`; `copyable_share`; counts `n_tokens`, `n_novel`, `n_key`.
+`dnll_key`; with a same-run reference `kl` (the document's mean KL(exact||arm),
+averaged over documents) and `top1_agree`; `copyable_share`; counts
+`n_tokens`, `n_novel`, `n_key`.
+
+Agreement protocol (section 4.7): `kl_median` and `kl_mean` are the median
+and mean of KL(exact||arm) over every scored position of every document
+(positions pooled: the median is the paper's "median position"). With
+metadata `lengths` (a list of N), each document is read at each N as its
+first N + `score_tokens` tokens: the first N are the context and the last
+`score_tokens` (default 512) are scored; a document shorter than that is
+left out at that N. Its id is then `<doc_id>@<N>`, and per length N the
+metrics `kl_median_N`, `kl_mean_N`, `top1_agree_N`, `dnll_all_N` are added.
 
 Documents (metadata `docs`): a folder of `.txt` files (one document each, id
 = file name, domain = subfolder name) and/or `.jsonl` files (one
@@ -34,6 +44,7 @@ from __future__ import annotations
 import ast
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +59,7 @@ from rf_eval.tasks.common import (
     strip_task_keys,
     sum_present,
     tokenizer_from,
+    with_run_defaults,
 )
 
 log = logging.getLogger(__name__)
@@ -80,6 +92,38 @@ def load_documents(path: str | Path) -> list[dict[str, str]]:
     if not docs:
         raise KeyTokenDataError(f"{DOCS_OPTION}: no .txt or .jsonl documents under {root}")
     return docs
+
+
+def pooled(values: list[Any]) -> list[float]:
+    """Per-position values of every document with any (a document's value: a list, or None)."""
+    return [float(x) for v in values if v is not None for x in v]
+
+
+def pooled_median(values: list[Any]) -> float:
+    import statistics
+
+    xs = pooled(values)
+    return float(statistics.median(xs)) if xs else math.nan
+
+
+def pooled_mean(values: list[Any]) -> float:
+    xs = pooled(values)
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def length_grid(tokenizer: Any, docs: list[dict[str, str]], lengths: list[int], score_tokens: int) -> list[dict[str, Any]]:
+    """Each document cut to its first N + score_tokens tokens, for every N it is long enough for."""
+    out = []
+    for n in lengths:
+        for doc in docs:
+            offsets = tokenizer(doc["text"], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+            if len(offsets) < n + score_tokens:
+                continue
+            out.append({**doc, "doc_id": f"{doc['doc_id']}@{n}", "text": doc["text"][: offsets[n + score_tokens - 1][1]],
+                        "length": n})
+    if not out:
+        raise KeyTokenDataError(f"lengths {lengths}: no document has N + {score_tokens} tokens at any N")
+    return out
 
 
 def split_document(tokenizer: Any, text: str, score_tokens: int, key_context: int) -> dict[str, Any]:
@@ -140,7 +184,9 @@ class KeyTokenTask(ConfigurableTask):
 
     def __init__(self, data_dir=None, cache_dir=None, download_mode=None, config: dict | None = None) -> None:
         cfg, _ = strip_task_keys(config)
-        meta = dict(cfg.get("metadata") or {})
+        meta = with_run_defaults(cfg.get("metadata"))
+        cfg["metadata"] = meta
+        self.lengths = [int(x) for x in option(meta, "lengths", [], list)]
         self.score_tokens = option(meta, "score_tokens", 512, int)
         self.key_context = option(meta, "key_context", 4096, int)
         self.ngram = option(meta, "ngram", 8, int)
@@ -155,11 +201,17 @@ class KeyTokenTask(ConfigurableTask):
         cfg["process_results"] = self.process_results
         super().__init__(config=cfg)
 
-    @staticmethod
-    def metric_spec() -> dict[str, tuple[Any, bool]]:
+    def metric_spec(self) -> dict[str, tuple[Any, bool]]:
         spec: dict[str, tuple[Any, bool]] = {}
         for name in ("nll_all", "nll_novel", "nll_key", "dnll_all", "dnll_novel", "dnll_key", "kl"):
             spec[name] = (mean_present, False)
+        spec["kl_median"] = (pooled_median, False)
+        spec["kl_mean"] = (pooled_mean, False)
+        for n in self.lengths:
+            spec[f"kl_median_{n}"] = (pooled_median, False)
+            spec[f"kl_mean_{n}"] = (pooled_mean, False)
+            spec[f"top1_agree_{n}"] = (mean_present, True)
+            spec[f"dnll_all_{n}"] = (mean_present, False)
         spec["top1_agree"] = (mean_present, True)
         spec["copyable_share"] = (mean_present, False)
         for name in ("n_tokens", "n_novel", "n_key"):
@@ -178,7 +230,10 @@ class KeyTokenTask(ConfigurableTask):
                 f"keytoken_nll reads long documents from a local folder: pass --metadata "
                 f"'{{\"{DOCS_OPTION}\": \"/path/to/documents\"}}' (.txt files and/or .jsonl with a `text` field)"
             )
-        self.dataset = {"test": datasets.Dataset.from_list(load_documents(path))}
+        docs = load_documents(path)
+        if self.lengths:
+            docs = length_grid(tokenizer_from(self.config.metadata), docs, self.lengths, self.score_tokens)
+        self.dataset = {"test": datasets.Dataset.from_list(docs)}
 
     def doc_to_text(self, doc: dict[str, Any], doc_to_text: Any = None) -> str:
         return ""
@@ -285,4 +340,10 @@ class KeyTokenTask(ConfigurableTask):
             out["dnll_all"] = out["dnll_novel"] = out["dnll_key"] = None
         out["kl"] = token_masks.masked_mean(resp["kl"]) if "kl" in resp else None
         out["top1_agree"] = token_masks.masked_mean([float(x) for x in resp["top1_agree"]]) if "top1_agree" in resp else None
+        out["kl_median"] = out["kl_mean"] = list(resp["kl"]) if "kl" in resp else None
+        for n in self.lengths:
+            same = doc.get("length") == n
+            out[f"kl_median_{n}"] = out[f"kl_mean_{n}"] = out["kl_median"] if same else None
+            out[f"top1_agree_{n}"] = out["top1_agree"] if same else None
+            out[f"dnll_all_{n}"] = out["dnll_all"] if same else None
         return out

@@ -9,7 +9,9 @@ only, never on the arm or the split.
 
 Needles by task kind (what the answer can only be read from):
 - niah: the needle sentences ("One of the special magic ... for KEY is: VALUE.")
-  holding the answer values; a multi-key sample's other keys are distractors.
+  holding the answer values (`queried`), or every needle sentence of the
+  prompt (`all`: a multi-key sample's distractor keys too, the paper's
+  condition).
 - vt: every assignment of the queried chain ("VAR X = ...").
 - cwe / fwe: every occurrence of every answer word.
 - qa: the documents lm-eval's generator counts as the question's own.
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 NEEDLE_START = "One of the special magic "
+NEEDLE_SENTENCE = re.compile(r"One of the special magic \w+ for [^\n]*? is: [\w-]+\.")
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,11 @@ def niah_spans(text: str, values: list[str]) -> list[tuple[int, int]]:
     return spans
 
 
+def all_niah_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of every needle sentence in `text` (queried and distractor keys)."""
+    return [(m.start(), m.end()) for m in NEEDLE_SENTENCE.finditer(text)]
+
+
 def vt_spans(text: str, variables: list[str]) -> list[tuple[int, int]]:
     """Character spans of the chain's assignments `VAR X = 12345` / `VAR X = VAR Y`."""
     spans = []
@@ -107,11 +115,15 @@ def document_spans(text: str, documents: list[str]) -> list[tuple[int, int]]:
     return spans
 
 
-def needle_char_spans(kind: str, text: str, doc: dict[str, Any], base_task: str = "") -> list[tuple[int, int]]:
-    """Character spans of a sample's needles in `text` (the final prompt or the doc input)."""
+def needle_char_spans(
+    kind: str, text: str, doc: dict[str, Any], base_task: str = "", which: str = "queried"
+) -> list[tuple[int, int]]:
+    """Character spans of a sample's needles in `text` (the final prompt or the doc input);
+    `which` (niah): `queried` needles or `all` needle sentences."""
     outputs = [str(v) for v in doc["outputs"]]
     if kind == "niah":
-        return niah_spans(text, outputs)
+        queried = niah_spans(text, outputs)
+        return sorted(set(queried) | set(all_niah_spans(text))) if which == "all" and queried else queried
     if kind == "vt":
         return vt_spans(text, outputs)
     if kind == "cwe":
@@ -152,8 +164,11 @@ def token_spans(tokenizer: Any, text: str, char_spans: list[tuple[int, int]]) ->
     return count, out
 
 
-def mark(tokenizer: Any, kind: str, prompt: str, doc: dict[str, Any], tail: int, base_task: str = "") -> NeedleMark:
-    """The needle marks of one sample in its final prompt string."""
-    chars = needle_char_spans(kind, prompt, doc, base_task)
+def mark(
+    tokenizer: Any, kind: str, prompt: str, doc: dict[str, Any], tail: int, base_task: str = "",
+    which: str = "queried",
+) -> NeedleMark:
+    """The needle marks of one sample in its final prompt string (`which`: see needle_char_spans)."""
+    chars = needle_char_spans(kind, prompt, doc, base_task, which)
     n, spans = token_spans(tokenizer, prompt, chars)
     return NeedleMark(n_tokens=n, spans=tuple(spans), tail=int(tail))

@@ -5,10 +5,15 @@ lm-eval's task of the same name (`lm_eval.tasks.ruler.*`), so the samples are
 lm-eval's for the same tokenizer, lengths and seeds. Two things are added
 around that call:
 
-- Local data sources. The essay haystack (Paul Graham essays) is read from the
-  path in metadata `essay_haystack` instead of being downloaded, and the QA
-  tasks' source JSON from `squad_json` / `hotpotqa_json` when given. An essay
-  task without `essay_haystack` stops with an error naming the option.
+- Data sources. The essay haystack (Paul Graham essays) comes the way
+  lm-eval's own RULER gets it: lm-eval's `get_haystack` downloads the
+  `baber/paul_graham_essays` dataset from the hub, and nltk's `punkt_tab`
+  sentence model (which the essay tasks need) is downloaded by lm-eval's own
+  `download_nltk_resources` when it is missing. A local copy in metadata
+  `essay_haystack` is read instead of downloading (offline use), and the QA
+  tasks' source JSON from `squad_json` / `hotpotqa_json` when given. When the
+  download fails (offline, `HF_HUB_OFFLINE=1`), the task stops with an error
+  naming the local option.
 - Fixed seeds. lm-eval's generators draw from the global `random` and
   `numpy.random` states, so the samples of a task depend on whatever ran before
   it in the process (other tasks of a group, a model that drew numbers). The
@@ -47,6 +52,8 @@ RULER_TASKS: dict[str, tuple[str, str, str, int]] = {
     "ruler_qa_hotpot": ("qa_utils", "get_hotpotqa", "qa", 32),
 }
 
+#: tasks whose haystack is made of needle sentences (the generator inserts one needle, the queried one)
+NEEDLE_HAYSTACK = ("niah_multikey_2", "niah_multikey_3")
 ESSAY_OPTION = "essay_haystack"
 DEFAULT_SEED = 0  # lm-eval's default python seed (`--seed` 0,1234,1234,1234)
 DEFAULT_NUMPY_SEED = 1234
@@ -91,11 +98,27 @@ def essay_haystack(path: str | Path) -> list[str]:
     return re.sub(r"\s+", " ", " ".join(load_essays(path))).split(" ")
 
 
+def _offline() -> bool:
+    import os
+
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def check_punkt() -> None:
-    """The essay haystack is split into sentences by nltk's `punkt_tab` model, which
-    lm-eval downloads at import time and cannot offline."""
+    """The essay haystack is split into sentences by nltk's `punkt_tab` model. When it is
+    missing, lm-eval's own downloader fetches it (skipped when HF_HUB_OFFLINE is set)."""
     import nltk
 
+    try:
+        nltk.data.find("tokenizers/punkt_tab/english/")
+        return
+    except LookupError:
+        pass
+    if not _offline():
+        try:
+            _ruler_module("prepare_niah").download_nltk_resources()
+        except Exception:  # any network failure: the message below says what to do
+            pass
     try:
         nltk.data.find("tokenizers/punkt_tab/english/")
     except LookupError as err:
@@ -143,15 +166,21 @@ def local_sources(metadata: dict[str, Any], base_task: str) -> Iterator[None]:
         def get_haystack(type_haystack: str):
             if type_haystack != "essay":
                 return original(type_haystack=type_haystack)
-            if not path:
+            if path:
+                check_punkt()
+                return essay_haystack(path)
+            try:  # lm-eval's own download path (the hub dataset baber/paul_graham_essays)
+                haystack = original(type_haystack="essay")
+            except Exception as err:  # offline, HF_HUB_OFFLINE=1, no such dataset
                 raise RulerDataError(
-                    f"{base_task} uses the Paul Graham essay haystack, which cannot be downloaded here: "
-                    f"pass a local copy with --metadata '{{\"{ESSAY_OPTION}\": \"/path/to/essays\"}}' "
+                    f"{base_task} uses the Paul Graham essay haystack, which cannot be downloaded here "
+                    f"({type(err).__name__}): pass a local copy with --metadata "
+                    f"'{{\"{ESSAY_OPTION}\": \"/path/to/essays\"}}' "
                     "(a .txt file, a folder of .txt files, or a .jsonl/.json/.parquet file with a "
                     "`text` field, e.g. a saved copy of the baber/paul_graham_essays dataset)"
-                )
+                ) from err
             check_punkt()
-            return essay_haystack(path)
+            return haystack
 
         with _patched(niah, "get_haystack", get_haystack):
             yield
@@ -190,9 +219,10 @@ def generate(base_task: str, metadata: dict[str, Any]):
     """lm-eval's samples of `base_task` (a `datasets.DatasetDict`-like dict with a `test` split)."""
     if base_task not in RULER_TASKS:
         raise ValueError(f"unknown RULER task {base_task!r}; valid: {', '.join(RULER_TASKS)}")
-    from lm_eval.tasks.ruler.common_utils import resolve_tokenizer_name
+    from rf_eval.tasks.common import tokenizer_name, with_run_defaults
 
-    if resolve_tokenizer_name(metadata) is None:
+    metadata = with_run_defaults(metadata)
+    if tokenizer_name(metadata) is None:
         raise RulerDataError(
             f"{base_task}: RULER sizes its samples with the model's tokenizer; pass `pretrained=` or "
             "`tokenizer=` in --model_args (or `tokenizer` in --metadata)"

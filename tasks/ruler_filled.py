@@ -4,8 +4,26 @@ The samples are lm-eval's own (`ruler_data.generate`); the official scorer is
 lm-eval's (`string_match_all`, `string_match_part` for QA). Each sample's
 needles are located in its final prompt string with the model's tokenizer
 (`needles.mark`) when its request is built, so the chat template and the
-prompt protocol are included; with the tail length (metadata `tail`, default
-4,096) this fixes the filled-region subset, shared by every arm and split.
+prompt protocol are included; with the tail length this fixes the
+filled-region subset, shared by every arm and split. The tail is the run's:
+metadata `tail` or model_args `tail` (lm-eval merges model_args into task
+metadata), else the running rf-eval arm's own tail, else the shared default
+(`rf_eval.ridgefill.arm_spec.DEFAULT_TAIL`, 4,096, the paper's); a `--metadata`
+tail that contradicts the arm's is refused (`common.filled_tail`).
+
+Needles (metadata `needles`, niah tasks): `all` (default, the paper's
+condition, appendix D) counts a sample as filled only if every needle the
+generator inserted lies in the prefix, the queried one and, in
+niah_multikey_1, the three distractor keys' needles; `queried` looks at the
+needles holding the answer only. In niah_multikey_2/3 the haystack itself is
+made of needle sentences and the generator inserts one needle, the queried
+one, so both settings mark the same span. The setting used is recorded in the
+task's metadata (`needles`, with `tail`) in the results.
+
+With no `pretrained` / `tokenizer` in the run (`lm_eval --model ridgefill
+--tasks ruler_filled`), samples are sized and marked with the tokenizer of the
+adapter's model (the embedded demo model), and the demo's lengths are the
+default `max_seq_lengths` (`common.with_run_defaults`).
 
 Excluded samples keep their lm-eval sample ids: every sample is run and
 logged, and carries a `filled` flag (0/1) and `needle_rows_from_end` (prompt
@@ -19,8 +37,9 @@ and per length L: `acc_filled_L`, `acc_all_L`, `n_filled_L`, `n_excluded_L`.
 Scores are RULER's, in [0, 1].
 
 Options (`--metadata` JSON; `--model_args` values are seen too): `tail`,
-`protocol` (official | serving | serving_vllm, appendix E), `max_seq_lengths`,
-`essay_haystack`, `squad_json`, `hotpotqa_json`, `seed`, `numpy_seed`.
+`needles` (all | queried), `protocol` (official | serving | serving_vllm, appendix E), `max_seq_lengths`,
+`essay_haystack`, `squad_json`, `hotpotqa_json`, `seed`, `numpy_seed`, `subset_tail` (a subset tail set apart
+from the arm's on purpose: the longer-tail controls).
 """
 
 from __future__ import annotations
@@ -30,8 +49,10 @@ from typing import Any
 
 from lm_eval.api.task import ConfigurableTask
 
+from rf_eval.ridgefill.arm_spec import DEFAULT_TAIL
 from rf_eval.tasks import needles, prompts, ruler_data
 from rf_eval.tasks.common import (
+    filled_tail,
     mean_present,
     median_present,
     metric_list,
@@ -39,11 +60,13 @@ from rf_eval.tasks.common import (
     strip_task_keys,
     sum_present,
     tokenizer_from,
+    with_run_defaults,
 )
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TAIL = 4096
+__all__ = ["DEFAULT_TAIL", "NEEDLE_MODES", "RulerFilledTask"]
+NEEDLE_MODES = ("all", "queried")
 
 
 def rendered_prompt(tokenizer: Any, prompt: Any) -> str:
@@ -82,16 +105,26 @@ class RulerFilledTask(ConfigurableTask):
         self.base_task: str = extra.get("ruler_task") or str(cfg["task"]).removesuffix("_filled")
         if self.base_task not in ruler_data.RULER_TASKS:
             raise ValueError(f"unknown RULER task {self.base_task!r}")
-        meta = dict(cfg.get("metadata") or {})
+        meta = with_run_defaults(cfg.get("metadata"))
         from lm_eval.tasks.ruler.common_utils import DEFAULT_SEQ_LENGTHS
 
-        self.tail = option(meta, "tail", DEFAULT_TAIL, int)
+        self.tail = filled_tail(meta)
+        meta["tail"] = self.tail
+        self.needle_set = self.needle_mode(option(meta, "needles", "all", str))
+        if ruler_kind(self.base_task) == "niah":
+            meta["needles"] = self.needle_set
+        cfg["metadata"] = meta
         self.protocol = prompts.check_protocol(option(meta, "protocol", "official", str))
         self.lengths = [int(x) for x in option(meta, "max_seq_lengths", DEFAULT_SEQ_LENGTHS, list)]
         self._marks: dict[tuple[int, int], needles.NeedleMark] = {}
         cfg["metric_list"] = metric_list(self.metric_spec())
         cfg["process_results"] = self.process_results
         super().__init__(config=cfg)
+
+    def needle_mode(self, value: str) -> str:
+        if value not in NEEDLE_MODES:
+            raise ValueError(f"needles={value!r} is not valid; valid: {', '.join(NEEDLE_MODES)}")
+        return value
 
     # ---- metrics
 
@@ -133,7 +166,8 @@ class RulerFilledTask(ConfigurableTask):
         """
         tokenizer = tokenizer_from(self.config.metadata)
         prompt = rendered_prompt(tokenizer, prompt)
-        result = needles.mark(tokenizer, ruler_kind(self.base_task), prompt, doc, self.tail, self.base_task)
+        which = "queried" if self.base_task in ruler_data.NEEDLE_HAYSTACK else self.needle_set
+        result = needles.mark(tokenizer, ruler_kind(self.base_task), prompt, doc, self.tail, self.base_task, which)
         if not result.spans:
             log.warning("%s: no needle found in sample %s; it counts as excluded", self.config.task, doc_key(doc))
         self._marks[doc_key(doc)] = result

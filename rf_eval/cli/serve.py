@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     arm.add_argument("--fill", default="exact", help="exact | nofill | identity | ridge (default exact: fill off)")
     arm.add_argument("--maps", default=None, help="maps folder or file written by `rf-eval fit` (loaded once)")
     arm.add_argument("--split", type=int, default=None, help="first filled layer (default: the maps' split, else L/2)")
-    arm.add_argument("--tail", type=int, default=None, help="last prompt rows kept exact (default 1024)")
+    arm.add_argument("--tail", type=int, default=None, help="last prompt rows kept exact (default 4096)")
     arm.add_argument("--chunk-size", type=int, default=None, help="lower layers run in chunks of this many rows")
     arm.add_argument("--model-args", default=None, metavar="K=V,...",
                      help="any other `ridgefill` model_args (as for lm_eval --model_args)")

@@ -98,9 +98,16 @@ def demo_maps(model_dir: Path, s: DemoSettings, progress: bool = True) -> Path:
     return final
 
 
+def demo_task_defaults() -> dict:
+    """Task options that fit the demo model (8,192 positions, 2 CPU cores) when a run gives none."""
+    s = settings(quick=False)
+    return {"max_seq_lengths": list(s.lengths)}
+
+
 def demo_defaults(args: dict) -> dict:
     """model_args with `pretrained` missing or `demo` pointed at the demo model; `fill` then defaults to
-    `ridge` with the demo's maps (fitted on first use). Says so in lm-eval's log."""
+    `ridge` with the demo's maps (fitted on first use) and `tail` to the demo's (its lengths are short).
+    Says so in lm-eval's log."""
     if str(args.get("pretrained") or "demo").strip().lower() != "demo":
         return args
     from rf_eval.demo.model import resolve_pretrained
@@ -110,6 +117,7 @@ def demo_defaults(args: dict) -> dict:
     model_dir = Path(resolve_pretrained(args.get("pretrained"), log=lm_log))
     args["pretrained"] = str(model_dir)
     args.setdefault("fill", "ridge")
+    args.setdefault("tail", settings(quick=False).tail)
     if args["fill"] == "ridge" and args.get("maps") is None:
         args["maps"] = str(demo_maps(model_dir, settings(quick=False)))
         args.setdefault("split", SPLIT)

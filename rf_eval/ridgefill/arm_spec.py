@@ -32,7 +32,7 @@ from rf_eval.fields import ArmError, build
 FILLS_THAT_PREDICT = ("identity", "ridge")
 SPLICES = ("keys", "values", "both")
 #: The exact tail's length when an arm does not name one.
-DEFAULT_TAIL = 1024
+DEFAULT_TAIL = 4096  # the paper's tail (its sections 2.6 and 9); the rf-eval tasks share it
 
 
 @dataclass(frozen=True, kw_only=True)

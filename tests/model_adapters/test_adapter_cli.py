@@ -38,7 +38,7 @@ def test_exact_arm_matches_lm_eval_hf(tiny_model_dir, adapter_task, tmp_path):
               "--limit", "6", "--device", "cpu", "--log_samples"]
     check(run_lm_eval(["--model", "hf", "--model_args", f"pretrained={model},dtype=float32",
                        "--output_path", str(tmp_path / "hf"), *common], tmp_path))
-    check(run_lm_eval(["--model", "ridgefill", "--model_args", f"pretrained={model},fill=exact",
+    check(run_lm_eval(["--model", "ridgefill", "--model_args", f"pretrained={model},fill=exact,tail=1024",
                        "--output_path", str(tmp_path / "rf"), *common], tmp_path))
     hf, rf = loglikelihoods(tmp_path / "hf"), loglikelihoods(tmp_path / "rf")
     assert hf.keys() == rf.keys() and len(hf) == 18

@@ -127,12 +127,42 @@ def thinking_model(tiny_model_dir, tmp_path):
 def test_enable_thinking_false_reaches_the_chat_template(thinking_model):
     chat = [{"role": "user", "content": "What is 2 + 2?"}]
     off = RidgeFillLM(pretrained=thinking_model, fill="identity", tail=8, enable_thinking=False, device="cpu")
-    on = RidgeFillLM(pretrained=thinking_model, fill="identity", tail=8, device="cpu")
+    # thinking is off by default where the template has the switch: "on" must ask for it
+    on = RidgeFillLM(pretrained=thinking_model, fill="identity", tail=8, enable_thinking=True,
+                     think_end_token="</think>", device="cpu")
     assert off.apply_chat_template(chat).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert on.apply_chat_template(chat).endswith("<|im_start|>assistant\n")
     extra = RidgeFillLM(pretrained=thinking_model, fill="exact", device="cpu",
                         chat_template_args={"enable_thinking": False})
     assert extra.apply_chat_template(chat) == off.apply_chat_template(chat)
+
+
+def test_thinking_is_off_by_default_and_recorded(thinking_model, tiny_model_dir):
+    """The paper's protocols run with thinking off (section 3.2, appendix E): a template with the
+    switch renders enable_thinking=False unless the user sets it; the results record the rendering."""
+    import hashlib
+
+    chat = [{"role": "user", "content": "What is 2 + 2?"}]
+    default = RidgeFillLM(pretrained=thinking_model, fill="identity", tail=8, device="cpu")
+    assert default.apply_chat_template(chat).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    record = default.get_model_info()["rf_eval"]["chat_template"]
+    assert record["thinking_switch"] and record["enable_thinking"] is False and record["enable_thinking_default"]
+    assert record["rendered_example"].endswith("<think>\n\n</think>\n\n")
+    assert record["rendered_sha256"] == hashlib.sha256(record["rendered_example"].encode()).hexdigest()
+    # the user's value wins, through either key
+    on = RidgeFillLM(pretrained=thinking_model, fill="exact", enable_thinking=True, think_end_token="</think>",
+                     device="cpu")
+    assert on.apply_chat_template(chat).endswith("<|im_start|>assistant\n")
+    assert on.get_model_info()["rf_eval"]["chat_template"]["enable_thinking"] is True
+    args = RidgeFillLM(pretrained=thinking_model, fill="exact", device="cpu",
+                       chat_template_args={"enable_thinking": True})
+    assert args.apply_chat_template(chat).endswith("<|im_start|>assistant\n")
+    assert args.get_model_info()["rf_eval"]["chat_template"]["enable_thinking_default"] is False
+    # a template without the switch is left alone
+    plain = RidgeFillLM(pretrained=tiny_model_dir("llama"), fill="exact", device="cpu")
+    record = plain.get_model_info()["rf_eval"]["chat_template"]
+    assert record["thinking_switch"] is False and record["enable_thinking"] is None
+    assert "enable_thinking" not in plain.chat_template_args
 
 
 def test_revision_and_trust_remote_code_reach_from_pretrained(tiny_model_dir, monkeypatch):

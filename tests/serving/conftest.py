@@ -35,6 +35,7 @@ def serve_env(nltk_data) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def exact_server(serve_model_dir, serve_env, tmp_path_factory) -> Served:
     """`rf-eval serve` with the fill off (the server's own arm: exact)."""
-    served = start_server(serve_model_dir, tmp_path_factory.mktemp("exact_server"), serve_env)
+    # tail named: the server's arm is reported with it (the tests were written for a 1,024-row tail)
+    served = start_server(serve_model_dir, tmp_path_factory.mktemp("exact_server"), serve_env, "--tail", "1024")
     yield served
     served.stop()

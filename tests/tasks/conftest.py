@@ -22,6 +22,17 @@ fixtures = _load("task_fixtures")
 helpers = _load("task_helpers")
 
 
+@pytest.fixture(autouse=True)
+def no_run_model():
+    """Each test starts with no published adapter (`rf_eval.run_context`): a model an earlier
+    test built, still alive, must not give its tail or tokenizer to this test's tasks."""
+    from rf_eval import run_context
+
+    run_context.clear()
+    yield
+    run_context.clear()
+
+
 @pytest.fixture(scope="session")
 def th():
     """The helper module (task loading, the lm_eval command line)."""

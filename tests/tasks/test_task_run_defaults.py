@@ -1,0 +1,187 @@
+"""Defaults the tasks take from the run (issue #18): one tail, the run model's tokenizer,
+needles=all, the pooled group, lm-eval's download path for the essay haystack."""
+
+from __future__ import annotations
+
+import pytest
+
+from rf_eval.tasks import ruler_data
+from rf_eval.tasks.common import TailMismatch
+
+LENGTHS = [1024]
+
+
+def meta(model, task_data, **extra):
+    return {"max_seq_lengths": LENGTHS, "essay_haystack": str(task_data["essays"]),
+            **({"pretrained": model} if model else {}), **extra}
+
+
+def marks(task, limit=40):
+    task.set_fewshot_seed(0)
+    task.build_all_requests(limit=limit)
+    return {k: (m.filled, m.rows_from_end) for k, m in task._marks.items()}
+
+
+# -- item 6: one tail default, read from the run ---------------------------------------------------
+
+def test_one_tail_default_shared_by_arm_and_tasks(tiny_llama, task_data, th):
+    from rf_eval.ridgefill.arm_spec import DEFAULT_TAIL, RidgeFillArm
+    from rf_eval.tasks import ruler_filled
+
+    assert DEFAULT_TAIL == RidgeFillArm(fill="identity").tail == ruler_filled.DEFAULT_TAIL == 4096
+    task = th.load_task("niah_single_1_filled", meta(tiny_llama, task_data))
+    assert task.tail == 4096 and task.config.metadata["tail"] == 4096
+
+
+def test_task_reads_the_running_arms_tail_and_refuses_a_contradiction(tiny_llama, task_data, th):
+    lm = th.ridgefill_class().create_from_arg_string(f"pretrained={tiny_llama},fill=identity,split=2,tail=300,device=cpu")
+    task = th.load_task("niah_single_1_filled", meta(tiny_llama, task_data))  # no tail in the metadata
+    assert task.tail == 300
+    assert task.config.metadata["tail"] == 300  # recorded in the results' task config
+    assert th.load_task("niah_single_1_filled", meta(tiny_llama, task_data, tail=300)).tail == 300
+    with pytest.raises(TailMismatch, match=r"tail=600 .*contradicts.*tail=300"):
+        th.load_task("niah_single_1_filled", meta(tiny_llama, task_data, tail=600))
+    # a subset other than the arm's on purpose (a longer-tail control scored on its arms' subset)
+    assert th.load_task("niah_single_1_filled", meta(tiny_llama, task_data, subset_tail=600)).tail == 600
+    del lm
+    # an arm that fills nothing (the exact arm) is scored on the task's subset, whatever its tail
+    exact = th.ridgefill_class().create_from_arg_string(f"pretrained={tiny_llama},fill=exact,tail=64,device=cpu")
+    assert th.load_task("niah_single_1_filled", meta(tiny_llama, task_data, tail=600)).tail == 600
+    del exact
+
+
+# -- item 9: no pretrained in the run: the adapter's model sizes the samples --------------------------
+
+def test_tasks_use_the_adapters_tokenizer_when_the_run_names_none(tiny_llama, task_data, th):
+    with pytest.raises(ruler_data.RulerDataError, match="pretrained="):
+        th.load_task("niah_single_1_filled", meta(None, task_data))
+    lm = th.ridgefill_class().create_from_arg_string(f"pretrained={tiny_llama},fill=identity,split=2,tail=300,device=cpu")
+    task = th.load_task("niah_single_1_filled", meta(None, task_data))
+    named = th.load_task("niah_single_1_filled", meta(tiny_llama, task_data))
+    assert list(task.eval_docs) == list(named.eval_docs)
+    assert task.config.metadata["tokenizer"] == tiny_llama
+    assert marks(task, 5) == marks(named, 5)
+    del lm
+
+
+def test_demo_adapter_publishes_the_demo_lengths_and_tail(monkeypatch, tiny_model_dir, tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    from rf_eval import run_context
+    from rf_eval.demo import model as demo_model
+    from rf_eval.demo import study as demo
+    from rf_eval.model_adapters.ridgefill import RidgeFillLM
+
+    path = Path(__file__).parents[1] / "model_adapters" / "adapter_helpers.py"
+    spec = importlib.util.spec_from_file_location("rf_eval_tests_adapter_helpers", path)
+    helpers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helpers)
+    model_dir = tiny_model_dir("llama")
+    maps = helpers.identity_maps(model_dir, 3, tmp_path / "maps")
+    monkeypatch.setattr(demo_model, "resolve_pretrained", lambda name, log=None: str(model_dir))
+    monkeypatch.setattr(demo, "demo_maps", lambda d, s: maps)
+    monkeypatch.setattr(demo, "SPLIT", 3)
+    lm = RidgeFillLM(device="cpu")  # `lm_eval --model ridgefill` with no model_args
+    facts = run_context.current()
+    assert facts["tokenizer"] == model_dir and facts["fills_rows"] and lm.settings.arm.fill == "ridge"
+    assert facts["tail"] == demo.settings(quick=False).tail == lm.settings.arm.tail
+    assert facts["task_defaults"]["max_seq_lengths"] == list(demo.settings(quick=False).lengths)
+
+
+# -- item 8: needles=all for multi-key samples; the pooled group -------------------------------------
+
+def test_multikey_needles_all_is_the_default_and_stricter(tiny_llama, task_data, th):
+    base = meta(tiny_llama, task_data, tail=300)
+    every = th.load_task("niah_multikey_1_filled", base)
+    queried = th.load_task("niah_multikey_1_filled", {**base, "needles": "queried"})
+    assert every.config.metadata["needles"] == "all" and queried.config.metadata["needles"] == "queried"
+    a, q = marks(every), marks(queried)
+    assert a.keys() == q.keys()
+    assert all(q[k][0] for k in a if a[k][0])  # every needle in the prefix implies the queried one is
+    assert any(q[k][0] and not a[k][0] for k in a)  # and a distractor in the tail excludes a sample
+    assert all(len(m.spans) == 4 for m in every._marks.values())  # niah_multikey_1's four keyed needles
+    with pytest.raises(ValueError, match="needles='some'"):
+        th.load_task("niah_multikey_1_filled", {**base, "needles": "some"})
+
+
+def test_ruler_filled_group_pools_samples():
+    from pathlib import Path
+
+    import yaml
+
+    from rf_eval.tasks import task_dir
+
+    group = yaml.safe_load((Path(task_dir()) / "ruler_filled" / "ruler_filled.yaml").read_text())
+    assert {m["metric"]: m["weight_by_size"] for m in group["aggregate_metric_list"]} == {
+        "acc_filled": True, "acc_all": True}
+
+
+# -- item 10: the essay haystack comes the way lm-eval's ruler gets it -------------------------------
+
+@pytest.fixture
+def hub(monkeypatch, task_data):
+    """lm-eval's essay download, answered from the test essays (as a machine online would)."""
+    import datasets
+    from lm_eval.tasks.ruler import prepare_niah
+
+    texts = ruler_data.load_essays(task_data["essays"])
+    calls = []
+
+    def load_dataset(name, *args, **kwargs):
+        calls.append(name)
+        return {"text": texts}
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    prepare_niah.get_haystack.cache_clear()
+    yield calls
+    prepare_niah.get_haystack.cache_clear()
+
+
+def test_essay_haystack_downloads_through_lm_eval(tiny_llama, task_data, th, hub):
+    local = th.load_task("niah_multikey_1_filled", meta(tiny_llama, task_data))
+    hub_meta = {k: v for k, v in meta(tiny_llama, task_data).items() if k != "essay_haystack"}
+    downloaded = th.load_task("niah_multikey_1_filled", hub_meta)
+    assert hub == ["baber/paul_graham_essays"]
+    assert list(downloaded.eval_docs) == list(local.eval_docs)
+
+
+def test_failed_download_names_the_local_option(tiny_llama, task_data, th, monkeypatch):
+    import datasets
+    from lm_eval.tasks.ruler import prepare_niah
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("offline")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    prepare_niah.get_haystack.cache_clear()
+    hub_meta = {k: v for k, v in meta(tiny_llama, task_data).items() if k != "essay_haystack"}
+    with pytest.raises(ruler_data.RulerDataError, match="cannot be downloaded here.*essay_haystack"):
+        th.load_task("niah_multikey_1_filled", hub_meta)
+
+
+def test_punkt_is_fetched_with_lm_evals_downloader(monkeypatch):
+    import nltk
+    from lm_eval.tasks.ruler import prepare_niah
+
+    state = {"installed": False, "downloads": 0}
+    real_find = nltk.data.find
+
+    def find(name, *args, **kwargs):
+        if name.startswith("tokenizers/punkt_tab") and not state["installed"]:
+            raise LookupError(name)
+        return real_find(name, *args, **kwargs)
+
+    def download():
+        state["downloads"] += 1
+        state["installed"] = True
+
+    monkeypatch.setattr(nltk.data, "find", find)
+    monkeypatch.setattr(prepare_niah, "download_nltk_resources", download)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ruler_data.RulerDataError, match="punkt_tab"):
+        ruler_data.check_punkt()  # offline: no download attempt, today's message
+    assert state["downloads"] == 0
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    ruler_data.check_punkt()
+    assert state["downloads"] == 1
