@@ -26,6 +26,7 @@ from rf_eval.ridgefill.capture import capture_sums, heldout_cosines
 from rf_eval.ridgefill.maps import RidgeMaps, config_hash
 from rf_eval.ridgefill.ridge import LAMBDA_GRID, RidgeSums, sums_filename
 from rf_eval.ridgefill.unigram import UnigramCounter
+from rf_eval.weights import weights_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,7 @@ def fit_maps(
     capture_s = time.perf_counter() - t0
     meta = {
         "config_hash": config_hash(model.config),
+        "weights_sha256": weights_fingerprint(model),
         "model": str(getattr(model.config, "_name_or_path", "")),
         "calibration_sha256": sha256_of_files(calibration),
         "heldout_sha256": sha256_of_files(heldout) if heldout else "",
