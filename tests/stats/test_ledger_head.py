@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from rf_eval.cli import main
-from rf_eval.stats.ledger import Head, LedgerError, append_entry, ledger_from_env, ledger_head, parse_head, verify_ledger
+from rf_eval.stats.ledger import (
+    Head,
+    LedgerError,
+    append_entry,
+    ledger_from_env,
+    ledger_head,
+    parse_head,
+    verify_ledger,
+)
 
 
 @pytest.fixture
