@@ -73,39 +73,50 @@ def test_maps_without_a_fingerprint_load_with_a_warning(fitted, tiny_model, tmp_
     assert "records no weights fingerprint" in caplog.text
 
 
-@pytest.mark.parametrize("change, message", [
+def _int8(t, keep_scales=True, scales_shape=None):
+    q, scales = quantize_int8(t["A.4"])
+    t["A.4"] = q
+    if keep_scales:
+        t["A.4.scales"] = scales if scales_shape is None else torch.ones(scales_shape)
+
+
+def _set(t, name, value):
+    t[name] = value
+
+
+def _drop(t, name):
+    del t[name]
+
+
+# (how the fitted split-3 file is changed, message fragment); every row is a MapError at load or on the model
+BAD_MAPS = [
     (lambda t: t["A.4"].view(-1).__setitem__(5, float("nan")), r"tensor A.4 holds 1 non-finite value\(s\)"),
     (lambda t: t["b.5"].__setitem__(0, float("inf")), r"tensor b.5 holds 1 non-finite value\(s\)"),
-])  # fmt: skip
-def test_non_finite_maps_are_refused_at_load(fitted, tmp_path, change, message):
-    """Case 5: a NaN in A.l loaded, and every filled row's logits came out NaN."""
+    (lambda t: _int8(t, keep_scales=False), "int8 tensor A.4 without A.4.scales"),
+    (lambda t: _int8(t, scales_shape=(64, 7)), r"A.4.scales has shape \(64, 7\), expected \(64, 1\)"),
+    (lambda t: _int8(t) or t["A.4.scales"].__setitem__((0, 0), float("nan")), "tensor A.4.scales holds 1 non-finite"),
+    (lambda t: _set(t, "A.4", t["A.4"][:, :32].contiguous()), r"A.4 has shape \(64, 32\), expected \(64, 64\)"),
+    (lambda t: _set(t, "b.4", torch.zeros(63)), r"b.4 has shape \(63,\), expected \(64,\)"),
+    (lambda t: _drop(t, "b.5"), "A and b tensors do not cover the same layers"),
+    (lambda t: (_drop(t, "A.5"), _drop(t, "b.5")), r"maps hold layers \[3, 4\], expected \[3, 4, 5\]"),
+    (lambda t: _set(t, "A.x", torch.zeros(2, 2)), "tensor 'A.x' is not A.<layer>"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("change, message", BAD_MAPS)
+def test_bad_maps_are_a_map_error_naming_the_tensor(fitted, tiny_model, tmp_path, change, message):
+    """Cases 5 and 3's shape side: the old loader took NaN maps (NaN logits) and maps of the wrong shape."""
+    model, tok = tiny_model("llama")
     bad = tmp_path / "ridgefill_split3.safetensors"
     _edit(fitted / "ridgefill_split3.safetensors", bad, change)
     with pytest.raises(MapError, match=message):
-        load_maps(bad)
+        RidgeFill(model, tok, maps=load_maps(bad), fill="ridge", tail=4)
 
 
-def test_int8_maps_need_their_scales(fitted, tmp_path):
-    def to_int8(t, keep_scales):
-        q, scales = quantize_int8(t["A.4"])
-        t["A.4"] = q
-        if keep_scales:
-            t["A.4.scales"] = scales
-
-    good, bad = tmp_path / "good.safetensors", tmp_path / "bad.safetensors"
-    _edit(fitted / "ridgefill_split3.safetensors", good, lambda t: to_int8(t, True))
+def test_int8_maps_with_their_scales_load(fitted, tmp_path):
+    good = tmp_path / "good.safetensors"
+    _edit(fitted / "ridgefill_split3.safetensors", good, _int8)
     assert torch.isfinite(load_maps(good).A[4]).all()
-    _edit(fitted / "ridgefill_split3.safetensors", bad, lambda t: to_int8(t, False))
-    with pytest.raises(MapError, match="int8 tensor A.4 without A.4.scales"):
-        load_maps(bad)
-
-
-def test_map_shapes_are_checked_against_the_model(fitted, tiny_model, tmp_path):
-    model, tok = tiny_model("llama")
-    bad = tmp_path / "ridgefill_split3.safetensors"
-    _edit(fitted / "ridgefill_split3.safetensors", bad, lambda t: t.__setitem__("A.4", t["A.4"][:, :32].contiguous()))
-    with pytest.raises(MapError, match=r"A.4 has shape \(64, 32\), expected \(64, 64\) \(hidden size 64\)"):
-        RidgeFill(model, tok, maps=bad, fill="ridge", tail=4)
 
 
 def test_use_cache_refuses_a_database_of_weights_changed_in_place(tiny_model_dir, tmp_path, one_torch_thread):
