@@ -71,22 +71,6 @@ def test_every_table_caption_names_the_metric(tmp_path, lmeval_format):
     assert tex.count(r"\caption{") == tex.count(r"Metric: niah\_single\_1\_filled: acc\_filled")
 
 
-def test_runs_of_different_tasks_exit_2_naming_them(tmp_path, lmeval_format, capsys):
-    """Case 6: the old code wrote a report of empty comparison tables, exit 0."""
-    lmeval_format.accuracy_run(tmp_path / "a", "exact", {"task_a": [True, False]})
-    lmeval_format.accuracy_run(tmp_path / "b", "ridge", {"task_b": [True, True]}, started=1.8e9)
-    assert _report(tmp_path, tmp_path / "a", tmp_path / "b") == 2
-    err = capsys.readouterr().err
-    assert "exact: task_a" in err and "ridge: task_b" in err and "different tasks" in err
-    assert not (tmp_path / "r.html").exists()
-
-
-def test_a_single_arm_is_a_clear_error(tmp_path, lmeval_format, capsys):
-    lmeval_format.accuracy_run(tmp_path / "a", "exact", {"t": [True, False]})
-    assert main(["report", str(tmp_path / "a"), "--reference", "tiny", "--html", str(tmp_path / "r.html")]) == 2
-    assert "a report compares arms, and the runs given hold one arm (tiny)" in capsys.readouterr().err
-
-
 def _with_ledger_head(results: Path, ledger: Path) -> None:
     data = json.loads(results.read_text())
     head = ledger_head(ledger)
@@ -137,3 +121,40 @@ def test_latex_is_a_fragment_a_paper_inputs(tmp_path, lmeval_format):
     run = subprocess.run([pdflatex, "-interaction=nonstopmode", "-halt-on-error", "paper.tex"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-3000:]
+
+
+# (report arguments after the run folders, the runs ({a}, {b}: two arms of task t; {c}: another task;
+#  {f1}, {f2}: two arms of a filled task with no filled item), message fragment, exit code)
+BAD_REPORT = [
+    (["{tmp}/missing"], [], "no such folder or lm-eval results file", 2),
+    (["{tmp}/empty"], [], "no lm-eval results_*.json found", 2),
+    (["{a}", "{b}"], ["--reference", "nope"], "no arm named 'nope'; the arms are: exact, ridge", 2),
+    (["{a}"], ["--reference", "tiny"], "a report compares arms, and the runs given hold one arm (tiny)", 2),
+    (["{a}", "{c}"], [], "the arms ran different tasks or documents (exact: t; ridge: other)", 2),
+    (["{f1}", "{f2}"], [], "the primary metric 'acc_filled' has no value on any item (no item is filled", 2),
+    (["{a}", "{b}"], ["--latex-standalone"], "--latex-standalone needs --latex FILE", 2),
+    (["{a}", "{b}"], ["--metric", "t"], "--metric 't': expected NAME=VALUE", 2),
+    (["{a}", "{b}"], ["--metric", "t=nope"], "no per-item values of metric 'nope'", 2),
+    (["{a}", "{b}"], ["--margin", "-1"], "--margin must be >= 0", 2),
+    (["{a}", "{b}"], ["--ledger", "{tmp}/none.jsonl"], "no ledger at", 2),
+    (["{a}", "{b}"], ["--control", "ridge=ghost"], "no arm named 'ghost' (in --control)", 2),
+    (["{a}", "{b}"], ["--ttft", "{tmp}/a.txt"], "--ttft", 2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("runs, extra, message, code", BAD_REPORT)
+def test_report_bad_inputs(tmp_path, lmeval_format, capsys, runs, extra, message, code):
+    lmeval_format.accuracy_run(tmp_path / "a", "exact", {"t": [True, False, True]})
+    lmeval_format.accuracy_run(tmp_path / "b", "ridge", {"t": [True, True, True]}, started=1.8e9)
+    lmeval_format.accuracy_run(tmp_path / "c", "ridge", {"other": [True, True]}, started=1.8e9)
+    filled_run(lmeval_format, tmp_path / "f1", "exact", [True, False], filled=False)
+    filled_run(lmeval_format, tmp_path / "f2", "ridge", [True, True], filled=False, started=1.8e9)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "a.txt").write_text("not json")
+    values = {"tmp": str(tmp_path), **{k: str(tmp_path / k) for k in ("a", "b", "c", "f1", "f2")}}
+    argv = [a.format(**values) for a in runs + extra]
+    if "--reference" not in argv:
+        argv += ["--reference", "exact"]
+    assert main(["report", *argv, "--html", str(tmp_path / "r.html"), "--resamples", "100"]) == code
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "r.html").exists()
