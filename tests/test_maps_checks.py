@@ -142,3 +142,24 @@ def test_use_cache_refuses_a_database_of_weights_changed_in_place(tiny_model_dir
     changed = RidgeFillLM(pretrained=str(folder), fill="identity", tail=8, device="cpu")
     with pytest.raises(ModelArgsError, match="holds results of another arm"):
         CachingLM(changed, db)
+
+
+def test_the_adapter_refuses_maps_of_other_weights_after_loading_them(fitted, tiny_model_dir, tmp_path,
+                                                                       one_torch_thread):
+    from transformers import AutoModelForCausalLM
+
+    from rf_eval.model_adapters.config import ModelArgsError
+    from rf_eval.model_adapters.ridgefill import RidgeFillLM
+
+    folder = tmp_path / "finetuned"
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir("llama"))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)
+    shutil.copytree(tiny_model_dir("llama"), folder)  # tokenizer and config as they are...
+    model.save_pretrained(folder)  # ...and fine-tuned weights of the same config
+    with pytest.raises(ModelArgsError, match=f"maps='{fitted}': .* was fitted on other weights"):
+        RidgeFillLM(pretrained=str(folder), fill="ridge", maps=str(fitted), tail=8, device="cpu")
+    lm = RidgeFillLM(pretrained=str(folder), fill="ridge", maps=str(fitted), tail=8, device="cpu",
+                     allow_other_weights="true")
+    assert lm.arm_info()["allow_other_weights"] is True

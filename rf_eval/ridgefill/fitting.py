@@ -192,6 +192,9 @@ def refit_from_sums(
         sums, meta = RidgeSums.load(file)
         if model is not None and meta.get("config_hash") != config_hash(model.config):
             raise ValueError(f"{file} was captured from another model (config hash differs)")
+        if model is not None and meta.get("weights_sha256") not in (None, "", weights_fingerprint(model)):
+            raise ValueError(f"{file} was captured from other weights (weights fingerprint "
+                             f"{meta['weights_sha256'][:12]}..., --model {weights_fingerprint(model)[:12]}...)")
         keep = {k: v for k, v in meta.items() if k not in ("split", "count", "layers")}
         if len(lambdas) == 1:
             best, scores, solved = lambdas[0], {}, {lambdas[0]: sums.solve(lambdas[0])}
