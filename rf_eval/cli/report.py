@@ -18,6 +18,7 @@ a whole document).
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from rf_eval.cli import UserError
 
@@ -84,7 +85,7 @@ def ttft_speed_rows(paths: list[str]) -> list[dict]:
     return rows
 
 
-def check_recorded_heads(runs, ledger) -> None:
+def check_recorded_heads(runs: Any, ledger: list[Any]) -> None:
     """Every ledger head a run recorded must still be in the ledger (a truncated ledger fails)."""
     from rf_eval.stats.ledger import Head, LedgerError, check_head
 
