@@ -77,8 +77,10 @@ def ttft_speed_rows(paths: list[str]) -> list[dict]:
     for path in paths:
         try:
             data = json.loads(open(path).read())
-        except (OSError, json.JSONDecodeError) as err:
-            raise UserError(f"--ttft {path}: {err}") from None
+        except OSError as err:
+            raise UserError(f"--ttft {path}: cannot read it ({err.strerror or err})") from None
+        except json.JSONDecodeError as err:
+            raise UserError(f"--ttft {path}: not an `rf-eval ttft` result (not JSON: {err.msg} at line {err.lineno})") from None
         if data.get("kind") != "rf-eval-ttft":
             raise UserError(f"--ttft {path}: not an `rf-eval ttft` result (kind {data.get('kind')!r})")
         rows.extend(data["speed"])

@@ -138,7 +138,8 @@ BAD_REPORT = [
     (["{a}", "{b}"], ["--margin", "-1"], "--margin must be >= 0", 2),
     (["{a}", "{b}"], ["--ledger", "{tmp}/none.jsonl"], "no ledger at", 2),
     (["{a}", "{b}"], ["--control", "ridge=ghost"], "no arm named 'ghost' (in --control)", 2),
-    (["{a}", "{b}"], ["--ttft", "{tmp}/a.txt"], "--ttft", 2),
+    (["{a}", "{b}"], ["--ttft", "{tmp}/a.txt"], "a.txt: not an `rf-eval ttft` result (not JSON", 2),
+    (["{a}", "{b}"], ["--ttft", "{tmp}/none.json"], "none.json: cannot read it", 2),
 ]  # fmt: skip
 
 
