@@ -11,6 +11,10 @@ requests whose prompt has no filled row go to `super()` unchanged (bitwise
 `hf`); the others are prefilled by the method (`rf_eval.method.PrefillMethod`)
 and read by the stock model.
 
+With `$RF_EVAL_LEDGER` naming a run ledger (`rf-eval ledger`), the head it
+had when the run started (hash and entry count) is recorded in the results'
+`config.rf_eval.ledger`.
+
 A subclass names its own model_args (`own_keys`) and builds its method in
 `build_method`; settings are checked in `parse` before any weights load.
 
@@ -56,7 +60,13 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
     """Shared by `--model ridgefill` and `--model rarecache`; see the module docstring."""
 
     def __init__(self, pretrained: str | None = None, **model_args: Any) -> None:
+        from rf_eval.stats.ledger import LedgerError, ledger_from_env
+
         settings, hf_args = self.parse({"pretrained": pretrained, **model_args})
+        try:  # the head of $RF_EVAL_LEDGER this run saw, read (and verified) before the weights load
+            self.ledger_head = ledger_from_env()
+        except LedgerError as err:
+            raise ModelArgsError(f"$RF_EVAL_LEDGER: {err}") from err
         self.settings = settings
         self._hf_args = hf_args
         super().__init__(pretrained=settings.pretrained, backend="causal", **hf_args)
@@ -149,7 +159,10 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
         """Recorded by lm-eval in the results JSON ("config"): `hf`'s, plus the arm."""
         import rf_eval
 
-        return {**super().get_model_info(), "rf_eval_version": rf_eval.__version__, "rf_eval": self.arm_info()}
+        info = self.arm_info()
+        if self.ledger_head is not None:  # `rf-eval report --ledger` / `ledger verify --expect-head` check it
+            info = {**info, "ledger": self.ledger_head}
+        return {**super().get_model_info(), "rf_eval_version": rf_eval.__version__, "rf_eval": info}
 
     def set_cache_hook(self, cache_hook) -> None:
         """Refuse a --use_cache database written by another arm (its keys are request args only)."""
@@ -172,8 +185,11 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
 
     def arm_fingerprint(self) -> dict[str, Any]:
         hf = {k: v for k, v in self._hf_args.items() if k not in _NOT_RESULTS}
+        from rf_eval.weights import weights_fingerprint
+
+        # the weights themselves, not only their path: weights changed in place get a fresh cache
         return {"adapter": type(self).__name__, "pretrained": self.settings.pretrained, "hf": hf,
-                "arm": self.arm_info(), "max_length": self.max_length}
+                "arm": self.arm_info(), "max_length": self.max_length, "weights": weights_fingerprint(self.model)}
 
     def _cached(self, attr: str, requests: list, compute) -> list:
         """Results of a custom request type, through the --use_cache database like lm-eval's own types."""

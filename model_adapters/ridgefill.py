@@ -121,7 +121,10 @@ class RidgeFillLM(PrefillLM):
         from rf_eval.ridgefill.api import RidgeFill
 
         s = self.settings
-        method = RidgeFill(self.model, self.tokenizer, arm=s.arm, maps=s.maps_obj)
+        try:  # the maps' weights fingerprint can only be checked now, with the weights loaded
+            method = RidgeFill(self.model, self.tokenizer, arm=s.arm, maps=s.maps_obj)
+        except MapError as err:
+            raise ModelArgsError(f"maps={s.maps!r}: {err}") from err
         exact = RidgeFill(self.model, self.tokenizer, split=method.plan.split, tail=method.plan.tail, fill="exact")
         return method, exact
 

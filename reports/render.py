@@ -103,6 +103,7 @@ def build_view(summary: dict[str, Any]) -> dict[str, Any]:
     }
     colours = {arm["name"]: PALETTE[i % len(PALETTE)] for i, arm in enumerate(summary["arms"])}
     return {
+        "ledger_head": None, "metrics": {"points": "none", "tasks": "none", "losses": "none"}, "standalone": False,
         **summary,
         "charts": {
             "forest": forest_plot(summary["forest"], margin=summary["margin"], colours=colours)
@@ -115,8 +116,8 @@ def build_view(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _render(template: str, summary: dict[str, Any], latex: bool = False) -> str:
-    return _environment(latex).get_template(template).render(**build_view(summary))
+def _render(template: str, summary: dict[str, Any], latex: bool = False, **extra: Any) -> str:
+    return _environment(latex).get_template(template).render(**{**build_view(summary), **extra})
 
 
 def render_html(summary: dict[str, Any]) -> str:
@@ -124,9 +125,9 @@ def render_html(summary: dict[str, Any]) -> str:
     return _render("report.html.j2", summary)
 
 
-def render_latex(summary: dict[str, Any]) -> str:
-    """A standalone LaTeX document of booktabs tables (copy the tables into a paper)."""
-    return _render("report.tex.j2", summary, latex=True)
+def render_latex(summary: dict[str, Any], *, standalone: bool = False) -> str:
+    """Booktabs tables as a fragment a paper can `\\input` (with `standalone`, a whole document)."""
+    return _render("report.tex.j2", summary, latex=True, standalone=standalone)
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
@@ -140,10 +141,15 @@ def write_reports(
     html: str | Path | None = None,
     latex: str | Path | None = None,
     markdown: str | Path | None = None,
+    latex_standalone: bool = False,
 ) -> list[Path]:
-    """Write each requested format; return the paths written."""
+    """Write each requested format; return the paths written (LaTeX: a fragment unless `latex_standalone`)."""
     written = []
-    for target, render in ((html, render_html), (latex, render_latex), (markdown, render_markdown)):
+
+    def tex(summary: dict[str, Any]) -> str:
+        return render_latex(summary, standalone=latex_standalone)
+
+    for target, render in ((html, render_html), (latex, tex), (markdown, render_markdown)):
         if target is not None:
             path = Path(target)
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,36 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def check_device(device: str | None) -> str:
+    """The device to use (default: cuda if available); ValueError for one this machine lacks, before a model loads."""
+    if device is None:
+        return default_device()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device {device!r} is not a device name (cpu, cuda, cuda:1, mps): {err}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: CUDA is not available on this machine (use --device cpu)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r}: MPS is not available on this machine")
+    return str(device)
+
+
+def check_model_source(name: str) -> None:
+    """A local path that does not exist is a clear error; a hub id (`org/name` or `name`) is left to the loader."""
+    text = str(name)
+    looks_local = text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text
+    from pathlib import Path
+
+    if looks_local and not Path(text).expanduser().exists():
+        raise ValueError(f"model {text!r}: no such local folder (a hub id looks like org/name)")
+    if Path(text).expanduser().is_file():
+        raise ValueError(f"model {text!r} is a file; give the model's folder (config.json, weights) or a hub id")
+
+
 def rank_and_world() -> tuple[int, int]:
     import torch.distributed as dist
 

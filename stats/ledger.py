@@ -7,8 +7,12 @@ the chain. The file is JSON Lines; every line is the canonical serialization
 of its entry (sorted keys, no spaces, ASCII), and `hash` is the sha256 of that
 serialization without the `hash` field. Verification re-serializes every line
 and compares bytes, so changing any byte fails. Deleting the *last* entries
-leaves a valid shorter chain: record the head hash that `append_entry` returns
-(the paper publishes a chain index) and pass it to `verify_ledger`.
+leaves a valid shorter chain: record the head (hash and entry count) that
+`append_entry` returns or `ledger_head` reads (the paper publishes a chain
+index) and pass it to `verify_ledger(expect=...)`. Runs record it: the lm-eval
+adapters put the head of the ledger named by `$RF_EVAL_LEDGER` in their
+results (`config.rf_eval.ledger`), and `rf-eval report --ledger` checks every
+run's recorded head against the ledger and records the head it saw.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 __all__ = [
-    "GENESIS", "LedgerEntry", "LedgerError", "append_entry", "file_sha256", "verify_ledger", "verify_ledger_bytes",
+    "GENESIS", "LEDGER_ENV", "Head", "LedgerEntry", "LedgerError", "append_entry", "check_head", "file_sha256",
+    "ledger_from_env", "ledger_head", "parse_head", "verify_ledger", "verify_ledger_bytes",
 ]  # fmt: skip
 
 #: `prev` of the first entry.
 GENESIS = "0" * 64
+#: the environment variable naming the ledger whose head runs record
+LEDGER_ENV = "RF_EVAL_LEDGER"
 _FIELDS = ("arms", "claim", "configs", "hash", "index", "prediction", "prev", "time")
 
 
@@ -101,16 +108,77 @@ def _parse_line(number: int, line: str, prev: str) -> LedgerEntry:
     )
 
 
-def verify_ledger(path: str | Path, *, head: str | None = None) -> list[LedgerEntry]:
+@dataclass(frozen=True)
+class Head:
+    """A recorded head of the chain: the last entry's hash and the entry count (None: unknown)."""
+
+    hash: str
+    count: int | None = None
+
+    def __str__(self) -> str:
+        return self.hash if self.count is None else f"{self.hash}:{self.count}"
+
+
+def parse_head(text: str) -> Head:
+    """`HASH` or `HASH:COUNT` (as `rf-eval ledger verify` prints and results record)."""
+    digest, sep, count = str(text).strip().partition(":")
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest.lower()):
+        raise LedgerError(f"expected head {text!r}: not HASH[:COUNT] with a 64-hex-digit sha256")
+    if sep and not count.isdigit():
+        raise LedgerError(f"expected head {text!r}: COUNT must be a whole number")
+    return Head(digest.lower(), int(count) if sep else None)
+
+
+def check_head(entries: Sequence[LedgerEntry], expect: Head) -> None:
+    """The chain must hold the recorded head: entry COUNT-1 has hash HASH (any entry, without a count).
+
+    Entries appended after the head was recorded are fine; a chain cut before
+    it, or rewritten, fails.
+    """
+    if expect.count is not None:
+        if expect.count == 0:
+            return
+        if len(entries) < expect.count:
+            raise LedgerError(f"the ledger holds {len(entries)} entries, fewer than the {expect.count} of the "
+                              f"recorded head {expect.hash[:12]}... (entries deleted from the end)")
+        if entries[expect.count - 1].hash != expect.hash:
+            raise LedgerError(f"entry {expect.count - 1} has hash {entries[expect.count - 1].hash[:12]}..., not the "
+                              f"recorded head {expect.hash[:12]}... (the chain was rewritten)")
+        return
+    if expect.hash not in {e.hash for e in entries}:
+        raise LedgerError(f"no entry has the recorded head hash {expect.hash[:12]}... "
+                          "(entries deleted from the end, or the chain rewritten)")
+
+
+def verify_ledger(path: str | Path, *, head: str | None = None, expect: Head | None = None) -> list[LedgerEntry]:
     """Read and verify the whole chain; return its entries or raise `LedgerError`.
 
-    `head`, if given, must be the hash of the last entry (catches deleted tail entries).
+    `head`, if given, must be the hash of the last entry (catches deleted tail entries);
+    `expect`, a recorded `Head`, must be in the chain (see `check_head`).
     """
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
         raise LedgerError(f"no ledger at {path}") from None
-    return verify_ledger_bytes(data, head=head)
+    entries = verify_ledger_bytes(data, head=head)
+    if expect is not None:
+        check_head(entries, expect)
+    return entries
+
+
+def ledger_head(path: str | Path) -> Head:
+    """The verified head of the ledger at `path` (count 0 and GENESIS for an empty one)."""
+    entries = verify_ledger(path)
+    return Head(entries[-1].hash if entries else GENESIS, len(entries))
+
+
+def ledger_from_env() -> dict[str, object] | None:
+    """{path, hash, count} of the ledger named by $RF_EVAL_LEDGER (None when unset); an error when unreadable."""
+    path = os.environ.get(LEDGER_ENV)
+    if not path:
+        return None
+    head = ledger_head(path)
+    return {"path": str(Path(path).resolve()), "hash": head.hash, "count": head.count}
 
 
 def verify_ledger_bytes(data: bytes, *, head: str | None = None) -> list[LedgerEntry]:

@@ -11,10 +11,13 @@ recorded model and model_args (see `rf_eval.stats.arms` for names). When one
 arm ran a task more than once, the latest run counts and a note says so.
 
 One row per (arm, task, filter, doc_id, metric). By default a task reports its
-primary metric: the first of its `metric_list` that has a number for some item
-(items where it is None, e.g. a needle in the exact tail for a filled-region
-score, are left out: the metric does not apply to them); `metrics=` picks
-others. RULER's per-length metrics (named by sequence length, -1 where not
+primary metric: the first of its `metric_list` (items where it is None, e.g. a
+needle in the exact tail for a filled-region score, are left out: the metric
+does not apply to them); `metrics=` picks others. A primary metric with no
+value on any item is an `EmptyMetricError` (for a `*_filled` task it names the
+tail and the lengths: no needle lay in the filled region), never a silent
+switch to another metric; `allow_empty=True` leaves such a task out with a
+note. RULER's per-length metrics (named by sequence length, -1 where not
 applicable) become one metric, `score`, with the length taken from the
 metric's name; otherwise the length is the doc's `max_length` (or
 `max_seq_length`, `context_length`, `length`), and the domain its `domain`.
@@ -40,7 +43,7 @@ import pandas as pd
 from rf_eval.stats.arms import name_arms, parse_model_args
 from rf_eval.stats.ledger import file_sha256
 
-__all__ = ["ArmRun", "ITEM_COLUMNS", "RunFormatError", "Runs", "load_runs"]
+__all__ = ["ArmRun", "EmptyMetricError", "ITEM_COLUMNS", "RunFormatError", "Runs", "load_runs"]
 
 ITEM_COLUMNS = (
     "arm", "task", "filter", "doc_id", "metric", "primary", "doc_hash", "prompt_hash", "higher_is_better",
@@ -57,6 +60,10 @@ class RunFormatError(ValueError):
     """A path holds no lm-eval output, or the output is not in the expected format."""
 
 
+class EmptyMetricError(RunFormatError):
+    """A task's primary metric has no value on any item (e.g. no RULER item was filled)."""
+
+
 @dataclass(frozen=True)
 class ArmRun:
     """One arm: its name, what ran, when it (and each task) started, the files that configured it."""
@@ -68,6 +75,8 @@ class ArmRun:
     results_files: tuple[str, ...]
     config_hashes: frozenset[str]
     task_started: dict[str, datetime] = field(default_factory=dict)
+    #: ledger heads ({path, hash, count}) the arm's runs recorded (`config.rf_eval.ledger`)
+    ledger_heads: tuple[dict[str, Any], ...] = ()
 
     @property
     def model_args_text(self) -> str:
@@ -189,7 +198,7 @@ def _read_samples(path: Path) -> list[dict[str, Any]]:
 
 
 def _task_metrics(names: list[str], samples: list[dict[str, Any]], requested: Sequence[str], where: str) -> list[str]:
-    """The metrics to report: `requested`, or the first metric with a number for some item."""
+    """The metrics to report: `requested`, or the task's first metric (which must have values)."""
     if names and all(n.isdigit() for n in names):
         available = [RULER_SCORE]
     else:
@@ -199,15 +208,40 @@ def _task_metrics(names: list[str], samples: list[dict[str, Any]], requested: Se
             raise RunFormatError(
                 f"{where}: no per-item values of metric {metric!r}; metrics with values: {', '.join(available)}"
             )
-    return list(requested) or available[:1]
+    if requested:
+        return list(requested)
+    if names and available[:1] != [RULER_SCORE] and names[0] not in available:
+        raise EmptyMetricError(
+            f"{where}: the primary metric {names[0]!r} has no value on any item{_why_empty(samples)}; "
+            f"name a metric with --metric TASK=METRIC (with values: {', '.join(available) or 'none'}), "
+            "or pass --allow-empty to leave the task out"
+        )
+    return available[:1]
+
+
+def _why_empty(samples: list[dict[str, Any]]) -> str:
+    """For filled-region tasks: the tail and lengths (no needle lay before the exact tail)."""
+    rows = [_number(s.get("needle_rows_from_end")) for s in samples]
+    rows = [int(r) for r in rows if r is not None]
+    if not rows and not any("filled" in s for s in samples):
+        return ""
+    lengths = sorted({str(_doc_length(s.get("doc") or {})) for s in samples})
+    tail = next((s.get("tail") for s in samples if s.get("tail") is not None), None)
+    far = f", the farthest needle {max(rows)} rows from the end" if rows else ""
+    return (f" (no item is filled: the exact tail{'' if tail is None else f' {tail}'} covers every needle; "
+            f"lengths {', '.join(lengths)}{far}; use a shorter tail or longer max_seq_lengths)")
 
 
 def _sample_rows(
     rf: _ResultsFile, task: str, samples_path: Path, requested: Sequence[str]
 ) -> Iterable[dict[str, Any]]:
     samples = _read_samples(samples_path)
-    names = _metric_order(rf.data["configs"].get(task) or {}, samples)
-    metrics = _task_metrics(names, samples, requested, f"{samples_path.name}")
+    task_config = rf.data["configs"].get(task) or {}
+    names = _metric_order(task_config, samples)
+    tail = (task_config.get("metadata") or {}).get("tail") or rf.model_args.get("tail")
+    if tail is not None:
+        samples = [{"tail": tail, **s} for s in samples]
+    metrics = _task_metrics(names, samples, requested, f"{task} ({samples_path.name})")
     hib = (rf.data.get("higher_is_better") or {}).get(task) or {}
     for sample in samples:
         doc = sample.get("doc") if isinstance(sample.get("doc"), dict) else {}
@@ -254,6 +288,12 @@ def _config_hashes(files: Sequence[_ResultsFile]) -> frozenset[str]:
     return frozenset(file_sha256(p) for p in candidates if p.stat().st_size <= MAX_HASHED_BYTES)
 
 
+def _ledger_head(rf: _ResultsFile) -> dict[str, Any] | None:
+    info = (rf.data.get("config") or {}).get("rf_eval")
+    head = info.get("ledger") if isinstance(info, dict) else None
+    return {**head, "results": str(rf.path)} if isinstance(head, dict) and head.get("hash") else None
+
+
 def _to_points(items: pd.DataFrame) -> pd.DataFrame:
     """Accuracy-like metrics (higher is better, all in [0, 1] over every arm) to points."""
     items = items.copy()
@@ -266,11 +306,15 @@ def _to_points(items: pd.DataFrame) -> pd.DataFrame:
     return items
 
 
-def load_runs(paths: Sequence[str | Path], *, metrics: Mapping[str, Sequence[str]] | None = None) -> Runs:
+def load_runs(
+    paths: Sequence[str | Path], *, metrics: Mapping[str, Sequence[str]] | None = None, allow_empty: bool = False
+) -> Runs:
     """Load every lm-eval run under `paths` (folders or results files) into `Runs`.
 
     `metrics` maps a task to the metrics to report (the first is its primary
-    one); other tasks report their first metric that has per-item values.
+    one); other tasks report their first metric, which must have per-item
+    values (else `EmptyMetricError`; with `allow_empty` the task is left out
+    with a note).
     """
     results = [_read_results(p) for p in _find_results(paths)]
     keys = [(rf.model, json.dumps(rf.model_args, sort_keys=True)) for rf in results]
@@ -294,7 +338,12 @@ def load_runs(paths: Sequence[str | Path], *, metrics: Mapping[str, Sequence[str
                 notes.append(f"{name}: no per-sample log for {task} in {rf.path.parent} (use --log_samples)")
                 continue
             requested = (metrics or {}).get(task, ())
-            rows += [{"arm": name, **row} for row in _sample_rows(rf, task, samples, requested)]
+            try:
+                rows += [{"arm": name, **row} for row in _sample_rows(rf, task, samples, requested)]
+            except EmptyMetricError as err:
+                if not allow_empty:
+                    raise
+                notes.append(f"{name}: {task} left out (--allow-empty): {err}")
         if len(rows) == n_rows:
             notes.append(f"{name}: no per-item results found; the arm is left out")
             continue
@@ -308,6 +357,7 @@ def load_runs(paths: Sequence[str | Path], *, metrics: Mapping[str, Sequence[str
                 results_files=tuple(str(rf.path) for rf in files),
                 config_hashes=_config_hashes(files),
                 task_started={t: datetime.fromtimestamp(rf.started, tz=timezone.utc) for t, rf in used},
+                ledger_heads=tuple(h for h in (_ledger_head(rf) for rf in files) if h is not None),
             )
         )
     if not rows:

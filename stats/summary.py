@@ -201,9 +201,17 @@ def study_summary(
     for name, where in [(reference, "")] + [(n, " (in --control)") for s, c in (controls or {}).items() for n in (s, *c)]:
         if name not in names:
             raise ValueError(f"no arm named {name!r}{where}; the arms are: {', '.join(names)}")
+    if len(names) < 2:
+        raise ValueError(f"a report compares arms, and the runs given hold one arm ({', '.join(names)}); "
+                         "give the lm-eval output folders of at least two arms")
     opts = {"confidence": confidence, "n_resamples": n_resamples, "seed": seed}
     study = _Study(runs, reference, margin, opts, None if ledger is None else list(ledger))
     tasks, losses, forest = study.tasks()
+    if not any(entry["rows"] for entry in tasks + losses):
+        ran = "; ".join(f"{a}: {', '.join(sorted(set(runs.items.loc[runs.items['arm'] == a, 'task'])))}"
+                        for a in names)
+        raise ValueError(f"no item of any arm pairs with an item of the reference {reference!r}: the arms ran "
+                         f"different tasks or documents ({ran})")
     overall = study.overall()
     lengths = study.by_length()
     notes = study.notes()
@@ -214,5 +222,15 @@ def study_summary(
         "arms": study.arms(), "tasks": tasks, "overall": overall, "losses": losses, **lengths,
         "forest": forest + [{"group": r["arm"], "label": "overall", **r} for r in overall],
         "speed": study.speed(), "controls": study.controls(controls or {}),
-        "has_ledger": ledger is not None, "notes": notes,
+        "has_ledger": ledger is not None, "ledger_head": None, "notes": notes,
+        "metrics": _metrics_used(tasks, losses),
     }  # fmt: skip
+
+
+def _metrics_used(tasks: list[dict[str, Any]], losses: list[dict[str, Any]]) -> dict[str, str]:
+    """The metric behind each table, as its caption prints it ("task: metric; ...")."""
+    def text(entries: list[dict[str, Any]], primary_only: bool) -> str:
+        return "; ".join(f"{e['task'].split(': ')[0]}: {e['metric']}" for e in entries
+                         if e["rows"] and (e["primary"] or not primary_only)) or "none"
+
+    return {"points": text(tasks, True), "tasks": text(tasks, False), "losses": text(losses, False)}

@@ -39,7 +39,7 @@ def test_fit_saves_unigram_counts_beside_the_maps(tiny_model, tiny_model_dir, tm
     assert torch.equal(loaded.prefill(ids).exact_rows, result.exact_rows)
     from rf_eval.model_adapters.ridgefill import RidgeFillLM
 
-    lm = RidgeFillLM(pretrained=tiny_model_dir("llama"), maps=str(out), fill="ridge", selector="probe", tail=8,
+    lm = RidgeFillLM(pretrained=tiny_model_dir("llama"), maps=str(out), fill="ridge", selector="probe(layers=0)", tail=8,
                      device="cpu")
     assert lm.method.arm.resources["unigram"] == str(out / FILENAME)
 

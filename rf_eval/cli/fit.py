@@ -3,12 +3,20 @@
 Under `torchrun --nproc_per_node K -m rf_eval fit ...` the documents are
 sharded across the K processes and the sums all-reduced (gloo on CPU, NCCL
 on CUDA); rank 0 writes the files.
+
+Inputs are checked before the model loads: a local `--model` path that does
+not exist, an `--out` that is a file or a non-empty folder (without
+`--overwrite`), a `--device` this machine lacks. The files are written into
+`.<out>.partial` beside `--out` and moved into it only when the fit is
+complete, so a failed or killed fit leaves `--out` as it was.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+from pathlib import Path
 
 from rf_eval.cli import UserError
 
@@ -21,7 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lambdas", type=float, nargs="+", default=None,
                    help="lambda grid (default: nine values 1e-4..1 with --heldout, else 0.03)")
     p.add_argument("--from-sums", dest="from_sums", help="folder of saved sums: new solves, no capture")
-    p.add_argument("--out", required=True, help="folder for the map files (and the sums)")
+    p.add_argument("--out", required=True, help="folder for the map files (and the sums); must be empty or new")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --out, replacing files of the same name")
     p.add_argument("--max-tokens", type=int, default=32768, help="truncate documents to this many tokens")
     p.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
@@ -35,9 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def load_model(args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rf_eval.devices import default_device, parse_dtype
+    from rf_eval.devices import check_device, parse_dtype
 
-    device = args.device or default_device()
+    device = check_device(args.device)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and device.startswith("cuda"):
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     model = AutoModelForCausalLM.from_pretrained(
@@ -56,10 +66,51 @@ def init_distributed() -> None:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
 
 
+def check_inputs(args: argparse.Namespace) -> None:
+    """What can be checked before a model loads: --out, --device, a local --model path."""
+    from rf_eval.devices import check_device, check_model_source
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {args.out} is a file; give a folder for the map files")
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        raise UserError(f"--out {args.out} is not empty; choose a new folder, or pass --overwrite to replace "
+                        "the files of the same name in it")
+    try:
+        check_device(args.device)
+        if args.model:
+            check_model_source(args.model)
+    except ValueError as err:
+        raise UserError(f"--{'device' if 'device' in str(err).split(':')[0] else 'model'}: {err}") from None
+
+
+def _staging(out: str) -> Path:
+    final = Path(out)
+    return final.parent / f".{final.name}.partial"
+
+
+def _publish(result, out: str) -> None:
+    """Move a complete fit from its staging folder into --out (rank 0; the others wrote nothing)."""
+    from rf_eval.devices import rank_and_world
+
+    staging, final = _staging(out), Path(out)
+    if rank_and_world()[0] != 0 or not staging.is_dir():
+        return
+    final.mkdir(parents=True, exist_ok=True)
+    for file in sorted(staging.iterdir()):
+        os.replace(file, final / file.name)
+    shutil.rmtree(staging, ignore_errors=True)
+    result.paths = {split: final / Path(path).name for split, path in result.paths.items()}
+
+
 def run(args: argparse.Namespace) -> int:
     from rf_eval.ridgefill.calibration import CalibrationError
     from rf_eval.ridgefill.fitting import fit_maps, refit_from_sums
 
+    check_inputs(args)
+    staging = _staging(args.out)
+    if int(os.environ.get("RANK", "0")) == 0:
+        shutil.rmtree(staging, ignore_errors=True)  # a killed fit's leftovers
     try:
         if args.from_sums:
             if not args.lambdas:
@@ -67,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
             model = tokenizer = None
             if args.model:
                 model, tokenizer = load_model(args)
-            result = refit_from_sums(args.from_sums, out=args.out, lambdas=args.lambdas, model=model,
+            result = refit_from_sums(args.from_sums, out=staging, lambdas=args.lambdas, model=model,
                                      tokenizer=tokenizer, heldout=args.heldout, max_tokens=args.max_tokens,
                                      progress=not args.no_progress, map_split=args.map_split)
         else:
@@ -81,11 +132,16 @@ def run(args: argparse.Namespace) -> int:
             init_distributed()
             model, tokenizer = load_model(args)
             result = fit_maps(model, tokenizer, splits=args.splits, calibration=args.calibration,
-                              heldout=args.heldout, lambdas=args.lambdas, out=args.out,
+                              heldout=args.heldout, lambdas=args.lambdas, out=staging,
                               max_tokens=args.max_tokens, progress=not args.no_progress,
                               map_split=args.map_split)
     except (ValueError, CalibrationError) as err:
+        shutil.rmtree(staging, ignore_errors=True)
         raise UserError(str(err)) from err
+    except OSError as err:  # e.g. a hub id that cannot be fetched offline
+        shutil.rmtree(staging, ignore_errors=True)
+        raise UserError(f"--model {args.model}: {err}") from err
+    _publish(result, args.out)
     for split, path in sorted(result.paths.items()):
         scores = result.scores[split]
         extra = f" (held-out cosine {scores[result.chosen[split]]:.4f})" if scores else ""

@@ -4,11 +4,21 @@ Reads lm-eval output folders (run with --log_samples) of several arms, pairs
 every arm with the reference per item, and writes the paper's statistics
 (paired bootstrap intervals, non-inferiority with the binomial floor, sign
 tests) as a self-contained HTML page, LaTeX tables and Markdown.
+
+Nothing is reported silently wrong: a task whose primary metric has no value
+on any item (e.g. a `*_filled` task whose tail covers every needle) stops the
+report (exit 2) unless `--allow-empty` leaves it out; every table's caption
+names the metric it shows; runs with no items in common with the reference,
+or a single arm, stop it too. With `--ledger`, the head each run recorded
+(`$RF_EVAL_LEDGER`) must still be in the ledger, and the report records the
+head it saw. `--latex` writes a fragment to `\\input` (`--latex-standalone`:
+a whole document).
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from rf_eval.cli import UserError
 
@@ -19,7 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--margin", type=float, default=2.0, help="non-inferiority margin in points (default 2)")
     parser.add_argument("--ledger", metavar="FILE", help="run ledger: mark comparisons registered or follow-up")
     parser.add_argument("--html", required=True, metavar="FILE", help="write the HTML report here")
-    parser.add_argument("--latex", metavar="FILE", help="also write LaTeX tables (booktabs)")
+    parser.add_argument("--latex", metavar="FILE", help="also write LaTeX tables (booktabs), a fragment to \\input")
+    parser.add_argument("--latex-standalone", dest="latex_standalone", action="store_true",
+                        help="write --latex as a whole document instead of a fragment")
+    parser.add_argument("--allow-empty", dest="allow_empty", action="store_true",
+                        help="leave out (with a note) tasks whose primary metric has no value on any item, "
+                             "instead of failing")
     parser.add_argument("--markdown", metavar="FILE", help="also write Markdown tables")
     parser.add_argument(
         "--control",
@@ -62,17 +77,32 @@ def ttft_speed_rows(paths: list[str]) -> list[dict]:
     for path in paths:
         try:
             data = json.loads(open(path).read())
-        except (OSError, json.JSONDecodeError) as err:
-            raise UserError(f"--ttft {path}: {err}") from None
+        except OSError as err:
+            raise UserError(f"--ttft {path}: cannot read it ({err.strerror or err})") from None
+        except json.JSONDecodeError as err:
+            raise UserError(f"--ttft {path}: not an `rf-eval ttft` result (not JSON: {err.msg} at line {err.lineno})") from None
         if data.get("kind") != "rf-eval-ttft":
             raise UserError(f"--ttft {path}: not an `rf-eval ttft` result (kind {data.get('kind')!r})")
         rows.extend(data["speed"])
     return rows
 
 
+def check_recorded_heads(runs: Any, ledger: list[Any]) -> None:
+    """Every ledger head a run recorded must still be in the ledger (a truncated ledger fails)."""
+    from rf_eval.stats.ledger import Head, LedgerError, check_head
+
+    for arm in runs.arms:
+        for head in arm.ledger_heads:
+            try:
+                check_head(ledger, Head(str(head["hash"]), int(head["count"]) if head.get("count") is not None else None))
+            except (LedgerError, ValueError) as err:
+                raise UserError(f"arm {arm.name} ({head.get('results')}) recorded ledger head "
+                                f"{head['hash']}:{head.get('count')}, which the ledger no longer holds: {err}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from rf_eval.reports.render import write_reports
-    from rf_eval.stats.ledger import LedgerError, verify_ledger
+    from rf_eval.stats.ledger import LedgerError, ledger_head, verify_ledger
     from rf_eval.stats.pairing import PairingError
     from rf_eval.stats.runs import RunFormatError, load_runs
     from rf_eval.stats.summary import study_summary
@@ -80,8 +110,12 @@ def run(args: argparse.Namespace) -> int:
     if args.margin < 0 or args.resamples < 1 or not 0 < args.confidence < 1:
         raise UserError("--margin must be >= 0, --resamples >= 1 and --confidence in (0, 1)")
     try:
-        runs = load_runs(args.runs, metrics=_mapping("--metric", args.metric))
+        if args.latex_standalone and not args.latex:
+            raise UserError("--latex-standalone needs --latex FILE")
+        runs = load_runs(args.runs, metrics=_mapping("--metric", args.metric), allow_empty=args.allow_empty)
         ledger = verify_ledger(args.ledger) if args.ledger else None
+        if ledger is not None:
+            check_recorded_heads(runs, ledger)
         summary = study_summary(
             runs,
             args.reference,
@@ -97,7 +131,13 @@ def run(args: argparse.Namespace) -> int:
     except (RunFormatError, PairingError, ValueError) as err:
         raise UserError(str(err)) from None
     summary["speed"] = list(summary["speed"]) + ttft_speed_rows(args.ttft)
-    for path in write_reports(summary, html=args.html, latex=args.latex, markdown=args.markdown):
+    if args.ledger:
+        from pathlib import Path
+
+        head = ledger_head(args.ledger)
+        summary["ledger_head"] = {"path": str(Path(args.ledger).resolve()), "hash": head.hash, "count": head.count}
+    for path in write_reports(summary, html=args.html, latex=args.latex, markdown=args.markdown,
+                              latex_standalone=args.latex_standalone):
         print(f"wrote {path}")
     for note in summary["notes"]:
         print(f"note: {note}")

@@ -6,7 +6,9 @@ parser); they set the server's own arm. A request may run another arm on the
 same server start with the body field `rf_arm` (e.g. `{"fill": "identity",
 "tail": 256}`) or the URL prefix `/arm/fill=identity;tail=256/v1/...`.
 Requests are logged as JSON lines (arm, prompt length, prefill and prompt
-time) to --request-log, or to stdout. Needs the `serve` extra
+time) to --request-log, or to stdout. The port is bound before the model
+loads (a port in use fails at once); a bad request is a 400 naming the field;
+a stream the client drops is logged (status 499). Needs the `serve` extra
 (`pip install 'rf-eval[serve]'`).
 """
 
@@ -68,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from rf_eval.serving.backend import Backend
 
     settings, hf_args = config_from_args(args)
+    sock = bind(args.host, args.port)  # a port in use fails now, not after the model has loaded
     if args.threads is not None:
         import torch
 
@@ -75,9 +78,28 @@ def run(args: argparse.Namespace) -> int:
     try:
         backend = Backend(settings, hf_args, served_name=args.served_model_name)
     except (ValueError, OSError) as err:  # bad model_args, maps or model folder
+        sock.close()
         raise UserError(f"cannot load {args.model!r}: {err}") from None
     app = create_app(backend, RequestLog(args.request_log, None if args.request_log else sys.stdout))
     print(f"rf-eval serve: {backend.served_name} on http://{args.host}:{args.port}/v1 "
           f"(arm {backend.default_arm.info})", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False))
+    server.run(sockets=[sock])
     return 0
+
+
+def bind(host: str, port: int):
+    """A listening socket on (host, port), bound before anything slow happens; a UserError if it is taken."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    sock.set_inheritable(True)
+    return sock

@@ -16,6 +16,7 @@ from rf_eval.method import check_prompt, generation_cache, input_device
 from rf_eval.ridgefill.arm import Arm
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.ridgefill.maps import RidgeMaps, identity_fill, load_arm_maps
+from rf_eval.weights import weights_fingerprint
 
 
 class RidgeFill:
@@ -50,7 +51,8 @@ class RidgeFill:
         if maps is not None and not isinstance(maps, RidgeMaps):
             maps = load_arm_maps(maps, arm.split)
         self.maps = maps
-        self.spec = arm.resolve(model.config, maps)
+        self.weights_sha256 = weights_fingerprint(model)
+        self.spec = arm.resolve(model.config, maps, weights=self.weights_sha256)
         spec = self.spec
         self.plan = Plan(split=spec.split, tail=spec.tail, fill=spec.fill, chunk_size=spec.chunk_size,
                          map_split=spec.map_split)
@@ -149,7 +151,10 @@ class RidgeFill:
             **self.spec.describe(),  # fill, split, tail, chunk_size, map_split, selector, corrections, ...
             "model_type": self.model.config.model_type,
             "model_name": getattr(self.model.config, "_name_or_path", ""),
+            "weights_sha256": self.weights_sha256,
         }
+        if self.spec.allow_other_weights:
+            info["allow_other_weights"] = True
         if self.maps is not None:
             info["maps_sha256"] = self.maps.sha256()
             info["maps_metadata"] = {k: v for k, v in self.maps.metadata.items() if k != "file_sha256"}

@@ -50,6 +50,8 @@ class RidgeFillArm:
     cost_match: Any = None  # `ridge(tail=4096;exact_share=0.1)`, a dict or a CostMatch
     unigram: str | None = None  # the protected-token selectors' table (default: beside the maps)
     map_split: bool = True  # layer S's filled rows read the map's x̂_S (paper's release), not x_S
+    #: use maps fitted on other weights (a deliberate transfer); by default `resolve` refuses them
+    allow_other_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.fill not in FILL_SOURCES:
@@ -101,11 +103,14 @@ class RidgeFillArm:
         return self.fill != "exact"
 
     # -- rules that need the model ------------------------------------------------------
-    def resolve(self, model_config: Any, maps: Any = None) -> RidgeFillArm:
+    def resolve(self, model_config: Any, maps: Any = None, weights: str | None = None) -> RidgeFillArm:
         """This arm for one model (a `transformers` config) and its maps (`RidgeMaps` or None).
 
-        Returns the spec with `split` (and `unigram`, when the maps' folder
-        holds one) filled in; an `ArmError` for anything that does not fit.
+        `weights`: the model's `rf_eval.weights.weights_fingerprint`, once the
+        weights are loaded (maps fitted on other weights are refused unless
+        `allow_other_weights`). Returns the spec with `split` (and `unigram`,
+        when the maps' folder holds one) filled in; an `ArmError` for anything
+        that does not fit (a `MapError` for maps that do not).
         """
         from rf_eval.ridgefill.maps import config_hash
 
@@ -115,6 +120,8 @@ class RidgeFillArm:
             if split is not None and split != maps.split:
                 raise ArmError(f"split={split} contradicts the maps, fitted for split {maps.split}")
             maps.check_model(model_config)  # a MapError naming both config hashes
+            if weights is not None:
+                maps.check_weights(weights, allow_other_weights=self.allow_other_weights)
             split = maps.split
         if self.fill == "ridge" and maps is None:
             raise ArmError("fill=ridge needs maps= (a folder or file written by `rf-eval fit`)")
@@ -127,6 +134,12 @@ class RidgeFillArm:
         if unigram is None and beside is not None and (Path(beside).parent / "unigram.safetensors").is_file():
             unigram = str(Path(beside).parent / "unigram.safetensors")
         arm = dataclasses.replace(self, split=split, unigram=unigram)
+        check = getattr(arm.selector_obj, "check_layers", None)
+        if check is not None:
+            try:
+                check(model_config, split)
+            except ValueError as err:
+                raise ArmError(f"selector={self.selector!r}: {err}") from None
         maps_sha = maps.sha256() if maps is not None else ""
         for correction in arm.correction_objs:
             if hasattr(correction, "check"):

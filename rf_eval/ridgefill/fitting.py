@@ -26,6 +26,7 @@ from rf_eval.ridgefill.capture import capture_sums, heldout_cosines
 from rf_eval.ridgefill.maps import RidgeMaps, config_hash
 from rf_eval.ridgefill.ridge import LAMBDA_GRID, RidgeSums, sums_filename
 from rf_eval.ridgefill.unigram import UnigramCounter
+from rf_eval.weights import weights_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,7 @@ def fit_maps(
     capture_s = time.perf_counter() - t0
     meta = {
         "config_hash": config_hash(model.config),
+        "weights_sha256": weights_fingerprint(model),
         "model": str(getattr(model.config, "_name_or_path", "")),
         "calibration_sha256": sha256_of_files(calibration),
         "heldout_sha256": sha256_of_files(heldout) if heldout else "",
@@ -203,6 +205,9 @@ def refit_from_sums(
         sums, meta = RidgeSums.load(file)
         if model is not None and meta.get("config_hash") != config_hash(model.config):
             raise ValueError(f"{file} was captured from another model (config hash differs)")
+        if model is not None and meta.get("weights_sha256") not in (None, "", weights_fingerprint(model)):
+            raise ValueError(f"{file} was captured from other weights (weights fingerprint "
+                             f"{meta['weights_sha256'][:12]}..., --model {weights_fingerprint(model)[:12]}...)")
         keep = {k: v for k, v in meta.items() if k not in ("split", "count", "layers")}
         keep["map_split"] = str(bool(map_split)).lower()
         if len(lambdas) == 1:

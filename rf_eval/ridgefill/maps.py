@@ -2,8 +2,9 @@
 
 Tensors `A.{l}` (d_out x d_in) and `b.{l}` (d_out) for every late layer l
 (the split's own layer included), with string metadata: the model config's
-hash, split, lambda, calibration row count and the sha256 of the calibration
-inputs. The paper's release format, `A.{l}` stored as int8 with one scale
+hash, the fingerprint of the weights they were fitted on (`weights_sha256`,
+`rf_eval.weights`), split, lambda, calibration row count and the sha256 of the
+calibration inputs. The paper's release format, `A.{l}` stored as int8 with one scale
 per 128 weights of each row (`A.{l}.scales`, d_out x ceil(d_in/128)), is
 dequantized on load.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+log = logging.getLogger(__name__)
 
 FORMAT = "rf-eval-ridgefill-maps/1"
 INT8_GROUP = 128
@@ -100,6 +104,29 @@ class RidgeMaps:
         expected = list(range(self.split, n_layers))
         if self.layers != expected:
             raise MapError(f"maps hold layers {self.layers}, expected {expected} for split {self.split}")
+        d = int(config.hidden_size)
+        for layer in self.layers:
+            for name, tensor, shape in ((f"A.{layer}", self.A[layer], (d, d)), (f"b.{layer}", self.b[layer], (d,))):
+                if tuple(tensor.shape) != shape:
+                    raise MapError(f"{self.where()}: {name} has shape {tuple(tensor.shape)}, expected {shape} "
+                                   f"(hidden size {d})")
+
+    def where(self) -> str:
+        return str(self.path) if self.path is not None else "maps"
+
+    def check_weights(self, fingerprint: str, *, allow_other_weights: bool = False) -> None:
+        """Refuse maps fitted on other weights (`rf_eval.weights.weights_fingerprint`), unless allowed."""
+        fitted = self.metadata.get("weights_sha256")
+        if not fitted:
+            log.warning("%s records no weights fingerprint (written before rf-eval recorded one): "
+                        "cannot check that it was fitted on these weights", self.where())
+            return
+        if fitted != fingerprint and not allow_other_weights:
+            raise MapError(
+                f"{self.where()} was fitted on other weights (weights fingerprint {fitted[:12]}..., "
+                f"this model {fingerprint[:12]}...); refit the maps, or pass allow_other_weights=true "
+                "to transfer them deliberately"
+            )
 
     def fill_fn(self, dtype: torch.dtype, device: torch.device | str):
         """The engine's fill function: x̂_l = x_S A_l^T + b_l, in the model's dtype on its device."""
@@ -160,6 +187,18 @@ def resolve_map_file(path: str | Path, split: int | None) -> Path:
     raise MapError(f"map path {p} does not exist")
 
 
+def _layer(file: Path, name: str, rest: str) -> int:
+    if not rest.isdigit():
+        raise MapError(f"{file}: tensor {name!r} is not A.<layer>, A.<layer>.scales or b.<layer>")
+    return int(rest)
+
+
+def _check_finite(file: Path, name: str, tensor: torch.Tensor) -> None:
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise MapError(f"{file}: tensor {name} holds {bad} non-finite value(s) (NaN or inf); refit the maps")
+
+
 def load_arm_maps(path: str | Path, split: int | None) -> RidgeMaps:
     """An arm's maps: from a folder, the file of `split`; a file as it is (the arm checks its split)."""
     return load_maps(path, split if Path(path).is_dir() else None)
@@ -184,13 +223,23 @@ def load_maps(path: str | Path, split: int | None = None) -> RidgeMaps:
     for name, t in tensors.items():
         kind, _, rest = name.partition(".")
         if kind == "A" and not rest.endswith("scales"):
-            layer = int(rest)
+            layer = _layer(file, name, rest)
             scales = tensors.get(f"A.{layer}.scales")
-            A[layer] = _dequantize(t, scales) if t.dtype == torch.int8 else t.float()
-            if t.dtype == torch.int8 and scales is None:
-                raise MapError(f"{file}: int8 tensor A.{layer} without A.{layer}.scales")
+            if t.dtype == torch.int8:
+                if scales is None:
+                    raise MapError(f"{file}: int8 tensor A.{layer} without A.{layer}.scales")
+                want = (t.shape[0], math.ceil(t.shape[1] / INT8_GROUP)) if t.dim() == 2 else None
+                if want is None or tuple(scales.shape) != want:
+                    raise MapError(f"{file}: A.{layer}.scales has shape {tuple(scales.shape)}, expected {want} "
+                                   f"for int8 A.{layer} of shape {tuple(t.shape)}")
+                _check_finite(file, f"A.{layer}.scales", scales)
+                A[layer] = _dequantize(t, scales)
+            else:
+                A[layer] = t.float()
+            _check_finite(file, name, A[layer])
         elif kind == "b":
-            b[int(rest)] = t.float()
+            b[_layer(file, name, rest)] = t.float()
+            _check_finite(file, name, t)
     if not A or set(A) != set(b):
         raise MapError(f"{file}: A and b tensors do not cover the same layers")
     meta["file_sha256"] = hashlib.sha256(file.read_bytes()).hexdigest()

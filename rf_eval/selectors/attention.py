@@ -25,6 +25,7 @@ character of the marker's last occurrence in the prompt. The window is the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -123,6 +124,17 @@ class Attention(Selector):
     def params(self):
         return {"share": self.share, "window": self.window, "layers": list(self.layer_ids),
                 "share_of": self.share_of}
+
+    def check_layers(self, model_config: Any, split: int) -> None:
+        """At least one attention layer among `layers` below the split (what `selector_layers` needs)."""
+        types = getattr(model_config, "layer_types", None) or []
+        below = [i for i in self.layer_ids if 0 <= i < split
+                 and not (i < len(types) and types[i] == "linear_attention")]
+        if not below:
+            raise ValueError(
+                f"no attention layer among layers {list(self.layer_ids)} lies below split {split}; "
+                f"pass layers= with attention layers below {split} (e.g. layers=0), or a later split"
+            )
 
     def window_rows(self, req: Request) -> tuple[int, int]:
         return max(req.n - self.window, 0), req.n

@@ -119,6 +119,16 @@ class Selector:
         """How many rows this selector picks on this prompt (controls match it)."""
         return int(self.select(req).rows.numel())
 
+    def check_layers(self, model_config: Any, split: int) -> None:
+        """Raise ValueError when this selector cannot run on this model at this split (checked at arm resolve).
+
+        The base checks the selectors it is made of (attributes, lists of them).
+        """
+        for value in vars(self).values():
+            for part in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(part, Selector):
+                    part.check_layers(model_config, split)
+
     def describe(self) -> dict[str, Any]:
         """Name and parameters, recorded in the run's provenance."""
         out: dict[str, Any] = {"name": self.name}

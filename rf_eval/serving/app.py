@@ -80,6 +80,7 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
             req = (protocol.parse_chat if chat else protocol.parse_completion)(body, backend)
             arm, source = arm_for(req, path_spec)
             for ids in req.prompts:
+                backend.check_ids(ids)
                 backend.check_length(len(ids), req.params.max_tokens)
         except ArmError as err:
             logger.write({**record, "status": 400, "error": str(err), "rf_arm": body.get("rf_arm"), "path_arm": path_spec})
@@ -90,6 +91,10 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
         except ValueError as err:
             logger.write({**record, "status": 400, "error": str(err)})
             return _error(400, str(err), "prompt")
+        except Exception as err:  # anything else the request's content made fail before any work: still its fault
+            log.warning("bad request: %r", err)
+            logger.write({**record, "status": 400, "error": repr(err)})
+            return _error(400, f"the request could not be read: {err!r}")
         record.update(arm=arm.info, arm_source=source, stream=req.stream, ignored_fields=req.ignored or None)
         rid = protocol.new_id(chat)
         model = req.model or backend.served_name
@@ -136,9 +141,15 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
                 "max_model_len": backend.max_length, "default_arm": backend.default_arm.info,
                 "arm_fields": list(arm_fields()), "maps": backend.settings.maps}
 
+    async def json_body(request: Request) -> Any:
+        try:
+            return await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+
     @app.post("/tokenize")
     async def tokenize(request: Request):
-        body = await request.json()
+        body = await json_body(request)
         text = body.get("prompt") if isinstance(body, dict) else None
         if not isinstance(text, str):
             return _error(400, "tokenize needs {'prompt': string}", "prompt")
@@ -150,10 +161,14 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
-        body = await request.json()
+        body = await json_body(request)
         tokens = body.get("tokens") if isinstance(body, dict) else None
         if not protocol._is_tokens(tokens) and tokens != []:
             return _error(400, "detokenize needs {'tokens': [int, ...]}", "tokens")
+        try:
+            backend.check_ids(tokens)
+        except ValueError as err:
+            return _error(400, str(err), "tokens")
         return {"prompt": backend.decode(tokens, skip_special_tokens=False)}
 
     return app
@@ -215,6 +230,7 @@ def _stream(backend: Backend, logger: RequestLog, req: Parsed, arm: Arm, rid: st
     threading.Thread(target=work, name=f"rf-eval-{rid}", daemon=True).start()
     tokens: list[int] = []
     sent = ""
+    finished = False
     try:
         while True:
             kind, value = events.get()
@@ -242,6 +258,11 @@ def _stream(backend: Backend, logger: RequestLog, req: Parsed, arm: Arm, rid: st
             logger.write({**record, "status": 200, "prompt_tokens": len(ids), "completion_tokens": len(gen.tokens),
                           **gen.timings, "wall_seconds": time.perf_counter() - started})
             break
+        finished = True
         yield "data: [DONE]\n\n"
     finally:
         cancel.set()
+        if not finished:  # the client went away mid-stream: say so (the log would otherwise hold nothing)
+            log.warning("stream %s dropped by the client after %d tokens", rid, len(tokens))
+            logger.write({**record, "status": 499, "error": "client disconnected mid-stream",
+                          "completion_tokens": len(tokens), "wall_seconds": time.perf_counter() - started})

@@ -84,5 +84,5 @@ def key(arm: RidgeFillArm) -> str:
 
 
 def describe(arm: RidgeFillArm) -> dict[str, Any]:
-    """The arm's fields (None values dropped)."""
-    return {k: v for k in arm_fields() if (v := getattr(arm, k)) is not None}
+    """The arm's fields (None values, and allow_other_weights when off, dropped)."""
+    return {k: v for k in arm_fields() if (v := getattr(arm, k)) is not None and (k, v) != ("allow_other_weights", False)}

@@ -179,6 +179,17 @@ class Backend:
         text = self.tokenizer.decode([token], skip_special_tokens=False)
         return text if "\ufffd" not in text else str(self.tokenizer.convert_ids_to_tokens(token))
 
+    @property
+    def vocab_rows(self) -> int:
+        """Token ids the model can read: 0..vocab_rows-1 (its input embedding's rows)."""
+        return int(self.model.get_input_embeddings().weight.shape[0])
+
+    def check_ids(self, ids: list[int]) -> None:
+        """Token-id prompts must name rows of the embedding (else the model raises deep inside: a 500)."""
+        bad = [t for t in ids if not 0 <= t < self.vocab_rows]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside 0..{self.vocab_rows - 1} (this model's vocabulary)")
+
     def check_length(self, n_prompt: int, max_tokens: int) -> None:
         if n_prompt < 1:
             raise ValueError("the prompt is empty")

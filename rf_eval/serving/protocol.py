@@ -105,6 +105,12 @@ def parse_completion(body: dict, backend: Backend) -> Parsed:
     echo = bool(body.get("echo", False))
     if stream and (len(prompt) > 1 or logprobs is not None or echo):
         raise RequestError("stream supports one prompt without logprobs or echo", "stream")
+    for p in prompt:
+        if not isinstance(p, str):
+            try:
+                backend.check_ids(p)
+            except ValueError as err:
+                raise RequestError(str(err), "prompt") from None
     ids = [backend.encode(p) if isinstance(p, str) else list(p) for p in prompt]
     texts = [p if isinstance(p, str) else backend.decode(p, skip_special_tokens=False) for p in prompt]
     return Parsed(False, ids, texts, params, echo, stream, usage, body.get("rf_arm"), str(body.get("model") or ""),

@@ -101,3 +101,40 @@ def test_killed_run_resumes_from_use_cache_outside_the_repository(tiny_model_dir
     filled = samples(tmp_path / "out", "niah_single_1_filled")
     assert len(filled) == 2 and all("filled" in v["rec"] for v in filled.values())
     assert Path(json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())["config"]["use_cache"])
+
+
+def test_probe_with_a_maps_folder_runs_to_the_end(tiny_model, tiny_model_dir, adapter_task, tmp_path, monkeypatch):
+    """`--model_args ...,maps=FOLDER,selector=probe` through the lm_eval CLI (issue #15 acceptance): a folder
+    written by a fit (maps, sums, unigram table) at a split with an attention layer below it runs to the end
+    and records the ledger head; at a split with none below it fails before the weights load."""
+    from rf_eval.ridgefill.fitting import fit_maps
+    from rf_eval.stats.ledger import append_entry, ledger_head
+
+    model, tok = tiny_model("llama")
+    cal = tmp_path / "cal.txt"
+    cal.write_text("the cat sat on the mat and the dog ran to the red house by the river " * 8)
+    for split in (3, 4):
+        fit_maps(model, tok, splits=[split], calibration=[str(cal)], lambdas=[0.03], out=tmp_path / f"maps{split}",
+                 progress=False)
+    ledger = tmp_path / "ledger.jsonl"
+    append_entry(ledger, claim="probe arm runs", prediction="acc recorded", configs=[cal])
+    monkeypatch.setenv("RF_EVAL_LEDGER", str(ledger))
+    path = tiny_model_dir("llama")
+    common = ["--tasks", TASK, "--include_path", str(adapter_task), "--limit", "3", "--device", "cpu"]
+    proc = run_lm_eval(["--model", "ridgefill", "--model_args",
+                        f"pretrained={path},fill=ridge,maps={tmp_path / 'maps4'},selector=probe,tail=8",
+                        "--output_path", str(tmp_path / "out"), "--log_samples", *common], tmp_path)
+    check(proc)
+    results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
+    info = results["config"]["rf_eval"]
+    assert info["selector"]["name"] == "probe" and info["split"] == 4
+    assert info["weights_sha256"] == info["maps_metadata"]["weights_sha256"]
+    head = ledger_head(ledger)
+    assert info["ledger"] == {"path": str(ledger.resolve()), "hash": head.hash, "count": 1}
+    assert len(loglikelihoods(tmp_path / "out")) == 9
+    early = run_lm_eval(["--model", "ridgefill", "--model_args",
+                         f"pretrained={path},fill=ridge,maps={tmp_path / 'maps3'},selector=probe,tail=8", *common],
+                        tmp_path)
+    assert early.returncode != 0
+    assert "no attention layer among layers [3, 7, 11, 15] lies below split 3" in early.stderr
+    assert "Loading weights" not in early.stderr  # refused at arm resolve, before the weights load

@@ -46,6 +46,10 @@ def test_values_are_typed_and_lm_eval_flags_merge(tiny_model_dir):
         ("fill=identity,cost_match=ridge", "cost_match lengthens a nofill arm's tail"),
         ("fill=identity,split=6", "split=6 is outside 1..5 for this 6-layer model"),
         ("fill=exact,pretrained=/no/such/model", "pretrained='/no/such/model'"),
+        ("fill=identity,selector=probe,split=3", "selector='probe': no attention layer among layers [3, 7, 11, 15] "
+                                                 "lies below split 3"),
+        ("fill=identity,selector=attention(layers=5),split=4", "no attention layer among layers [5] lies below split 4"),
+        ("fill=identity,allow_other_weights=maybe", "allow_other_weights='maybe' has the wrong type; expected bool"),
     ],
 )
 def test_bad_model_args_name_the_key(tiny_model_dir, args, message):
@@ -202,3 +206,11 @@ def test_parallelize_places_the_model_as_hf_does(tiny_model_dir, tmp_path):
     assert rf.loglikelihood(reqs, disable_tqdm=True) == want  # fill=exact is hf, bitwise
     got = filled.loglikelihood(reqs, disable_tqdm=True)
     assert got[0][0] != want[0][0]  # the filled arm really ran the engine
+
+
+def test_a_broken_run_ledger_is_refused_before_the_weights_load(tiny_model_dir, tmp_path, monkeypatch):
+    from rf_eval.model_adapters.ridgefill import RidgeFillLM
+
+    monkeypatch.setenv("RF_EVAL_LEDGER", str(tmp_path / "none.jsonl"))
+    with pytest.raises(ModelArgsError, match=r"\$RF_EVAL_LEDGER: no ledger at"):
+        RidgeFillLM(pretrained=tiny_model_dir("llama"), fill="exact", device="cpu")

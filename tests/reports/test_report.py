@@ -41,7 +41,8 @@ def report(lmeval_runs, tmp_path_factory):
                  configs=[cfg], arms=["ridge"], now=datetime.now(timezone.utc) - timedelta(days=1))
     code = main([
         "report", str(exact), str(ridge), "--reference", "exact", "--ledger", str(ledger),
-        "--html", str(out / "report.html"), "--latex", str(out / "report.tex"), "--markdown", str(out / "report.md"),
+        "--html", str(out / "report.html"), "--latex", str(out / "report.tex"), "--latex-standalone",
+        "--markdown", str(out / "report.md"),
     ])  # fmt: skip
     assert code == 0
     return out

@@ -1,0 +1,161 @@
+"""`rf-eval report` never prints a silently wrong report (issue #15, cases 1, 2, 6; LaTeX fragment)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rf_eval.cli import main
+from rf_eval.stats.ledger import append_entry, ledger_head
+
+
+def filled_run(fmt, out: Path, arm: str, outcomes: list[bool], *, filled: bool, started: float = 1.79e9) -> Path:
+    """A `niah_single_1_filled` run as the task logs it: acc_filled None on samples whose needle is in the tail."""
+    lines = []
+    for i, ok in enumerate(outcomes):
+        doc = {"index": i, "input": f"haystack {i}", "outputs": [str(1000 + i)], "max_length": 512}
+        score = 1.0 if ok else 0.0
+        metrics = {"acc_filled": score if filled else None, "acc_all": score, "n_filled": int(filled),
+                   "n_excluded": int(not filled), "filled": int(filled), "needle_rows_from_end": 40 + i}
+        lines.append(fmt.sample_line(i, doc, f"haystack {i}\nWhat is the number?", doc["outputs"][0], metrics))
+    path = fmt.write_run(out, model_args={"pretrained": "/models/tiny", "fill": arm, "split": 12},
+                         tasks={"niah_single_1_filled": lines}, started=started)
+    data = json.loads(path.read_text())
+    data["configs"]["niah_single_1_filled"]["metadata"]["tail"] = 4096
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _report(tmp_path, *runs, extra=()) -> int:
+    return main(["report", *map(str, runs), "--reference", "exact", "--html", str(tmp_path / "r.html"),
+                 "--markdown", str(tmp_path / "r.md"), "--resamples", "200", *extra])
+
+
+def test_no_filled_item_stops_the_report_naming_tail_and_lengths(tmp_path, lmeval_format, capsys):
+    """Case 1: the old code fell back to acc_all and printed a non-inferiority verdict, exit 0."""
+    filled_run(lmeval_format, tmp_path / "a", "exact", [True, False, True, True], filled=False)
+    filled_run(lmeval_format, tmp_path / "b", "ridge", [True, True, False, True], filled=False, started=1.8e9)
+    assert _report(tmp_path, tmp_path / "a", tmp_path / "b") == 2
+    err = capsys.readouterr().err
+    assert "primary metric 'acc_filled' has no value on any item" in err
+    assert "tail 4096" in err and "lengths 512" in err and "--allow-empty" in err
+    assert not (tmp_path / "r.html").exists()
+    # --allow-empty leaves the task out; with nothing else to compare, the report still refuses
+    assert _report(tmp_path, tmp_path / "a", tmp_path / "b", extra=["--allow-empty"]) == 2
+    assert "no per-item results" in capsys.readouterr().err
+
+
+def test_allow_empty_leaves_the_task_out_and_reports_the_rest(tmp_path, lmeval_format, capsys):
+    for name, arm, started in (("a", "exact", 1.79e9), ("b", "ridge", 1.8e9)):
+        filled_run(lmeval_format, tmp_path / name / "f", arm, [True, False], filled=False, started=started)
+        lmeval_format.accuracy_run(tmp_path / name / "m", arm, {"mc": [True, False, True]}, started=started + 1)
+    assert _report(tmp_path, tmp_path / "a", tmp_path / "b", extra=["--allow-empty"]) == 0
+    out = capsys.readouterr().out
+    assert "niah_single_1_filled left out (--allow-empty)" in out
+    md = (tmp_path / "r.md").read_text()
+    assert "Metric: niah_single_1_filled" not in md  # never reported under a fallback metric
+    assert md.count("Metric: mc: acc") >= 2  # every table's caption names its metric
+    assert "niah_single_1_filled |" not in md
+
+
+def test_every_table_caption_names_the_metric(tmp_path, lmeval_format):
+    filled_run(lmeval_format, tmp_path / "a", "exact", [True, False, True], filled=True)
+    filled_run(lmeval_format, tmp_path / "b", "ridge", [True, True, True], filled=True, started=1.8e9)
+    assert _report(tmp_path, tmp_path / "a", tmp_path / "b", extra=["--latex", str(tmp_path / "t.tex")]) == 0
+    html = (tmp_path / "r.html").read_text()
+    assert html.count("<caption>Metric: niah_single_1_filled: acc_filled</caption>") >= 3
+    tex = (tmp_path / "t.tex").read_text()
+    assert tex.count(r"\caption{") == tex.count(r"Metric: niah\_single\_1\_filled: acc\_filled")
+
+
+def _with_ledger_head(results: Path, ledger: Path) -> None:
+    data = json.loads(results.read_text())
+    head = ledger_head(ledger)
+    data["config"]["rf_eval"] = {"ledger": {"path": str(ledger), "hash": head.hash, "count": head.count}}
+    results.write_text(json.dumps(data))
+
+
+def test_report_checks_the_heads_runs_recorded_and_records_its_own(tmp_path, lmeval_format, capsys):
+    """Case 2: deleting the ledger's last entries is caught by the head a run recorded."""
+    cfg = tmp_path / "plan.yaml"
+    cfg.write_text("arms: [ridge]\n")
+    ledger = tmp_path / "ledger.jsonl"
+    append_entry(ledger, claim="c0", prediction="p0", configs=[cfg], arms=["ridge"])
+    append_entry(ledger, claim="c1", prediction="p1", configs=[cfg], arms=["ridge"])
+    a = lmeval_format.accuracy_run(tmp_path / "a", "exact", {"t": [True, False, True]})
+    b = lmeval_format.accuracy_run(tmp_path / "b", "ridge", {"t": [True, True, True]}, started=1.8e9)
+    _with_ledger_head(b, ledger)
+    assert _report(tmp_path, a, b, extra=["--ledger", str(ledger), "--latex", str(tmp_path / "t.tex")]) == 0
+    head = ledger_head(ledger)
+    assert f"{head.hash}:2" in (tmp_path / "r.md").read_text()
+    assert f"{head.hash}:2" in (tmp_path / "r.html").read_text() and head.hash in (tmp_path / "t.tex").read_text()
+    ledger.write_text(ledger.read_text().splitlines(keepends=True)[0])  # the last entry deleted
+    assert main(["ledger", "verify", "--ledger", str(ledger)]) == 0  # the chain alone looks intact...
+    capsys.readouterr()
+    assert _report(tmp_path, a, b, extra=["--ledger", str(ledger)]) == 2  # ...the recorded head does not
+    err = capsys.readouterr().err
+    assert "arm ridge" in err and "recorded ledger head" in err and "fewer than the 2" in err
+
+
+def test_latex_is_a_fragment_a_paper_inputs(tmp_path, lmeval_format):
+    lmeval_format.accuracy_run(tmp_path / "a", "exact", {"t": [True, False, True]})
+    lmeval_format.accuracy_run(tmp_path / "b", "ridge", {"t": [True, True, True]}, started=1.8e9)
+    assert _report(tmp_path, tmp_path / "a", tmp_path / "b", extra=["--latex", str(tmp_path / "tables.tex")]) == 0
+    fragment = (tmp_path / "tables.tex").read_text()
+    assert r"\documentclass" not in fragment and r"\begin{document}" not in fragment and r"\toprule" in fragment
+    assert _report(tmp_path, tmp_path / "a", tmp_path / "b",
+                   extra=["--latex", str(tmp_path / "whole.tex"), "--latex-standalone"]) == 0
+    whole = (tmp_path / "whole.tex").read_text()
+    assert r"\documentclass{article}" in whole and whole.rstrip().endswith(r"\end{document}")
+    paper = tmp_path / "paper.tex"
+    paper.write_text("\\documentclass{article}\n\\usepackage{booktabs}\n\\begin{document}\n"
+                     "\\input{tables.tex}\n\\end{document}\n")
+    import shutil
+
+    pdflatex = shutil.which("pdflatex")
+    if pdflatex is None:
+        pytest.skip("pdflatex not installed")
+    run = subprocess.run([pdflatex, "-interaction=nonstopmode", "-halt-on-error", "paper.tex"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-3000:]
+
+
+# (report arguments after the run folders, the runs ({a}, {b}: two arms of task t; {c}: another task;
+#  {f1}, {f2}: two arms of a filled task with no filled item), message fragment, exit code)
+BAD_REPORT = [
+    (["{tmp}/missing"], [], "no such folder or lm-eval results file", 2),
+    (["{tmp}/empty"], [], "no lm-eval results_*.json found", 2),
+    (["{a}", "{b}"], ["--reference", "nope"], "no arm named 'nope'; the arms are: exact, ridge", 2),
+    (["{a}"], ["--reference", "tiny"], "a report compares arms, and the runs given hold one arm (tiny)", 2),
+    (["{a}", "{c}"], [], "the arms ran different tasks or documents (exact: t; ridge: other)", 2),
+    (["{f1}", "{f2}"], [], "the primary metric 'acc_filled' has no value on any item (no item is filled", 2),
+    (["{a}", "{b}"], ["--latex-standalone"], "--latex-standalone needs --latex FILE", 2),
+    (["{a}", "{b}"], ["--metric", "t"], "--metric 't': expected NAME=VALUE", 2),
+    (["{a}", "{b}"], ["--metric", "t=nope"], "no per-item values of metric 'nope'", 2),
+    (["{a}", "{b}"], ["--margin", "-1"], "--margin must be >= 0", 2),
+    (["{a}", "{b}"], ["--ledger", "{tmp}/none.jsonl"], "no ledger at", 2),
+    (["{a}", "{b}"], ["--control", "ridge=ghost"], "no arm named 'ghost' (in --control)", 2),
+    (["{a}", "{b}"], ["--ttft", "{tmp}/a.txt"], "a.txt: not an `rf-eval ttft` result (not JSON", 2),
+    (["{a}", "{b}"], ["--ttft", "{tmp}/none.json"], "none.json: cannot read it", 2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("runs, extra, message, code", BAD_REPORT)
+def test_report_bad_inputs(tmp_path, lmeval_format, capsys, runs, extra, message, code):
+    lmeval_format.accuracy_run(tmp_path / "a", "exact", {"t": [True, False, True]})
+    lmeval_format.accuracy_run(tmp_path / "b", "ridge", {"t": [True, True, True]}, started=1.8e9)
+    lmeval_format.accuracy_run(tmp_path / "c", "ridge", {"other": [True, True]}, started=1.8e9)
+    filled_run(lmeval_format, tmp_path / "f1", "exact", [True, False], filled=False)
+    filled_run(lmeval_format, tmp_path / "f2", "ridge", [True, True], filled=False, started=1.8e9)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "a.txt").write_text("not json")
+    values = {"tmp": str(tmp_path), **{k: str(tmp_path / k) for k in ("a", "b", "c", "f1", "f2")}}
+    argv = [a.format(**values) for a in runs + extra]
+    if "--reference" not in argv:
+        argv += ["--reference", "exact"]
+    assert main(["report", *argv, "--html", str(tmp_path / "r.html"), "--resamples", "100"]) == code
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "r.html").exists()

@@ -1,0 +1,128 @@
+"""Bad inputs, one table per surface (issue #15): the Python API, `rf-eval fit` and `rf-eval ledger`.
+
+Each row: the input, the fragment the message must hold, and the exit code (CLI) or error type (API).
+The others: maps in tests/test_maps_checks.py, the report in tests/reports/test_report_guards.py, serve in
+tests/serving/test_serving_bad_inputs.py, the adapter's model_args in tests/model_adapters/test_adapter_config.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rf_eval.cli import main
+from rf_eval.fields import ArmError
+from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.ridgefill.maps import MapError
+
+# (RidgeFill keyword arguments, error type, message fragment)
+BAD_API = [
+    ({"fill": "rigde"}, ArmError, "fill='rigde' is not valid; valid fills: exact, nofill, identity, ridge"),
+    ({"fill": "identity", "tail": 0}, ArmError, "tail must be >= 1"),
+    ({"fill": "identity", "split": 6}, ArmError, "split=6 is outside 1..5 for this 6-layer model"),
+    ({"fill": "ridge"}, ArmError, "fill=ridge needs maps="),
+    ({"fill": "identity", "selector": "probe", "split": 3}, ArmError,
+     "no attention layer among layers [3, 7, 11, 15] lies below split 3"),
+    ({"fill": "identity", "selector": "attention(layers=4)", "split": 3}, ArmError,
+     "no attention layer among layers [4] lies below split 3"),
+    ({"fill": "identity", "selector": "random(of=probe)", "split": 2}, ArmError, "lies below split 2"),
+    ({"fill": "exact", "splice": "keys"}, ArmError, "they need fill=identity or ridge"),
+    ({"fill": "identity", "tial": 3}, ArmError, "'tial'"),
+    ({"fill": "identity", "allow_other_weights": "perhaps"}, ArmError, "allow_other_weights='perhaps'"),
+    ({"fill": "ridge", "maps": "/no/such/maps"}, MapError, "map path /no/such/maps does not exist"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kwargs, error, message", BAD_API)
+def test_api_bad_inputs(tiny_model, kwargs, error, message):
+    model, tok = tiny_model("llama")
+    with pytest.raises(error) as err:
+        RidgeFill(model, tok, **kwargs)
+    assert message in str(err.value)
+
+
+# (fit arguments, with {model}, {file}, {full} and {tmp} filled in; message fragment; exit code)
+BAD_FIT = [
+    (["--model", "./missing", "--splits", "3"], "--model: model './missing': no such local folder", 2),
+    (["--model", "{file}", "--splits", "3"], "is a file; give the model's folder", 2),
+    (["--model", "{model}", "--splits", "3", "--out", "{file}"], "is a file; give a folder for the map files", 2),
+    (["--model", "{model}", "--splits", "3", "--out", "{full}"], "is not empty; choose a new folder, or pass --overwrite", 2),
+    (["--model", "{model}", "--splits", "3", "--device", "cuda"], "CUDA is not available on this machine", 2),
+    (["--model", "{model}", "--splits", "3", "--device", "gpu9"], "is not a device name", 2),
+    (["--model", "{model}"], "fit needs --model and --splits", 2),
+    (["--from-sums", "{tmp}"], "--from-sums needs --lambdas", 2),
+    (["--from-sums", "{tmp}", "--lambdas", "0.1"], "no saved sums (sums_split*.safetensors)", 2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args, message, code", BAD_FIT)
+def test_fit_bad_inputs_fail_before_the_model_loads(tiny_model_dir, tmp_path, capsys, args, message, code):
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    cal = tmp_path / "cal.txt"
+    cal.write_text("some calibration text " * 20)
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("keep me")
+    out = tmp_path / "out"
+    values = {"model": tiny_model_dir("llama"), "file": str(cal), "full": str(full), "tmp": str(tmp_path)}
+    argv = [a.format(**values) for a in args]
+    if "--out" not in argv:
+        argv += ["--out", str(out)]
+    if "--from-sums" not in argv:
+        argv += ["--calibration", str(cal)]
+    assert main(["fit", *argv, "--no-progress"]) == code
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Loading weights" not in err  # refused before the model loaded
+    assert not out.exists() and (full / "notes.txt").read_text() == "keep me"
+    assert not list(tmp_path.glob(".*.partial"))
+
+
+def test_fit_overwrite_writes_into_a_non_empty_folder_and_stages_the_files(tiny_model_dir, tmp_path, capsys):
+    cal = tmp_path / "cal.txt"
+    cal.write_text("some calibration text " * 20)
+    out = tmp_path / "maps"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    args = ["fit", "--model", tiny_model_dir("llama"), "--splits", "3", "--calibration", str(cal), "--out", str(out),
+            "--no-progress", "--device", "cpu", "--overwrite"]
+    assert main(args) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "notes.txt", "ridgefill_split3.safetensors", "sums_split3.safetensors", "unigram.safetensors"]
+    assert str(out / "ridgefill_split3.safetensors") in capsys.readouterr().out
+    assert not (tmp_path / ".maps.partial").exists()
+
+
+# (ledger arguments, with {ledger}, {cfg}, {head} filled in; how the ledger is changed first; fragment; exit code)
+BAD_LEDGER = [
+    (["verify", "--ledger", "{tmp}/none.jsonl"], None, "no ledger at", 2),
+    (["verify", "--ledger", "{ledger}"], "edit", "line 1: entry hash does not match its content (edited)", 2),
+    (["verify", "--ledger", "{ledger}", "--expect-head", "{head}"], "truncate", "fewer than the 2 of the recorded head", 2),
+    (["verify", "--ledger", "{ledger}", "--expect-head", "nothex"], None, "not HASH[:COUNT]", 2),
+    (["verify", "--ledger", "{ledger}", "--head", "{zero}"], None, "is not the expected head", 2),
+    (["add", "--ledger", "{ledger}", "--claim", "c", "--prediction", "p", "--config", "{tmp}/nope.yaml"], None,
+     "config file not found", 2),
+    (["add", "--ledger", "{ledger}", "--claim", " ", "--prediction", "p", "--config", "{cfg}"], None,
+     "an entry needs a claim and a prediction", 2),
+    (["add", "--ledger", "{ledger}", "--claim", "c", "--prediction", "p", "--config", "{cfg}"], "edit", "line 1", 2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args, change, message, code", BAD_LEDGER)
+def test_ledger_bad_inputs(tmp_path, capsys, args, change, message, code):
+    from rf_eval.stats.ledger import append_entry, ledger_head
+
+    cfg = tmp_path / "plan.yaml"
+    cfg.write_text("arms: [ridge]\n")
+    ledger = tmp_path / "ledger.jsonl"
+    append_entry(ledger, claim="c0", prediction="p0", configs=[cfg])
+    append_entry(ledger, claim="c1", prediction="p1", configs=[cfg])
+    head = ledger_head(ledger)
+    if change == "edit":
+        ledger.write_text(ledger.read_text().replace("c0", "cX"))
+    elif change == "truncate":
+        ledger.write_text(ledger.read_text().splitlines(keepends=True)[0])
+    values = {"tmp": str(tmp_path), "ledger": str(ledger), "cfg": str(cfg), "head": str(head), "zero": "0" * 64}
+    assert main(["ledger", *[a.format(**values) for a in args]]) == code
+    assert message in capsys.readouterr().err
