@@ -13,6 +13,12 @@ and read by the stock model.
 
 A subclass names its own model_args (`own_keys`) and builds its method in
 `build_method`; settings are checked in `parse` before any weights load.
+
+With `reference=exact` the adapter measures the engine floor once at start
+(`measure_engine_floor`: the partial path with every row exact against the
+stock model on a short probe prompt, RidgeFill paper sections 4.3 and 9) and
+records it in the results as `rf_eval.engine_floor`, so every reported
+difference from exact can be read against the engine's own rounding.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from rf_eval.model_adapters.scoring import ScoringMixin
 
 log = logging.getLogger(__name__)
 
+#: tokens of the probe prompt the engine floor is measured on (seeded ids, `measure_engine_floor`)
+FLOOR_PROBE_TOKENS = 64
 ARM_KEY = "rf-eval:arm"  # where the adapter records its arm in a --use_cache database
 #: `hf` keys that never change a result (left out of the --use_cache arm fingerprint)
 _NOT_RESULTS = {"device", "batch_size", "max_batch_size", "parallelize", "device_map", "max_memory_per_gpu",
@@ -50,6 +58,7 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
         self._hf_args = hf_args
         super().__init__(pretrained=settings.pretrained, backend="causal", **hf_args)
         self.method, self.exact = self.build_method()
+        self.engine_floor = self.measure_engine_floor() if settings.reference == "exact" else None
 
     # ---- what a subclass provides -------------------------------------------------
     @classmethod
@@ -63,6 +72,28 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
 
     def arm_info(self) -> dict[str, Any]:
         return {**self.method.provenance(), "reference": self.settings.reference}
+
+    def floor_split(self) -> int:
+        """The split the engine floor is measured at: the arm's (at least 1: a fill from split states)."""
+        plan = getattr(self.method, "plan", None)
+        return max(int(getattr(plan, "split", 1)), 1)
+
+    def measure_engine_floor(self) -> dict[str, Any]:
+        """`rf_eval.engine.engine_floor` on a seeded probe prompt: the floor under this arm's differences.
+
+        `{bitwise, max_abs, kl, first_diff, why, filled_kernel: {...}, probe_tokens, split}`: the
+        partial path with every row exact against the stock model, and the
+        filled-row attention kernel (`rf_eval.engine.floor`).
+        """
+        from rf_eval.engine import engine_floor
+
+        n = min(FLOOR_PROBE_TOKENS, int(self.max_length))
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, int(self.model.config.vocab_size), (1, n), generator=gen).to(self.input_device)
+        split = self.floor_split()
+        floor = engine_floor(self.model, ids, split)
+        log.info("engine floor (partial path, every row exact, %d tokens, split %d): %s", n, split, floor)
+        return {**floor, "probe_tokens": n, "split": split}
 
     # ---- construction -------------------------------------------------------------
     @classmethod
@@ -91,10 +122,13 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
 
     # ---- lm-eval plumbing -----------------------------------------------------------
     def get_model_info(self) -> dict[str, Any]:
-        """Recorded by lm-eval in the results JSON ("config"): `hf`'s, plus the arm."""
+        """Recorded by lm-eval in the results JSON ("config"): `hf`'s, plus the arm (and its engine floor)."""
         import rf_eval
 
-        return {**super().get_model_info(), "rf_eval_version": rf_eval.__version__, "rf_eval": self.arm_info()}
+        info = self.arm_info()
+        if self.engine_floor is not None:
+            info = {**info, "engine_floor": self.engine_floor}
+        return {**super().get_model_info(), "rf_eval_version": rf_eval.__version__, "rf_eval": info}
 
     def set_cache_hook(self, cache_hook) -> None:
         """Refuse a --use_cache database written by another arm (its keys are request args only)."""
