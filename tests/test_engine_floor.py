@@ -128,3 +128,13 @@ def test_check_equivalence_fails_on_a_perturbed_late_layer(tiny_model_dir, tmp_p
     assert saved["failures"] == 1
     partial = next(r for r in saved["comparisons"] if r["check"] == "partial path, every row exact")
     assert partial["bitwise"] is False and partial["first_diff"] == "layer 4 keys" and partial["max_abs"] > 0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_partial_path_is_the_stock_model_under_eager_attention_too(tiny_model_dir, family):
+    """The stock layer's own attention function and mask, whatever `attn_implementation` picks."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir(family), attn_implementation="eager").eval()
+    ids = prompt(model)
+    assert compare_results(plain_prefill(model, ids), partial_every_row_exact(model, ids, SPLIT)).bitwise
