@@ -39,11 +39,6 @@ WORDS = ("the of and to in is was for on that with as by at from his her it an w
          "Vault Falcon Quill Zeta Kappa river mountain ledger cipher amber signal harbor lantern meadow").split()
 
 
-def arm_spec(plan: Plan, selector) -> RidgeFillArm:
-    """The arm of `plan` with `selector` (what `Arm` wires into the engine)."""
-    return RidgeFillArm(fill=plan.fill, split=plan.split, tail=plan.tail, chunk_size=plan.chunk_size, selector=selector)
-
-
 def make_model(layers: int, hidden: int, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -146,7 +141,8 @@ def main() -> None:
         print(f"tau_exact      {tau_exact:8.2f} s CPU  ({wall_exact:7.2f} s wall)")
         taus, walls = [], []
         for count in args.counts:
-            arm = Arm(model, tok, arm_spec(plan, selector_from(f"random(count={count};seed=0)")))
+            arm = Arm(model, tok, RidgeFillArm(fill="ridge", split=args.split, tail=tail,
+                                               selector=selector_from(f"random(count={count};seed=0)")))
             tau, wall, _ = best_of(lambda arm=arm: arm.prefill(ids, plan, fill), args.repeats)
             taus.append(tau)
             walls.append(wall)
@@ -162,7 +158,8 @@ def main() -> None:
                   f"of the {prefix}-row prefix)")
 
         timed = Timed(selector_from("probe+special"))
-        arm = Arm(model, tok, arm_spec(plan, timed), resources={"unigram": unigram})
+        arm = Arm(model, tok, RidgeFillArm(fill="ridge", split=args.split, tail=tail, selector=timed),
+                  resources={"unigram": unigram})
         tau_probe, wall_probe, result = best_of(lambda: arm.prefill(ids, plan, fill), args.repeats)
         exact_rows = result.exact_rows.numel() - tail
         req = Request(model, tok, ids, plan, fill).attach(_context(model, ids, plan, fill))

@@ -3,8 +3,9 @@
     python benchmarks/run.py [--quick] [--out results.json] [--readme README.md]
 
 Runs, each in its own process (so one's memory and threads do not disturb
-another's): the engine (exact/plain, ridge and ridge + 10% rows against their
-MAC ceilings and 1/r, capture/forward, fit peak memory), the exact-row cost
+another's): the engine (its partial path with every row exact / plain forward,
+ridge and ridge + 10% rows against their MAC ceilings and 1/r,
+capture/forward, fit peak memory), the exact-row cost
 line and the probe, `ridgefill fill=exact` against lm-eval's `hf`, RaReCache
 against its eq. 11 ceiling, and the paired bootstrap against scipy. Prints
 one table, writes all figures as JSON with the machine's description, and

@@ -29,6 +29,12 @@ and a rendered example with its sha256).
 
 The adapter publishes its run facts (`rf_eval.run_context`): the arm's tail
 and the tokenizer's checkpoint, which the tasks read (`rf_eval.tasks.common`).
+
+With `reference=exact` the adapter measures the engine floor once at start
+(`measure_engine_floor`: the partial path with every row exact against the
+stock model on a short probe prompt, RidgeFill paper sections 4.3 and 9) and
+records it in the results as `rf_eval.engine_floor`, so every reported
+difference from exact can be read against the engine's own rounding.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ from rf_eval.model_adapters.scoring import ScoringMixin
 
 log = logging.getLogger(__name__)
 
+#: tokens of the probe prompt the engine floor is measured on (seeded ids, `measure_engine_floor`)
+FLOOR_PROBE_TOKENS = 64
 ARM_KEY = "rf-eval:arm"  # where the adapter records its arm in a --use_cache database
 #: `hf` keys that never change a result (left out of the --use_cache arm fingerprint)
 _NOT_RESULTS = {"device", "batch_size", "max_batch_size", "parallelize", "device_map", "max_memory_per_gpu",
@@ -73,6 +81,7 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
         self.thinking_default = self._thinking_off_by_default(hf_args)
         self.method, self.exact = self.build_method()
         run_context.publish(self, self.run_facts())
+        self.engine_floor = self.measure_engine_floor() if settings.reference == "exact" else None
 
     # ---- what a subclass provides -------------------------------------------------
     @classmethod
@@ -129,6 +138,28 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
             "rendered_sha256": hashlib.sha256(example.encode()).hexdigest(),
         }
 
+    def floor_split(self) -> int:
+        """The split the engine floor is measured at: the arm's (at least 1: a fill from split states)."""
+        plan = getattr(self.method, "plan", None)
+        return max(int(getattr(plan, "split", 1)), 1)
+
+    def measure_engine_floor(self) -> dict[str, Any]:
+        """`rf_eval.engine.engine_floor` on a seeded probe prompt: the floor under this arm's differences.
+
+        `{bitwise, max_abs, kl, first_diff, why, filled_kernel: {...}, probe_tokens, split}`: the
+        partial path with every row exact against the stock model, and the
+        filled-row attention kernel (`rf_eval.engine.floor`).
+        """
+        from rf_eval.engine import engine_floor
+
+        n = min(FLOOR_PROBE_TOKENS, int(self.max_length))
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, int(self.model.config.vocab_size), (1, n), generator=gen).to(self.input_device)
+        split = self.floor_split()
+        floor = engine_floor(self.model, ids, split)
+        log.info("engine floor (partial path, every row exact, %d tokens, split %d): %s", n, split, floor)
+        return {**floor, "probe_tokens": n, "split": split}
+
     # ---- construction -------------------------------------------------------------
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
@@ -156,12 +187,14 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
 
     # ---- lm-eval plumbing -----------------------------------------------------------
     def get_model_info(self) -> dict[str, Any]:
-        """Recorded by lm-eval in the results JSON ("config"): `hf`'s, plus the arm."""
+        """Recorded by lm-eval in the results JSON ("config"): `hf`'s, plus the arm (and its engine floor)."""
         import rf_eval
 
         info = self.arm_info()
         if self.ledger_head is not None:  # `rf-eval report --ledger` / `ledger verify --expect-head` check it
             info = {**info, "ledger": self.ledger_head}
+        if self.engine_floor is not None:
+            info = {**info, "engine_floor": self.engine_floor}
         return {**super().get_model_info(), "rf_eval_version": rf_eval.__version__, "rf_eval": info}
 
     def set_cache_hook(self, cache_hook) -> None:

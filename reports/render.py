@@ -54,6 +54,25 @@ def percent(x: Any, digits: int = 2) -> str:
     return "–" if _missing(x) else f"{100 * x:+.{digits}f}%"
 
 
+def engine_floor(arm: dict[str, Any]) -> str:
+    """An arm's engine floor (paper sections 4.3, 9) in words; a dash where the run recorded none.
+
+    The partial path with every row exact against the stock model (bitwise, or
+    max |Δ| and KL of the last row), then the filled-row attention kernel's.
+    """
+    floor = arm.get("engine_floor")
+    if not isinstance(floor, dict):
+        return "–"
+
+    def one(f: dict[str, Any]) -> str:
+        return "bitwise" if f.get("bitwise") else f"max |Δ| {f.get('max_abs', float('nan')):.2g}, KL {f.get('kl', float('nan')):.2g}"
+
+    text = f"partial path {one(floor)}"
+    if isinstance(floor.get("filled_kernel"), dict):
+        text += f"; filled-row kernel {one(floor['filled_kernel'])}"
+    return text
+
+
 def tex(value: Any) -> str:
     """Escape text for LaTeX."""
     return "".join(_TEX_ESCAPES.get(ch, ch) for ch in str(value))
@@ -81,7 +100,7 @@ def _environment(latex: bool) -> jinja2.Environment:
     filters = {"fmt": fmt, "signed": signed, "sig": sig, "pvalue": pvalue, "percent": percent}
     if latex:  # numbers in math mode, "--" where missing, % escaped
         filters = {name: _latex_number(f, math=name != "percent") for name, f in filters.items()}
-    env.filters.update(filters, tex=tex, md=md)
+    env.filters.update(filters, tex=tex, md=md, engine_floor=engine_floor)
     return env
 
 
@@ -113,6 +132,7 @@ def build_view(summary: dict[str, Any]) -> dict[str, Any]:
             "speed": speed_chart(summary["speed"]) if summary["speed"] else None,
         },
         "arm_names": [a["name"] for a in summary["arms"]],
+        "has_floor": any(isinstance(a.get("engine_floor"), dict) for a in summary["arms"]),
     }
 
 

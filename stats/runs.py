@@ -26,6 +26,8 @@ points (x100), as the paper reports accuracy (section 3.4); others keep their
 own unit.
 Optional per-item numbers that a task or model may record beside its metrics:
 `prefill_seconds` (a timing) and `speedup_ceiling` (1/r of paper section 2.5).
+An arm run with `reference=exact` records its engine floor in the results'
+config (`rf_eval.engine_floor`, paper sections 4.3 and 9): `ArmRun.engine_floor`.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ class ArmRun:
     task_started: dict[str, datetime] = field(default_factory=dict)
     #: ledger heads ({path, hash, count}) the arm's runs recorded (`config.rf_eval.ledger`)
     ledger_heads: tuple[dict[str, Any], ...] = ()
+    #: the engine floor its adapter measured at start (`rf_eval.engine_floor`), None when not recorded
+    engine_floor: dict[str, Any] | None = None
 
     @property
     def model_args_text(self) -> str:
@@ -271,6 +275,15 @@ def _sample_rows(
             yield {**row, "metric": metric, "primary": i == 0, "score": value}
 
 
+def _engine_floor(files: Sequence[_ResultsFile]) -> dict[str, Any] | None:
+    """The latest `config.rf_eval.engine_floor` among an arm's results files (None: none recorded)."""
+    for rf in sorted(files, key=lambda f: f.started, reverse=True):
+        info = (rf.data.get("config") or {}).get("rf_eval")
+        if isinstance(info, dict) and isinstance(info.get("engine_floor"), dict):
+            return info["engine_floor"]
+    return None
+
+
 def _config_hashes(files: Sequence[_ResultsFile]) -> frozenset[str]:
     """Hashes of files an arm's runs point at: model_args paths and stray files beside results."""
     candidates: set[Path] = set()
@@ -358,6 +371,7 @@ def load_runs(
                 config_hashes=_config_hashes(files),
                 task_started={t: datetime.fromtimestamp(rf.started, tz=timezone.utc) for t, rf in used},
                 ledger_heads=tuple(h for h in (_ledger_head(rf) for rf in files) if h is not None),
+                engine_floor=_engine_floor(files),
             )
         )
     if not rows:

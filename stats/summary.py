@@ -173,7 +173,7 @@ class _Study:
                 "name": a.name, "model": a.model, "model_args": a.model_args_text,
                 "started": a.started.isoformat(timespec="seconds"), "results_files": list(a.results_files),
                 "n_items": int((self.runs.items["arm"] == a.name).sum()), "is_reference": a.name == self.reference,
-                "registration": None if reg is None else reg.__dict__.copy(),
+                "registration": None if reg is None else reg.__dict__.copy(), "engine_floor": a.engine_floor,
             })  # fmt: skip
         return rows
 

@@ -1,6 +1,20 @@
 """`rf-eval check-equivalence`: the engine with the fill off against the plain model (recipe step 4).
 
-Exits 1 on any bitwise difference in last-row logits or in any cache tensor.
+For each length, three comparisons with the stock model (`plain_prefill`),
+of the last row's logits and every cache tensor (RidgeFill paper sections
+4.3 and 9):
+
+- `OK`/`FAIL` lines: the fill switched off (exact fill, or the tail covering
+  the prompt); these dispatch to the plain forward, so they check the dispatch.
+- `PASS`/`FAIL` line: the partial path itself (lower layers, a selector that
+  makes every prefix row exact, late layers: `engine.partial_every_row_exact`),
+  expected bitwise; a failure names the first tensor that differs.
+- `NOTE` line: the same rows through the attention kernel filled arms' exact
+  rows use (`engine.filled_kernel_every_row_exact`): not bitwise (masked SDPA
+  over the key rows; stock uses is_causal), its max |Δ| and KL(stock || partial)
+  of the last row are the floor under every filled arm's difference.
+
+`--json PATH` saves every comparison. Exits 1 on any FAIL.
 
 `--base-url URL-A --base-url URL-B [--prompts FILE]`: the check across servers
 (paper section 4.3, e.g. a fork with the fill off against stock): identical
@@ -11,6 +25,7 @@ greedy outputs and top-k log-probabilities on every prompt, else exit 1
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 
@@ -27,6 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, metavar="PATH", help="save every comparison (and the floors) as JSON")
     remote = p.add_argument_group("across servers")
     remote.add_argument("--base-url", action="append", default=[], metavar="URL",
                         help="an OpenAI-compatible server; give two (or more): each is compared with the first")
@@ -71,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
         return run_servers(args)
     if args.model is None:
         raise UserError("give --model (in-process check) or two --base-url (across servers)")
-    from rf_eval.engine import Plan, plain_prefill, prefill
+    from rf_eval.engine import Plan, partial_path_floors, plain_prefill, prefill
+    from rf_eval.families import family_class_for
     from rf_eval.ridgefill.api import RidgeFill
     from rf_eval.ridgefill.maps import identity_fill
 
@@ -83,7 +100,10 @@ def run(args: argparse.Namespace) -> int:
     fill_fns = {"identity": identity_fill, "ridge": rf.fill_fn}
     fills = [f for f in args.fills if f != "ridge" or args.maps]
     gen = torch.Generator().manual_seed(args.seed)
-    failures = 0
+    family = family_class_for(rf.model.config).__module__.rsplit(".", 1)[-1]
+    where = {"family": family, "dtype": str(next(rf.model.parameters()).dtype).removeprefix("torch."),
+             "split": rf.plan.split}
+    failures, records = 0, []
     for n in args.lengths:
         ids = torch.randint(0, rf.model.config.vocab_size, (1, n), generator=gen).to(rf.device)
         ref = plain_prefill(rf.model, ids)
@@ -94,7 +114,28 @@ def run(args: argparse.Namespace) -> int:
             failures += diff is not None
             status = "OK  " if diff is None else "FAIL"
             print(f"{status} N={n} fill={plan.fill} tail={plan.tail}: {diff or 'bitwise equal'}")
+            records.append({**where, "length": n, "check": "plain dispatch", "fill": plan.fill, "tail": plan.tail,
+                            "bitwise": diff is None, "diff": diff})
+        partial, kernel = partial_path_floors(rf.model, ids, rf.plan.split)
+        failures += not partial.bitwise
+        print(f"{'PASS' if partial.bitwise else 'FAIL'} N={n} partial path, every row exact "
+              f"({family} {where['dtype']} split={rf.plan.split}): {describe(partial)}")
+        print(f"NOTE N={n} filled-row kernel, every row exact: {describe(kernel)}")
+        records.append({**where, "length": n, "check": "partial path, every row exact", **partial.as_dict()})
+        records.append({**where, "length": n, "check": "filled-row kernel, every row exact", **kernel.as_dict()})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"failures": failures, "comparisons": records}, f, indent=1)
     return 1 if failures else 0
+
+
+def describe(floor) -> str:
+    """One line for a `Floor`: bitwise, or max |Δ|, KL and the first tensor that differs; and why."""
+    same_computation = "stock uses" not in floor.why
+    if floor.bitwise:
+        return f"bitwise equal ({floor.why if same_computation else 'on this prompt, though ' + floor.why})"
+    return (f"max |Δ| {floor.max_abs:.3g}, KL(stock || partial) {floor.kl:.3g} nats; first differs: "
+            f"{floor.first_diff} ({'expected bitwise: ' if same_computation else 'not bitwise: '}{floor.why})")
 
 
 def run_servers(args: argparse.Namespace) -> int:

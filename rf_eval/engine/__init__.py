@@ -19,6 +19,10 @@ are exact. The identity fill is x_S either way.
 
 With no filled rows (fill `exact`, or tail >= N) the engine is the plain
 model forward, so logits and cache are bitwise those of `transformers`.
+The partial path itself with every row exact (a selector that selects every
+prefix row) is bitwise the stock model too: each late layer then calls the
+stock layer's own attention function with the stock mask (`floor`, the
+engine floor of paper sections 4.3 and 9).
 """
 
 from __future__ import annotations
@@ -42,6 +46,15 @@ from rf_eval.engine.fills import (
     exact_rows_beside,
     row_fill_for,
 )
+from rf_eval.engine.floor import (
+    FILLED_KERNEL_WHY,
+    PARTIAL_WHY,
+    Floor,
+    compare_results,
+    every_prefix_row,
+    filled_kernel_every_row_exact,
+    named_cache_tensors,
+)
 from rf_eval.engine.layers import late_layers, run_layer, run_layers
 from rf_eval.engine.lower import decoder_layers, new_cache, num_layers, run_lower_layers
 from rf_eval.engine.plan import FILL_SOURCES, PLAN_FILLS, FillFn, KVFillFn, LayerInputs, Plan, PrefillResult
@@ -51,10 +64,10 @@ from rf_eval.families import family_for
 
 __all__ = [
     "FILL_SOURCES", "PLAN_FILLS", "PREFIX_QUERY_CHUNK", "AttentionRows", "Corrected", "FillFn", "KVFillFn",
-    "LateLayerHooks", "LayerInputs", "LayerStep", "LayerView", "MappedKV", "NoFill", "Plan", "Precomputed",
+    "Floor", "LateLayerHooks", "LayerInputs", "LayerStep", "LayerView", "MappedKV", "NoFill", "Plan", "Precomputed",
     "PredictedInput", "PrefillContext", "PrefillResult", "QueryChunks", "RowFill", "Rows", "SelectFn", "Selection",
-    "attend_exact_rows", "decoder_layers", "exact_row_set", "exact_rows_beside", "extend", "family_for",
-    "late_layers", "new_cache", "num_layers", "plain_prefill", "prefill", "row_fill_for", "run_layer",
+    "attend_exact_rows", "compare_results", "decoder_layers", "engine_floor", "exact_row_set", "exact_rows_beside", "extend", "family_for",
+    "filled_kernel_every_row_exact", "late_layers", "named_cache_tensors", "partial_every_row_exact", "partial_path_floors", "new_cache", "num_layers", "plain_prefill", "prefill", "row_fill_for", "run_layer",
     "run_layers", "run_lower_layers", "runs_plain",
 ]
 
@@ -166,6 +179,31 @@ def prefill(
         ragged=strategy.absent and exact.numel() < n,
         plan=plan,
     )
+
+
+@torch.no_grad()
+def partial_every_row_exact(model: nn.Module, input_ids: torch.Tensor, split: int) -> PrefillResult:
+    """`prefill` forced onto its partial path: tail 1, every prefix row selected exact (`floor`)."""
+    plan = Plan(split, tail=1, fill="identity")
+    return prefill(model, input_ids, plan, fill=PredictedInput(None), select=every_prefix_row)
+
+
+def partial_path_floors(model: nn.Module, input_ids: torch.Tensor, split: int) -> tuple[Floor, Floor]:
+    """(partial path, filled-row kernel) `Floor`s of one prompt against `plain_prefill` (paper sections 4.3, 9)."""
+    stock = plain_prefill(model, input_ids)
+    partial = compare_results(stock, partial_every_row_exact(model, input_ids, split), PARTIAL_WHY)
+    kernel = compare_results(stock, filled_kernel_every_row_exact(model, input_ids, split), FILLED_KERNEL_WHY)
+    return partial, kernel
+
+
+def engine_floor(model: nn.Module, input_ids: torch.Tensor, split: int) -> dict:
+    """Both floors of one prompt: `{bitwise, max_abs, kl, first_diff, why, filled_kernel: {...}}`.
+
+    The top level is the partial path (`partial_every_row_exact`); `filled_kernel`
+    the exact rows' attention that filled arms use (`filled_kernel_every_row_exact`).
+    """
+    partial, kernel = partial_path_floors(model, input_ids, split)
+    return {**partial.as_dict(), "filled_kernel": kernel.as_dict()}
 
 
 @torch.no_grad()

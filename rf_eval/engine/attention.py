@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 
 def _attend(
@@ -15,6 +19,31 @@ def _attend(
     mask = k_pos[None, :] <= q_pos[:, None]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+def stock_mask(config, x: torch.Tensor) -> torch.Tensor | None:
+    """The causal mask the stock model builds for an n-row prompt with no padding (x: (1, n, d)).
+
+    None where the attention implementation relies on `is_causal` (SDPA).
+    """
+    positions = torch.arange(x.shape[1], device=x.device)[None]
+    return create_causal_mask(config=config, inputs_embeds=x, attention_mask=None, cache=None, position_ids=positions)
+
+
+def attend_like_stock(
+    attn: nn.Module, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """Attention of every prompt row over every prompt row, as the stock layer computes it -> (B, n, heads*D).
+
+    The model's own attention function (its `_attn_implementation`) with the
+    stock mask (`stock_mask`): the same kernel and reduction order as the
+    unmodified layer, so a late layer whose rows are all exact is bitwise the
+    stock one (the engine floor, RidgeFill paper sections 4.3 and 9, step 4).
+    """
+    eager = sys.modules[type(attn).__module__].eager_attention_forward  # the stock layer's default
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, eager)
+    out, _ = interface(attn, q, keys, values, mask, dropout=0.0, scaling=attn.scaling)
+    return out.reshape(q.shape[0], q.shape[2], -1).contiguous()
 
 
 #: Queries per attention call for exact rows inside the prefix (selected rows).

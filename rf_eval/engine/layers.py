@@ -30,7 +30,7 @@ def run_layer(step: LayerStep, fill: RowFill, index: int, x_exact: torch.Tensor)
         h_exact, k, v = fill.attention(step, index, x_exact)
         keys, values = (k, v) if step.cache is None else step.cache.update(k, v, index)
         q, gate = family.query(attn, h_exact, *step.rope_exact)
-        mixed = family.attention_output(attn, step.attention(q, keys, values, attn.scaling), gate)
+        mixed = family.attention_output(attn, step.attention(q, keys, values, attn.scaling, attn), gate)
     return family.mlp(layer, x_exact + mixed)
 
 

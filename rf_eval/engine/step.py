@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from rf_eval.engine.attention import QueryChunks, attend_exact_rows
+from rf_eval.engine.attention import QueryChunks, attend_exact_rows, attend_like_stock, stock_mask
 from rf_eval.engine.plan import LayerInputs, Plan
 from rf_eval.families import Family
 
@@ -28,12 +28,15 @@ class Rows:
     exact: rows the late layers run (queries, attention output, MLP). filled:
     rows whose keys/values (or recurrent inputs) the strategy supplies. keys:
     rows the layers' keys cover, in prompt order (exact and filled rows, or only
-    the exact rows when filled rows are absent: nofill).
+    the exact rows when filled rows are absent: nofill). whole_prompt: the rows
+    are the prompt's own positions 0..n-1 (built by `of`), so with every row
+    exact the layers see what the stock layers see.
     """
 
     exact: torch.Tensor
     filled: torch.Tensor
     keys: torch.Tensor
+    whole_prompt: bool = False
 
     @classmethod
     def of(cls, n: int, exact: torch.Tensor, absent: bool) -> Rows:
@@ -41,7 +44,7 @@ class Rows:
         is_filled = torch.ones(n, dtype=torch.bool, device=exact.device)
         is_filled[exact] = False
         keys = exact if absent else torch.arange(n, device=exact.device)
-        return cls(exact, is_filled.nonzero().squeeze(1), keys)
+        return cls(exact, is_filled.nonzero().squeeze(1), keys, whole_prompt=True)
 
     @cached_property
     def exact_at(self) -> torch.Tensor:
@@ -99,9 +102,30 @@ class LayerStep:
         """RoPE tables (cos, sin) at the key rows."""
         return self.inputs.cos[:, self.rows.keys], self.inputs.sin[:, self.rows.keys]
 
-    def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
-        """The exact rows' attention context over `keys` (at `rows.keys`)."""
+    @property
+    def every_row_exact(self) -> bool:
+        """True when the layers run every row of the whole prompt and their keys are every row (none filled)."""
+        rows = self.rows
+        return rows.whole_prompt and rows.exact.numel() == self.n and rows.keys.numel() == self.n
+
+    def stock_mask(self, attn: nn.Module) -> torch.Tensor | None:
+        """The stock model's causal mask for this prompt (None: SDPA's `is_causal`), built once per sweep."""
+        if "_stock_mask" not in self.__dict__:
+            self.__dict__["_stock_mask"] = stock_mask(attn.config, self.inputs.x_split)
+        return self.__dict__["_stock_mask"]
+
+    def attention(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, attn: nn.Module | None = None
+    ) -> torch.Tensor:
+        """The exact rows' attention context over `keys` (at `rows.keys`).
+
+        With every row exact and the layer's module `attn` given, the stock
+        layer's own attention call (`attend_like_stock`): bitwise the stock
+        layer. Otherwise a masked SDPA over the key rows (`attend_exact_rows`).
+        """
         if self.attend is not None:
             return self.attend(self, q, keys, values, scale)
+        if attn is not None and self.every_row_exact:
+            return attend_like_stock(attn, q, keys, values, self.stock_mask(attn))
         chunks = QueryChunks(self.plan.query_chunk, self.prefix_end)
         return attend_exact_rows(q, keys, values, self.rows.exact, self.rows.keys, scale, chunks)
