@@ -9,10 +9,22 @@ import torch.nn.functional as F
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention of queries at positions q_pos over keys at k_pos -> (B, n, heads*D)."""
+    """Causal attention of queries at positions q_pos over keys at k_pos -> (B, n, heads*D).
+
+    `window`: a sliding-window layer's, as `transformers` masks it: a query at
+    position i reads keys at positions j with i - window < j <= i.
+    """
     mask = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        mask &= k_pos[None, :] > q_pos[:, None] - window
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
@@ -22,10 +34,14 @@ PREFIX_QUERY_CHUNK = 64
 
 
 class QueryChunks(NamedTuple):
-    """How `attend_exact_rows` splits its queries: tail rows `query_chunk` at a time, from `prefix_end` on."""
+    """How `attend_exact_rows` splits its queries: tail rows `query_chunk` at a time, from `prefix_end` on.
+
+    `window`: the layer's sliding window (None: full causal attention).
+    """
 
     query_chunk: int
     prefix_end: int
+    window: int | None = None
 
 
 def attend_exact_rows(
@@ -48,7 +64,7 @@ def attend_exact_rows(
     chunks of `query_chunk` over every key, as before. Dropping keys that every
     query in a chunk masks out changes nothing but the summation's length.
     """
-    query_chunk, prefix_end = chunks
+    query_chunk, prefix_end, window = chunks
     n_q = q.shape[2]
     n_prefix = int(torch.searchsorted(q_pos, prefix_end).item()) if n_q else 0
     bounds = [(i, min(i + PREFIX_QUERY_CHUNK, n_prefix)) for i in range(0, n_prefix, PREFIX_QUERY_CHUNK)]
@@ -57,11 +73,17 @@ def attend_exact_rows(
         return q.new_empty((q.shape[0], 0, q.shape[1] * values.shape[-1]))
     last_pos = q_pos[torch.tensor([stop - 1 for _, stop in bounds], device=q_pos.device)]
     key_ends = torch.searchsorted(k_pos, last_pos, right=True).tolist()
+    key_starts = [0] * len(bounds)
+    if window is not None:  # a windowed chunk needs no key before its first query's window
+        first_pos = q_pos[torch.tensor([start for start, _ in bounds], device=q_pos.device)]
+        key_starts = torch.searchsorted(k_pos, first_pos - window + 1).tolist()
     pieces = []
-    for (start, stop), end in zip(bounds, key_ends):
+    for (start, stop), begin, end in zip(bounds, key_starts, key_ends):
         if start >= n_prefix:
-            end = k_pos.numel()  # tail chunks: every key (the mask does the rest), as the plain path
+            end = k_pos.numel()  # tail chunks: every key up to the end (the mask does the rest), as the plain path
+        keys_at = slice(begin, end)
         pieces.append(
-            _attend(q[:, :, start:stop], keys[:, :, :end], values[:, :, :end], q_pos[start:stop], k_pos[:end], scale)
+            _attend(q[:, :, start:stop], keys[:, :, keys_at], values[:, :, keys_at], q_pos[start:stop],
+                    k_pos[keys_at], scale, window)
         )
     return torch.cat(pieces, 1)

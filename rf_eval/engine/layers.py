@@ -30,8 +30,9 @@ def run_layer(step: LayerStep, fill: RowFill, index: int, x_exact: torch.Tensor)
         h_exact, k, v = fill.attention(step, index, x_exact)
         keys, values = (k, v) if step.cache is None else step.cache.update(k, v, index)
         q, gate = family.query(attn, h_exact, *step.rope_exact)
-        mixed = family.attention_output(attn, step.attention(q, keys, values, attn.scaling), gate)
-    return family.mlp(layer, x_exact + mixed)
+        context = step.attention(q, keys, values, attn.scaling, family.sliding_window(attn))
+        mixed = family.attention_output(attn, context, gate)
+    return family.mlp(layer, family.attention_residual(layer, x_exact, mixed))
 
 
 def run_layers(step: LayerStep, fill: RowFill, x_exact: torch.Tensor) -> torch.Tensor:

@@ -54,8 +54,8 @@ class Rows:
         return torch.searchsorted(self.keys, self.filled)
 
 
-#: (step, queries, keys, values, scale) -> attention context of the exact rows (1, |exact|, heads*D).
-AttendFn = Callable[["LayerStep", torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+#: (step, queries, keys, values, scale, window) -> attention context of the exact rows (1, |exact|, heads*D).
+AttendFn = Callable[["LayerStep", torch.Tensor, torch.Tensor, torch.Tensor, float, "int | None"], torch.Tensor]
 
 
 @dataclass
@@ -99,9 +99,11 @@ class LayerStep:
         """RoPE tables (cos, sin) at the key rows."""
         return self.inputs.cos[:, self.rows.keys], self.inputs.sin[:, self.rows.keys]
 
-    def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
-        """The exact rows' attention context over `keys` (at `rows.keys`)."""
+    def attention(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, window: int | None = None
+    ) -> torch.Tensor:
+        """The exact rows' attention context over `keys` (at `rows.keys`); `window`: a sliding layer's."""
         if self.attend is not None:
-            return self.attend(self, q, keys, values, scale)
-        chunks = QueryChunks(self.plan.query_chunk, self.prefix_end)
+            return self.attend(self, q, keys, values, scale, window)
+        chunks = QueryChunks(self.plan.query_chunk, self.prefix_end, window)
         return attend_exact_rows(q, keys, values, self.rows.exact, self.rows.keys, scale, chunks)

@@ -97,16 +97,13 @@ def family_class_for(config) -> type[Family]:
 
 
 def family_for(config) -> Family:
-    """The family object for a model config; a clear error for unsupported types and sliding windows."""
-    cls = family_class_for(config)
-    window = sliding_window(config)
-    if window is not None:
-        raise ValueError(
-            f"this {config.model_type!r} model's attention uses a sliding window of {window} tokens; rf-eval's "
-            "engine attends over the whole prefix, so its filled arms would not be this model: sliding-window "
-            "layers are not supported (checkpoints with sliding_window null are)"
-        )
-    return cls()
+    """The family object for a model config; a clear error for unsupported types.
+
+    Sliding-window layers are served: the engine's exact rows attend inside
+    each layer's window (`Family.sliding_window`) and the cache is the model's
+    own (`DynamicSlidingWindowLayer` where the config says so).
+    """
+    return family_class_for(config)()
 
 
 def sliding_window(config) -> int | None:

@@ -59,6 +59,28 @@ class Family:
         """True for Gated DeltaNet (linear-attention) layers."""
         return hasattr(layer, "linear_attn")
 
+    # -- the block's structure (pre-norm by default; post-norm and sandwich families override) --------
+    @staticmethod
+    def input_norm(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The block's input norm: what the attention (or mixer) projections read."""
+        return layer.input_layernorm(x)
+
+    @staticmethod
+    def attention_residual(layer: nn.Module, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        """The residual stream after the attention (or mixer) sub-block: x + mixed."""
+        return x + mixed
+
+    @staticmethod
+    def sliding_window(attn: nn.Module) -> int | None:
+        """The window of this attention layer (keys within `window` rows of the query), None for full attention.
+
+        The module's own per-layer `sliding_window` where it has one (Qwen2/3,
+        Gemma3, GPT-OSS), else the config's (Mistral v0.1, Phi3: every layer).
+        """
+        if hasattr(attn, "sliding_window"):
+            return attn.sliding_window
+        return getattr(attn.config, "sliding_window", None)
+
     # -- attention pieces ---------------------------------------------------------
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """RoPE on one tensor (B, heads, n, D) with the model's own rotation function."""

@@ -59,7 +59,7 @@ class Rescale:
         start = view.prefix_end
         rows = torch.arange(start, start + min(self.c, view.plan.tail), device=view.h.device)
         attn = view.layer.self_attn
-        h_pred = view.layer.input_layernorm(view.predict(view.inputs.x_split[:, rows]))
+        h_pred = view.family.input_norm(view.layer, view.predict(view.inputs.x_split[:, rows]))
         true = view.family.project_kv(attn, view.h[:, rows])
         pred = view.family.project_kv(attn, h_pred)
         side = 1 if self.part == "values" else 0
