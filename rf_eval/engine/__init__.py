@@ -40,7 +40,7 @@ from rf_eval.engine.fills import (
     exact_rows_beside,
     row_fill_for,
 )
-from rf_eval.engine.layers import late_layers, run_layer, run_layers
+from rf_eval.engine.layers import execution_device, late_layers, run_layer, run_layers
 from rf_eval.engine.lower import decoder_layers, new_cache, num_layers, run_lower_layers
 from rf_eval.engine.plan import FILL_SOURCES, PLAN_FILLS, FillFn, KVFillFn, LayerInputs, Plan, PrefillResult
 from rf_eval.engine.rowfill import AttentionRows, RowFill
@@ -51,7 +51,8 @@ __all__ = [
     "FILL_SOURCES", "PLAN_FILLS", "PREFIX_QUERY_CHUNK", "AttentionRows", "Corrected", "FillFn", "KVFillFn",
     "LateLayerHooks", "LayerInputs", "LayerStep", "LayerView", "MappedKV", "NoFill", "Plan", "Precomputed",
     "PredictedInput", "PrefillContext", "PrefillResult", "QueryChunks", "RowFill", "Rows", "SelectFn", "Selection",
-    "attend_exact_rows", "decoder_layers", "exact_row_set", "exact_rows_beside", "extend", "family_for",
+    "attend_exact_rows", "decoder_layers", "exact_row_set", "exact_rows_beside", "execution_device", "extend",
+    "family_for",
     "late_layers", "new_cache", "num_layers", "plain_prefill", "prefill", "row_fill_for", "run_layer",
     "run_layers", "run_lower_layers", "runs_plain",
 ]
@@ -152,8 +153,8 @@ def prefill(
         exact = torch.arange(n, device=input_ids.device)
     t2 = time.perf_counter()
     x_exact = late_layers(model, family, plan, inputs, cache, exact, strategy)
-    last = model.model.norm(x_exact[:, -1:])
-    logits = model.lm_head(last)[:, -1]
+    last = model.model.norm(x_exact[:, -1:].to(execution_device(model.model.norm)))
+    logits = model.lm_head(last.to(execution_device(model.lm_head)))[:, -1]
     t3 = time.perf_counter()
     return PrefillResult(
         cache=cache,

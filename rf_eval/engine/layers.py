@@ -35,10 +35,23 @@ def run_layer(step: LayerStep, fill: RowFill, index: int, x_exact: torch.Tensor)
     return family.mlp(layer, family.attention_residual(layer, x_exact, mixed))
 
 
+def execution_device(module: nn.Module) -> torch.device:
+    """Where a module runs: accelerate's execution device for a dispatched one (device_map, offload), else its
+    parameters' device."""
+    device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+    if device is not None:
+        return torch.device(device)
+    return next(module.parameters()).device
+
+
 def run_layers(step: LayerStep, fill: RowFill, x_exact: torch.Tensor) -> torch.Tensor:
-    """`run_layer` for every late layer S..L-1 in order; the last one's output for the exact rows."""
+    """`run_layer` for every late layer S..L-1 in order; the last one's output for the exact rows.
+
+    Each layer runs where a device map placed it: the sweep's rows and inputs follow it there.
+    """
     for index in range(step.plan.split, len(step.layers)):
-        x_exact = run_layer(step, fill, index, x_exact)
+        step = step.to(execution_device(step.layers[index]))
+        x_exact = run_layer(step, fill, index, x_exact.to(step.inputs.x_split.device))
     return x_exact
 
 

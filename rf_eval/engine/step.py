@@ -8,6 +8,7 @@ one for its sweep (the probe rows exact, no cache).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -74,6 +75,14 @@ class LayerStep:
     rows: Rows
     cache: DynamicCache | None
     attend: AttendFn | None = None
+
+    def to(self, device: torch.device) -> LayerStep:
+        """This sweep with its rows and layer inputs on `device` (a layer placed there by a device map)."""
+        if self.inputs.x_split.device == device:
+            return self
+        inputs = LayerInputs(*(t.to(device) for t in (self.inputs.x_split, self.inputs.cos, self.inputs.sin)))
+        rows = Rows(*(t.to(device) for t in (self.rows.exact, self.rows.filled, self.rows.keys)))
+        return dataclasses.replace(self, inputs=inputs, rows=rows)
 
     @property
     def n(self) -> int:

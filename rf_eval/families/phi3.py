@@ -15,9 +15,15 @@ from rf_eval.families.base import Family
 
 
 def _rows_of(proj: nn.Linear, h: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    """Output features start..stop-1 of a fused projection, computed from those weight rows only."""
-    bias = None if proj.bias is None else proj.bias[start:stop]
-    return F.linear(h, proj.weight[start:stop], bias)
+    """Output features start..stop-1 of a fused projection, computed from those weight rows only.
+
+    The weight is read under accelerate's `align_module_device`, so an offloaded layer's is loaded first.
+    """
+    from accelerate.utils import align_module_device
+
+    with align_module_device(proj):
+        bias = None if proj.bias is None else proj.bias[start:stop]
+        return F.linear(h, proj.weight[start:stop], bias)
 
 
 class Phi3(Family):
