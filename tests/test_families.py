@@ -35,6 +35,7 @@ def test_sliding_window_of_configs(config, window):
 SLIDING = {
     "qwen3": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=3),
     "qwen2": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
+    "qwen3_moe": dict(use_sliding_window=True, sliding_window=WINDOW),  # every layer slides
     "mistral": dict(sliding_window=WINDOW),
     "phi3": dict(sliding_window=WINDOW),
 }

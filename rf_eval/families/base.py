@@ -34,6 +34,8 @@ class Family:
     apply_rope: ClassVar = None
     #: config arguments of the tiny test model beyond `rf_eval.testing.TINY_SHAPES`
     tiny_settings: ClassVar[dict[str, Any]] = {}
+    #: what the layers hold beyond Llama's, in a few words each (the README's families table)
+    traits: ClassVar[tuple[str, ...]] = ()
 
     # -- facts of the MAC cost model (rf_eval.ridgefill.cost) ------------------------------------
     #: q_proj also yields a sigmoid output gate, as wide as the queries

@@ -11,6 +11,7 @@ from rf_eval.families.base import Family
 class Olmo2(Family):
     model_types = ("olmo2",)
     apply_rope = staticmethod(modeling_olmo2.apply_rotary_pos_emb)
+    traits = ("post-norm", "full-width QK-norm")
 
     @staticmethod
     def input_norm(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ def _rows_of(proj: nn.Linear, h: torch.Tensor, start: int, stop: int) -> torch.T
 class Phi3(Family):
     model_types = ("phi3",)
     apply_rope = staticmethod(modeling_phi3.apply_rotary_pos_emb)
+    traits = ("fused qkv and gate/up", "partial RoPE")
     tiny_settings = dict(partial_rotary_factor=0.5)  # exercises partial RoPE (Phi-4-mini: 0.75)
 
     @staticmethod

@@ -12,3 +12,4 @@ from rf_eval.families.base import Family
 class Qwen2(Family):
     model_types = ("qwen2",)
     apply_rope = staticmethod(modeling_qwen2.apply_rotary_pos_emb)
+    traits = ("q/k/v bias",)

@@ -10,6 +10,7 @@ from rf_eval.testing import TINY_HYBRID
 class Qwen3_5Moe(GatedAttentionFamily):
     model_types = ("qwen3_5_moe_text", "qwen3_5_moe")
     apply_rope = staticmethod(modeling_qwen3_5_moe.apply_rotary_pos_emb)
+    traits = ("QK-norm", "partial RoPE", "shared expert")
     linear_attention = True
     moe_mlp = True
     tiny_settings = dict(TINY_HYBRID, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
