@@ -31,6 +31,20 @@ def _window(model_type: str) -> str:
     return "sliding window (optional)" if hasattr(config, "sliding_window") else ""
 
 
+def _mapped(model_type: str) -> list[str]:
+    """RaReCache's mapped fill where it can map the model type's cache (`rarecache.features.unsupported`)."""
+    from transformers import AutoConfig
+
+    from rf_eval.rarecache.features import unsupported
+
+    config = AutoConfig.for_model(model_type)
+    config = getattr(config, "text_config", None) or config
+    reason = unsupported(config)
+    if reason is None:
+        return ["mapped (RaReCache)"]
+    return ["mapped (RaReCache, without a sliding window)"] if "sliding-window" in reason else []
+
+
 def rows() -> list[tuple[str, ...]]:
     """One row per supported model type, sorted by family then model type."""
     from rf_eval.families import family_class, supported_model_types
@@ -41,11 +55,11 @@ def rows() -> list[tuple[str, ...]]:
         window = _window(model_type)
         facts = [window, "gated attention" if cls.gated_attention else "", "MoE MLP" if cls.moe_mlp else "",
                  "linear attention (Gated DeltaNet)" if cls.linear_attention else "", *cls.traits]
-        fills = ["exact", "nofill", "identity", "ridge", *([] if cls.linear_attention else ["mapped (RaReCache)"])]
+        fills = ["exact", "nofill", "identity", "ridge", *_mapped(model_type)]
         corrections = (["splice (attention layers)", "value/key rescale", "terminal state"] if cls.linear_attention
                        else ["splice", "value/key rescale"])
         tests = ["test_engine", "model_adapters/test_adapter_families"]
-        tests += [] if cls.linear_attention else ["rarecache/test_rarecache_prefill"]
+        tests += ["rarecache/test_rarecache_prefill"] if _mapped(model_type) else []
         tests += ["test_families (sliding window)"] if window else []
         out.append((f"`{model_type}`", name, ", ".join(f for f in facts if f) or "-", ", ".join(fills),
                     ", ".join(corrections), ", ".join(tests)))

@@ -27,6 +27,7 @@ import time
 import torch
 from torch import nn
 
+from rf_eval.devices import execution_device
 from rf_eval.engine.attention import PREFIX_QUERY_CHUNK, QueryChunks, attend_exact_rows
 from rf_eval.engine.context import PrefillContext, SelectFn, Selection
 from rf_eval.engine.fills import (
@@ -40,7 +41,7 @@ from rf_eval.engine.fills import (
     exact_rows_beside,
     row_fill_for,
 )
-from rf_eval.engine.layers import execution_device, late_layers, run_layer, run_layers
+from rf_eval.engine.layers import late_layers, run_layer, run_layers
 from rf_eval.engine.lower import decoder_layers, new_cache, num_layers, run_lower_layers
 from rf_eval.engine.plan import FILL_SOURCES, PLAN_FILLS, FillFn, KVFillFn, LayerInputs, Plan, PrefillResult
 from rf_eval.engine.rowfill import AttentionRows, RowFill
@@ -153,8 +154,7 @@ def prefill(
         exact = torch.arange(n, device=input_ids.device)
     t2 = time.perf_counter()
     x_exact = late_layers(model, family, plan, inputs, cache, exact, strategy)
-    last = model.model.norm(x_exact[:, -1:].to(execution_device(model.model.norm)))
-    logits = model.lm_head(last.to(execution_device(model.lm_head)))[:, -1]
+    logits = family.logits(model, x_exact[:, -1:])[:, -1]
     t3 = time.perf_counter()
     return PrefillResult(
         cache=cache,

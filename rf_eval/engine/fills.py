@@ -101,7 +101,7 @@ class PredictedInput(RowFill):
     @staticmethod
     def project(view: LayerView) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (rotated) and values the layer writes for every row of the view."""
-        cos, sin = view.step.rope_keys
+        cos, sin = view.step.rope_at(view.index, "keys")
         return view.family.kv(view.layer.self_attn, view.h, cos, sin)
 
     def attention(self, step: LayerStep, index: int, x_exact: torch.Tensor) -> AttentionRows:
@@ -118,9 +118,9 @@ class PredictedInput(RowFill):
 
     def filled_kv(self, step: LayerStep, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention layer `index`'s keys (rotated) and values of the filled rows alone, from their predicted input."""
-        layer, rows = step.layers[index], step.rows.filled
+        layer = step.layers[index]
         h = step.family.input_norm(layer, self.predict(step, index, step.x_filled))
-        return step.family.kv(layer.self_attn, h, step.inputs.cos[:, rows], step.inputs.sin[:, rows])
+        return step.family.kv(layer.self_attn, h, *step.rope_at(index, "filled"))
 
 
 class NoFill(PredictedInput):
@@ -143,7 +143,7 @@ def exact_rows_beside(
     """
     layer, rows = step.layers[index], step.rows
     h_exact = step.family.input_norm(layer, x_exact)
-    k_exact, v_exact = step.family.kv(layer.self_attn, h_exact, *step.rope_exact)
+    k_exact, v_exact = step.family.kv(layer.self_attn, h_exact, *step.rope_at(index, "exact"))
     if into:
         k, v = filled_kv
     else:

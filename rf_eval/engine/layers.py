@@ -6,6 +6,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from rf_eval.devices import execution_device
 from rf_eval.engine.lower import decoder_layers
 from rf_eval.engine.plan import LayerInputs, Plan
 from rf_eval.engine.rowfill import RowFill
@@ -29,19 +30,10 @@ def run_layer(step: LayerStep, fill: RowFill, index: int, x_exact: torch.Tensor)
         attn = layer.self_attn
         h_exact, k, v = fill.attention(step, index, x_exact)
         keys, values = (k, v) if step.cache is None else step.cache.update(k, v, index)
-        q, gate = family.query(attn, h_exact, *step.rope_exact)
+        q, gate = family.query(attn, h_exact, *step.rope_at(index, "exact"))
         context = step.attention(q, keys, values, attn.scaling, family.sliding_window(attn))
         mixed = family.attention_output(attn, context, gate)
     return family.mlp(layer, family.attention_residual(layer, x_exact, mixed))
-
-
-def execution_device(module: nn.Module) -> torch.device:
-    """Where a module runs: accelerate's execution device for a dispatched one (device_map, offload), else its
-    parameters' device."""
-    device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
-    if device is not None:
-        return torch.device(device)
-    return next(module.parameters()).device
 
 
 def run_layers(step: LayerStep, fill: RowFill, x_exact: torch.Tensor) -> torch.Tensor:

@@ -75,14 +75,15 @@ class LayerStep:
     rows: Rows
     cache: DynamicCache | None
     attend: AttendFn | None = None
+    _rope: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def to(self, device: torch.device) -> LayerStep:
         """This sweep with its rows and layer inputs on `device` (a layer placed there by a device map)."""
         if self.inputs.x_split.device == device:
             return self
-        inputs = LayerInputs(*(t.to(device) for t in (self.inputs.x_split, self.inputs.cos, self.inputs.sin)))
+        inputs = self.inputs.to(device)
         rows = Rows(*(t.to(device) for t in (self.rows.exact, self.rows.filled, self.rows.keys)))
-        return dataclasses.replace(self, inputs=inputs, rows=rows)
+        return dataclasses.replace(self, inputs=inputs, rows=rows, _rope={})
 
     @property
     def n(self) -> int:
@@ -107,6 +108,24 @@ class LayerStep:
     def rope_keys(self) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE tables (cos, sin) at the key rows."""
         return self.inputs.cos[:, self.rows.keys], self.inputs.sin[:, self.rows.keys]
+
+    def rope_at(self, index: int, which: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `index`'s RoPE tables at the `which` rows ("exact", "keys" or "filled").
+
+        The split layer's tables (cached) unless the family rotates this layer
+        with another kind (`Family.rope_kind`).
+        """
+        kind = self.family.rope_kind(self.layers[index])
+        if kind is None or self.inputs.tables is None:
+            if which == "filled":
+                return self.inputs.cos[:, self.rows.filled], self.inputs.sin[:, self.rows.filled]
+            return self.rope_exact if which == "exact" else self.rope_keys
+        key = (kind, which)
+        if key not in self._rope:
+            cos, sin = self.inputs.rope(kind)
+            rows = getattr(self.rows, which)
+            self._rope[key] = cos[:, rows], sin[:, rows]
+        return self._rope[key]
 
     def attention(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, window: int | None = None

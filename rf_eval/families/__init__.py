@@ -103,7 +103,9 @@ def family_for(config) -> Family:
     each layer's window (`Family.sliding_window`) and the cache is the model's
     own (`DynamicSlidingWindowLayer` where the config says so).
     """
-    return family_class_for(config)()
+    cls = family_class_for(config)
+    cls.check_config(config)
+    return cls()
 
 
 def sliding_window(config) -> int | None:

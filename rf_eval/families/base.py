@@ -61,6 +61,19 @@ class Family:
         """True for Gated DeltaNet (linear-attention) layers."""
         return hasattr(layer, "linear_attn")
 
+    @classmethod
+    def check_config(cls, config: PretrainedConfig) -> None:
+        """Raise ValueError, saying why, for a config of this family the engine cannot run as the model."""
+
+    # -- the model's head ---------------------------------------------------------------------------
+    @staticmethod
+    def logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The model's logits for last-layer outputs x (1, n, d): final norm and lm_head, each on its device."""
+        from rf_eval.devices import execution_device
+
+        h = model.model.norm(x.to(execution_device(model.model.norm)))
+        return model.lm_head(h.to(execution_device(model.lm_head)))
+
     # -- the block's structure (pre-norm by default; post-norm and sandwich families override) --------
     @staticmethod
     def input_norm(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -82,6 +95,17 @@ class Family:
         if hasattr(attn, "sliding_window"):
             return attn.sliding_window
         return getattr(attn.config, "sliding_window", None)
+
+    # -- RoPE tables (one kind by default; Gemma 3 rotates local and global layers differently) ------
+    @staticmethod
+    def rope_kind(layer: nn.Module) -> str | None:
+        """The RoPE tables this layer reads (a key of `rope_tables`); None: the same as every layer."""
+        return None
+
+    @staticmethod
+    def rope_tables(model: nn.Module, hidden: torch.Tensor, position_ids: torch.Tensor) -> dict | None:
+        """Every RoPE kind's (cos, sin) at `position_ids`, from the model's own rotary module; None: one kind."""
+        return None
 
     # -- attention pieces ---------------------------------------------------------
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
