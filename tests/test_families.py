@@ -38,6 +38,7 @@ SLIDING = {
     "qwen3_moe": dict(use_sliding_window=True, sliding_window=WINDOW),  # every layer slides
     "mistral": dict(sliding_window=WINDOW),
     "phi3": dict(sliding_window=WINDOW),
+    "gemma3": dict(sliding_window=WINDOW),  # local layers slide, global ones do not; each kind its own RoPE
 }
 
 
@@ -69,16 +70,17 @@ def _identity_reference(model, ids, exact, windowed=True):
     n = ids.shape[1]
     x_split = model(input_ids=ids, output_hidden_states=True).hidden_states[SPLIT]
     positions = torch.arange(n)[None]
-    rope = model.model.rotary_emb(x_split, positions)
-    x_exact = x_split[:, exact]
     family = family_for(model.config)
+    tables = family.rope_tables(model, x_split, positions) or {None: model.model.rotary_emb(x_split, positions)}
+    x_exact = x_split[:, exact]
     for layer in model.model.layers[SPLIT:]:
+        rope = tables[family.rope_kind(layer)]
         x_in = x_split.clone()
         x_in[:, exact] = x_exact
         window = family.sliding_window(layer.self_attn) if windowed else None
         out = layer(x_in, attention_mask=_mask(n, window), position_ids=positions, position_embeddings=rope)
         x_exact = (out[0] if isinstance(out, tuple) else out)[:, exact]
-    return model.lm_head(model.model.norm(x_exact[:, -1:]))[:, -1]
+    return family.logits(model, x_exact[:, -1:])[:, -1]
 
 
 @pytest.mark.parametrize("family", sorted(SLIDING))
