@@ -16,15 +16,25 @@ def _attend(
     k_pos: torch.Tensor,
     scale: float,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of queries at positions q_pos over keys at k_pos -> (B, n, heads*D).
 
     `window`: a sliding-window layer's, as `transformers` masks it: a query at
-    position i reads keys at positions j with i - window < j <= i.
+    position i reads keys at positions j with i - window < j <= i. `sinks`:
+    per-head attention-sink logits (GPT-OSS), one more softmax column that
+    takes weight and gives no value: a zero key and value whose mask entry is
+    the head's sink logit.
     """
     mask = k_pos[None, :] <= q_pos[:, None]
     if window is not None:
         mask &= k_pos[None, :] > q_pos[:, None] - window
+    if sinks is not None:
+        k = torch.cat([k, k.new_zeros((*k.shape[:2], 1, k.shape[-1]))], 2)
+        v = torch.cat([v, v.new_zeros((*v.shape[:2], 1, v.shape[-1]))], 2)
+        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
+        sink = sinks.to(q.dtype).view(1, -1, 1, 1).expand(1, q.shape[1], mask.shape[0], 1)
+        mask = torch.cat([bias[None, None].expand(1, q.shape[1], -1, -1), sink], -1)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
@@ -36,12 +46,14 @@ PREFIX_QUERY_CHUNK = 64
 class QueryChunks(NamedTuple):
     """How `attend_exact_rows` splits its queries: tail rows `query_chunk` at a time, from `prefix_end` on.
 
-    `window`: the layer's sliding window (None: full causal attention).
+    `window` and `sinks`: how the layer masks (its sliding window, None for
+    full causal attention) and its per-head attention-sink logits (None: none).
     """
 
     query_chunk: int
     prefix_end: int
     window: int | None = None
+    sinks: torch.Tensor | None = None
 
 
 def attend_exact_rows(
@@ -64,7 +76,7 @@ def attend_exact_rows(
     chunks of `query_chunk` over every key, as before. Dropping keys that every
     query in a chunk masks out changes nothing but the summation's length.
     """
-    query_chunk, prefix_end, window = chunks
+    query_chunk, prefix_end, window, sinks = chunks
     n_q = q.shape[2]
     n_prefix = int(torch.searchsorted(q_pos, prefix_end).item()) if n_q else 0
     bounds = [(i, min(i + PREFIX_QUERY_CHUNK, n_prefix)) for i in range(0, n_prefix, PREFIX_QUERY_CHUNK)]
@@ -84,6 +96,6 @@ def attend_exact_rows(
         keys_at = slice(begin, end)
         pieces.append(
             _attend(q[:, :, start:stop], keys[:, :, keys_at], values[:, :, keys_at], q_pos[start:stop],
-                    k_pos[keys_at], scale, window)
+                    k_pos[keys_at], scale, window, sinks)
         )
     return torch.cat(pieces, 1)

@@ -31,7 +31,7 @@ def run_layer(step: LayerStep, fill: RowFill, index: int, x_exact: torch.Tensor)
         h_exact, k, v = fill.attention(step, index, x_exact)
         keys, values = (k, v) if step.cache is None else step.cache.update(k, v, index)
         q, gate = family.query(attn, h_exact, *step.rope_at(index, "exact"))
-        context = step.attention(q, keys, values, attn.scaling, family.sliding_window(attn))
+        context = step.attention(q, keys, values, attn)
         mixed = family.attention_output(attn, context, gate)
     return family.mlp(layer, family.attention_residual(layer, x_exact, mixed))
 

@@ -55,8 +55,8 @@ class Rows:
         return torch.searchsorted(self.keys, self.filled)
 
 
-#: (step, queries, keys, values, scale, window) -> attention context of the exact rows (1, |exact|, heads*D).
-AttendFn = Callable[["LayerStep", torch.Tensor, torch.Tensor, torch.Tensor, float, "int | None"], torch.Tensor]
+#: (step, queries, keys, values, scale, attention module) -> attention context of the exact rows (1, |exact|, heads*D).
+AttendFn = Callable[["LayerStep", torch.Tensor, torch.Tensor, torch.Tensor, float, nn.Module], torch.Tensor]
 
 
 @dataclass
@@ -127,11 +127,11 @@ class LayerStep:
             self._rope[key] = cos[:, rows], sin[:, rows]
         return self._rope[key]
 
-    def attention(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, window: int | None = None
-    ) -> torch.Tensor:
-        """The exact rows' attention context over `keys` (at `rows.keys`); `window`: a sliding layer's."""
+    def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, attn: nn.Module) -> torch.Tensor:
+        """The exact rows' attention context over `keys` (at `rows.keys`), as attention module `attn` attends:
+        its scale, sliding window and sinks (`Family.sliding_window`, `Family.attention_sinks`)."""
         if self.attend is not None:
-            return self.attend(self, q, keys, values, scale, window)
-        chunks = QueryChunks(self.plan.query_chunk, self.prefix_end, window)
-        return attend_exact_rows(q, keys, values, self.rows.exact, self.rows.keys, scale, chunks)
+            return self.attend(self, q, keys, values, attn.scaling, attn)
+        window, sinks = self.family.sliding_window(attn), self.family.attention_sinks(attn)
+        chunks = QueryChunks(self.plan.query_chunk, self.prefix_end, window, sinks)
+        return attend_exact_rows(q, keys, values, self.rows.exact, self.rows.keys, attn.scaling, chunks)

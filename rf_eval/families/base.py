@@ -107,6 +107,11 @@ class Family:
         """Every RoPE kind's (cos, sin) at `position_ids`, from the model's own rotary module; None: one kind."""
         return None
 
+    @staticmethod
+    def attention_sinks(attn: nn.Module) -> torch.Tensor | None:
+        """Per-head attention-sink logits (heads,) that take softmax weight and give no value; None without."""
+        return None
+
     # -- attention pieces ---------------------------------------------------------
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """RoPE on one tensor (B, heads, n, D) with the model's own rotation function."""

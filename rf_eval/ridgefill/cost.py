@@ -55,7 +55,8 @@ def _mlp_macs(config, layer_index: int, moe: bool) -> int:
     if experts and layer_index not in mlp_only and (layer_index + 1) % sparse_step == 0:
         k = config.num_experts_per_tok
         shared = getattr(config, "shared_expert_intermediate_size", 0) or 0
-        return d * experts + 3 * d * config.moe_intermediate_size * k + 3 * d * shared + (d if shared else 0)
+        expert = getattr(config, "moe_intermediate_size", None) or config.intermediate_size  # GPT-OSS: the latter
+        return d * experts + 3 * d * expert * k + 3 * d * shared + (d if shared else 0)
     return 3 * d * config.intermediate_size
 
 
