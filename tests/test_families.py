@@ -39,6 +39,7 @@ SLIDING = {
     "mistral": dict(sliding_window=WINDOW),
     "phi3": dict(sliding_window=WINDOW),
     "gemma3": dict(sliding_window=WINDOW),  # local layers slide, global ones do not; each kind its own RoPE
+    "gpt_oss": dict(sliding_window=WINDOW),  # sliding and full layers alternate; attention sinks in both
 }
 
 
