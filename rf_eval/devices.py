@@ -30,11 +30,3 @@ def rank_and_world() -> tuple[int, int]:
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
-
-def execution_device(module: torch.nn.Module) -> torch.device:
-    """Where a module runs: accelerate's execution device for a dispatched one (device_map, offload), else its
-    parameters' device."""
-    device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
-    if device is not None:
-        return torch.device(device)
-    return next(module.parameters()).device

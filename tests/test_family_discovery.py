@@ -52,7 +52,7 @@ def test_every_module_of_the_package_is_a_family():
     modules = sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_") and p.stem != "base")
     assert registered_families() == tuple(modules) == FAMILIES
     assert {"llama", "qwen3", "qwen3_5", "qwen3_next", "mistral"} <= set(FAMILIES)
-    with pytest.raises(ValueError, match=r"unknown family 'gpt2'; valid families: llama, "):
+    with pytest.raises(ValueError, match=r"unknown family 'gpt2'; valid families: gemma3, gpt_oss, llama, "):
         family_class("gpt2")
 
 

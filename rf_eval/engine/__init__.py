@@ -27,7 +27,6 @@ import time
 import torch
 from torch import nn
 
-from rf_eval.devices import execution_device
 from rf_eval.engine.attention import PREFIX_QUERY_CHUNK, QueryChunks, attend_exact_rows
 from rf_eval.engine.context import PrefillContext, SelectFn, Selection
 from rf_eval.engine.fills import (
@@ -46,7 +45,7 @@ from rf_eval.engine.lower import decoder_layers, new_cache, num_layers, run_lowe
 from rf_eval.engine.plan import FILL_SOURCES, PLAN_FILLS, FillFn, KVFillFn, LayerInputs, Plan, PrefillResult
 from rf_eval.engine.rowfill import AttentionRows, RowFill
 from rf_eval.engine.step import LayerStep, Rows
-from rf_eval.families import family_for
+from rf_eval.families import execution_device, family_for
 
 __all__ = [
     "FILL_SOURCES", "PLAN_FILLS", "PREFIX_QUERY_CHUNK", "AttentionRows", "Corrected", "FillFn", "KVFillFn",

@@ -15,17 +15,17 @@ def _attend(
     q_pos: torch.Tensor,
     k_pos: torch.Tensor,
     scale: float,
-    window: int | None = None,
-    sinks: torch.Tensor | None = None,
+    masking: QueryChunks | None = None,
 ) -> torch.Tensor:
     """Causal attention of queries at positions q_pos over keys at k_pos -> (B, n, heads*D).
 
-    `window`: a sliding-window layer's, as `transformers` masks it: a query at
+    `masking` (its `window` and `sinks`; None: neither). `window`: a sliding-window layer's, as `transformers` masks it: a query at
     position i reads keys at positions j with i - window < j <= i. `sinks`:
     per-head attention-sink logits (GPT-OSS), one more softmax column that
     takes weight and gives no value: a zero key and value whose mask entry is
     the head's sink logit.
     """
+    window, sinks = (None, None) if masking is None else (masking.window, masking.sinks)
     mask = k_pos[None, :] <= q_pos[:, None]
     if window is not None:
         mask &= k_pos[None, :] > q_pos[:, None] - window
@@ -76,7 +76,7 @@ def attend_exact_rows(
     chunks of `query_chunk` over every key, as before. Dropping keys that every
     query in a chunk masks out changes nothing but the summation's length.
     """
-    query_chunk, prefix_end, window, sinks = chunks
+    query_chunk, prefix_end, window, _ = chunks
     n_q = q.shape[2]
     n_prefix = int(torch.searchsorted(q_pos, prefix_end).item()) if n_q else 0
     bounds = [(i, min(i + PREFIX_QUERY_CHUNK, n_prefix)) for i in range(0, n_prefix, PREFIX_QUERY_CHUNK)]
@@ -96,6 +96,6 @@ def attend_exact_rows(
         keys_at = slice(begin, end)
         pieces.append(
             _attend(q[:, :, start:stop], keys[:, :, keys_at], values[:, :, keys_at], q_pos[start:stop],
-                    k_pos[keys_at], scale, window, sinks)
+                    k_pos[keys_at], scale, chunks)
         )
     return torch.cat(pieces, 1)

@@ -6,12 +6,11 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from rf_eval.devices import execution_device
 from rf_eval.engine.lower import decoder_layers
 from rf_eval.engine.plan import LayerInputs, Plan
 from rf_eval.engine.rowfill import RowFill
 from rf_eval.engine.step import LayerStep, Rows
-from rf_eval.families import Family
+from rf_eval.families import Family, execution_device
 
 
 def run_layer(step: LayerStep, fill: RowFill, index: int, x_exact: torch.Tensor) -> torch.Tensor:

@@ -75,7 +75,7 @@ class LayerStep:
     rows: Rows
     cache: DynamicCache | None
     attend: AttendFn | None = None
-    _rope: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _rope: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     def to(self, device: torch.device) -> LayerStep:
         """This sweep with its rows and layer inputs on `device` (a layer placed there by a device map)."""
@@ -83,7 +83,7 @@ class LayerStep:
             return self
         inputs = self.inputs.to(device)
         rows = Rows(*(t.to(device) for t in (self.rows.exact, self.rows.filled, self.rows.keys)))
-        return dataclasses.replace(self, inputs=inputs, rows=rows, _rope={})
+        return dataclasses.replace(self, inputs=inputs, rows=rows)
 
     @property
     def n(self) -> int:

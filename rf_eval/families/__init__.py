@@ -23,7 +23,7 @@ import os
 import pkgutil
 from functools import cache
 
-from rf_eval.families.base import Family
+from rf_eval.families.base import Family, execution_device
 
 FAMILY_PATH_ENV = "RF_EVAL_FAMILY_PATH"
 _NOT_FAMILIES = frozenset({"base"})
@@ -123,6 +123,6 @@ def sliding_window(config) -> int | None:
 
 
 __all__ = [
-    "FAMILY_PATH_ENV", "Family", "family_class", "family_class_for", "family_for",
+    "FAMILY_PATH_ENV", "Family", "execution_device", "family_class", "family_class_for", "family_for",
     "registered_families", "sliding_window", "supported_model_types",
 ]  # fmt: skip

@@ -25,6 +25,15 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 
+def execution_device(module: nn.Module) -> torch.device:
+    """Where a module runs: accelerate's execution device for a dispatched one (device_map, offload), else its
+    parameters' device."""
+    device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+    if device is not None:
+        return torch.device(device)
+    return next(module.parameters()).device
+
+
 class Family:
     """Layer internals of one architecture (default: Llama-style attention)."""
 
@@ -69,8 +78,6 @@ class Family:
     @staticmethod
     def logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The model's logits for last-layer outputs x (1, n, d): final norm and lm_head, each on its device."""
-        from rf_eval.devices import execution_device
-
         h = model.model.norm(x.to(execution_device(model.model.norm)))
         return model.lm_head(h.to(execution_device(model.lm_head)))
 
