@@ -110,3 +110,19 @@ def test_sliding_window_models_run_filled_arms_in_their_windows(family, one_torc
     cont = torch.randint(0, 250, (1, 4), generator=torch.Generator().manual_seed(1))
     plain_again = plain_prefill(model, ids)
     torch.testing.assert_close(extend(model, every, cont), extend(model, plain_again, cont), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_selectors_read_full_layers_of_a_sliding_model(tiny_model, one_torch_thread):
+    """Gemma 3's tiny model alternates sliding (0, 2, ...) and full (1, 3, ...) layers: the lower-attention
+    selector reads the full ones, whose cache holds every row; a sliding layer alone is refused, saying why."""
+    from rf_eval.ridgefill.api import RidgeFill
+
+    model, tok = tiny_model("gemma3")
+    ids = torch.randint(0, 250, (1, N), generator=torch.Generator().manual_seed(0))
+    from rf_eval.selectors.registry import make_selector
+
+    selector = make_selector("attention", share=0.1, window=8, layers=[0, 1, 2])
+    picked = RidgeFill(model, tok, split=3, tail=TAIL, fill="identity", selector=selector).prefill(ids)
+    assert picked.exact_rows.numel() > TAIL
+    with pytest.raises(ValueError, match="no full-attention layer among layers"):
+        RidgeFill(model, tok, split=3, tail=TAIL, fill="identity", selector="attention(share=0.1;layers=0)").prefill(ids)

@@ -66,7 +66,11 @@ def attention_mass(
 
 
 def selector_layers(req: Request, layers: Sequence[int]) -> list[int]:
-    """The attention layers among `layers` below the split."""
+    """The full-attention layers among `layers` below the split.
+
+    Sliding-window layers are skipped: their cache keeps only the last window - 1
+    rows, and rows outside a query's window receive nothing from it anyway.
+    """
     family = req.ctx.family if req.ctx is not None else None
     stack = req.layers()
     keep = []
@@ -74,12 +78,13 @@ def selector_layers(req: Request, layers: Sequence[int]) -> list[int]:
         if not 0 <= i < req.plan.split:
             continue
         recurrent = family.is_recurrent(stack[i]) if family else hasattr(stack[i], "linear_attn")
-        if not recurrent:
+        sliding = not recurrent and family is not None and family.sliding_window(stack[i].self_attn) is not None
+        if not recurrent and not sliding:
             keep.append(i)
     if not keep:
         raise ValueError(
-            f"no attention layer among layers {list(layers)} lies below split {req.plan.split}; "
-            "pass layers= with lower attention layers"
+            f"no full-attention layer among layers {list(layers)} lies below split {req.plan.split}; "
+            "pass layers= with lower attention layers (sliding-window layers are not read)"
         )
     return keep
 
