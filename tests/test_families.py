@@ -126,3 +126,10 @@ def test_attention_selectors_read_full_layers_of_a_sliding_model(tiny_model, one
     assert picked.exact_rows.numel() > TAIL
     with pytest.raises(ValueError, match="no full-attention layer among layers"):
         RidgeFill(model, tok, split=3, tail=TAIL, fill="identity", selector="attention(share=0.1;layers=0)").prefill(ids)
+
+
+@pytest.mark.parametrize("setting, message", [(dict(attn_logit_softcapping=50.0), "soft-capping"),
+                                              (dict(use_bidirectional_attention=True), "causal")])
+def test_gemma3_configs_the_engine_cannot_run_are_refused(setting, message):
+    with pytest.raises(ValueError, match=message):
+        family_for(tiny_config("gemma3", vocab_size=259, **setting))

@@ -4,6 +4,7 @@ global ones, each kind with its own RoPE tables, and attention scaled by `query_
 
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 from transformers.models.gemma3 import modeling_gemma3
 
 from rf_eval.families.base import Family
@@ -17,7 +18,7 @@ class Gemma3(Family):
     tiny_settings = dict(sliding_window=16, query_pre_attn_scalar=16, sliding_window_pattern=2)
 
     @classmethod
-    def check_config(cls, config) -> None:
+    def check_config(cls, config: PretrainedConfig) -> None:
         if getattr(config, "attn_logit_softcapping", None) is not None:
             raise ValueError("attn_logit_softcapping is set: the engine's attention has no logit soft-capping")
         if getattr(config, "use_bidirectional_attention", False):
