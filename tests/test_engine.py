@@ -196,9 +196,9 @@ def test_exact_row_attention_spans_only_the_causal_keys(monkeypatch, keys_are_ex
     calls = []
     real = engine._attend
 
-    def spy(q_, k_, v_, qp, kp, scale):
+    def spy(q_, k_, v_, qp, kp, scale, *masking):
         calls.append((qp.clone(), kp.numel()))
-        return real(q_, k_, v_, qp, kp, scale)
+        return real(q_, k_, v_, qp, kp, scale, *masking)
 
     monkeypatch.setattr(engine, "_attend", spy)
     chunks = engine.QueryChunks(query_chunk=4096, prefix_end=n - tail)

@@ -52,7 +52,7 @@ def test_every_module_of_the_package_is_a_family():
     modules = sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_") and p.stem != "base")
     assert registered_families() == tuple(modules) == FAMILIES
     assert {"llama", "qwen3", "qwen3_5", "qwen3_next", "mistral"} <= set(FAMILIES)
-    with pytest.raises(ValueError, match=r"unknown family 'gpt2'; valid families: llama, "):
+    with pytest.raises(ValueError, match=r"unknown family 'gpt2'; valid families: gemma3, gpt_oss, llama, "):
         family_class("gpt2")
 
 
@@ -68,9 +68,16 @@ def test_a_family_describes_itself_truthfully(tiny_model, family):
     layers = model.model.layers
     attention = [layer.self_attn for layer in layers if hasattr(layer, "self_attn")]
     assert cls.linear_attention == any(cls.is_recurrent(layer) for layer in layers)
-    assert all(a.q_proj.out_features == a.config.num_attention_heads * a.head_dim * (2 if cls.gated_attention else 1)
+    assert all(_query_features(a) == a.config.num_attention_heads * a.head_dim * (2 if cls.gated_attention else 1)
                for a in attention)
     assert cls.moe_mlp == any(hasattr(layer.mlp, "experts") for layer in layers)
+
+
+def _query_features(attn) -> int:
+    """q_proj's width; a fused qkv_proj (Phi-3) holds the queries beside two K/V-wide blocks."""
+    if hasattr(attn, "q_proj"):
+        return attn.q_proj.out_features
+    return attn.qkv_proj.out_features - 2 * attn.config.num_key_value_heads * attn.head_dim
 
 
 def _with_folder(monkeypatch, folder: Path) -> None:

@@ -206,16 +206,16 @@ def test_adding_a_model_family(one_torch_thread):
         cos, sin = model.model.rotary_emb(x_split, torch.arange(n)[None])
         _, k = tf.models.mistral.modeling_mistral.apply_rotary_pos_emb(k, k, cos, sin)
     torch.testing.assert_close(got.cache.layers[4].keys[:, :, : n - tail], k[:, :, : n - tail], rtol=1e-6, atol=1e-6)
-    # every prefix row selected exact: the arm is the model again (this is what a sliding window breaks)
+    # every prefix row selected exact: the arm is the model again
     every = prefill(model, ids, plan, fill=identity_fill, select=lambda ctx: torch.arange(n - tail))
     torch.testing.assert_close(every.logits, ref.logits, rtol=1e-5, atol=1e-5)
     want = model.generate(ids[:, :32], max_new_tokens=6, do_sample=False)
     assert torch.equal(RidgeFill(model, split=3, tail=4, fill="exact").generate(ids[:, :32], max_new_tokens=6,
                                                                                  do_sample=False), want)
-    # the README's caveat: a sliding-window checkpoint is refused, not silently wrong
+    # the README's note: a sliding-window checkpoint (v0.1) runs inside its window
     windowed = tiny(sliding_window=16)
-    with pytest.raises(ValueError, match="sliding window of 16 tokens"):
-        prefill(windowed, ids, plan, fill=identity_fill)
+    every = prefill(windowed, ids, plan, fill=identity_fill, select=lambda ctx: torch.arange(n - tail))
+    torch.testing.assert_close(every.logits, plain_prefill(windowed, ids).logits, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------- the runs

@@ -44,6 +44,6 @@ def test_cli_tiny_model_rejects_unknown_family(capsys, tmp_path):
 def test_make_tiny_model_rejects_unknown_family_before_writing(tmp_path):
     import pytest
 
-    with pytest.raises(ValueError, match=r"unknown family 'gpt2'; valid families: llama, mistral, qwen3"):
+    with pytest.raises(ValueError, match=r"unknown family 'gpt2'; valid families: gemma3, gpt_oss, llama, mistral, olmo2"):
         make_tiny_model("gpt2", tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -60,14 +60,16 @@ from rf_eval.engine.lower import decoder_layers, new_cache, num_layers, run_lowe
 from rf_eval.engine.plan import FILL_SOURCES, PLAN_FILLS, FillFn, KVFillFn, LayerInputs, Plan, PrefillResult
 from rf_eval.engine.rowfill import AttentionRows, RowFill
 from rf_eval.engine.step import LayerStep, Rows
-from rf_eval.families import family_for
+from rf_eval.families import execution_device, family_for
 
 __all__ = [
     "FILL_SOURCES", "PLAN_FILLS", "PREFIX_QUERY_CHUNK", "AttentionRows", "Corrected", "FillFn", "KVFillFn",
     "Floor", "LateLayerHooks", "LayerInputs", "LayerStep", "LayerView", "MappedKV", "NoFill", "Plan", "Precomputed",
     "PredictedInput", "PrefillContext", "PrefillResult", "QueryChunks", "RowFill", "Rows", "SelectFn", "Selection",
-    "attend_exact_rows", "compare_results", "decoder_layers", "engine_floor", "exact_row_set", "exact_rows_beside", "extend", "family_for",
-    "filled_kernel_every_row_exact", "late_layers", "named_cache_tensors", "partial_every_row_exact", "partial_path_floors", "new_cache", "num_layers", "plain_prefill", "prefill", "row_fill_for", "run_layer",
+    "attend_exact_rows", "compare_results", "decoder_layers", "engine_floor", "exact_row_set",
+    "exact_rows_beside", "execution_device", "extend", "family_for", "filled_kernel_every_row_exact",
+    "late_layers", "named_cache_tensors", "new_cache", "num_layers", "partial_every_row_exact",
+    "partial_path_floors", "plain_prefill", "prefill", "row_fill_for", "run_layer",
     "run_layers", "run_lower_layers", "runs_plain",
 ]
 
@@ -167,8 +169,7 @@ def prefill(
         exact = torch.arange(n, device=input_ids.device)
     t2 = time.perf_counter()
     x_exact = late_layers(model, family, plan, inputs, cache, exact, strategy)
-    last = model.model.norm(x_exact[:, -1:])
-    logits = model.lm_head(last)[:, -1]
+    logits = family.logits(model, x_exact[:, -1:])[:, -1]
     t3 = time.perf_counter()
     return PrefillResult(
         cache=cache,

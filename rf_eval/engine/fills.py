@@ -97,12 +97,12 @@ class PredictedInput(RowFill):
             x_in = torch.empty_like(step.inputs.x_split)
             x_in[:, step.rows.filled] = self.predict(step, index, step.x_filled)
             x_in[:, step.rows.exact] = x_exact
-        return LayerView(step, self, index, x_in, step.layers[index].input_layernorm(x_in))
+        return LayerView(step, self, index, x_in, step.family.input_norm(step.layers[index], x_in))
 
     @staticmethod
     def project(view: LayerView) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (rotated) and values the layer writes for every row of the view."""
-        cos, sin = view.step.rope_keys
+        cos, sin = view.step.rope_at(view.index, "keys")
         return view.family.kv(view.layer.self_attn, view.h, cos, sin)
 
     def attention(self, step: LayerStep, index: int, x_exact: torch.Tensor) -> AttentionRows:
@@ -119,9 +119,9 @@ class PredictedInput(RowFill):
 
     def filled_kv(self, step: LayerStep, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention layer `index`'s keys (rotated) and values of the filled rows alone, from their predicted input."""
-        layer, rows = step.layers[index], step.rows.filled
-        h = layer.input_layernorm(self.predict(step, index, step.x_filled))
-        return step.family.kv(layer.self_attn, h, step.inputs.cos[:, rows], step.inputs.sin[:, rows])
+        layer = step.layers[index]
+        h = step.family.input_norm(layer, self.predict(step, index, step.x_filled))
+        return step.family.kv(layer.self_attn, h, *step.rope_at(index, "filled"))
 
 
 class NoFill(PredictedInput):
@@ -143,8 +143,8 @@ def exact_rows_beside(
     full-length pair already holding them, and the exact rows are written into it.
     """
     layer, rows = step.layers[index], step.rows
-    h_exact = layer.input_layernorm(x_exact)
-    k_exact, v_exact = step.family.kv(layer.self_attn, h_exact, *step.rope_exact)
+    h_exact = step.family.input_norm(layer, x_exact)
+    k_exact, v_exact = step.family.kv(layer.self_attn, h_exact, *step.rope_at(index, "exact"))
     if into:
         k, v = filled_kv
     else:

@@ -106,8 +106,9 @@ def every_prefix_row(context) -> torch.Tensor:
     return torch.arange(max(n - tail, 0), device=context.input_ids.device)
 
 
-def _masked_attention(step: LayerStep, q, keys, values, scale: float) -> torch.Tensor:
-    chunks = QueryChunks(step.plan.query_chunk, step.prefix_end)
+def _masked_attention(step: LayerStep, q, keys, values, scale: float, attn) -> torch.Tensor:
+    chunks = QueryChunks(step.plan.query_chunk, step.prefix_end, step.family.sliding_window(attn),
+                         step.family.attention_sinks(attn))
     return attend_exact_rows(q, keys, values, step.rows.exact, step.rows.keys, scale, chunks)
 
 

@@ -10,7 +10,7 @@ from rf_eval.engine.lower import decoder_layers
 from rf_eval.engine.plan import LayerInputs, Plan
 from rf_eval.engine.rowfill import RowFill
 from rf_eval.engine.step import LayerStep, Rows
-from rf_eval.families import Family
+from rf_eval.families import Family, execution_device
 
 
 def run_layer(step: LayerStep, fill: RowFill, index: int, x_exact: torch.Tensor) -> torch.Tensor:
@@ -29,15 +29,20 @@ def run_layer(step: LayerStep, fill: RowFill, index: int, x_exact: torch.Tensor)
         attn = layer.self_attn
         h_exact, k, v = fill.attention(step, index, x_exact)
         keys, values = (k, v) if step.cache is None else step.cache.update(k, v, index)
-        q, gate = family.query(attn, h_exact, *step.rope_exact)
-        mixed = family.attention_output(attn, step.attention(q, keys, values, attn.scaling, attn), gate)
-    return family.mlp(layer, x_exact + mixed)
+        q, gate = family.query(attn, h_exact, *step.rope_at(index, "exact"))
+        context = step.attention(q, keys, values, attn)
+        mixed = family.attention_output(attn, context, gate)
+    return family.mlp(layer, family.attention_residual(layer, x_exact, mixed))
 
 
 def run_layers(step: LayerStep, fill: RowFill, x_exact: torch.Tensor) -> torch.Tensor:
-    """`run_layer` for every late layer S..L-1 in order; the last one's output for the exact rows."""
+    """`run_layer` for every late layer S..L-1 in order; the last one's output for the exact rows.
+
+    Each layer runs where a device map placed it: the sweep's rows and inputs follow it there.
+    """
     for index in range(step.plan.split, len(step.layers)):
-        x_exact = run_layer(step, fill, index, x_exact)
+        step = step.to(execution_device(step.layers[index]))
+        x_exact = run_layer(step, fill, index, x_exact.to(step.inputs.x_split.device))
     return x_exact
 
 

@@ -7,6 +7,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from rf_eval.engine.plan import LayerInputs
+from rf_eval.families import family_for
 
 
 class _StopAtSplit(Exception):
@@ -62,7 +63,8 @@ def run_lower_layers(
         handles.append(layers[index].register_forward_pre_hook(keep(index), with_kwargs=True))
     n = input_ids.shape[1]
     step = n if chunk_size is None else chunk_size
-    states, cos, sin = [], [], []
+    states, cos, sin, tables = [], [], [], []
+    family = family_for(model.config)
     try:
         for start in range(0, n, step):
             chunk = input_ids[:, start : start + step]
@@ -73,12 +75,17 @@ def run_lower_layers(
                 c, s = stopped.kwargs["position_embeddings"]
                 cos.append(c)
                 sin.append(s)
+                tables.append(family.rope_tables(model, stopped.hidden_states, stopped.kwargs.get("position_ids")))
             else:  # pragma: no cover - the hook always fires
                 raise RuntimeError("the forward pass did not reach the split layer")
     finally:
         for handle in handles:
             handle.remove()
-    inputs = LayerInputs(torch.cat(states, 1), torch.cat(cos, -2), torch.cat(sin, -2))
+    by_kind = None
+    if tables[0] is not None:
+        by_kind = {kind: (torch.cat([t[kind][0] for t in tables], -2), torch.cat([t[kind][1] for t in tables], -2))
+                   for kind in tables[0]}
+    inputs = LayerInputs(torch.cat(states, 1), torch.cat(cos, -2), torch.cat(sin, -2), by_kind)
     lower = {}
     for index, pieces in captured.items():
         rows = capture[index]

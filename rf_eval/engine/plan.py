@@ -51,11 +51,27 @@ class Plan:
 
 @dataclass
 class LayerInputs:
-    """What the engine knows after the lower layers: split states and RoPE tables."""
+    """What the engine knows after the lower layers: split states and RoPE tables.
+
+    `cos`/`sin` are the tables the split layer reads; `tables` holds one pair
+    per RoPE kind for a family whose layers rotate differently
+    (`Family.rope_kind`: Gemma 3's local and global layers), else None.
+    """
 
     x_split: torch.Tensor  # (1, N, d): hidden state entering layer S, every row
     cos: torch.Tensor  # (1, N, rope_dim)
     sin: torch.Tensor
+    tables: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def rope(self, kind: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (cos, sin) tables of a RoPE kind (None: the split layer's)."""
+        return (self.cos, self.sin) if kind is None or self.tables is None else self.tables[kind]
+
+    def to(self, device: torch.device) -> LayerInputs:
+        tables = None if self.tables is None else {
+            kind: (c.to(device), s.to(device)) for kind, (c, s) in self.tables.items()
+        }
+        return LayerInputs(self.x_split.to(device), self.cos.to(device), self.sin.to(device), tables)
 
 
 @dataclass

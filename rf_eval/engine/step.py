@@ -8,6 +8,7 @@ one for its sweep (the probe rows exact, no cache).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -57,8 +58,8 @@ class Rows:
         return torch.searchsorted(self.keys, self.filled)
 
 
-#: (step, queries, keys, values, scale) -> attention context of the exact rows (1, |exact|, heads*D).
-AttendFn = Callable[["LayerStep", torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+#: (step, queries, keys, values, scale, attention module) -> attention context of the exact rows (1, |exact|, heads*D).
+AttendFn = Callable[["LayerStep", torch.Tensor, torch.Tensor, torch.Tensor, float, nn.Module], torch.Tensor]
 
 
 @dataclass
@@ -77,6 +78,15 @@ class LayerStep:
     rows: Rows
     cache: DynamicCache | None
     attend: AttendFn | None = None
+    _rope: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def to(self, device: torch.device) -> LayerStep:
+        """This sweep with its rows and layer inputs on `device` (a layer placed there by a device map)."""
+        if self.inputs.x_split.device == device:
+            return self
+        inputs = self.inputs.to(device)
+        rows = Rows(*(t.to(device) for t in (self.rows.exact, self.rows.filled, self.rows.keys)))
+        return dataclasses.replace(self, inputs=inputs, rows=rows)
 
     @property
     def n(self) -> int:
@@ -108,24 +118,46 @@ class LayerStep:
         rows = self.rows
         return rows.whole_prompt and rows.exact.numel() == self.n and rows.keys.numel() == self.n
 
-    def stock_mask(self, attn: nn.Module) -> torch.Tensor | None:
-        """The stock model's causal mask for this prompt (None: SDPA's `is_causal`), built once per sweep."""
-        if "_stock_mask" not in self.__dict__:
-            self.__dict__["_stock_mask"] = stock_mask(attn.config, self.inputs.x_split)
-        return self.__dict__["_stock_mask"]
+    def stock_mask(self, attn: nn.Module, sliding: bool) -> torch.Tensor | None:
+        """The stock model's causal (or sliding-window) mask for this prompt (None: SDPA's `is_causal`),
+        built once per sweep."""
+        masks = self.__dict__.setdefault("_stock_masks", {})
+        if sliding not in masks:
+            masks[sliding] = stock_mask(attn.config, self.inputs.x_split, sliding)
+        return masks[sliding]
 
-    def attention(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, attn: nn.Module | None = None
-    ) -> torch.Tensor:
-        """The exact rows' attention context over `keys` (at `rows.keys`).
+    def rope_at(self, index: int, which: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `index`'s RoPE tables at the `which` rows ("exact", "keys" or "filled").
 
-        With every row exact and the layer's module `attn` given, the stock
-        layer's own attention call (`attend_like_stock`): bitwise the stock
-        layer. Otherwise a masked SDPA over the key rows (`attend_exact_rows`).
+        The split layer's tables (cached) unless the family rotates this layer
+        with another kind (`Family.rope_kind`).
+        """
+        kind = self.family.rope_kind(self.layers[index])
+        if kind is None or self.inputs.tables is None:
+            if which == "filled":
+                return self.inputs.cos[:, self.rows.filled], self.inputs.sin[:, self.rows.filled]
+            return self.rope_exact if which == "exact" else self.rope_keys
+        key = (kind, which)
+        if key not in self._rope:
+            cos, sin = self.inputs.rope(kind)
+            rows = getattr(self.rows, which)
+            self._rope[key] = cos[:, rows], sin[:, rows]
+        return self._rope[key]
+
+    def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, attn: nn.Module) -> torch.Tensor:
+        """The exact rows' attention context over `keys` (at `rows.keys`), as attention module `attn` attends.
+
+        With every row exact, the stock layer's own attention call
+        (`attend_like_stock`, with its mask, window and sinks): bitwise the stock
+        layer. Otherwise a masked SDPA over the key rows (`attend_exact_rows`)
+        with the layer's scale, sliding window and sinks (`Family.sliding_window`,
+        `Family.attention_sinks`).
         """
         if self.attend is not None:
-            return self.attend(self, q, keys, values, scale)
-        if attn is not None and self.every_row_exact:
-            return attend_like_stock(attn, q, keys, values, self.stock_mask(attn))
-        chunks = QueryChunks(self.plan.query_chunk, self.prefix_end)
-        return attend_exact_rows(q, keys, values, self.rows.exact, self.rows.keys, scale, chunks)
+            return self.attend(self, q, keys, values, attn.scaling, attn)
+        window, sinks = self.family.sliding_window(attn), self.family.attention_sinks(attn)
+        if self.every_row_exact:
+            extra = {k: v for k, v in (("sliding_window", window), ("s_aux", sinks)) if v is not None}
+            return attend_like_stock(attn, q, keys, values, self.stock_mask(attn, window is not None), extra)
+        chunks = QueryChunks(self.plan.query_chunk, self.prefix_end, window, sinks)
+        return attend_exact_rows(q, keys, values, self.rows.exact, self.rows.keys, attn.scaling, chunks)

@@ -23,7 +23,7 @@ import os
 import pkgutil
 from functools import cache
 
-from rf_eval.families.base import Family
+from rf_eval.families.base import Family, execution_device
 
 FAMILY_PATH_ENV = "RF_EVAL_FAMILY_PATH"
 _NOT_FAMILIES = frozenset({"base"})
@@ -97,15 +97,14 @@ def family_class_for(config) -> type[Family]:
 
 
 def family_for(config) -> Family:
-    """The family object for a model config; a clear error for unsupported types and sliding windows."""
+    """The family object for a model config; a clear error for unsupported types.
+
+    Sliding-window layers are served: the engine's exact rows attend inside
+    each layer's window (`Family.sliding_window`) and the cache is the model's
+    own (`DynamicSlidingWindowLayer` where the config says so).
+    """
     cls = family_class_for(config)
-    window = sliding_window(config)
-    if window is not None:
-        raise ValueError(
-            f"this {config.model_type!r} model's attention uses a sliding window of {window} tokens; rf-eval's "
-            "engine attends over the whole prefix, so its filled arms would not be this model: sliding-window "
-            "layers are not supported (checkpoints with sliding_window null are)"
-        )
+    cls.check_config(config)
     return cls()
 
 
@@ -124,6 +123,6 @@ def sliding_window(config) -> int | None:
 
 
 __all__ = [
-    "FAMILY_PATH_ENV", "Family", "family_class", "family_class_for", "family_for",
+    "FAMILY_PATH_ENV", "Family", "execution_device", "family_class", "family_class_for", "family_for",
     "registered_families", "sliding_window", "supported_model_types",
 ]  # fmt: skip

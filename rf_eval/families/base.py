@@ -26,6 +26,15 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 
+def execution_device(module: nn.Module) -> torch.device:
+    """Where a module runs: accelerate's execution device for a dispatched one (device_map, offload), else its
+    parameters' device."""
+    device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+    if device is not None:
+        return torch.device(device)
+    return next(module.parameters()).device
+
+
 class Family:
     """Layer internals of one architecture (default: Llama-style attention)."""
 
@@ -35,6 +44,8 @@ class Family:
     apply_rope: ClassVar = None
     #: config arguments of the tiny test model beyond `rf_eval.testing.TINY_SHAPES`
     tiny_settings: ClassVar[dict[str, Any]] = {}
+    #: what the layers hold beyond Llama's, in a few words each (the README's families table)
+    traits: ClassVar[tuple[str, ...]] = ()
 
     # -- facts of the MAC cost model (rf_eval.ridgefill.cost) ------------------------------------
     #: q_proj also yields a sigmoid output gate, as wide as the queries
@@ -59,6 +70,55 @@ class Family:
     def is_recurrent(layer: nn.Module) -> bool:
         """True for Gated DeltaNet (linear-attention) layers."""
         return hasattr(layer, "linear_attn")
+
+    @classmethod
+    def check_config(cls, config: PretrainedConfig) -> None:
+        """Raise ValueError, saying why, for a config of this family the engine cannot run as the model."""
+
+    # -- the model's head ---------------------------------------------------------------------------
+    @staticmethod
+    def logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The model's logits for last-layer outputs x (1, n, d): final norm and lm_head, each on its device."""
+        h = model.model.norm(x.to(execution_device(model.model.norm)))
+        return model.lm_head(h.to(execution_device(model.lm_head)))
+
+    # -- the block's structure (pre-norm by default; post-norm and sandwich families override) --------
+    @staticmethod
+    def input_norm(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The block's input norm: what the attention (or mixer) projections read."""
+        return layer.input_layernorm(x)
+
+    @staticmethod
+    def attention_residual(layer: nn.Module, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        """The residual stream after the attention (or mixer) sub-block: x + mixed."""
+        return x + mixed
+
+    @staticmethod
+    def sliding_window(attn: nn.Module) -> int | None:
+        """The window of this attention layer (keys within `window` rows of the query), None for full attention.
+
+        The module's own per-layer `sliding_window` where it has one (Qwen2/3,
+        Gemma3, GPT-OSS), else the config's (Mistral v0.1, Phi3: every layer).
+        """
+        if hasattr(attn, "sliding_window"):
+            return attn.sliding_window
+        return getattr(attn.config, "sliding_window", None)
+
+    # -- RoPE tables (one kind by default; Gemma 3 rotates local and global layers differently) ------
+    @staticmethod
+    def rope_kind(layer: nn.Module) -> str | None:
+        """The RoPE tables this layer reads (a key of `rope_tables`); None: the same as every layer."""
+        return None
+
+    @staticmethod
+    def rope_tables(model: nn.Module, hidden: torch.Tensor, position_ids: torch.Tensor) -> dict | None:
+        """Every RoPE kind's (cos, sin) at `position_ids`, from the model's own rotary module; None: one kind."""
+        return None
+
+    @staticmethod
+    def attention_sinks(attn: nn.Module) -> torch.Tensor | None:
+        """Per-head attention-sink logits (heads,) that take softmax weight and give no value; None without."""
+        return None
 
     # -- attention pieces ---------------------------------------------------------
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,7 @@
 """Mistral: grouped-query attention as Llama's, no QK-norm.
 
-Checkpoints without a sliding window only (Mistral 7B v0.2 and later):
-`family_for` refuses `sliding_window` configs, since the engine attends over
-the whole prefix.
+Mistral 7B v0.1's `sliding_window` (every layer) is served too: the engine
+attends inside `Family.sliding_window` of each layer.
 """
 
 from transformers.models.mistral import modeling_mistral

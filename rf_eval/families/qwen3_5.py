@@ -12,6 +12,7 @@ from rf_eval.testing import TINY_HYBRID
 class Qwen3_5(GatedAttentionFamily):
     model_types = ("qwen3_5_text", "qwen3_5")
     apply_rope = staticmethod(modeling_qwen3_5.apply_rotary_pos_emb)
+    traits = ("QK-norm", "partial RoPE")
     linear_attention = True
     tiny_settings = TINY_HYBRID
 

@@ -11,6 +11,7 @@ from rf_eval.testing import TINY_HYBRID
 class Qwen3Next(GatedAttentionFamily):
     model_types = ("qwen3_next",)
     apply_rope = staticmethod(modeling_qwen3_next.apply_rotary_pos_emb)
+    traits = ("QK-norm", "partial RoPE", "shared expert")
     linear_attention = True
     moe_mlp = True
     tiny_settings = dict(

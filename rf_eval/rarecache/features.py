@@ -19,20 +19,36 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from rf_eval.engine import decoder_layers, new_cache
-from rf_eval.families import Family, family_class, family_for, registered_families
+from rf_eval.engine import new_cache
+from rf_eval.families import Family, family_class, family_for, registered_families, sliding_window
+
+
+def unsupported(config, role: str = "target") -> str | None:
+    """Why RaReCache cannot map this model's cache (None: it can), from its config and family."""
+    from rf_eval.families import family_class_for
+
+    cls = family_class_for(config)
+    if cls.linear_attention:
+        attention_only = [name for name in registered_families() if not family_class(name).linear_attention]
+        return (f"RaReCache maps KV caches; the {role} model ({config.model_type}) has Gated DeltaNet "
+                f"layers, which hold no per-token cache entry. Use an attention-only family "
+                f"({', '.join(attention_only)}).")
+    if cls.rope_tables is not Family.rope_tables:
+        return (f"RaReCache de-rotates keys with one RoPE table; the {role} model ({config.model_type}) "
+                "rotates its layers with several")
+    window = sliding_window(config)
+    if window is not None:
+        return (f"RaReCache maps whole KV caches; the {role} model's sliding-window layers keep only the last "
+                f"{window - 1} rows in their cache. Use a checkpoint without a sliding window.")
+    return None
 
 
 def check_attention_only(model: nn.Module, role: str) -> Family:
-    """The model's family; a clear error when it has layers without a KV cache (hybrids)."""
+    """The model's family; a clear error when RaReCache cannot map its cache (hybrids, sliding windows)."""
     family = family_for(model.config)
-    if any(family.is_recurrent(layer) for layer in decoder_layers(model)):
-        attention_only = [name for name in registered_families() if not family_class(name).linear_attention]
-        raise ValueError(
-            f"RaReCache maps KV caches; the {role} model ({model.config.model_type}) has Gated DeltaNet "
-            f"layers, which hold no per-token cache entry. Use an attention-only family "
-            f"({', '.join(attention_only)})."
-        )
+    reason = unsupported(model.config, role)
+    if reason is not None:
+        raise ValueError(reason)
     return family
 
 

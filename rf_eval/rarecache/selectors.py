@@ -121,7 +121,7 @@ def prefill_with_attention(
     received = torch.zeros(n, dtype=torch.float32, device=input_ids.device)
     for index, (hidden, cos, sin) in grabbed.items():
         attn = layers[index].self_attn
-        q, _ = family.query(attn, layers[index].input_layernorm(hidden), cos, sin)
+        q, _ = family.query(attn, family.input_norm(layers[index], hidden), cos, sin)
         keys = cache.layers[index].keys
         keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1)
         logits = (q.float() @ keys.float().transpose(-1, -2)) * attn.scaling

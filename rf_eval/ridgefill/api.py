@@ -75,9 +75,17 @@ class RidgeFill:
         device: str | None = None,
         dtype: str | torch.dtype | None = None,
         trust_remote_code: bool = False,
+        device_map: str | dict[str, Any] | None = None,
+        offload_folder: str | Path | None = None,
         **fields: Any,
     ) -> RidgeFill:
-        """Load a checkpoint (maps and arm checked against its config before the weights load)."""
+        """Load a checkpoint (maps and arm checked against its config before the weights load).
+
+        `device_map` (with `offload_folder` for "disk" entries): `transformers`' big-model
+        dispatch through accelerate ("auto", or module name -> device / "cpu" / "disk");
+        the engine runs each late layer on its execution device. `device` then only picks
+        the dtype that "auto" means.
+        """
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         arm = RidgeFillArm.from_fields(fields, what="RidgeFill")
@@ -86,9 +94,15 @@ class RidgeFill:
         arm.resolve(AutoConfig.from_pretrained(pretrained, trust_remote_code=trust_remote_code), maps)
         device = device or default_device()
         torch_dtype = parse_dtype(dtype, device)
-        model = AutoModelForCausalLM.from_pretrained(
-            pretrained, dtype=torch_dtype, trust_remote_code=trust_remote_code
-        ).to(device)
+        if device_map is None:
+            model = AutoModelForCausalLM.from_pretrained(
+                pretrained, dtype=torch_dtype, trust_remote_code=trust_remote_code
+            ).to(device)
+        else:
+            offload = {} if offload_folder is None else {"offload_folder": str(offload_folder)}
+            model = AutoModelForCausalLM.from_pretrained(
+                pretrained, dtype=torch_dtype, trust_remote_code=trust_remote_code, device_map=device_map, **offload
+            )
         tokenizer = AutoTokenizer.from_pretrained(pretrained, trust_remote_code=trust_remote_code)
         return cls(model, tokenizer, arm=arm, maps=maps)
 

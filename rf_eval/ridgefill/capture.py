@@ -77,7 +77,7 @@ def cache_writes(family: Family, layer: nn.Module, x: torch.Tensor, kwargs: dict
     Attention: the keys (after k-norm and RoPE) and values it caches.
     Gated DeltaNet: the projections that drive its state update (q, k, v, beta, gate inputs).
     """
-    h = layer.input_layernorm(x)
+    h = family.input_norm(layer, x)
     if family.is_recurrent(layer):
         return torch.cat(family.delta_inputs(layer.linear_attn, h), -1)[0]
     cos, sin = kwargs["position_embeddings"]

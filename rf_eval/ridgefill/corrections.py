@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from rf_eval.engine import LateLayerHooks, LayerView, Plan, plain_prefill
+from rf_eval.engine import LateLayerHooks, LayerView, Plan, new_cache
 from rf_eval.ridgefill.state_correction import filled_share, load_table
 from rf_eval.spec import check_params, parse_spec
 
@@ -59,7 +59,7 @@ class Rescale:
         start = view.prefix_end
         rows = torch.arange(start, start + min(self.c, view.plan.tail), device=view.h.device)
         attn = view.layer.self_attn
-        h_pred = view.layer.input_layernorm(view.predict(view.inputs.x_split[:, rows]))
+        h_pred = view.family.input_norm(view.layer, view.predict(view.inputs.x_split[:, rows]))
         true = view.family.project_kv(attn, view.h[:, rows])
         pred = view.family.project_kv(attn, h_pred)
         side = 1 if self.part == "values" else 0
@@ -185,12 +185,24 @@ def splice_kv(part: str, reference):
     return kv
 
 
+@torch.no_grad()
+def reference_cache(model, input_ids: torch.Tensor):
+    """The stock prefill's cache with every row's K/V kept: its sliding-window layers hold the whole prompt
+    (the model's own `DynamicSlidingWindowLayer` keeps only the last window - 1 rows)."""
+    from transformers.cache_utils import DynamicLayer
+
+    cache = new_cache(model)
+    cache.layers = [DynamicLayer() if getattr(layer, "is_sliding", False) else layer for layer in cache.layers]
+    model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+    return cache
+
+
 def build_hooks(corrections: list, splice: str | None, model, input_ids: torch.Tensor) -> LateLayerHooks | None:
     """One LateLayerHooks for a request: kv corrections, then the splice; the state correction."""
     kv_steps = [c.kv for c in corrections if hasattr(c, "kv")]
     states = [c.prefix_state for c in corrections if hasattr(c, "prefix_state")]
     if splice is not None:
-        kv_steps.append(splice_kv(splice, plain_prefill(model, input_ids).cache))
+        kv_steps.append(splice_kv(splice, reference_cache(model, input_ids)))
     if not kv_steps and not states:
         return None
 

@@ -15,6 +15,9 @@ layer S's filled rows read A_S x_S + b_S, so maps are charged at layers
 S..L-1; without it layer S reads x_S and maps are charged from S+1. Selected exact prefix rows are
 charged attention at the mean prefix position, (N - T) / 2.
 
+A sliding-window layer (`LayerCost.window`) charges each query at most
+`window` keys: what its mask leaves (filled rows still pay their K/V).
+
 What a layer holds is read from the model's family (`rf_eval.families`):
 its `gated_attention`, `moe_mlp` and `linear_attention` facts say which
 config fields describe the layers.
@@ -43,6 +46,7 @@ class LayerCost:
     write: int  # per row: what a filled row computes (K/V, or the state update)
     rest: int  # per row: everything else an exact row computes (queries, output, MLP, ...)
     attn_per_key: int  # per (query, key) pair: scores + weighted values (attention layers)
+    window: int | None = None  # a sliding-window layer's window (None: full causal attention)
 
 
 def _mlp_macs(config, layer_index: int, moe: bool) -> int:
@@ -53,7 +57,8 @@ def _mlp_macs(config, layer_index: int, moe: bool) -> int:
     if experts and layer_index not in mlp_only and (layer_index + 1) % sparse_step == 0:
         k = config.num_experts_per_tok
         shared = getattr(config, "shared_expert_intermediate_size", 0) or 0
-        return d * experts + 3 * d * config.moe_intermediate_size * k + 3 * d * shared + (d if shared else 0)
+        expert = getattr(config, "moe_intermediate_size", None) or config.intermediate_size  # GPT-OSS: the latter
+        return d * experts + 3 * d * expert * k + 3 * d * shared + (d if shared else 0)
     return 3 * d * config.intermediate_size
 
 
@@ -67,6 +72,7 @@ def layer_costs(config) -> list[LayerCost]:
     head_dim = getattr(config, "head_dim", None) or d // heads
     gated = family.gated_attention
     types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+    windows = _windows(config, types)
     costs = []
     for i, kind in enumerate(types):
         mlp = _mlp_macs(config, i, family.moe_mlp)
@@ -84,12 +90,25 @@ def layer_costs(config) -> list[LayerCost]:
             write = 2 * d * kv_heads * head_dim
             q = d * heads * head_dim * (2 if gated else 1)
             rest = q + heads * head_dim * d + mlp
-            costs.append(LayerCost("attention", write, rest, 2 * heads * head_dim))
+            costs.append(LayerCost("attention", write, rest, 2 * heads * head_dim, windows[i]))
     return costs
 
 
-def _causal_pairs(start: int, stop: int) -> int:
-    """Sum over query positions i in [start, stop) of (i + 1) keys."""
+def _windows(config, types: list[str]) -> list[int | None]:
+    """Each layer's sliding window: `sliding_attention` layers', or every layer's without `layer_types`."""
+    window = getattr(config, "sliding_window", None)
+    if window is None:
+        return [None] * len(types)
+    if getattr(config, "layer_types", None):
+        return [window if kind == "sliding_attention" else None for kind in types]
+    return [window] * len(types)
+
+
+def _causal_pairs(start: int, stop: int, window: int | None = None) -> int:
+    """Sum over query positions i in [start, stop) of min(i + 1, window) keys."""
+    if window is not None and stop > window:
+        full = max(start, window)
+        return _causal_pairs(start, full) + window * (stop - full) if start < window else window * (stop - start)
     return (stop * (stop + 1) - start * (start + 1)) // 2
 
 
@@ -114,7 +133,7 @@ def prefill_macs(
     total = d * config.vocab_size  # last row's logits
     if fill == "exact" or split is None or tail >= N:
         for c in costs:
-            total += N * (c.write + c.rest) + c.attn_per_key * _causal_pairs(0, N)
+            total += N * (c.write + c.rest) + c.attn_per_key * _causal_pairs(0, N, c.window)
         return total
     if not 1 <= split <= L - 1:
         raise ValueError(f"split {split} is outside 1..{L - 1}")
@@ -125,20 +144,21 @@ def prefill_macs(
     first_map = split if map_split else split + 1
     for i, c in enumerate(costs):
         if i < split:
-            total += N * (c.write + c.rest) + c.attn_per_key * _causal_pairs(0, N)
+            total += N * (c.write + c.rest) + c.attn_per_key * _causal_pairs(0, N, c.window)
             continue
+        w = N if c.window is None else c.window
         exact_n = T + E
         total += exact_n * (c.write + c.rest)
         if fill == "nofill":
             # exact rows attend only to exact rows: tail over (E + its own causal part), selected among themselves
-            total += c.attn_per_key * (T * E + _causal_pairs(0, T) + _causal_pairs(0, E))
+            total += c.attn_per_key * (min(T * E + _causal_pairs(0, T), T * w) + _causal_pairs(0, E, c.window))
         else:
             total += filled * c.write
-            total += c.attn_per_key * (_causal_pairs(prefix, N) + E * (prefix // 2 + 1))
+            total += c.attn_per_key * (_causal_pairs(prefix, N, c.window) + E * min(prefix // 2 + 1, w))
             if fill in FILLS_WITH_MAPS and i >= first_map:
                 total += filled * d * d
         if probe_rows:
-            total += probe_rows * (c.write + c.rest) + c.attn_per_key * probe_rows * N
+            total += probe_rows * (c.write + c.rest) + c.attn_per_key * probe_rows * min(N, w)
     return total
 
 

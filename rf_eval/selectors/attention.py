@@ -38,9 +38,9 @@ DEFAULT_LAYERS = (3, 7, 11, 15)
 
 def attention_mass(
     q: torch.Tensor, k: torch.Tensor, scale: float, q_pos: torch.Tensor, k_pos: torch.Tensor,
-    v: torch.Tensor | None = None,
+    v: torch.Tensor | None = None, window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Causal softmax attention of q (1, H, w, D) over k (1, KVH, M, D).
+    """Causal softmax attention of q (1, H, w, D) over k (1, KVH, M, D) (inside `window`, a sliding layer's).
 
     Returns the attention each key receives summed over heads and queries
     (M,) in fp32, and, with `v`, the attention output (1, w, H*Dv).
@@ -49,6 +49,8 @@ def attention_mass(
     heads, kv_heads = q.shape[1], k.shape[1]
     group = heads // kv_heads
     mask = k_pos[None, :].to(q.device) <= q_pos[:, None].to(q.device)
+    if window is not None:
+        mask &= k_pos[None, :].to(q.device) > q_pos[:, None].to(q.device) - window
     received = torch.zeros(k.shape[2], dtype=torch.float32, device=q.device)
     outs = []
     for g in range(kv_heads):
@@ -65,7 +67,11 @@ def attention_mass(
 
 
 def selector_layers(req: Request, layers: Sequence[int]) -> list[int]:
-    """The attention layers among `layers` below the split."""
+    """The full-attention layers among `layers` below the split.
+
+    Sliding-window layers are skipped: their cache keeps only the last window - 1
+    rows, and rows outside a query's window receive nothing from it anyway.
+    """
     family = req.ctx.family if req.ctx is not None else None
     stack = req.layers()
     keep = []
@@ -73,12 +79,13 @@ def selector_layers(req: Request, layers: Sequence[int]) -> list[int]:
         if not 0 <= i < req.plan.split:
             continue
         recurrent = family.is_recurrent(stack[i]) if family else hasattr(stack[i], "linear_attn")
-        if not recurrent:
+        sliding = not recurrent and family is not None and family.sliding_window(stack[i].self_attn) is not None
+        if not recurrent and not sliding:
             keep.append(i)
     if not keep:
         raise ValueError(
-            f"no attention layer among layers {list(layers)} lies below split {req.plan.split}; "
-            "pass layers= with lower attention layers"
+            f"no full-attention layer among layers {list(layers)} lies below split {req.plan.split}; "
+            "pass layers= with lower attention layers (sliding-window layers are not read)"
         )
     return keep
 
@@ -95,7 +102,7 @@ def lower_attention(req: Request, layers: Sequence[int], start: int, stop: int) 
     for index in layers:
         layer = req.layers()[index]
         x = req.lower_input(index, start, stop)
-        h = layer.input_layernorm(x)
+        h = ctx.family.input_norm(layer, x)
         cos, sin = ctx.inputs.cos[:, start:stop], ctx.inputs.sin[:, start:stop]
         q, _ = ctx.family.query(layer.self_attn, h, cos, sin)
         keys = ctx.cache.layers[index].keys

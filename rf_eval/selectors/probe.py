@@ -89,8 +89,11 @@ def probe_sweep(req: Request, rows: int) -> tuple[torch.Tensor, Precomputed | No
     device = ctx.inputs.x_split.device
     received = torch.zeros(n, dtype=torch.float32)
 
-    def attend(step, q, keys, values, scale):
-        mass, context = attention_mass(q, keys, scale, step.rows.exact, step.rows.keys, values)
+    def attend(step, q, keys, values, scale, attn):
+        if step.family.attention_sinks(attn) is not None:
+            raise ValueError("the probe's attention mass has no attention sinks: this model's layers have them")
+        window = step.family.sliding_window(attn)
+        mass, context = attention_mass(q, keys, scale, step.rows.exact, step.rows.keys, values, window)
         received[key_rows] += mass.cpu()
         return context.to(values.dtype)
 

@@ -9,13 +9,14 @@ import torch
 from transformers import DynamicCache
 
 from rf_eval import engine
-from rf_eval.families import family_class, registered_families
+from rf_eval.families import registered_families
 from rf_eval.rarecache.api import RaReCache
-from rf_eval.rarecache.features import cache_entries, prefill_cache
+from rf_eval.rarecache.features import cache_entries, prefill_cache, unsupported
 from rf_eval.rarecache.maps import SIDES
 from rf_eval.rarecache.selectors import SELECTORS
+from rf_eval.testing import tiny_config
 
-FAMILIES = tuple(name for name in registered_families() if not family_class(name).linear_attention)  # KV caches only
+FAMILIES = tuple(name for name in registered_families() if unsupported(tiny_config(name, 259)) is None)  # KV caches
 
 
 def make(fitted, family, **kw) -> RaReCache:

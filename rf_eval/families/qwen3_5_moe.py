@@ -1,0 +1,17 @@
+"""Qwen3.5-MoE (text path): the Qwen3.5 hybrid layout (Gated DeltaNet + gated attention) with a sparse
+mixture-of-experts MLP and a shared expert in every layer."""
+
+from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
+
+from rf_eval.families.base import GatedAttentionFamily
+from rf_eval.testing import TINY_HYBRID
+
+
+class Qwen3_5Moe(GatedAttentionFamily):
+    model_types = ("qwen3_5_moe_text", "qwen3_5_moe")
+    apply_rope = staticmethod(modeling_qwen3_5_moe.apply_rotary_pos_emb)
+    traits = ("QK-norm", "partial RoPE", "shared expert")
+    linear_attention = True
+    moe_mlp = True
+    tiny_settings = dict(TINY_HYBRID, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                         shared_expert_intermediate_size=32)

@@ -1,0 +1,34 @@
+"""The README's families table is `rf-eval families` over the registry, and what it claims is tested."""
+
+from pathlib import Path
+
+from rf_eval.cli import main
+from rf_eval.cli.families import BEGIN, END, rows, table, with_table
+from rf_eval.families import supported_model_types
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_readme_table_is_current():
+    readme = (ROOT / "README.md").read_text()
+    assert with_table(readme) == readme, "run `rf-eval families --readme README.md`"
+    assert readme.count(BEGIN) == readme.count(END) == 1
+    assert len(rows()) == len(supported_model_types()) >= 12
+
+
+def test_every_model_type_that_can_slide_is_in_the_sliding_window_test():
+    from test_families import SLIDING
+
+    sliding = {family for model_type, family, needs, *_ in rows() if "sliding window" in needs}
+    assert sliding <= set(SLIDING), sorted(sliding - set(SLIDING))
+    assert all(Path(ROOT, "tests", f"{name.split(' ')[0]}.py").exists()
+               for row in rows() for name in row[-1].split(", "))
+
+
+def test_the_command_prints_and_rewrites(tmp_path, capsys):
+    assert main(["families"]) == 0
+    assert capsys.readouterr().out == table()
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{BEGIN}\nstale\n{END}\n\nafter\n")
+    assert main(["families", "--readme", str(readme)]) == 0
+    assert readme.read_text() == f"# x\n\n{BEGIN}\n{table()}{END}\n\nafter\n"
