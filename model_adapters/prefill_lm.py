@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from lm_eval.api.model import hash_args
@@ -66,6 +66,8 @@ _NOT_RESULTS = {"device", "batch_size", "max_batch_size", "parallelize", "device
 
 class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
     """Shared by `--model ridgefill` and `--model rarecache`; see the module docstring."""
+
+    method_name: ClassVar[str] = ""  # the lm-eval model name (`run_context` tells the tasks which adapter runs)
 
     def __init__(self, pretrained: str | None = None, **model_args: Any) -> None:
         from rf_eval.stats.ledger import LedgerError, ledger_from_env

@@ -89,6 +89,8 @@ def parse_rarecache_args(args: dict[str, Any]) -> tuple[RaReCacheSettings, dict[
 class RaReCacheLM(PrefillLM):
     """`--model rarecache`: prompts prefilled by `rf_eval.rarecache.RaReCache`; see the module docstring."""
 
+    method_name = "rarecache"
+
     settings: RaReCacheSettings
 
     @classmethod

@@ -111,6 +111,8 @@ def _int(value: Any) -> int | None:
 class RidgeFillLM(PrefillLM):
     """`--model ridgefill`: prompts prefilled by `rf_eval.RidgeFill`; see the module docstring."""
 
+    method_name = "ridgefill"
+
     settings: RidgeFillSettings
 
     @classmethod

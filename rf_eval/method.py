@@ -91,6 +91,15 @@ def generation_cache(method: PrefillMethod, prompt: list[int]) -> PrefillResult 
     return method.prefill(torch.tensor([prompt[:-1]], device=input_device(method.model)), for_generation=True)
 
 
+def generate(method: PrefillMethod, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """`model.generate` (its own keyword arguments) over the method's cache of the prompt (`generation_cache`)."""
+    input_ids = input_ids.to(input_device(method.model))
+    result = generation_cache(method, input_ids[0].tolist())
+    if result is None:
+        return method.model.generate(input_ids, **kwargs)
+    return method.model.generate(input_ids, cache=result.cache, **kwargs)
+
+
 def empty_result(model: Any) -> PrefillResult:
     """A prefill of nothing: the cache `generate` fills with the whole prompt itself."""
     return PrefillResult(new_cache(model), None, torch.arange(0), prompt_length=0)

@@ -44,7 +44,13 @@ from rf_eval.tasks.common import (
     tokenizer_from,
     with_run_defaults,
 )
-from rf_eval.tasks.keytoken import DOCS_OPTION, KeyTokenDataError, load_documents, pooled_mean, pooled_median
+from rf_eval.tasks.keytoken import (
+    KeyTokenDataError,
+    documents_folder,
+    load_documents,
+    pooled_mean,
+    pooled_median,
+)
 
 request_types.install()
 
@@ -113,12 +119,7 @@ class DecodeAgreementTask(ConfigurableTask):
     def download(self, dataset_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         import datasets
 
-        path = (self.config.metadata or {}).get(DOCS_OPTION)
-        if not path:
-            raise KeyTokenDataError(
-                f"decode_agreement reads documents from a local folder: pass --metadata "
-                f"'{{\"{DOCS_OPTION}\": \"/path/to/documents\"}}' (.txt files and/or .jsonl with a `text` field)"
-            )
+        path = documents_folder(self.config.metadata, "decode_agreement")
         tokenizer = tokenizer_from(self.config.metadata) if self.lengths else None
         docs = draw(load_documents(path), self.n_docs, self.seed, self.lengths, tokenizer)
         self.dataset = {"test": datasets.Dataset.from_list(docs)}

@@ -67,6 +67,17 @@ log = logging.getLogger(__name__)
 DOCS_OPTION = "docs"
 
 
+def documents_folder(metadata: dict | None, task: str) -> str:
+    """The `docs` folder a long-document task reads, or an error saying how to pass it."""
+    path = (metadata or {}).get(DOCS_OPTION)
+    if not path:
+        raise KeyTokenDataError(
+            f"{task} reads long documents from a local folder: pass --metadata "
+            f"'{{\"{DOCS_OPTION}\": \"/path/to/documents\"}}' (.txt files and/or .jsonl with a `text` field)"
+        )
+    return path
+
+
 class KeyTokenDataError(RuntimeError):
     """Missing documents or an unusable key-token reference."""
 
@@ -224,13 +235,7 @@ class KeyTokenTask(ConfigurableTask):
     def download(self, dataset_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         import datasets
 
-        path = (self.config.metadata or {}).get(DOCS_OPTION)
-        if not path:
-            raise KeyTokenDataError(
-                f"keytoken_nll reads long documents from a local folder: pass --metadata "
-                f"'{{\"{DOCS_OPTION}\": \"/path/to/documents\"}}' (.txt files and/or .jsonl with a `text` field)"
-            )
-        docs = load_documents(path)
+        docs = load_documents(documents_folder(self.config.metadata, "keytoken_nll"))
         if self.lengths:
             docs = length_grid(tokenizer_from(self.config.metadata), docs, self.lengths, self.score_tokens)
         self.dataset = {"test": datasets.Dataset.from_list(docs)}

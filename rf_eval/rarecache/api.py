@@ -36,7 +36,7 @@ from torch import nn
 from rf_eval import engine
 from rf_eval.devices import default_device, parse_dtype
 from rf_eval.engine import MappedKV, Plan, PrefillResult, new_cache, num_layers
-from rf_eval.method import check_prompt, generation_cache, input_device
+from rf_eval.method import check_prompt, generate, input_device
 from rf_eval.rarecache.arm_spec import RaReCacheArm
 from rf_eval.rarecache.features import cache_entries, check_attention_only, prefill_cache
 from rf_eval.rarecache.maps import SIDES, TransferMaps, check_tokenizers, load_transfer_maps
@@ -235,11 +235,7 @@ class RaReCache:
 
     def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         """`target.generate` over a RaReCache-prefilled cache; the last prompt token runs exactly."""
-        input_ids = input_ids.to(self.device)
-        result = generation_cache(self, input_ids[0].tolist())
-        if result is None:
-            return self.target.generate(input_ids, **kwargs)
-        return self.target.generate(input_ids, cache=result.cache, **kwargs)
+        return generate(self, input_ids, **kwargs)
 
     def provenance(self) -> dict[str, Any]:
         """What ran: method, budget, selector (oracles flagged), both models and the maps' identity."""

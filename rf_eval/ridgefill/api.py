@@ -12,7 +12,7 @@ from torch import nn
 from rf_eval import engine
 from rf_eval.devices import default_device, parse_dtype
 from rf_eval.engine import Plan, PrefillResult
-from rf_eval.method import check_prompt, generation_cache, input_device
+from rf_eval.method import check_prompt, generate, input_device
 from rf_eval.ridgefill.arm import Arm
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.ridgefill.maps import RidgeMaps, identity_fill, load_arm_maps
@@ -152,11 +152,7 @@ class RidgeFill:
 
     def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         """`model.generate` over an engine-prefilled cache; kwargs are generate's own."""
-        input_ids = input_ids.to(self.device)
-        result = generation_cache(self, input_ids[0].tolist())
-        if result is None:
-            return self.model.generate(input_ids, **kwargs)
-        return self.model.generate(input_ids, cache=result.cache, **kwargs)
+        return generate(self, input_ids, **kwargs)
 
     def provenance(self) -> dict[str, Any]:
         """What ran: the arm and the maps' identity, for results files."""
