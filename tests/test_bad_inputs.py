@@ -56,9 +56,9 @@ BAD_FIT = [
 
 
 @pytest.mark.parametrize("args, message, code", BAD_FIT)
-def test_fit_bad_inputs_fail_before_the_model_loads(tiny_model_dir, tmp_path, capsys, args, message, code):
-    if "cuda" in args and torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
+def test_fit_bad_inputs_fail_before_the_model_loads(tiny_model_dir, tmp_path, capsys, monkeypatch, args, message,
+                                                    code):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # `--device cuda` on a machine without one
     cal = tmp_path / "cal.txt"
     cal.write_text("some calibration text " * 20)
     full = tmp_path / "full"
