@@ -18,8 +18,10 @@ import torch.nn.functional as F
 
 from rf_eval.cli import main as cli_main
 from rf_eval.engine import decoder_layers
-from rf_eval.families import family_class, family_for, registered_families
+from rf_eval.families import family_class, family_for, registered_families, sliding_window
+from rf_eval.fields import ArmError
 from rf_eval.rarecache.api import RaReCache
+from rf_eval.rarecache.features import unsupported
 from rf_eval.rarecache.fit import fit_transfer
 from rf_eval.rarecache.selectors import SELECTORS as TRANSFER_SELECTORS
 from rf_eval.ridgefill.api import RidgeFill
@@ -90,16 +92,29 @@ def test_every_public_path(family, tiny_model, tiny_model_dir, texts, tmp_path):
     assert maps.layers == list(range(SPLIT, model.config.num_hidden_layers))
 
     # the arms, and the stock model continuing from their cache
-    for fill in ("ridge", "identity", "nofill"):
+    fills = ("ridge", "identity", "nofill")
+    if sliding_window(model.config) is not None:  # nofill is refused there, before any prompt runs
+        with pytest.raises(ArmError, match="fill=nofill leaves late layers with fewer rows"):
+            RidgeFill(model, tok, fill="nofill", split=SPLIT, tail=TAIL)
+        fills = ("ridge", "identity")
+    for fill in fills:
         rf = RidgeFill(model, tok, fill=fill, maps=maps if fill == "ridge" else None, split=SPLIT, tail=TAIL)
         result = rf.prefill(ids[:, :-1], held_back=1)
         check_result(result, n - 1, TAIL - 1)
         assert torch.isfinite(rf.extend(result, ids[:, -1:])).all()
     assert RidgeFill(model, tok, fill="ridge", maps=maps, tail=n).is_plain(n)
 
-    # every selector of the registry
+    # every selector of the registry (the probe refuses models with attention sinks, saying so)
+    family_obj = family_for(model.config)
+    sinks = any(family_obj.attention_sinks(layer.self_attn) is not None
+                for layer in model.model.layers if hasattr(layer, "self_attn"))
     for name, spec in SELECTOR_SPECS.items():
-        result = RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, selector=spec).prefill(ids)
+        arm = RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, selector=spec)
+        if name == "probe" and sinks:
+            with pytest.raises(ValueError, match="the probe's attention mass has no attention sinks"):
+                arm.prefill(ids)
+            continue
+        result = arm.prefill(ids)
         check_result(result, n)
         if name not in ("longer_tail", "special", "lexical_net"):
             assert result.exact_rows.numel() > TAIL, name
@@ -131,10 +146,13 @@ def test_every_public_path(family, tiny_model, tiny_model_dir, texts, tmp_path):
         with pytest.raises(ValueError, match="map_split"):
             RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, corrections=spec, map_split=False)
 
-    # RaReCache where the family is attention-only (a hybrid holds no per-token cache entry to map)
-    if cls.linear_attention:
-        with pytest.raises(ValueError, match="attention-only family"):
+    # RaReCache where it can map the family's cache; elsewhere its refusal (a hybrid holds no per-token cache
+    # entry, a sliding window keeps only the last rows, several RoPE tables cannot be undone as one)
+    reason = unsupported(model.config, "source")
+    if reason is not None:
+        with pytest.raises(ValueError) as refused:
             fit_transfer(model, model, tok, tok, texts["calibration"], k=2, rank=8)
+        assert str(refused.value) == reason
         return
     from transformers import AutoModelForCausalLM
 

@@ -123,6 +123,12 @@ class RidgeFillArm:
             if weights is not None:
                 maps.check_weights(weights, allow_other_weights=self.allow_other_weights)
             split = maps.split
+        from rf_eval.families import sliding_window
+
+        if self.fill == "nofill" and sliding_window(model_config) is not None:
+            raise ArmError("fill=nofill leaves late layers with fewer rows than the prompt, which this model's "
+                           "sliding-window layers cannot decode from (their masks assume every row); use a fill, "
+                           "or a longer tail (tail >= the prompt) for the exact arm")
         if self.fill == "ridge" and maps is None:
             raise ArmError("fill=ridge needs maps= (a folder or file written by `rf-eval fit`)")
         if split is None:
