@@ -8,7 +8,9 @@ puts a small finder on `sys.meta_path`. When lm-eval itself later imports
   registered as lazy "module:Class" strings (lm-eval's registry loads them on
   first use, so `lm_eval --model hf` never imports rf-eval code);
 - `lm_eval.tasks.manager`: every `TaskManager` also indexes the installed
-  `rf_eval.tasks` folder (after lm-eval's own tasks and before --include_path).
+  `rf_eval.tasks` folder (after lm-eval's own tasks and before --include_path);
+- `lm_eval.tasks._index`: with `RF_EVAL_TASK_INDEX_CACHE` set, the task index
+  is read from a disk cache while no YAML file changed (`rf_eval.task_index_cache`).
 
 Any failure is swallowed: this module must never break an unrelated start.
 Set RF_EVAL_NO_LM_EVAL_HOOK=1 to switch it off.
@@ -62,7 +64,17 @@ def _add_tasks_folder(module) -> None:
     manager.__init__ = __init__
 
 
-_HOOKS = {"lm_eval.models": _register_models, "lm_eval.tasks.manager": _add_tasks_folder}
+def _cache_task_index(module) -> None:
+    from rf_eval.task_index_cache import wrap_build
+
+    wrap_build(module)
+
+
+_HOOKS = {
+    "lm_eval.models": _register_models,
+    "lm_eval.tasks.manager": _add_tasks_folder,
+    "lm_eval.tasks._index": _cache_task_index,  # only when RF_EVAL_TASK_INDEX_CACHE names a folder
+}
 
 
 class _Loader:

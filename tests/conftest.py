@@ -9,6 +9,13 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Every `lm_eval` process the tests start (dozens) reads lm-eval's task index from one cache instead of
+# parsing its ~14,000 YAML files again (10-15 s each here); tests/test_task_index_cache.py checks that the
+# cached index equals lm-eval's own build and is rebuilt when a file changes.
+if "RF_EVAL_TASK_INDEX_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["RF_EVAL_TASK_INDEX_CACHE"] = tempfile.mkdtemp(prefix="rf-eval-task-index-")
 
 
 @pytest.fixture(scope="session")

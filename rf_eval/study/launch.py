@@ -32,10 +32,11 @@ class ArmJob:
 def run_arm(job: ArmJob) -> dict[str, Any]:
     """Run one arm to the end; its `done.json` is written only when lm_eval exits 0."""
     from rf_eval.study.runner import done_marker
+    from rf_eval.task_index_cache import child_env
 
     out = Path(job.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    env = child_env(dict(os.environ, TOKENIZERS_PARALLELISM="false"))
     started = time.time()
     with open(out / "logs" / f"{job.name}.log", "a") as log:
         code = subprocess.run(list(job.argv), env=env, stdout=log, stderr=subprocess.STDOUT).returncode
