@@ -38,9 +38,13 @@ DEFAULT_LAYERS = (3, 7, 11, 15)
 
 def attention_mass(
     q: torch.Tensor, k: torch.Tensor, scale: float, q_pos: torch.Tensor, k_pos: torch.Tensor,
-    v: torch.Tensor | None = None, window: int | None = None,
+    v: torch.Tensor | None = None, window: int | None = None, sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Causal softmax attention of q (1, H, w, D) over k (1, KVH, M, D) (inside `window`, a sliding layer's).
+
+    `sinks`: per-head attention-sink logits (H,) (GPT-OSS): one more softmax
+    column per head that takes weight and gives no value, so the mass and the
+    output are the stock layer's.
 
     Returns the attention each key receives summed over heads and queries
     (M,) in fp32, and, with `v`, the attention output (1, w, H*Dv).
@@ -55,8 +59,11 @@ def attention_mass(
     outs = []
     for g in range(kv_heads):
         qs = q[0, g * group : (g + 1) * group].float()
-        scores = qs @ k[0, g].float().T * scale
-        probs = F.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        scores = (qs @ k[0, g].float().T * scale).masked_fill(~mask, float("-inf"))
+        if sinks is not None:
+            sink = sinks[g * group : (g + 1) * group].float().to(q.device)
+            scores = torch.cat([scores, sink.view(-1, 1, 1).expand(-1, scores.shape[1], 1)], -1)
+        probs = F.softmax(scores, dim=-1)[..., : k.shape[2]]
         received += probs.sum((0, 1))
         if v is not None:
             outs.append(probs.to(v.dtype) @ v[0, g])  # (group, w, Dv)
@@ -106,7 +113,8 @@ def lower_attention(req: Request, layers: Sequence[int], start: int, stop: int) 
         cos, sin = ctx.inputs.cos[:, start:stop], ctx.inputs.sin[:, start:stop]
         q, _ = ctx.family.query(layer.self_attn, h, cos, sin)
         keys = ctx.cache.layers[index].keys
-        received, _ = attention_mass(q, keys, layer.self_attn.scaling, q_pos, k_pos)
+        received, _ = attention_mass(q, keys, layer.self_attn.scaling, q_pos, k_pos,
+                                     sinks=ctx.family.attention_sinks(layer.self_attn))
         total += received.cpu()
     req.memo[key] = total
     return total

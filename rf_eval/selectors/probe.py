@@ -90,10 +90,8 @@ def probe_sweep(req: Request, rows: int) -> tuple[torch.Tensor, Precomputed | No
     received = torch.zeros(n, dtype=torch.float32)
 
     def attend(step, q, keys, values, scale, attn):
-        if step.family.attention_sinks(attn) is not None:
-            raise ValueError("the probe's attention mass has no attention sinks: this model's layers have them")
-        window = step.family.sliding_window(attn)
-        mass, context = attention_mass(q, keys, scale, step.rows.exact, step.rows.keys, values, window)
+        window, sinks = step.family.sliding_window(attn), step.family.attention_sinks(attn)
+        mass, context = attention_mass(q, keys, scale, step.rows.exact, step.rows.keys, values, window, sinks)
         received[key_rows] += mass.cpu()
         return context.to(values.dtype)
 

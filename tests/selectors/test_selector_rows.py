@@ -162,7 +162,7 @@ def test_probe_count_equals_base_rules_count(tiny_model):
     assert fewer.rows.numel() == round(0.5 * expected)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+@pytest.mark.parametrize("family", ["llama", "qwen3_5", "gpt_oss", "gemma3"])  # sinks; sliding windows
 def test_probe_shares_its_filled_kv_with_the_engine(tiny_model, family, monkeypatch):
     """The probe arm (filled K/V computed once, in the probe) = the engine given the probe's rows (computed anew)."""
     import rf_eval.engine as engine
