@@ -40,6 +40,18 @@ def sums_bytes(d_in: int, n_layers: int, splits: Sequence[int], d_out: int | Non
     return total
 
 
+def fit_peak_bytes(d: int, n_layers: int, splits: Sequence[int], n_lambdas: int = 1) -> int:
+    """Predicted peak of a fit's own memory (beside the model), sums on the CPU.
+
+    The sums of every split (`sums_bytes`) stay alive through the solves; the
+    solve of the split with the most late layers adds its Cholesky factor and
+    one fp64 solution (8 d^2 each) and its fp32 maps, 4 d^2 per late layer
+    per lambda tried (all lambdas of the grid are scored in one held-out pass).
+    """
+    n_maps = n_layers - min(splits)
+    return sums_bytes(d, n_layers, splits) + FP64_BYTES * 2 * d * d + 4 * d * d * n_maps * n_lambdas
+
+
 def gib(n_bytes: float) -> str:
     return f"{n_bytes / 2**30:.2f} GiB"
 
