@@ -55,7 +55,7 @@ def test_sums_on_cpu_equal_sums_on_the_model_device_bitwise(tiny_model, calibrat
         saved[choice] = {s: load_file(tmp_path / choice / f"sums_split{s}.safetensors") for s in (2, 3)}
     for split in (2, 3):
         ref = saved["cpu"][split]
-        assert set(ref) == {"mean_x", "cxx", *(f"{k}.{l}" for k in ("cxy", "mean_y") for l in range(split, 6))}
+        assert set(ref) == {"mean_x", "cxx", *(f"{k}.{layer}" for k in ("cxy", "mean_y") for layer in range(split, 6))}
         for choice in ("model", "auto"):
             assert all(torch.equal(ref[k], saved[choice][split][k]) for k in ref), (choice, split)
 
@@ -97,20 +97,23 @@ def test_explicit_choices_ignore_the_gpu_room(monkeypatch):
         choose_sums_device("gpu", "cuda:0", 1)
 
 
+def forwards_of_a_fit(model, tok, splits, calibration, out) -> tuple[int, int]:
+    """(model.model forwards, layer-0 calls) during one fit_maps."""
+    calls, layer_calls = [], []
+    handle = model.model.register_forward_hook(lambda *_: calls.append(1))
+    first = model.model.layers[0].register_forward_hook(lambda *_: layer_calls.append(1))
+    try:
+        result = fit_maps(model, tok, splits=splits, calibration=[calibration], out=out, progress=False,
+                          save_sums=False)
+    finally:
+        handle.remove()
+        first.remove()
+    assert sorted(result.paths) == splits
+    return len(calls), len(layer_calls)
+
+
 def test_more_splits_share_one_capture_pass(tiny_model, calibration, tmp_path):
     model, tok = tiny_model("qwen3")
-    counts = {}
-    for splits in ([3], [1, 2, 3, 4, 5]):
-        calls = []
-        handle = model.model.register_forward_hook(lambda *_: calls.append(1))
-        layer_calls = []
-        first = model.model.layers[0].register_forward_hook(lambda *_: layer_calls.append(1))
-        try:
-            result = fit_maps(model, tok, splits=splits, calibration=[calibration], out=tmp_path / str(len(splits)),
-                              progress=False, save_sums=False)
-        finally:
-            handle.remove()
-            first.remove()
-        assert sorted(result.paths) == splits
-        counts[len(splits)] = (len(calls), len(layer_calls))
-    assert counts[1] == counts[5] == (4, 4)  # four documents: one model forward (and layer-0 call) each
+    one = forwards_of_a_fit(model, tok, [3], calibration, tmp_path / "one")
+    five = forwards_of_a_fit(model, tok, [1, 2, 3, 4, 5], calibration, tmp_path / "five")
+    assert one == five == (4, 4)  # four documents: one model forward (and layer-0 call) each
