@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--map-split", dest="map_split", action=argparse.BooleanOptionalAction, default=True,
                    help="the arms read layer S's own map (the paper's released maps; default): the held-out "
                         "lambda choice scores layer S too. --no-map-split: layer S reads x_S, not scored")
+    p.add_argument("--sums-device", dest="sums_device", choices=("auto", "cpu", "model"), default="auto",
+                   help="where the fp64 running sums live: auto (the model's GPU if they fit there with a margin, "
+                        "else CPU memory), cpu, model")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--no-progress", action="store_true")
 
@@ -134,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
             result = fit_maps(model, tokenizer, splits=args.splits, calibration=args.calibration,
                               heldout=args.heldout, lambdas=args.lambdas, out=staging,
                               max_tokens=args.max_tokens, progress=not args.no_progress,
-                              map_split=args.map_split)
+                              map_split=args.map_split, sums_device=args.sums_device)
     except (ValueError, CalibrationError) as err:
         shutil.rmtree(staging, ignore_errors=True)
         raise UserError(str(err)) from err
@@ -142,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(staging, ignore_errors=True)
         raise UserError(f"--model {args.model}: {err}") from err
     _publish(result, args.out)
+    if result.sums_device:
+        print(f"sums: {result.sums_device}")
     for split, path in sorted(result.paths.items()):
         scores = result.scores[split]
         extra = f" (held-out cosine {scores[result.chosen[split]]:.4f})" if scores else ""

@@ -50,7 +50,11 @@ def capture_sums(
     splits: Sequence[int],
     device: torch.device | str | None = None,
 ) -> dict[int, RidgeSums]:
-    """Ridge sums for every split from one pass per document (each a 1 x n LongTensor)."""
+    """Ridge sums for every split from one pass per document (each a 1 x n LongTensor).
+
+    `device`: where the fp64 sums live (default: the model's); the fp32
+    products are taken where the activations are (`RidgeSums`).
+    """
     n_layers = len(decoder_layers(model))
     d = model.config.hidden_size
     device = device or next(model.parameters()).device

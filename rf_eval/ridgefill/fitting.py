@@ -23,6 +23,7 @@ from rf_eval.devices import rank_and_world
 from rf_eval.engine import num_layers
 from rf_eval.ridgefill.calibration import check_nonempty, iter_documents, sha256_of_files
 from rf_eval.ridgefill.capture import capture_sums, heldout_cosines
+from rf_eval.ridgefill.fit_memory import choose_sums_device, sums_bytes
 from rf_eval.ridgefill.maps import RidgeMaps, config_hash
 from rf_eval.ridgefill.ridge import LAMBDA_GRID, RidgeSums, sums_filename
 from rf_eval.ridgefill.unigram import UnigramCounter
@@ -39,6 +40,7 @@ class FitResult:
     chosen: dict[int, float]
     scores: dict[int, dict[float, float]]
     rows: int
+    sums_device: str = ""  # where the fp64 sums were kept, and why (`choose_sums_device`)
 
 
 def check_lambdas(lambdas: Sequence[float] | None, have_heldout: bool) -> tuple[float, ...]:
@@ -128,8 +130,12 @@ def fit_maps(
     progress: bool = True,
     save_sums: bool = True,
     map_split: bool = True,
+    sums_device: str = "auto",
 ) -> FitResult:
     """One capture pass for every split, solves, lambda choice, and the map files in `out`.
+
+    `sums_device` (auto, cpu, model): where the fp64 running sums live
+    (`choose_sums_device`; auto: the model's GPU if they fit there, else the CPU).
 
     `map_split`: the arms these maps serve read layer S's map (the default, as the
     paper's release), so the held-out lambda choice scores layer S too; the
@@ -144,10 +150,13 @@ def fit_maps(
     rank, _ = rank_and_world()
     model.eval()
     device = next(model.parameters()).device
+    n_layers = num_layers(model)
+    where, why = choose_sums_device(sums_device, device, sums_bytes(model.config.hidden_size, n_layers, splits))
+    log.info("fit: %s", why)
     t0 = time.perf_counter()
     unigram = UnigramCounter(max(model.config.vocab_size, len(tokenizer)))  # for the protected-token selector
     docs = unigram.wrap(tokenized(tokenizer, calibration, device, max_tokens, "capture", progress))
-    all_sums = capture_sums(model, docs, splits)
+    all_sums = capture_sums(model, docs, splits, device=where)
     for sums in all_sums.values():
         sums.all_reduce()
     unigram.all_reduce()
@@ -162,7 +171,7 @@ def fit_maps(
         "map_split": str(bool(map_split)).lower(),
         "rf_eval_version": rf_eval.__version__,
     }
-    result = FitResult(paths={}, chosen={}, scores={}, rows=0)
+    result = FitResult(paths={}, chosen={}, scores={}, rows=0, sums_device=why)
     for split, sums in all_sums.items():
         if sums.count == 0:
             raise ValueError("the calibration documents produced no rows (all shorter than 2 tokens?)")
@@ -174,6 +183,7 @@ def fit_maps(
             if save_sums:
                 sums.save(out / sums_filename(split), meta)
             result.paths[split] = _write_maps(sums, solved, best, scores, meta, out)
+        del solved  # one split's maps at a time
     if rank == 0:
         unigram.save(out, meta)
     log.info("fit: %d rows, capture %.1fs, total %.1fs", result.rows, capture_s, time.perf_counter() - t0)

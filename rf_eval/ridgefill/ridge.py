@@ -50,36 +50,43 @@ class RidgeSums:
         self.mean_y, self.cxy = {}, {}
 
     # -- accumulation ---------------------------------------------------------------
+    # Products are taken in fp32 on the device the activations arrive on; only
+    # their fp64 accumulation happens on `self.device` (the sums' device, which
+    # may be the CPU beside a GPU model). Both steps go in row blocks of about
+    # _BLOCK elements, so no fp64 copy of a document's n x d states or of a
+    # whole d x d product is made.
     def start_document(self, x_split: torch.Tensor) -> None:
         """Begin a document with its split states (n x d_in, any float dtype)."""
-        self._doc_x = x_split.reshape(-1, self.d_in).to(device=self.device, dtype=torch.float32)
+        self._doc_x = x_split.reshape(-1, self.d_in).to(torch.float32)
 
     def add_layer(self, layer: int, y: torch.Tensor) -> None:
         """Merge the current document's rows for late layer `layer` (n x d_out)."""
         x = self._doc_x
-        y = y.reshape(x.shape[0], -1).to(device=self.device, dtype=torch.float32)
+        y = y.reshape(x.shape[0], -1).to(device=x.device, dtype=torch.float32)
         n_a, n_b = self.count, x.shape[0]
-        mx_b = x.double().mean(0)
-        my_b = y.double().mean(0)
-        prod = ((x - mx_b.float()).T @ (y - my_b.float())).double()  # fp32 product, fp64 sum
+        mx_b, my_b = _mean64(x), _mean64(y)
+        prod = (x - mx_b.float()).T @ (y - my_b.float())  # fp32 product, fp64 sum
         if layer not in self.cxy:
             self.cxy[layer] = torch.zeros(self.d_in, y.shape[1], dtype=torch.float64, device=self.device)
             self.mean_y[layer] = torch.zeros(y.shape[1], dtype=torch.float64, device=self.device)
         n = n_a + n_b
-        dx = mx_b - self.mean_x
-        dy = my_b - self.mean_y[layer]
-        self.cxy[layer] += prod + (n_a * n_b / n) * torch.outer(dx, dy)
+        dx = mx_b.to(self.device) - self.mean_x
+        dy = my_b.to(self.device) - self.mean_y[layer]
+        _add64(self.cxy[layer], prod)
+        del prod
+        self.cxy[layer].addr_(dx, dy, alpha=n_a * n_b / n)
         self.mean_y[layer] += dy * (n_b / n)
 
     def finish_document(self) -> None:
         """Merge the current document's X^T X and advance the row count."""
         x = self._doc_x
         n_a, n_b = self.count, x.shape[0]
-        mx_b = x.double().mean(0)
+        mx_b = _mean64(x)
         xc = x - mx_b.float()
         n = n_a + n_b
-        dx = mx_b - self.mean_x
-        self.cxx += (xc.T @ xc).double() + (n_a * n_b / n) * torch.outer(dx, dx)
+        dx = mx_b.to(self.device) - self.mean_x
+        _add64(self.cxx, xc.T @ xc)
+        self.cxx.addr_(dx, dx, alpha=n_a * n_b / n)
         self.mean_x += dx * (n_b / n)
         self.count = n
         self._doc_x = None
@@ -127,13 +134,17 @@ class RidgeSums:
             raise ValueError("no calibration rows were accumulated")
         cxx = self.cxx.cpu()
         alpha = lam * torch.trace(cxx) / self.d_in
-        chol = torch.linalg.cholesky(cxx + alpha * torch.eye(self.d_in, dtype=torch.float64))
+        ridged = cxx.clone()
+        ridged.diagonal().add_(alpha)
+        chol = torch.linalg.cholesky(ridged)
+        del ridged
         mean_x = self.mean_x.cpu()
         A, b = {}, {}
         for layer in self.layers:
             a_t = torch.cholesky_solve(self.cxy[layer].cpu(), chol)  # (d_in x d_out) = (Cxx+aI)^-1 Cxy
-            A[layer] = a_t.T.float().contiguous()
             b[layer] = (self.mean_y[layer].cpu() - a_t.T @ mean_x).float()
+            A[layer] = a_t.T.to(torch.float32, memory_format=torch.contiguous_format)
+            del a_t
         return A, b
 
     # -- persistence ---------------------------------------------------------------
@@ -164,6 +175,29 @@ class RidgeSums:
                 sums.cxy[layer] = f.get_tensor(f"cxy.{layer}")
             sums.count = int(meta["count"])
         return sums, meta
+
+
+_BLOCK = 1 << 24  # elements per block of the fp64 steps (128 MiB in fp64)
+
+
+def _rows_per_block(t: torch.Tensor) -> int:
+    return max(1, _BLOCK // max(1, t.shape[1]))
+
+
+def _mean64(t: torch.Tensor) -> torch.Tensor:
+    """Column means of an n x m fp32 tensor, summed in fp64 a row block at a time."""
+    step = _rows_per_block(t)
+    total = torch.zeros(t.shape[1], dtype=torch.float64, device=t.device)
+    for i in range(0, t.shape[0], step):
+        total += t[i:i + step].sum(0, dtype=torch.float64)
+    return total / t.shape[0]
+
+
+def _add64(acc: torch.Tensor, prod: torch.Tensor) -> None:
+    """acc += prod: an fp32 product (any device) into fp64 sums on theirs, a row block at a time."""
+    step = _rows_per_block(prod)
+    for i in range(0, prod.shape[0], step):
+        acc[i:i + step] += prod[i:i + step].to(device=acc.device, dtype=torch.float64)
 
 
 def sums_filename(split: int) -> str:
