@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sums-device", dest="sums_device", choices=("auto", "cpu", "model"), default="auto",
                    help="where the fp64 running sums live: auto (the model's GPU if they fit there with a margin, "
                         "else CPU memory), cpu, model")
+    p.add_argument("--heldout-memory", dest="heldout_memory", default="auto", metavar="GIB",
+                   help="GiB of maps one held-out lambda pass may hold: the grid is scored in passes that fit "
+                        "(auto, default: half the available CPU memory, where the maps live)")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--no-progress", action="store_true")
 
@@ -108,9 +111,14 @@ def _publish(result, out: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rf_eval.ridgefill.calibration import CalibrationError
+    from rf_eval.ridgefill.fit_memory import parse_heldout_memory
     from rf_eval.ridgefill.fitting import fit_maps, refit_from_sums
 
     check_inputs(args)
+    try:
+        parse_heldout_memory(args.heldout_memory)
+    except ValueError as err:
+        raise UserError(f"--heldout-memory: {err}") from None
     staging = _staging(args.out)
     if int(os.environ.get("RANK", "0")) == 0:
         shutil.rmtree(staging, ignore_errors=True)  # a killed fit's leftovers
@@ -123,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
                 model, tokenizer = load_model(args)
             result = refit_from_sums(args.from_sums, out=staging, lambdas=args.lambdas, model=model,
                                      tokenizer=tokenizer, heldout=args.heldout, max_tokens=args.max_tokens,
-                                     progress=not args.no_progress, map_split=args.map_split)
+                                     progress=not args.no_progress, map_split=args.map_split,
+                                     heldout_memory=args.heldout_memory)
         else:
             if not args.model or not args.splits:
                 raise UserError("fit needs --model and --splits (or --from-sums)")
@@ -137,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
             result = fit_maps(model, tokenizer, splits=args.splits, calibration=args.calibration,
                               heldout=args.heldout, lambdas=args.lambdas, out=staging,
                               max_tokens=args.max_tokens, progress=not args.no_progress,
-                              map_split=args.map_split, sums_device=args.sums_device)
+                              map_split=args.map_split, sums_device=args.sums_device,
+                              heldout_memory=args.heldout_memory)
     except (ValueError, CalibrationError) as err:
         shutil.rmtree(staging, ignore_errors=True)
         raise UserError(str(err)) from err

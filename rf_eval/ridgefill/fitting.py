@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -23,7 +24,15 @@ from rf_eval.devices import rank_and_world
 from rf_eval.engine import num_layers
 from rf_eval.ridgefill.calibration import check_nonempty, iter_documents, sha256_of_files
 from rf_eval.ridgefill.capture import capture_sums, heldout_cosines
-from rf_eval.ridgefill.fit_memory import choose_sums_device, sums_bytes
+from rf_eval.ridgefill.fit_memory import (
+    choose_sums_device,
+    gib,
+    heldout_budget,
+    lambdas_per_pass,
+    maps_bytes,
+    parse_heldout_memory,
+    sums_bytes,
+)
 from rf_eval.ridgefill.maps import RidgeMaps, config_hash
 from rf_eval.ridgefill.ridge import LAMBDA_GRID, RidgeSums, sums_filename
 from rf_eval.ridgefill.unigram import UnigramCounter
@@ -31,6 +40,7 @@ from rf_eval.weights import weights_fingerprint
 
 log = logging.getLogger(__name__)
 
+Maps = tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]  # (A, b) per late layer, fp32
 DEFAULT_LAMBDA = 0.03  # the value the paper's grid search chose on most models (section 2.2)
 
 
@@ -86,29 +96,58 @@ def choose_lambda(
     max_tokens: int,
     progress: bool,
     map_split: bool = True,
-) -> tuple[float, dict[float, float], dict[float, tuple]]:
-    """Solve for every lambda; pick the best mean cache-write cosine on held-out documents (section 2.2).
+    heldout_memory: str | float | None = "auto",
+) -> tuple[float, dict[float, float], Maps]:
+    """Pick the lambda with the best mean cache-write cosine on held-out documents (section 2.2).
 
+    Returns (best lambda, score per lambda, the best lambda's (A, b)). The grid
+    is scored in passes of `lambdas_per_pass` lambdas within `heldout_memory`
+    GiB of maps (`heldout_budget`; auto: a share of the available memory):
+    each pass solves its lambdas, runs the held-out documents once and frees
+    its maps, keeping the best lambda's so far. Scores do not depend on the
+    grouping (each lambda's cosines are summed on its own), and ties go to the
+    earlier lambda of the grid as in one pass. Every process uses the smallest
+    group any process chose, so the all-reduced passes line up.
     `map_split`: layer S's own map is scored too (the arm's `map_split`, see `heldout_cosines`).
     """
-    solved = {lam: sums.solve(lam) for lam in lambdas}
     if len(lambdas) == 1:
-        return lambdas[0], {}, solved
+        return lambdas[0], {}, sums.solve(lambdas[0])
+    d_out = sums.cxy[sums.layers[0]].shape[1] if sums.cxy else sums.d_in
+    per_lambda = maps_bytes(sums.d_in, len(sums.layers), d_out)
+    budget, why = heldout_budget(heldout_memory)
+    group = _smallest_over_ranks(lambdas_per_pass(budget, per_lambda, len(lambdas)))
+    passes = [tuple(lambdas[i:i + group]) for i in range(0, len(lambdas), group)]
+    log.info("held-out: %d lambdas in %d pass%s of <= %d (%s; %s of maps per lambda)",
+             len(lambdas), len(passes), "" if len(passes) == 1 else "es", group, why, gib(per_lambda))
     device = next(model.parameters()).device
-    docs = tokenized(tokenizer, heldout, device, max_tokens, f"held-out (split {sums.split})", progress)
-    raw = heldout_cosines(model, docs, sums.split, solved, map_split)
-    import torch.distributed as dist
+    scores: dict[float, float] = {}
+    best, best_maps = lambdas[0], None
+    for i, chunk in enumerate(passes):
+        solved = {lam: sums.solve(lam) for lam in chunk}
+        desc = f"held-out (split {sums.split}, pass {i + 1}/{len(passes)})"
+        docs = tokenized(tokenizer, heldout, device, max_tokens, desc, progress)
+        raw = heldout_cosines(model, docs, sums.split, solved, map_split)
+        totals = torch.tensor([[raw[lam][0], raw[lam][1]] for lam in chunk], dtype=torch.float64)
+        if rank_and_world()[1] > 1:
+            dist.all_reduce(totals)
+        for j, lam in enumerate(chunk):
+            scores[lam] = float(totals[j, 0] / max(totals[j, 1], 1))
+            if best_maps is None or scores[lam] > scores[best]:  # max()'s rule: the first best wins
+                best, best_maps = lam, solved[lam]
+        del solved, raw  # this pass's maps, except the best's
+    return best, scores, best_maps
 
-    totals = torch.tensor([[raw[lam][0], raw[lam][1]] for lam in lambdas], dtype=torch.float64)
-    if rank_and_world()[1] > 1:
-        dist.all_reduce(totals)
-    scores = {lam: float(totals[i, 0] / max(totals[i, 1], 1)) for i, lam in enumerate(lambdas)}
-    best = max(lambdas, key=lambda lam: scores[lam])
-    return best, scores, solved
+
+def _smallest_over_ranks(group: int) -> int:
+    if rank_and_world()[1] <= 1:
+        return group
+    value = torch.tensor([group], dtype=torch.int64)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return int(value.item())
 
 
-def _write_maps(sums, solved, best, scores, meta, out: Path) -> Path:
-    A, b = solved[best]
+def _write_maps(sums, maps: Maps, best, scores, meta, out: Path) -> Path:
+    A, b = maps
     metadata = dict(meta)
     metadata.update(
         **{"lambda": repr(best), "rows": str(sums.count),
@@ -131,11 +170,13 @@ def fit_maps(
     save_sums: bool = True,
     map_split: bool = True,
     sums_device: str = "auto",
+    heldout_memory: str | float = "auto",
 ) -> FitResult:
     """One capture pass for every split, solves, lambda choice, and the map files in `out`.
 
     `sums_device` (auto, cpu, model): where the fp64 running sums live
     (`choose_sums_device`; auto: the model's GPU if they fit there, else the CPU).
+    `heldout_memory` (GiB, or auto): the budget of the held-out lambda passes' maps (`choose_lambda`).
 
     `map_split`: the arms these maps serve read layer S's map (the default, as the
     paper's release), so the held-out lambda choice scores layer S too; the
@@ -143,6 +184,7 @@ def fit_maps(
     """
     splits = check_splits(splits, num_layers(model))
     lambdas = check_lambdas(lambdas, bool(heldout))
+    parse_heldout_memory(heldout_memory)  # bad values fail before the capture
     check_nonempty(calibration)
     if heldout:
         check_nonempty(heldout)
@@ -175,15 +217,15 @@ def fit_maps(
     for split, sums in all_sums.items():
         if sums.count == 0:
             raise ValueError("the calibration documents produced no rows (all shorter than 2 tokens?)")
-        best, scores, solved = choose_lambda(model, tokenizer, sums, lambdas, heldout, max_tokens, progress,
-                                             map_split)
+        best, scores, maps = choose_lambda(model, tokenizer, sums, lambdas, heldout, max_tokens, progress,
+                                           map_split, heldout_memory)
         result.chosen[split], result.scores[split], result.rows = best, scores, sums.count
         if rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             if save_sums:
                 sums.save(out / sums_filename(split), meta)
-            result.paths[split] = _write_maps(sums, solved, best, scores, meta, out)
-        del solved  # one split's maps at a time
+            result.paths[split] = _write_maps(sums, maps, best, scores, meta, out)
+        del maps  # one split's maps at a time
     if rank == 0:
         unigram.save(out, meta)
     log.info("fit: %d rows, capture %.1fs, total %.1fs", result.rows, capture_s, time.perf_counter() - t0)
@@ -201,13 +243,16 @@ def refit_from_sums(
     max_tokens: int = 32768,
     progress: bool = True,
     map_split: bool = True,
+    heldout_memory: str | float = "auto",
 ) -> FitResult:
-    """New solves from saved sums: a new lambda costs no capture pass (`map_split` as in `fit_maps`)."""
+    """New solves from saved sums: a new lambda costs no capture pass (`map_split`, `heldout_memory` as in
+    `fit_maps`)."""
     sums_dir, out = Path(sums_dir), Path(out)
     files = sorted(sums_dir.glob("sums_split*.safetensors"))
     if not files:
         raise ValueError(f"no saved sums (sums_split*.safetensors) in {sums_dir}")
     lambdas = check_lambdas(lambdas, bool(heldout))
+    parse_heldout_memory(heldout_memory)
     if len(lambdas) > 1 and model is None:
         raise ValueError("choosing among several lambdas needs the model (--model) to score held-out text")
     result = FitResult(paths={}, chosen={}, scores={}, rows=0)
@@ -220,11 +265,8 @@ def refit_from_sums(
                              f"{meta['weights_sha256'][:12]}..., --model {weights_fingerprint(model)[:12]}...)")
         keep = {k: v for k, v in meta.items() if k not in ("split", "count", "layers")}
         keep["map_split"] = str(bool(map_split)).lower()
-        if len(lambdas) == 1:
-            best, scores, solved = lambdas[0], {}, {lambdas[0]: sums.solve(lambdas[0])}
-        else:
-            best, scores, solved = choose_lambda(model, tokenizer, sums, lambdas, heldout, max_tokens, progress,
-                                                 map_split)
+        best, scores, maps = choose_lambda(model, tokenizer, sums, lambdas, heldout, max_tokens, progress,
+                                           map_split, heldout_memory)
         result.chosen[sums.split], result.scores[sums.split], result.rows = best, scores, sums.count
-        result.paths[sums.split] = _write_maps(sums, solved, best, scores, keep, out)
+        result.paths[sums.split] = _write_maps(sums, maps, best, scores, keep, out)
     return result
