@@ -12,7 +12,10 @@ torch.cuda.max_memory_allocated. The fit's own memory is fit minus baseline.
 It prints that beside `fit_peak_bytes` (rf_eval.ridgefill.fit_memory: the
 fp64 sums plus the solve's working set) and extrapolates the formula to
 Llama-3.1-8B and -70B.
-  python benchmarks/fit_memory.py [--hidden 4096 8192] [--layers 4] [--splits 2 3] [--device cpu] [--json FILE]
+With --heldout-memory GIB the fit also chooses lambda from the nine-value grid
+on one held-out document, in passes within that budget.
+  python benchmarks/fit_memory.py [--hidden 4096 8192] [--layers 4] [--splits 2 3] [--device cpu]
+      [--heldout-memory GIB] [--json FILE]
 """
 
 from __future__ import annotations
@@ -25,7 +28,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rf_eval.ridgefill.fit_memory import fit_peak_bytes, gib, sums_bytes
+from rf_eval.ridgefill.fit_memory import (
+    fit_peak_bytes,
+    gib,
+    heldout_budget,
+    lambdas_per_pass,
+    maps_bytes,
+    sums_bytes,
+)
+from rf_eval.ridgefill.ridge import LAMBDA_GRID
 
 WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "1234", "north", "seven", "quiet", "the", "of"]
 REAL_MODELS = (("Llama-3.1-8B", 4096, 32, 16), ("Llama-3.1-70B", 8192, 80, 40))
@@ -69,10 +80,10 @@ def write_model(folder: Path, d: int, layers: int, intermediate: int) -> None:
     tok.save_pretrained(folder)
 
 
-def write_documents(path: Path, n_docs: int, n_words: int) -> None:
+def write_documents(path: Path, n_docs: int, n_words: int, seed: int = 0) -> None:
     import random
 
-    rng = random.Random(0)
+    rng = random.Random(seed)
     with open(path, "w") as fh:
         for _ in range(n_docs):
             fh.write(json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(n_words))}) + "\n")
@@ -105,15 +116,23 @@ def measure(d: int, args: argparse.Namespace, env: dict) -> dict:
                     args.dtype, "--max-tokens", str(args.tokens), "--no-progress"]
         if args.sums_device:
             fit_argv += ["--sums-device", args.sums_device]
+        if args.heldout_memory:  # the nine-lambda grid scored on held-out text, in passes within this budget
+            write_documents(tmp / "heldout.jsonl", 1, args.tokens, seed=1)
+            fit_argv += ["--heldout", str(tmp / "heldout.jsonl"), "--heldout-memory", args.heldout_memory]
         fit = run_child(FIT, ["{result}", *fit_argv], env)
     sums = sums_bytes(d, args.layers, args.splits)
     n_maps = args.layers - min(args.splits)
-    predicted = fit_peak_bytes(d, args.layers, args.splits)
+    n_lambdas, group = 1, None
+    if args.heldout_memory:
+        budget, _ = heldout_budget(args.heldout_memory)
+        n_lambdas = len(LAMBDA_GRID)
+        group = lambdas_per_pass(budget, maps_bytes(d, n_maps), n_lambdas)  # the largest split's grouping
+    predicted = fit_peak_bytes(d, args.layers, args.splits, n_lambdas, group)
     row = {"d": d, "layers": args.layers, "splits": args.splits, "dtype": args.dtype, "device": args.device,
            "docs": args.docs, "tokens": args.tokens,
            "baseline_rss": base["rss_peak"], "fit_rss": fit["rss_peak"],
            "fit_own_rss": fit["rss_peak"] - base["rss_peak"], "sums_bytes": sums, "predicted_fit_own": predicted,
-           "largest_split_maps": n_maps, "fit_output": fit["output"].strip().splitlines()[-3:]}
+           "largest_split_maps": n_maps, "heldout_memory": args.heldout_memory, "lambdas_per_pass": group, "fit_output": fit["output"].strip().splitlines()[-3:]}
     if base.get("cuda_peak"):
         row.update(baseline_cuda=base["cuda_peak"], fit_cuda=fit["cuda_peak"],
                    fit_own_cuda=fit["cuda_peak"] - base["cuda_peak"])
@@ -131,6 +150,8 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--sums-device", default=None, help="passed to rf-eval fit (default: its own default)")
+    p.add_argument("--heldout-memory", default=None,
+                   help="fit with --heldout (9 lambdas) and this --heldout-memory (GiB or auto); default: no held-out")
     p.add_argument("--child-pythonpath", default=None,
                    help="PYTHONPATH of the children (e.g. another checkout, for a before/after comparison)")
     p.add_argument("--json", default=None)
@@ -149,12 +170,15 @@ def main() -> None:
         if "fit_cuda" in row:
             print(f"  CUDA max allocated: baseline {gib(row['baseline_cuda'])}, fit {gib(row['fit_cuda'])}, "
                   f"fit's own {gib(row['fit_own_cuda'])}", flush=True)
-    print("extrapolated with fit_peak_bytes, one split (lambda grid of 1; of 9 with --heldout). The fit keeps "
-          "layer S's sums with or without map_split, so its memory is the same either way:")
+    print("extrapolated with fit_peak_bytes, one split (lambda grid of 1; of 9 with --heldout, scored 1 per "
+          "held-out pass or all in one). The fit keeps layer S's sums with or without map_split, so its memory "
+          "is the same either way:")
     for name, d, n_layers, split in REAL_MODELS:
-        one, nine = (fit_peak_bytes(d, n_layers, [split], n_lambdas=k) for k in (1, 9))
+        one = fit_peak_bytes(d, n_layers, [split])
+        by_one, all_nine = (fit_peak_bytes(d, n_layers, [split], n_lambdas=9, group=g) for g in (1, 9))
         print(f"  {name} d={d} L={n_layers} S={split}: fp64 sums {gib(sums_bytes(d, n_layers, [split]))}, "
-              f"fit peak beside the model {gib(one)} (9 lambdas: {gib(nine)})")
+              f"fit peak beside the model {gib(one)} (9 lambdas: {gib(by_one)} 1 per pass, {gib(all_nine)} "
+              "in one pass)")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
