@@ -1,6 +1,7 @@
 """One command for every benchmark: each figure a ratio measured side by side in one process.
 
-    python benchmarks/run.py [--quick] [--out results.json] [--readme README.md]
+    python benchmarks/run.py [--quick] [--out results.json] [--readme README.md [--tables FILE]]
+    python benchmarks/run.py --from-table --readme README.md
 
 Runs, each in its own process (so one's memory and threads do not disturb
 another's): the engine (its partial path with every row exact / plain forward,
@@ -8,8 +9,11 @@ ridge and ridge + 10% rows against their MAC ceilings and 1/r,
 capture/forward, fit peak memory), the exact-row cost
 line and the probe, `ridgefill fill=exact` against lm-eval's `hf`, RaReCache
 against its eq. 11 ceiling, and the paired bootstrap against scipy. Prints
-one table, writes all figures as JSON with the machine's description, and
-with --readme replaces the table between the README's benchmark markers.
+one table and writes all figures as JSON with the machine's description.
+With --readme README.md it rewrites the full table in benchmarks/README.md
+(beside that README; --tables names another file) and the six headline
+figures in README.md; --from-table remakes only the headlines from the full
+table already there, running nothing. The tables: benchmarks/bench_tables.py.
 On CUDA the engine benchmark times GPU prefill with synchronisation.
 """
 
@@ -20,13 +24,16 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+sys.path.insert(0, str(HERE))
+
+import bench_tables as tables  # noqa: E402  (benchmarks/bench_tables.py)
 
 
 def suites(quick: bool, device: str) -> dict[str, list[str]]:
@@ -76,74 +83,23 @@ def run_suite(name: str, argv: list[str]) -> tuple[dict, str]:
         os.unlink(out)
 
 
-def meets(value: float, target: str) -> str:
-    """'met' / 'missed' for a target written as '<= x', '>= x', '< x' or '~x' (within 5%); '' for none."""
-    if not target:
-        return ""
-    if target.startswith("~"):
-        about = float(target[1:].split()[0])
-        return "met" if abs(value - about) <= 0.05 * abs(about) else "missed"
-    op, bound = target.split()[:2]
-    ok = {"<=": value <= float(bound), ">=": value >= float(bound), "<": value < float(bound)}[op]
-    return "met" if ok else "missed"
-
-
-def headlines(results: dict) -> list[tuple[str, float, str]]:
-    """(figure, value, target) for the README table; every figure a ratio or a measured size."""
-    rows: list[tuple[str, float, str]] = []
-    engine = results.get("engine", {})
-    targets = engine.get("targets", {})
-    for name, value in engine.items():
-        if name != "targets" and isinstance(value, (int, float)):
-            rows.append((f"engine: {name}", value, targets.get(name, "")))
-    probe = results.get("exact rows and probe", {})
-    if "line" in probe:
-        line = probe["line"]["CPU"]
-        rows.append(("exact prefix rows: seconds per row (CPU)", line["sigma"], ""))
-        rows.append(("exact prefix rows: break-even count / prefix", line["breakeven"] / probe["prefix"], ""))
-        rows.append(("probe arm: selection share of its prefill time", probe["probe_select"] / probe["probe_total"], ""))
-    for row in results.get("adapter vs hf", []) if isinstance(results.get("adapter vs hf"), list) else []:
-        rows.append((f"ridgefill fill=exact / hf requests/s ({row['words']} words, batch {row['batch']})",
-                     row["ratio"], ">= 1.0"))
-    rare = results.get("rarecache", {})
-    for row in rare.get("rows", []):
-        rows.append((f"RaReCache rho={row['rho']}: target prefill speedup / eq. 11 ceiling (T={rare['T']})",
-                     row["share_of_ceiling"], ">= 0.85"))
-    for row in results.get("bootstrap", {}).get("rows", []):
-        if row["method"].startswith("scipy"):
-            rows.append(("scipy.stats.bootstrap, 10,000 x 500 x 20: seconds", row["median_s"], ""))
-        else:
-            target = "< 1" if "one index matrix per comparison" in row["method"] else ""
-            rows.append((f"{row['method']}: seconds", row["median_s"], target))
-            rows.append((f"{row['method']}: speedup over scipy", row["speedup_vs_scipy"], ""))
-    return rows
-
-
-def markdown(results: dict, info: dict, command: str, note: str = "") -> str:
-    head = (f"Measured {info['date']} on {info['cores']} cores ({info['machine']}, torch {info['torch']}, "
-            f"{info['torch_threads']} threads{', ' + str(info['cuda']) if info['cuda'] else ', CPU only'}); "
-            f"`{command}`.{note} All figures and their settings: the JSON it writes.")
-    lines = [head, "", "| figure | value | target | |", "|---|---:|---|---|"]
-    for name, value, target in headlines(results):
-        shown = f"{value:.3g}" if abs(value) < 1e-2 else f"{value:,.3f}".rstrip("0").rstrip(".")
-        lines.append(f"| {name} | {shown} | {target} | {meets(value, target)} |")
-    failed = [name for name, figures in results.items() if isinstance(figures, dict) and "error" in figures]
-    if failed:
-        lines.append("")
-        lines.append(f"Failed suites (see the log): {', '.join(failed)}.")
-    return "\n".join(lines)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default="bench-results.json")
-    p.add_argument("--readme", default=None, help="replace the table between the README's bench markers")
+    p.add_argument("--readme", default=None, help="rewrite the headlines in this README and the full table")
+    p.add_argument("--tables", default=None, help="the full table's file (default: benchmarks/README.md beside --readme)")
+    p.add_argument("--from-table", action="store_true", help="remake the README's headlines from the full table only")
     p.add_argument("--only", nargs="+", default=None, help="run only these suites")
     p.add_argument("--reuse", default=None,
                    help="a JSON an earlier run wrote: its suites fill in those not run now (e.g. a long engine run)")
     p.add_argument("--device", default=None)
     a = p.parse_args()
+    if a.from_table:
+        if not a.readme:
+            raise SystemExit("--from-table needs --readme README.md")
+        headlines_from_table(Path(a.readme), tables_path(a))
+        return
     import torch
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -171,15 +127,33 @@ def main() -> None:
         dates = ", ".join(sorted({runs.get(name, {}).get("date", "?") for name in reused}))
         note = (f" Figures of {', '.join(reused)}: from an earlier run (`--reuse`) on the same machine, {dates}, "
                 f"with the same settings.")
-    table = markdown(results, info, command, note)
+    table = tables.markdown(results, info, command, note)
     print(table)
     if a.readme:
-        text = Path(a.readme).read_text()
-        if BEGIN not in text or END not in text:
-            raise SystemExit(f"{a.readme} has no {BEGIN} ... {END} markers")
-        before, rest = text.split(BEGIN, 1)
-        after = rest.split(END, 1)[1]
-        Path(a.readme).write_text(f"{before}{BEGIN}\n{table}\n{END}{after}")
+        write_tables(Path(a.readme), tables_path(a), table, tables.figure_rows(results), tables.measured(info))
+
+
+def tables_path(a: argparse.Namespace) -> Path:
+    return Path(a.tables) if a.tables else Path(a.readme).parent / "benchmarks" / "README.md"
+
+
+def write_tables(readme: Path, full: Path, table: str, rows: list, when: str) -> None:
+    """The full table into `full` (unless empty), the headlines (worst settings of `rows`) into `readme`."""
+    if table:
+        full.write_text(tables.replace_between(full.read_text(), tables.BEGIN, tables.END, table))
+    link = os.path.relpath(full, readme.parent)
+    where = f"{when[0].lower()}{when[1:]}; every figure: [{link}]({link})"
+    headlines = tables.headline_markdown(rows, where)
+    readme.write_text(tables.replace_between(readme.read_text(), tables.HEADLINE_BEGIN, tables.HEADLINE_END, headlines))
+
+
+def headlines_from_table(readme: Path, full: Path) -> None:
+    """Remake the README's headlines from the full table in `full`, running nothing."""
+    table = tables.between(full.read_text(), tables.BEGIN, tables.END)
+    when = re.match(r"\s*(Measured .*?\))(?=;)", table)
+    if when is None:
+        raise SystemExit(f"{full}: the table does not open with 'Measured ...;'")
+    write_tables(readme, full, "", tables.rows_from_table(table), when.group(1))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""The benchmark scripts: their figures are well-formed, and the README table is written from them.
+"""The benchmark scripts: their figures are well-formed, and both tables are written from them.
+
+benchmarks/README.md holds every figure; README.md the six headlines, each at its worst setting.
 
 Speed itself is not asserted here (benchmarks measure it); these check that the
 scripts run at toy size and that the table states each target and its outcome.
@@ -16,7 +18,10 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
+import bench_tables as tables  # noqa: E402  (benchmarks/bench_tables.py)
 import run  # noqa: E402  (benchmarks/run.py)
+
+ROOT = BENCH.parent
 
 
 @pytest.mark.parametrize(
@@ -26,7 +31,7 @@ import run  # noqa: E402  (benchmarks/run.py)
      (1.2, "~1.0 (flat)", "missed")],
 )
 def test_targets_are_judged(value, target, want):
-    assert run.meets(value, target) == want
+    assert tables.meets(value, target) == want
 
 
 def test_engine_benchmark_at_toy_size(tmp_path):
@@ -50,17 +55,23 @@ def test_engine_benchmark_at_toy_size(tmp_path):
     assert set(figures["targets"]) <= set(figures)
 
 
-def test_readme_table_states_targets_and_outcomes(tmp_path):
-    results = {
-        "engine": {"N=4096 ridge speedup / MAC ceiling": 0.95, "N=4096 engine exact / plain forward": 1.05,
-                   "targets": {"N=4096 ridge speedup / MAC ceiling": ">= 0.90",
-                               "N=4096 engine exact / plain forward": "<= 1.03"}},
-        "rarecache": {"T": 2048, "rows": [{"rho": 0.2, "share_of_ceiling": 0.8}]},
-        "bootstrap": {"error": "exit 1"},
-    }
-    info = {"date": "2026-11-30", "cores": 2, "machine": "x86_64", "torch": "2.13.0+cpu", "torch_threads": 2,
-            "cuda": None}
-    table = run.markdown(results, info, "python benchmarks/run.py")
+RESULTS = {
+    "engine": {"N=4096 ridge speedup / MAC ceiling": 0.95, "N=8192 ridge speedup / MAC ceiling": 0.91,
+               "N=4096 partial path, every row exact / plain forward": 1.02,
+               "N=8192 partial path, every row exact / plain forward": 1.07,
+               "N=4096 engine exact / plain forward": 1.05,
+               "targets": {"N=4096 ridge speedup / MAC ceiling": ">= 0.90", "N=8192 ridge speedup / MAC ceiling": ">= 0.90",
+                           "N=4096 partial path, every row exact / plain forward": "<= 1.05",
+                           "N=8192 partial path, every row exact / plain forward": "<= 1.05",
+                           "N=4096 engine exact / plain forward": "<= 1.03"}},
+    "rarecache": {"T": 2048, "rows": [{"rho": 0.2, "share_of_ceiling": 0.8}, {"rho": 0.5, "share_of_ceiling": 1.01}]},
+    "bootstrap": {"error": "exit 1"},
+}
+INFO = {"date": "2026-11-30", "cores": 2, "machine": "x86_64", "torch": "2.13.0+cpu", "torch_threads": 2, "cuda": None}
+
+
+def test_the_full_table_states_targets_and_outcomes():
+    table = tables.markdown(RESULTS, INFO, "python benchmarks/run.py")
     lines = table.splitlines()
     assert "| engine: N=4096 ridge speedup / MAC ceiling | 0.95 | >= 0.90 | met |" in lines
     assert "| engine: N=4096 engine exact / plain forward | 1.05 | <= 1.03 | missed |" in lines
@@ -68,19 +79,51 @@ def test_readme_table_states_targets_and_outcomes(tmp_path):
                for line in lines)
     assert "Failed suites (see the log): bootstrap." in lines
     assert "2 cores" in lines[0] and "`python benchmarks/run.py`" in lines[0]
+    assert tables.rows_from_table(table) == tables.figure_rows(RESULTS)  # read back as written
+
+
+def test_the_headlines_are_the_worst_setting_of_each():
+    lines = tables.headline_markdown(tables.figure_rows(RESULTS), "measured here").splitlines()
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| figure")]
+    assert len(rows) == len(tables.HEADLINES) == 6
+    assert rows[0].endswith("| 1.07 | N=8192 (of 2) | <= 1.05 | missed |")  # the highest, against '<='
+    assert rows[1].endswith("| 0.91 | N=8192 (of 2) | >= 0.90 | met |")  # the lowest, against '>='
+    assert rows[2].endswith("| | not in this run | | |") and rows[4].endswith("| | not in this run | | |")
+    assert rows[5].endswith("| 0.8 | rho=0.2 (of 2) | >= 0.85 | missed |")
+    assert "engine exact / plain forward" not in "\n".join(lines)  # the old A/A figure is no headline
+
+
+def test_the_readme_headlines_are_remade_from_the_full_table(tmp_path):
+    """What README.md shows is what `run.py --from-table` makes from benchmarks/README.md now."""
+    readme, full = tmp_path / "README.md", tmp_path / "benchmarks" / "README.md"
+    full.parent.mkdir()
+    readme.write_text((ROOT / "README.md").read_text())
+    full.write_text((BENCH / "README.md").read_text())
+    run.headlines_from_table(readme, full)
+    assert readme.read_text() == (ROOT / "README.md").read_text(), \
+        "run `python benchmarks/run.py --from-table --readme README.md`"
+    assert full.read_text() == (BENCH / "README.md").read_text()  # the full table is only read
+    assert len(tables.rows_from_table(tables.between(full.read_text(), tables.BEGIN, tables.END))) >= 60
 
 
 @pytest.mark.slow
-def test_run_rewrites_the_readme_table(tmp_path):
-    """The README's command, on its cheapest suite: JSON written, the table between the markers replaced."""
-    readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{run.BEGIN}\nold table\n{run.END}\nafter\n")
+def test_run_rewrites_both_tables(tmp_path):
+    """The README's command, on its cheapest suite: JSON written, the full table and the headlines replaced."""
+    readme, full = tmp_path / "README.md", tmp_path / "benchmarks" / "README.md"
+    full.parent.mkdir()
+    readme.write_text(f"intro\n{tables.HEADLINE_BEGIN}\nold headlines\n{tables.HEADLINE_END}\nafter\n")
+    full.write_text(f"all\n{tables.BEGIN}\nold table\n{tables.END}\nend\n")
     out = tmp_path / "bench.json"
     subprocess.run([sys.executable, str(BENCH / "run.py"), "--only", "bootstrap", "--out", str(out),
                     "--readme", str(readme)], check=True, capture_output=True, text=True, timeout=600)
     saved = json.loads(out.read_text())
     assert saved["machine"]["cores"] and saved["runs"]["bootstrap"]["argv"][0] == "bench_bootstrap.py"
-    text = readme.read_text()
-    assert text.startswith(f"intro\n{run.BEGIN}\nMeasured ") and text.endswith(f"{run.END}\nafter\n")
+    text = full.read_text()
+    assert text.startswith(f"all\n{tables.BEGIN}\nMeasured ") and text.endswith(f"{tables.END}\nend\n")
     assert "old table" not in text
     assert "| rf_eval paired_bootstrap, one index matrix per comparison: seconds |" in text
+    head = readme.read_text()
+    assert head.startswith(f"intro\n{tables.HEADLINE_BEGIN}\nEach at the worst of its settings; measured ")
+    assert head.endswith(f"{tables.HEADLINE_END}\nafter\n") and "old headlines" not in head
+    assert "[benchmarks/README.md](benchmarks/README.md)" in head  # the link, relative to the README
+    assert head.count("| not in this run |") == 6  # the bootstrap suite carries no headline
