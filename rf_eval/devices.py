@@ -60,3 +60,24 @@ def rank_and_world() -> tuple[int, int]:
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
+
+
+_GLOO: dict[tuple[int, ...], object] = {}
+
+
+def all_reduce(t: torch.Tensor, op=None) -> None:
+    """`torch.distributed.all_reduce` in place, for a tensor on any device.
+
+    NCCL (the backend of GPU runs) reduces CUDA tensors only, while the fit's
+    counts, held-out scores and (with `--sums-device cpu`) fp64 sums live on
+    the CPU: those go through a gloo group of the same ranks, made once.
+    """
+    import torch.distributed as dist
+
+    kwargs = {} if op is None else {"op": op}
+    if t.device.type == "cpu" and dist.get_backend() != "gloo":
+        ranks = tuple(range(dist.get_world_size()))
+        if ranks not in _GLOO:
+            _GLOO[ranks] = dist.new_group(list(ranks), backend="gloo")
+        kwargs["group"] = _GLOO[ranks]
+    dist.all_reduce(t, **kwargs)

@@ -20,7 +20,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 import rf_eval
-from rf_eval.devices import rank_and_world
+from rf_eval.devices import all_reduce, rank_and_world
 from rf_eval.engine import num_layers
 from rf_eval.ridgefill.calibration import check_nonempty, iter_documents, sha256_of_files
 from rf_eval.ridgefill.capture import capture_sums, heldout_cosines
@@ -129,7 +129,7 @@ def choose_lambda(
         raw = heldout_cosines(model, docs, sums.split, solved, map_split)
         totals = torch.tensor([[raw[lam][0], raw[lam][1]] for lam in chunk], dtype=torch.float64)
         if rank_and_world()[1] > 1:
-            dist.all_reduce(totals)
+            all_reduce(totals)
         for j, lam in enumerate(chunk):
             scores[lam] = float(totals[j, 0] / max(totals[j, 1], 1))
             if best_maps is None or scores[lam] > scores[best]:  # max()'s rule: the first best wins
@@ -142,7 +142,7 @@ def _smallest_over_ranks(group: int) -> int:
     if rank_and_world()[1] <= 1:
         return group
     value = torch.tensor([group], dtype=torch.int64)
-    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    all_reduce(value, op=dist.ReduceOp.MIN)
     return int(value.item())
 
 

@@ -103,22 +103,24 @@ class RidgeSums:
         """Sum these statistics over all torch.distributed processes (documents sharded by rank)."""
         import torch.distributed as dist
 
+        from rf_eval.devices import all_reduce
+
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
         # Raw (uncentred) fp64 sums are additive; convert, reduce, and centre again.
         count = torch.tensor([float(self.count)], dtype=torch.float64, device=self.device)
-        dist.all_reduce(count)
+        all_reduce(count)
         sx = self.mean_x * self.count
         sxx = self.cxx + self.count * torch.outer(self.mean_x, self.mean_x)
         for t in (sx, sxx):
-            dist.all_reduce(t)
+            all_reduce(t)
         total = int(count.item())
         new_mean_x = sx / total
         for layer in self.layers:
             sy = self.mean_y[layer] * self.count
             sxy = self.cxy[layer] + self.count * torch.outer(self.mean_x, self.mean_y[layer])
-            dist.all_reduce(sy)
-            dist.all_reduce(sxy)
+            all_reduce(sy)
+            all_reduce(sxy)
             self.mean_y[layer] = sy / total
             self.cxy[layer] = sxy - total * torch.outer(new_mean_x, self.mean_y[layer])
         self.cxx = sxx - total * torch.outer(new_mean_x, new_mean_x)

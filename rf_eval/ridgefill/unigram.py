@@ -43,14 +43,16 @@ class UnigramCounter:
     def all_reduce(self) -> None:
         import torch.distributed as dist
 
+        from rf_eval.devices import all_reduce
+
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             size = torch.tensor([self.counts.numel()], dtype=torch.int64)
-            dist.all_reduce(size, op=dist.ReduceOp.MAX)
+            all_reduce(size, op=dist.ReduceOp.MAX)
             padded = torch.zeros(int(size), dtype=torch.int64)
             padded[: self.counts.numel()] = self.counts
             docs = torch.tensor([self.documents], dtype=torch.int64)
-            dist.all_reduce(padded)
-            dist.all_reduce(docs)
+            all_reduce(padded)
+            all_reduce(docs)
             self.counts, self.documents = padded, int(docs)
 
     def save(self, out_dir: str | Path, metadata: dict[str, str] | None = None) -> Path:
