@@ -115,19 +115,27 @@ def check_python_api(root: Path, ran: Ran, values: dict) -> None:
 
 
 def check_gpu_runs(root: Path, ran: Ran, values: dict) -> None:
+    from datetime import datetime
+
     from rf_eval.stats.ledger import verify_ledger
 
     assert "FAIL" not in ran.output and len(re.findall(r"^OK +N=(256|1024) ", ran.output, re.M)) == 10
-    (entry,) = verify_ledger(root / "ledger.jsonl")
-    assert list(entry.arms) == ["identity", "ridge"]
+    out = root / "runs"
+    state = json.loads((out / "study.json").read_text())
+    assert list(state["arms"]) == ["exact", "identity", "ridge"] and (out / "report.html").is_file()
+    (entry,) = verify_ledger(root / "ledger.jsonl")  # the study's claim, registered before any arm ran
+    assert list(entry.arms) == ["exact", "identity", "ridge"]
     for fill in ("exact", "identity", "ridge"):
-        res, samples = results(root / "runs" / fill)
+        done = json.loads((out / "arms" / fill / "done.json").read_text())
+        assert entry.time < datetime.fromisoformat(done["started"])
+        res, samples = results(out / "arms" / fill)
         info = res["config"]["rf_eval"]
-        assert (info["fill"], info["split"], info["tail"]) == (fill, 3, 256)
-        assert len(samples) == 2 and all(s["filled"] == 1 for s in samples)
+        assert info["fill"] == fill and len(samples) == 2 and all(s["filled"] == 1 for s in samples)
+        if fill != "exact":
+            assert (info["split"], info["tail"]) == (3, 256)
     # data parallel over two processes: the same samples, the same answers
-    res, dp = results(root / "runs" / "ridge_dp")
-    _, single = results(root / "runs" / "ridge")
+    res, dp = results(out / "ridge_dp")
+    _, single = results(out / "arms" / "ridge")
     assert res["config"]["rf_eval"]["fill"] == "ridge"
     key = lambda s: s["doc_id"]  # noqa: E731
     assert [(s["doc_id"], s["resps"]) for s in sorted(dp, key=key)] == \
@@ -135,24 +143,9 @@ def check_gpu_runs(root: Path, ran: Ran, values: dict) -> None:
 
 
 def check_study(root: Path, ran: Ran, values: dict) -> None:
-    from datetime import datetime
-
-    from rf_eval.stats.ledger import verify_ledger
-
-    out = root / "study-runs"
-    state = json.loads((out / "study.json").read_text())
-    assert list(state["arms"]) == ["exact", "identity", "ridge"] and (out / "report.html").is_file()
-    (entry,) = verify_ledger(out / "ledger.jsonl")
-    assert list(entry.arms) == ["exact", "identity", "ridge"]
-    for arm, fill in (("exact", "exact"), ("identity", "identity"), ("ridge", "ridge")):
-        done = json.loads((out / "arms" / arm / "done.json").read_text())
-        assert entry.time < datetime.fromisoformat(done["started"])  # registered before the arm ran
-        res, samples = results(out / "arms" / arm)
-        info = res["config"]["rf_eval"]
-        assert info["fill"] == fill and len(samples) == 2
-        if fill != "exact":
-            assert (info["split"], info["tail"]) == (3, 256)
     assert "[identity] " in ran.output and "MAC cost / exact: N=1024:" in ran.output  # the plan
+    for arm in ("exact", "identity", "ridge"):  # the study again: every arm done, only the report runs
+        assert f"{arm}: done before (fingerprint matches), skipped" in ran.output
     status = [line.split() for line in ran.output.splitlines() if line.startswith("  ")]
     assert [row[:2] for row in status if row[:1] in (["exact"], ["identity"], ["ridge"])][-3:] == [
         ["exact", "done"], ["identity", "done"], ["ridge", "done"]]  # `rf-eval study status`

@@ -12,7 +12,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rf_eval.cli import UserError
     from rf_eval.demo.study import run_demo
+    from rf_eval.study.spec import StudyError
 
-    run_demo(Path(args.out), quick=args.quick)
+    try:
+        run_demo(Path(args.out), quick=args.quick)
+    except StudyError as err:  # e.g. --out holds the other size's demo (--quick or not)
+        raise UserError(str(err)) from None
     return 0

@@ -4,24 +4,27 @@
    converted once and cached: `rf_eval.demo.model`).
 2. Its maps, fitted on the standard library's docstrings (`rf_eval.demo.corpus`)
    and cached beside the model; reused on later runs.
-3. The arms exact, identity, ridge and ridge + attention rows, each a plain
-   `lm_eval` run (a subprocess: the same code path a user runs) on
-   `ruler_filled` and `keytoken_nll`, with `--log_samples`.
+3. The built-in study file `demo_study.yaml` (arms exact, identity, ridge and
+   ridge + attention rows on the needle task and `keytoken_nll`), rendered
+   with the run's model, maps, documents and sizes, run by the study runner
+   (`rf_eval.study`: each arm a plain `lm_eval` process, the same code path a
+   user runs; the exact arm first, whose key tokens the others share).
 4. `rf-eval report` over the runs: paired intervals against exact, as HTML.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
+from string import Template
 
 log = logging.getLogger(__name__)
 
@@ -45,27 +48,23 @@ class DemoSettings:
     calibration_docs: int
     heldout_docs: int
     lambdas: tuple[float, ...] = (0.01, 0.03, 0.1)
-    arms: dict[str, str] = field(default_factory=dict)
+
+
+STUDY_FILE = "demo_study.yaml"  # the arms, tasks and reference; sizes and run-time paths are its placeholders
 
 
 def settings(quick: bool) -> DemoSettings:
-    arms = {
-        "exact": "fill=exact",
-        "identity": f"fill=identity,split={SPLIT}",
-        "ridge": "fill=ridge,maps={maps}",
-        "ridge_rows": "fill=ridge,maps={maps},selector=attention",
-    }
     if quick:
         return DemoSettings(lengths=(1024,), tail=256, ruler_tasks=("niah_single_1_filled",),
                             samples_per_length=3, keytoken_docs=1, keytoken_score=128, keytoken_context=256,
-                            calibration_docs=3, heldout_docs=1, lambdas=(0.03,), arms=arms)
+                            calibration_docs=3, heldout_docs=1, lambdas=(0.03,))
     return DemoSettings(lengths=(1024, 2048), tail=512,
                         # niah_single_1 is the ruler_filled task the 135M model can do: the other offline
                         # ones (multikey_2/3) scored 50% and 0% on the exact arm at 2,048 tokens, and the
                         # rest read the Paul Graham essays (pass essay_haystack= to lm_eval for them)
                         ruler_tasks=("niah_single_1_filled",),
                         samples_per_length=6, keytoken_docs=2, keytoken_score=256, keytoken_context=512,
-                        calibration_docs=6, heldout_docs=2, arms=arms)
+                        calibration_docs=6, heldout_docs=2)
 
 
 def demo_maps(model_dir: Path, s: DemoSettings, progress: bool = True) -> Path:
@@ -139,47 +138,31 @@ def keytoken_docs_dir(model_dir: Path, out: Path, s: DemoSettings) -> Path:
     return folder
 
 
-def exact_keytoken_samples(out: Path) -> Path:
-    """The exact arm's keytoken_nll samples file: every other arm takes its key tokens from it."""
-    found = sorted((out / "runs" / "exact").rglob("samples_keytoken_nll_*.jsonl"))
-    if not found:
-        raise RuntimeError(f"the exact arm wrote no keytoken_nll samples under {out / 'runs' / 'exact'}")
-    return found[-1]
-
-
-def lm_eval_command(arm: str, model_args: str, s: DemoSettings, docs: Path, out: Path, model_dir: Path) -> list[str]:
-    per_length = {task: [i * 500 + j for i in range(len(s.lengths)) for j in range(s.samples_per_length)]
-                  for task in s.ruler_tasks}
-    per_length["keytoken_nll"] = list(range(s.keytoken_docs))
-    metadata = {
-        "max_seq_lengths": list(s.lengths),
-        "tail": s.tail,
-        "docs": str(docs),
-        "score_tokens": s.keytoken_score,
-        "key_context": s.keytoken_context,
-    }
-    if arm != "exact":  # key tokens are decided once, from the exact arm, and shared by every arm
-        metadata["key_reference"] = str(exact_keytoken_samples(out))
-    return [
-        sys.executable, "-m", "lm_eval",
-        "--model", "ridgefill",
-        "--model_args", f"pretrained={model_dir},{model_args},tail={s.tail},dtype=float32,device=cpu",
-        "--tasks", ",".join([*s.ruler_tasks, "keytoken_nll"]),
-        "--samples", json.dumps(per_length),
-        "--metadata", json.dumps(metadata),
-        "--apply_chat_template",
-        "--log_samples",
-        "--seed", "0",
-        "--output_path", str(out / "runs" / arm),
-    ]
+def render_study(out: Path, s: DemoSettings, model_dir: Path, maps: Path, docs: Path) -> Path:
+    """Write the built-in study file into OUT with this run's paths and sizes filled in; returns its path."""
+    samples = {task: [i * 500 + j for i in range(len(s.lengths)) for j in range(s.samples_per_length)]
+               for task in s.ruler_tasks}
+    samples["keytoken_nll"] = list(range(s.keytoken_docs))
+    values = {"model": str(model_dir), "maps": str(maps), "docs": str(docs), "tasks": [*s.ruler_tasks, "keytoken_nll"],
+              "lengths": list(s.lengths), "tail": s.tail, "score_tokens": s.keytoken_score,
+              "key_context": s.keytoken_context, "samples": samples, "split": SPLIT}
+    template = Template(resources.files("rf_eval.demo").joinpath(STUDY_FILE).read_text())
+    path = out / STUDY_FILE
+    path.write_text(template.substitute({k: json.dumps(v) for k, v in values.items()}))  # JSON is YAML
+    return path
 
 
 def run_demo(out: Path, quick: bool = False) -> Path:
     """Run the whole demo; returns the report's path."""
+    from rf_eval.cli import main as cli
     from rf_eval.demo.model import demo_model_dir
+    from rf_eval.study.launch import LocalLauncher
+    from rf_eval.study.runner import report_argv, run_study
+    from rf_eval.study.spec import load_study
 
     t0 = time.perf_counter()
     s = settings(quick)
+    out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     print("[1/4] demo model (converted once, then cached)", flush=True)
     model_dir = demo_model_dir()
@@ -189,26 +172,24 @@ def run_demo(out: Path, quick: bool = False) -> Path:
     maps = demo_maps(model_dir, s)
     print(f"      {maps}")
     docs = keytoken_docs_dir(model_dir, out, s)
-    print(f"[3/4] arms {', '.join(s.arms)} through lm_eval on {', '.join(s.ruler_tasks)} and keytoken_nll",
+    study = load_study(render_study(out, s, model_dir, maps, docs))
+    study = dataclasses.replace(study, arms_folder="runs")
+    print(f"[3/4] arms {', '.join(study.arms)} through lm_eval on {', '.join(study.tasks)} (study {study.path})",
           flush=True)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    for i, (arm, args) in enumerate(s.arms.items(), 1):
-        t = time.perf_counter()
-        cmd = lm_eval_command(arm, args.format(maps=maps), s, docs, out, model_dir)
-        print(f"      ({i}/{len(s.arms)}) {arm}: {' '.join(cmd[2:8])} ...", flush=True)
-        (out / "runs").mkdir(exist_ok=True)
-        with open(out / "runs" / f"{arm}.log", "w") as logfile:
-            done = subprocess.run(cmd, env=env, stdout=logfile, stderr=subprocess.STDOUT)
-        if done.returncode != 0:
-            raise RuntimeError(f"lm_eval failed for arm {arm!r}; see {out / 'runs' / f'{arm}.log'}")
-        print(f"          {time.perf_counter() - t:.0f}s", flush=True)
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    saved = {k: os.environ.get(k) for k in offline}
+    os.environ.update(offline)
+    try:
+        run_study(study, out, LocalLauncher(), report=False)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     print("[4/4] report", flush=True)
-    from rf_eval.cli import main as cli
-
     html = out / "report.html"
-    runs = [str(out / "runs" / arm) for arm in s.arms]
-    code = cli(["report", *runs, "--reference", "exact", "--html", str(html), "--markdown", str(out / "report.md")])
-    if code != 0:
+    if cli(report_argv(study, out, out / "ledger.jsonl")) != 0:
         raise RuntimeError("rf-eval report failed")
     print(f"done in {time.perf_counter() - t0:.0f}s; report: {html}")
     return html

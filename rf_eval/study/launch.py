@@ -27,11 +27,11 @@ class ArmJob:
     argv: tuple[str, ...]  # the full command (launcher prefix included)
     out: str  # the study's output folder
     fingerprint: str
+    marker: str  # its done.json, written when lm_eval exits 0
 
 
 def run_arm(job: ArmJob) -> dict[str, Any]:
     """Run one arm to the end; its `done.json` is written only when lm_eval exits 0."""
-    from rf_eval.study.runner import done_marker
     from rf_eval.task_index_cache import child_env
 
     out = Path(job.out)
@@ -45,7 +45,7 @@ def run_arm(job: ArmJob) -> dict[str, Any]:
         raise RuntimeError(f"arm {job.name!r}: lm_eval exited {code}; see {out / 'logs' / f'{job.name}.log'}")
     record = {"arm": job.name, "fingerprint": job.fingerprint, "command": list(job.argv), "seconds": seconds,
               "started": _iso(started), "finished": _iso(time.time())}
-    marker = done_marker(out, job.name)
+    marker = Path(job.marker)
     marker.parent.mkdir(parents=True, exist_ok=True)
     tmp = marker.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2))
@@ -79,7 +79,7 @@ class Progress:
             self.done += 1
             self.times.append(seconds)
             left = (self.total - self.done) * sum(self.times) / len(self.times)
-            print(f"[{self.done}/{self.total}] {job.name} done in {seconds:.0f}s; about {left:.0f}s left", flush=True)
+            print(f"[arms {self.done}/{self.total}] {job.name} done in {seconds:.0f}s; about {left:.0f}s left", flush=True)
 
 
 class LocalLauncher:

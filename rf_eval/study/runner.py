@@ -9,6 +9,14 @@ report. A killed study re-run skips every arm whose `done.json` fingerprint
 half-finished arm from its request cache, and refuses a folder written by
 another version of the study file. `study.json` records every arm's command,
 timings and fingerprint.
+
+Key tokens (RidgeFill section 3.2, RaReCache section 4.7) are decided once,
+from the reference arm, and shared by every arm: when the study's tasks
+include `keytoken_nll` (and its metadata names no `key_reference` of its
+own), the reference arm runs first, on every launcher, and every other arm
+gets `key_reference` = the reference arm's keytoken_nll samples file. That
+file's sha256 is part of the other arms' fingerprints, so a changed
+reference result re-runs its dependants.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from typing import Any
 from rf_eval.study.spec import ADAPTERS, Arm, Study, StudyError
 
 STATE = "study.json"
+KEY_TASK = "keytoken_nll"  # the task whose key tokens come from the reference arm
+KEY_REFERENCE_PLACEHOLDER = "<the reference arm's keytoken_nll samples file>"
 
 
 def maps_sha256(folder: str | None) -> str:
@@ -49,13 +59,41 @@ def model_args(study: Study, arm: Arm, maps: str | None) -> dict[str, Any]:
     return dict(arm.args)  # an API model: its own arguments only
 
 
-def lm_eval_command(study: Study, arm: Arm, out: Path, maps: str | None) -> list[str]:
-    """The arm's `lm_eval` argv (without a launcher prefix)."""
+def shares_key_tokens(study: Study) -> bool:
+    """Whether the study's arms take their key tokens from the reference arm (see the module docstring)."""
+    return KEY_TASK in study.tasks and "key_reference" not in study.metadata
+
+
+def dependants(study: Study) -> list[str]:
+    """The arms that wait for the reference arm (all others when key tokens are shared; else none)."""
+    return [a for a in study.arms if a != study.reference] if shares_key_tokens(study) else []
+
+
+def reference_samples(study: Study, out: Path) -> Path:
+    """The finished reference arm's keytoken_nll samples file (its latest run)."""
+    folder = arm_folder(study, out, study.reference)
+    found = sorted(folder.rglob(f"samples_{KEY_TASK}_*.jsonl"))
+    if not found:
+        raise StudyError(f"the reference arm {study.reference!r} wrote no {KEY_TASK} samples under {folder}; "
+                         "the other arms take their key tokens from it")
+    return found[-1]
+
+
+def arm_folder(study: Study, out: Path, arm: str) -> Path:
+    return out / study.arms_folder / arm
+
+
+def lm_eval_command(study: Study, arm: Arm, out: Path, maps: str | None, key_reference: str | None = None
+                    ) -> list[str]:
+    """The arm's `lm_eval` argv (without a launcher prefix); `key_reference` for an arm that shares the
+    reference arm's key tokens."""
     metadata = dict(study.metadata)
     if study.lengths:
         metadata["max_seq_lengths"] = list(study.lengths)
+    if key_reference is not None:
+        metadata["key_reference"] = key_reference
     cmd = ["-m", "lm_eval", "--model", arm.model, "--model_args", json.dumps(model_args(study, arm, maps)),
-           "--tasks", ",".join(study.tasks), "--output_path", str(out / "arms" / arm.name), "--log_samples",
+           "--tasks", ",".join(study.tasks), "--output_path", str(arm_folder(study, out, arm.name)), "--log_samples",
            "--use_cache", str(out / "cache" / arm.name), "--seed", str(study.seed)]
     if metadata:
         cmd += ["--metadata", json.dumps(metadata)]
@@ -70,11 +108,13 @@ def lm_eval_command(study: Study, arm: Arm, out: Path, maps: str | None) -> list
     return cmd
 
 
-def fingerprint(study: Study, arm: Arm, maps: str | None) -> str:
-    """What makes an arm's results what they are; a finished arm is skipped only when it matches."""
+def fingerprint(study: Study, arm: Arm, maps: str | None, key_reference: str | None = None) -> str:
+    """What makes an arm's results what they are; a finished arm is skipped only when it matches. An arm
+    that reads the reference's key tokens includes that samples file's sha256."""
     import lm_eval
 
-    record = {"model": study.pretrained, "model_args": study.model_args, "maps_sha256": maps_sha256(maps),
+    shared = hashlib.sha256(Path(key_reference).read_bytes()).hexdigest() if key_reference else ""
+    record = {"key_reference_sha256": shared, "model": study.pretrained, "model_args": study.model_args, "maps_sha256": maps_sha256(maps),
               "arm": {"model": arm.model, "args": arm.args}, "tasks": list(study.tasks), "lengths": list(study.lengths),
               "metadata": study.metadata, "limit": study.limit, "samples": study.samples,
               "chat": study.apply_chat_template, "seed": study.seed, "lm_eval": lm_eval.__version__}
@@ -93,12 +133,12 @@ def cached_requests(out: Path, arm: str) -> int:
     return total
 
 
-def done_marker(out: Path, arm: str) -> Path:
-    return out / "arms" / arm / "done.json"
+def done_marker(out: Path, arm: str, arms_folder: str = "arms") -> Path:
+    return out / arms_folder / arm / "done.json"
 
 
-def is_done(out: Path, arm: str, want: str) -> bool:
-    marker = done_marker(out, arm)
+def is_done(out: Path, arm: str, want: str, arms_folder: str = "arms") -> bool:
+    marker = done_marker(out, arm, arms_folder)
     return marker.is_file() and json.loads(marker.read_text()).get("fingerprint") == want
 
 
@@ -120,7 +160,8 @@ def check_folder(study: Study, out: Path) -> dict[str, Any]:
         raise StudyError(f"{out} holds results of another version of the study file (sha256 "
                          f"{state.get('study_sha256', '')[:12]}..., this file {study.sha256[:12]}...): "
                          "results of a changed study are never mixed; give a new --out")
-    return state or {"study": str(study.path), "study_sha256": study.sha256, "arms": {}}
+    return state or {"study": str(study.path), "study_sha256": study.sha256, "arms_folder": study.arms_folder,
+                     "arms": {}}
 
 
 def register(study: Study, out: Path, state: dict[str, Any], ledger: Path, follow_up: bool) -> None:
@@ -129,7 +170,7 @@ def register(study: Study, out: Path, state: dict[str, Any], ledger: Path, follo
 
     if state.get("registered"):
         return
-    results = [a for a in study.arms if done_marker(out, a).is_file()]
+    results = [a for a in study.arms if done_marker(out, a, study.arms_folder).is_file()]
     if results and not follow_up:
         raise StudyError(f"arms {', '.join(results)} already have results in {out}: claims registered now "
                          "would not be pre-registered. Pass --follow-up to register them as follow-up claims")
@@ -148,8 +189,12 @@ def plan_text(study: Study, out: Path, launcher: Any) -> str:
     """Each arm's exact command and its MAC-model cost against exact prefill at each length."""
     lines = [f"study {study.path.name} (sha256 {study.sha256[:12]}...): {len(study.arms)} arms, "
              f"tasks {', '.join(study.tasks)}, lengths {', '.join(map(str, study.lengths)) or '(task default)'}"]
+    waiting = dependants(study)
+    if waiting:
+        lines.append(f"{study.reference} runs first: the other arms read its {KEY_TASK} key tokens")
     for arm in study.arms.values():
-        argv = launcher.argv(lm_eval_command(study, arm, out, study.maps or "<maps from fit>"))
+        key_reference = KEY_REFERENCE_PLACEHOLDER if arm.name in waiting else None
+        argv = launcher.argv(lm_eval_command(study, arm, out, study.maps or "<maps from fit>", key_reference))
         lines.append(f"\n[{arm.name}] {shlex.join(argv)}")
         costs = arm_costs(study, arm)
         if costs:
@@ -187,7 +232,8 @@ def status_text(out: Path) -> str:
     lines = [f"study {state['study']} (sha256 {state['study_sha256'][:12]}...)",
              f"claims registered: {'yes' if state.get('registered') else 'no'}"]
     for name, info in state["arms"].items():
-        status = "done" if done_marker(out, name).is_file() else info.get("status", "pending")
+        marker = done_marker(out, name, state.get("arms_folder", "arms"))
+        status = "done" if marker.is_file() else info.get("status", "pending")
         seconds = info.get("seconds")
         lines.append(f"  {name:<20} {status:<8} requests cached {cached_requests(out, name):>6}"
                      + (f"  {seconds:.0f}s" if seconds is not None else ""))
@@ -224,7 +270,7 @@ def fit_maps_once(study: Study, out: Path) -> str | None:
 
 
 def report_argv(study: Study, out: Path, ledger: Path) -> list[str]:
-    argv = ["report", *[str(out / "arms" / a) for a in study.arms], "--reference", study.reference,
+    argv = ["report", *[str(arm_folder(study, out, a)) for a in study.arms], "--reference", study.reference,
             "--margin", str(study.margin), "--html", str(out / "report.html"), "--latex", str(out / "report.tex"),
             "--markdown", str(out / "report.md")]
     if ledger.is_file():
@@ -234,10 +280,31 @@ def report_argv(study: Study, out: Path, ledger: Path) -> list[str]:
     return argv
 
 
+def _jobs(study: Study, out: Path, launcher: Any, maps: str | None, names: list[str], key_reference: str | None,
+          state: dict[str, Any], progress: Any) -> list[Any]:
+    """The jobs of the arms `names` not yet done (their command and fingerprint recorded in `state`)."""
+    from rf_eval.study.launch import ArmJob
+
+    jobs = []
+    for name in names:
+        arm = study.arms[name]
+        want = fingerprint(study, arm, maps, key_reference)
+        argv = launcher.argv(lm_eval_command(study, arm, out, maps, key_reference))
+        state["arms"][name] = {**state["arms"].get(name, {}), "command": argv, "fingerprint": want}
+        if is_done(out, name, want, study.arms_folder):
+            progress.done += 1
+            print(f"      {name}: done before (fingerprint matches), skipped", flush=True)
+            continue
+        state["arms"][name]["status"] = "pending"
+        jobs.append(ArmJob(name, tuple(argv), str(out), want, str(done_marker(out, name, study.arms_folder))))
+    save_state(out, state)
+    return jobs
+
+
 def run_study(study: Study, out: Path, launcher: Any, *, ledger: Path | None = None, follow_up: bool = False,
               report: bool = True) -> int:
     """Register, run every arm not yet done (resuming a half-finished one), report; see the module docstring."""
-    from rf_eval.study.launch import ArmJob, Progress
+    from rf_eval.study.launch import Progress
 
     out.mkdir(parents=True, exist_ok=True)
     state = check_folder(study, out)
@@ -245,23 +312,22 @@ def run_study(study: Study, out: Path, launcher: Any, *, ledger: Path | None = N
     ledger = ledger or out / "ledger.jsonl"
     maps = fit_maps_once(study, out)
     register(study, out, state, ledger, follow_up)
-    jobs, done = [], 0
-    for arm in study.arms.values():
-        want = fingerprint(study, arm, maps)
-        argv = launcher.argv(lm_eval_command(study, arm, out, maps))
-        state["arms"][arm.name] = {**state["arms"].get(arm.name, {}), "command": argv, "fingerprint": want}
-        if is_done(out, arm.name, want):
-            done += 1
-            print(f"      {arm.name}: done before (fingerprint matches), skipped", flush=True)
-            continue
-        state["arms"][arm.name]["status"] = "pending"
-        jobs.append(ArmJob(arm.name, tuple(argv), str(out), want))
-    save_state(out, state)
-    print(f"[arms] {len(jobs)} to run, {done} done; launcher {type(launcher).__name__}", flush=True)
+    progress = Progress(out, len(study.arms), 0)
     t0 = time.time()
-    launcher.run(jobs, Progress(out, len(study.arms), done))
+    for name in study.arms:  # study.json lists the arms in the study file's order
+        state["arms"].setdefault(name, {})
+    waiting = dependants(study)
+    first = [study.reference] if waiting else list(study.arms)
+    for names, after_reference in ((first, False), (waiting, True)):  # the reference first when shared
+        if not names:
+            continue
+        key_reference = str(reference_samples(study, out)) if after_reference else None
+        jobs = _jobs(study, out, launcher, maps, names, key_reference, state, progress)
+        note = f"; {study.reference} first (the others read its {KEY_TASK} key tokens)" if waiting and not after_reference else ""
+        print(f"[arms] {len(jobs)} to run, {progress.done} done; launcher {type(launcher).__name__}{note}", flush=True)
+        launcher.run(jobs, progress)
     for arm in study.arms:
-        record = json.loads(done_marker(out, arm).read_text())
+        record = json.loads(done_marker(out, arm, study.arms_folder).read_text())
         state["arms"][arm].update(status="done", seconds=record["seconds"], finished=record["finished"])
     state["seconds"] = time.time() - t0
     save_state(out, state)

@@ -74,6 +74,9 @@ class Study:
     margin: float = 2.0
     controls: dict[str, list[str]] = field(default_factory=dict)
     claims: tuple[dict[str, str], ...] = ()
+    # not a study-file key: the folder under --out that holds each arm's lm-eval output (`rf-eval demo`
+    # keeps its runs/ there)
+    arms_folder: str = "arms"
 
     def folder(self) -> Path:
         return self.path.parent

@@ -1,4 +1,5 @@
-"""`rf-eval study`: the study file's checks, the plan, and a three-arm study killed and resumed."""
+"""`rf-eval study`: the study file's checks, the plan, the reference arm's key tokens shared by every arm,
+and a three-arm study killed and resumed, and run as a Slurm array."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from conftest import adapter_helpers as helpers  # noqa: E402
 
 from rf_eval.cli import main as cli
-from rf_eval.study.runner import cached_requests, done_marker
+from rf_eval.study.runner import cached_requests, done_marker, run_study
 from rf_eval.study.spec import StudyError, load_study
 
 STUDY = """\
@@ -32,12 +33,15 @@ reference: exact
 margin: 5.0
 claims:
   - {{claim: "identity is non-inferior to exact", prediction: "lower bound above -5 points"}}
+metadata: {{docs: {docs}, score_tokens: 64, key_context: 128}}
 """
 
 
-def write_study(folder: Path, model: str, tasks_dir: Path, text: str = STUDY) -> Path:
-    path = folder / "study.yaml"
-    path.write_text(text.format(model=model, tasks=f"{helpers.TASK}, {helpers.GEN_TASK}", tasks_dir=tasks_dir))
+def write_study(folder: Path, model: str, tasks_dir: Path, text: str = STUDY, docs: Path | None = None,
+                name: str = "study.yaml") -> Path:
+    path = folder / name
+    tasks = f"{helpers.TASK}, {helpers.GEN_TASK}, keytoken_nll"
+    path.write_text(text.format(model=model, tasks=tasks, tasks_dir=tasks_dir, docs=docs or folder))
     return path
 
 
@@ -80,6 +84,65 @@ def test_plan_prints_each_arm_command_and_cost(tiny_model_dir, adapter_task, tmp
     assert not (tmp_path / "out").exists()
 
 
+class RecordingLauncher:
+    """Runs no lm_eval: records the arms of each launch and leaves what a finished arm leaves (a keytoken_nll
+    samples file, `result` for the reference arm, and its done.json)."""
+
+    def __init__(self, result: str):
+        self.result, self.launches = result, []
+
+    def argv(self, lm_eval_args: list[str]) -> list[str]:
+        return ["python", *lm_eval_args]
+
+    def run(self, jobs, progress) -> None:
+        self.launches.append([job.name for job in jobs])
+        for job in jobs:
+            marker = Path(job.marker)
+            (marker.parent / "model").mkdir(parents=True, exist_ok=True)
+            stamp = datetime.now().strftime("%Y-%m-%dT%H-%M-%S.%f")
+            text = self.result if job.name == "exact" else f"{job.name}\n"
+            (marker.parent / "model" / f"samples_keytoken_nll_{stamp}.jsonl").write_text(text)
+            marker.write_text(json.dumps({"fingerprint": job.fingerprint, "seconds": 0.0, "started": stamp,
+                                          "finished": stamp}))
+
+
+def key_reference_of(out: Path, arm: str) -> str | None:
+    command = json.loads((out / "study.json").read_text())["arms"][arm]["command"]
+    return json.loads(command[command.index("--metadata") + 1]).get("key_reference")
+
+
+def test_the_reference_arm_runs_first_and_every_other_arm_reads_its_key_tokens(tmp_path, capsys):
+    study, out = load_study(write_study(tmp_path, "/m", tmp_path)), tmp_path / "out"
+    launcher = RecordingLauncher("exact 1\n")
+    assert run_study(study, out, launcher, report=False) == 0
+    assert launcher.launches == [["exact"], ["identity", "nofill"]]  # the reference alone, before the others
+    first = sorted((out / "arms" / "exact").rglob("samples_keytoken_nll_*.jsonl"))
+    assert len(first) == 1 and key_reference_of(out, "exact") is None
+    assert key_reference_of(out, "identity") == key_reference_of(out, "nofill") == str(first[0])
+    assert "exact first (the others read its keytoken_nll key tokens)" in capsys.readouterr().out
+
+    launcher.launches.clear()  # nothing changed: nothing runs
+    assert run_study(study, out, launcher, report=False) == 0 and launcher.launches == [[], []]
+    done_marker(out, "exact").unlink()  # the reference again, with the same result: its dependants stay done
+    assert run_study(study, out, launcher, report=False) == 0 and launcher.launches[-2:] == [["exact"], []]
+    launcher.result = "exact 2\n"  # the reference again, with another result: every dependant runs again
+    done_marker(out, "exact").unlink()
+    assert run_study(study, out, launcher, report=False) == 0
+    assert launcher.launches[-2:] == [["exact"], ["identity", "nofill"]]
+    latest = sorted((out / "arms" / "exact").rglob("samples_keytoken_nll_*.jsonl"))[-1]
+    assert latest.read_text() == "exact 2\n" and key_reference_of(out, "identity") == str(latest)
+
+    # no keytoken_nll, or a key_reference of the study's own: no order between arms, no key_reference added
+    plain = STUDY.replace("tasks: [{tasks}]", "tasks: [a_task]")
+    own = STUDY.replace("score_tokens: 64", "score_tokens: 64, key_reference: /k.jsonl")
+    for name, text, want in (("plain.yaml", plain, None), ("own.yaml", own, "/k.jsonl")):
+        study, folder = load_study(write_study(tmp_path, "/m", tmp_path, text, name=name)), tmp_path / f"out-{name}"
+        launcher = RecordingLauncher("exact\n")
+        assert run_study(study, folder, launcher, report=False) == 0
+        assert launcher.launches == [["exact", "identity", "nofill"]]
+        assert key_reference_of(folder, "identity") == want
+
+
 def samples_of(out: Path) -> dict[str, list[dict]]:
     """Every arm's --log_samples records, per arm and task (order-independent)."""
     got = {}
@@ -95,21 +158,33 @@ def study_cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "rf_eval", "study", *args]
 
 
-@pytest.mark.slow
-def test_a_killed_study_resumes_to_the_samples_of_an_uninterrupted_run(tiny_model_dir, adapter_task, tmp_path):
-    path = write_study(tmp_path, tiny_model_dir("llama"), adapter_task)
-    env = helpers.cli_env()
-    whole = tmp_path / "whole"
-    done = subprocess.run(study_cli("run", str(path), "--out", str(whole)), env=env, capture_output=True,
-                          text=True, timeout=900)
+@pytest.fixture(scope="module")
+def study_file(tiny_model_dir, adapter_task, keytoken_docs, tmp_path_factory) -> Path:
+    return write_study(tmp_path_factory.mktemp("study"), tiny_model_dir("llama"), adapter_task, docs=keytoken_docs)
+
+
+@pytest.fixture(scope="module")
+def whole(study_file) -> Path:
+    """One uninterrupted run of the three-arm study, report included: what the other runs must reproduce."""
+    out = study_file.parent / "whole"
+    done = subprocess.run(study_cli("run", str(study_file), "--out", str(out)), env=helpers.cli_env(),
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_a_killed_study_resumes_to_the_samples_of_an_uninterrupted_run(study_file, whole, tmp_path):
+    path, env = study_file, helpers.cli_env()
     assert (whole / "report.html").is_file() and (whole / "report.tex").is_file()
     state = json.loads((whole / "study.json").read_text())
-    assert state["study_sha256"] == load_study(path).sha256 and set(state["arms"]) == {"exact", "identity", "nofill"}
+    assert state["study_sha256"] == load_study(path).sha256 and list(state["arms"]) == ["exact", "identity", "nofill"]
     first_arm = min(datetime.fromisoformat(json.loads(done_marker(whole, a).read_text())["started"])
                     for a in state["arms"])
     registered = datetime.fromisoformat(state["claims"][0]["time"])
     assert registered < first_arm  # the claim is dated before the first arm started
+    (reference,) = (whole / "arms" / "exact").rglob("samples_keytoken_nll_*.jsonl")
+    assert key_reference_of(whole, "identity") == key_reference_of(whole, "nofill") == str(reference)
 
     killed = tmp_path / "killed"
     proc = subprocess.Popen(study_cli("run", str(path), "--out", str(killed)), env=env, start_new_session=True,
@@ -128,30 +203,28 @@ def test_a_killed_study_resumes_to_the_samples_of_an_uninterrupted_run(tiny_mode
                            text=True, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "exact: done before (fingerprint matches), skipped" in again.stdout
-    assert samples_of(killed) == samples_of(whole) and len(samples_of(whole)) == 6
+    assert samples_of(killed) == samples_of(whole) and len(samples_of(whole)) == 9  # 3 arms x 3 tasks
     assert len(json.loads((killed / "study.json").read_text())["claims"]) == 1  # registered once
 
     status = subprocess.run(study_cli("status", str(killed)), env=env, capture_output=True, text=True)
     assert status.returncode == 0 and status.stdout.count(" done ") == 3
 
-    changed = path.read_text().replace("margin: 5.0", "margin: 4.0")
-    path.write_text(changed)
-    mixed = subprocess.run(study_cli("run", str(path), "--out", str(killed)), env=env, capture_output=True, text=True)
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(path.read_text().replace("margin: 5.0", "margin: 4.0"))
+    mixed = subprocess.run(study_cli("run", str(changed), "--out", str(killed)), env=env, capture_output=True,
+                           text=True)
     assert mixed.returncode == 2 and "another version of the study file" in mixed.stderr
 
 
 @pytest.mark.slow
-def test_the_slurm_launcher_through_submitits_local_executor_gives_the_same_samples(tiny_model_dir, adapter_task,
-                                                                                    tmp_path):
-    path = write_study(tmp_path, tiny_model_dir("llama"), adapter_task)
-    env = helpers.cli_env()
-    runs = {}
-    for launcher in ("local", "slurm"):
-        out = tmp_path / launcher
-        extra = ["--slurm-cluster", "local", "--parallel", "2"] if launcher == "slurm" else []
-        done = subprocess.run(study_cli("run", str(path), "--out", str(out), "--launcher", launcher, "--no-report",
-                                        *extra), env=env, capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        runs[launcher] = samples_of(out)
-    assert runs["slurm"] == runs["local"] and len(runs["local"]) == 6
-    assert any((tmp_path / "slurm" / "slurm").glob("*_log.out"))  # submitit's own job logs
+def test_the_slurm_launcher_through_submitits_local_executor_gives_the_same_samples(study_file, whole, tmp_path):
+    out = tmp_path / "slurm"
+    done = subprocess.run(study_cli("run", str(study_file), "--out", str(out), "--launcher", "slurm", "--no-report",
+                                    "--slurm-cluster", "local", "--parallel", "2"), env=helpers.cli_env(),
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert samples_of(out) == samples_of(whole) and len(samples_of(whole)) == 9
+    assert any((out / "slurm").glob("*_log.out"))  # submitit's own job logs
+    times = {a: json.loads(done_marker(out, a).read_text()) for a in ("exact", "identity", "nofill")}
+    for arm in ("identity", "nofill"):  # two at a time, yet the reference finished before the others began
+        assert datetime.fromisoformat(times["exact"]["finished"]) < datetime.fromisoformat(times[arm]["started"])
