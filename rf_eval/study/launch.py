@@ -115,7 +115,9 @@ class AccelerateLauncher(LocalLauncher):
         self.processes = int(processes)
 
     def argv(self, lm_eval_args: list[str]) -> list[str]:
-        return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(self.processes),
+        # --multi_gpu: one process per device through torch.distributed (gloo where there is no GPU)
+        several = ["--multi_gpu"] if self.processes > 1 else []
+        return [sys.executable, "-m", "accelerate.commands.launch", *several, "--num_processes", str(self.processes),
                 *lm_eval_args]
 
 

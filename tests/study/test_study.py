@@ -228,3 +228,25 @@ def test_the_slurm_launcher_through_submitits_local_executor_gives_the_same_samp
     times = {a: json.loads(done_marker(out, a).read_text()) for a in ("exact", "identity", "nofill")}
     for arm in ("identity", "nofill"):  # two at a time, yet the reference finished before the others began
         assert datetime.fromisoformat(times["exact"]["finished"]) < datetime.fromisoformat(times[arm]["started"])
+
+
+@pytest.mark.slow
+def test_the_accelerate_launcher_runs_an_arm_data_parallel_with_the_same_samples(study_file, whole, tmp_path):
+    """`--launcher accelerate --processes 2`: the arm runs as two torch.distributed processes (gloo on this CPU
+    machine, one per GPU on a GPU machine); lm-eval gathers their samples, which equal the one-process run's."""
+    one_arm = tmp_path / "accelerate.yaml"
+    text = study_file.read_text()
+    one_arm.write_text("".join(line for line in text.splitlines(keepends=True)
+                               if not line.lstrip().startswith(("identity:", "nofill:"))))
+    out = tmp_path / "accelerate"
+    done = subprocess.run(study_cli("run", str(one_arm), "--out", str(out), "--launcher", "accelerate",
+                                    "--processes", "2", "--no-report"),
+                          env=dict(helpers.cli_env(), ACCELERATE_USE_CPU="true"),  # accelerate's CPU switch: gloo
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    command = json.loads(done_marker(out, "exact").read_text())["command"]
+    assert command[1:6] == ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    log = (out / "logs" / "exact.log").read_text()
+    assert "exact_rank0.db" in log and "exact_rank1.db" in log  # two ranks of one world, each its own cache
+    got, want = samples_of(out), samples_of(whole)
+    assert list(got) == [k for k in want if k.startswith("exact/")] and all(got[k] == want[k] for k in got)
