@@ -86,15 +86,32 @@ def tiny_config(family: str, vocab_size: int, **overrides: Any) -> PretrainedCon
     return family_class(family).tiny_config(vocab_size, **overrides)
 
 
+def random_model(config: PretrainedConfig, seed: int = 0):
+    """A fp32 model of `config` with seeded N(0, 0.08) weights (norms at their defaults), in eval mode.
+
+    Larger-than-default weights make attention patterns and logits far from
+    uniform, so a wrong fill shows up as a clear difference. The global RNG is
+    left as it was.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() >= 2 and "norm" not in name:
+                    p.normal_(0.0, 0.08)
+    return model.eval()
+
+
 def make_tiny_model(family: str, out_dir: str | Path, seed: int = 0, **overrides: Any) -> Path:
     """Write a tiny random model of `family` plus the local tokenizer to `out_dir`.
 
     Deterministic: the same family, seed and `overrides` (config shapes, e.g.
     num_hidden_layers) give bitwise the same weights.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-
     tokenizer = build_tokenizer()
     vocab = len(tokenizer)
     config = tiny_config(family, vocab_size=vocab, **overrides)  # an unknown family fails before any write
@@ -103,15 +120,7 @@ def make_tiny_model(family: str, out_dir: str | Path, seed: int = 0, **overrides
     config.bos_token_id = None
     config.pad_token_id = tokenizer.pad_token_id
     config.eos_token_id = tokenizer.eos_token_id
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        # Larger-than-default weights make attention patterns and logits far
-        # from uniform, so a wrong fill shows up as a clear difference.
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if p.dim() >= 2 and "norm" not in name:
-                    p.normal_(0.0, 0.08)
+    model = random_model(config, seed)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out)

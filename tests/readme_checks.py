@@ -27,6 +27,7 @@ def check_family_block(block: Block) -> None:
     from rf_eval.engine import Plan, plain_prefill, prefill
     from rf_eval.ridgefill.api import RidgeFill
     from rf_eval.ridgefill.maps import identity_fill
+    from rf_eval.testing import random_model
 
     header = "# rf_eval/families/mistral.py\n"
     assert block.text.startswith(header)
@@ -40,14 +41,7 @@ def check_family_block(block: Block) -> None:
         config = tf.MistralConfig(vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                   max_position_embeddings=4096, tie_word_embeddings=False, **overrides)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    if p.dim() >= 2 and "norm" not in name:
-                        p.normal_(0.0, 0.08)
-        return model
+        return random_model(config)
 
     model, n, tail = tiny(sliding_window=None), 48, 8
     family = families.family_for(model.config)

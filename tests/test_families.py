@@ -9,7 +9,7 @@ from rf_eval.cli.check_equivalence import compare
 from rf_eval.engine import Plan, extend, plain_prefill, prefill
 from rf_eval.families import family_for, sliding_window
 from rf_eval.ridgefill.maps import identity_fill
-from rf_eval.testing import tiny_config
+from rf_eval.testing import random_model, tiny_config
 
 N, WINDOW, SPLIT, TAIL = 48, 16, 2, 8
 
@@ -46,14 +46,7 @@ SLIDING = {
 def _model(family):
     config = tiny_config(family, vocab_size=259, **SLIDING[family])
     assert sliding_window(config) == WINDOW
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if p.dim() >= 2 and "norm" not in name:
-                    p.normal_(0.0, 0.08)
-    return model
+    return random_model(config)
 
 
 def _mask(n, window):
