@@ -2,7 +2,7 @@
 
     rf-eval study plan STUDY.yaml                 # each arm's lm_eval command and MAC cost; runs nothing
     rf-eval study run STUDY.yaml --out DIR        # register, run the arms (resumable), report
-    rf-eval study run STUDY.yaml --out DIR --launcher slurm --partition gpu --gpus 1 --minutes 240
+    rf-eval study run STUDY.yaml --out DIR --launcher slurm --partition gpu --gpus 1 --minutes 240 [--detach]
     rf-eval study status DIR
 """
 
@@ -26,12 +26,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     run.add_argument("--follow-up", action="store_true", help="register claims although results exist")
     run.add_argument("--no-report", action="store_true", help="run the arms only")
     run.add_argument("--launcher", default="local", choices=("local", "accelerate", "slurm"))
-    run.add_argument("--parallel", type=int, default=1, help="local: arms at once; slurm: array parallelism")
+    run.add_argument("--parallel", type=int, default=None,
+                     help="local: arms at once (default 1); slurm: arms of the array at once (default 64)")
     run.add_argument("--processes", type=int, default=1, help="accelerate: processes (devices) per arm")
     run.add_argument("--partition", default=None, help="slurm partition")
     run.add_argument("--gpus", type=int, default=1, help="slurm: GPUs per arm")
     run.add_argument("--minutes", type=int, default=240, help="slurm: time limit per arm")
-    run.add_argument("--slurm-cluster", default=None, help="submitit cluster (`local`: its local executor)")
+    run.add_argument("--slurm-cluster", default=None,
+                     help="submitit cluster (default slurm where sbatch is on PATH; `local`: its local executor)")
+    run.add_argument("--detach", action="store_true",
+                     help="slurm: return once the jobs are submitted (the report job writes the report)")
     status = sub.add_parser("status", help="what is done in a study's folder")
     status.add_argument("out")
 
@@ -50,9 +54,12 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "plan":
             print(plan_text(study, out, make_launcher("local", out)))
             return 0
-        launcher = make_launcher(args.launcher, out, parallel=args.parallel, processes=args.processes,
-                                 partition=args.partition, gpus=args.gpus, minutes=args.minutes,
-                                 slurm_cluster=args.slurm_cluster)
+        try:
+            launcher = make_launcher(args.launcher, out, parallel=args.parallel, processes=args.processes,
+                                     partition=args.partition, gpus=args.gpus, minutes=args.minutes,
+                                     slurm_cluster=args.slurm_cluster, detach=args.detach)
+        except ValueError as err:
+            raise UserError(str(err)) from None
         return run_study(study, out, launcher, ledger=Path(args.ledger) if args.ledger else None,
                          follow_up=args.follow_up, report=not args.no_report)
     except StudyError as err:

@@ -1,5 +1,6 @@
 """Where a study's arms run: one after another (or K at a time) here, data parallel under accelerate, or
-as a Slurm job array through `submitit` (its local executor runs the same path on one machine).
+as dependent Slurm jobs through `submitit` (`rf_eval.study.slurm`; its local executor runs the same path on
+one machine).
 
 Each arm is `run_arm(job)`: one `lm_eval` process whose output goes to the
 arm's log, then an atomic `done.json` with its fingerprint and timings. A
@@ -121,48 +122,18 @@ class AccelerateLauncher(LocalLauncher):
                 *lm_eval_args]
 
 
-class SlurmLauncher:
-    """A Slurm job array (one task per arm) through `submitit`; `cluster="local"` runs it with submitit's
-    local executor (the same pickled jobs, as local processes): what the tests use."""
-
-    def __init__(self, folder: Path, *, partition: str | None = None, gpus: int = 1, minutes: int = 240,
-                 parallel: int = 64, cluster: str | None = None):
-        self.folder, self.partition, self.gpus, self.minutes = folder, partition, gpus, minutes
-        self.parallel, self.cluster = parallel, cluster
-
-    def argv(self, lm_eval_args: list[str]) -> list[str]:
-        return [sys.executable, *lm_eval_args]
-
-    def executor(self):
-        try:
-            import submitit
-        except ImportError:
-            raise RuntimeError("--launcher slurm needs submitit: pip install 'rf-eval[cluster]'") from None
-        executor = submitit.AutoExecutor(folder=str(self.folder), cluster=self.cluster)
-        params: dict[str, Any] = {"timeout_min": self.minutes, "slurm_array_parallelism": self.parallel}
-        if self.cluster != "local":
-            params.update(gpus_per_node=self.gpus, slurm_partition=self.partition)
-        executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
-        return executor
-
-    def run(self, jobs: list[ArmJob], progress: Progress) -> None:
-        if not jobs:
-            return
-        submitted = self.executor().map_array(run_arm, jobs)
-        print(f"      submitted {len(submitted)} arm jobs ({', '.join(j.job_id for j in submitted)}) "
-              f"logs in {self.folder}", flush=True)
-        for job, handle in zip(jobs, submitted):
-            record = handle.result()  # waits; raises the arm's error
-            progress.finished(job, record["seconds"])
-
-
-def make_launcher(name: str, out: Path, *, parallel: int = 1, processes: int = 1, partition: str | None = None,
-                  gpus: int = 1, minutes: int = 240, slurm_cluster: str | None = None):
+def make_launcher(name: str, out: Path, *, parallel: int | None = None, processes: int = 1, partition: str | None = None,
+                  gpus: int = 1, minutes: int = 240, slurm_cluster: str | None = None, detach: bool = False):
+    """The launcher `name` (local, accelerate, slurm); a ValueError names a bad choice before anything runs."""
+    if detach and name != "slurm":
+        raise ValueError(f"--detach is for --launcher slurm (its jobs run on without this process), not {name}")
     if name == "local":
-        return LocalLauncher(parallel)
+        return LocalLauncher(parallel or 1)
     if name == "accelerate":
         return AccelerateLauncher(processes)
     if name == "slurm":
-        return SlurmLauncher(out / "slurm", partition=partition, gpus=gpus, minutes=minutes, parallel=parallel,
-                             cluster=slurm_cluster)
+        from rf_eval.study.slurm import SlurmLauncher
+
+        return SlurmLauncher(out / "slurm", partition=partition, gpus=gpus, minutes=minutes, parallel=parallel or 64,
+                             cluster=slurm_cluster, detach=detach)
     raise ValueError(f"unknown launcher {name!r}; valid launchers: local, accelerate, slurm")

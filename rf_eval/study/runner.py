@@ -4,7 +4,8 @@ Run (paper section 9's order): the claims are registered in the ledger before
 any arm runs (refused once results exist, unless `--follow-up`), with the
 study file's sha256; then each arm is one `lm_eval` process (one model load,
 `--log_samples`, its own `--use_cache` database) through a launcher; then the
-report. A killed study re-run skips every arm whose `done.json` fingerprint
+report (`--launcher slurm` submits the same steps as dependent jobs:
+`rf_eval.study.slurm`). A killed study re-run skips every arm whose `done.json` fingerprint
 (model, maps sha256, arm, tasks, lengths, lm-eval version) matches, resumes a
 half-finished arm from its request cache, and refuses a folder written by
 another version of the study file. `study.json` records every arm's command,
@@ -234,22 +235,38 @@ def status_text(out: Path) -> str:
     for name, info in state["arms"].items():
         marker = done_marker(out, name, state.get("arms_folder", "arms"))
         status = "done" if marker.is_file() else info.get("status", "pending")
-        seconds = info.get("seconds")
-        lines.append(f"  {name:<20} {status:<8} requests cached {cached_requests(out, name):>6}"
-                     + (f"  {seconds:.0f}s" if seconds is not None else ""))
+        seconds, job = info.get("seconds"), info.get("job")
+        lines.append(f"  {name:<20} {status:<9} requests cached {cached_requests(out, name):>6}"
+                     + (f"  {seconds:.0f}s" if seconds is not None else "")
+                     + (f"  slurm job {job}" if job and status != "done" else ""))
     return "\n".join(lines)
+
+
+def maps_location(study: Study, out: Path) -> str | None:
+    """Where the study's maps are (or will be, once its `fit:` block has run): its `maps`, or OUT/maps."""
+    return study.maps if study.fit is None else str(out / "maps")
+
+
+def _fit_fingerprint(study: Study) -> str:
+    return hashlib.sha256(json.dumps([study.pretrained, study.model_args, study.fit], sort_keys=True,
+                                     default=str).encode()).hexdigest()
+
+
+def maps_ready(study: Study, out: Path) -> bool:
+    """Whether the maps exist: given by the study, or fitted into OUT/maps by this `fit:` block."""
+    if study.fit is None:
+        return True
+    marker = out / "maps" / "fit.json"
+    return marker.is_file() and json.loads(marker.read_text()).get("fit") == _fit_fingerprint(study)
 
 
 def fit_maps_once(study: Study, out: Path) -> str | None:
     """The study's maps: its `maps`, or those its `fit:` block fits into OUT/maps (once: a re-run reuses them)."""
-    if study.fit is None:
-        return study.maps
+    if maps_ready(study, out):
+        return maps_location(study, out)
     folder = out / "maps"
     marker = folder / "fit.json"
-    want = hashlib.sha256(json.dumps([study.pretrained, study.model_args, study.fit], sort_keys=True,
-                                     default=str).encode()).hexdigest()
-    if marker.is_file() and json.loads(marker.read_text()).get("fit") == want:
-        return str(folder)
+    want = _fit_fingerprint(study)
     from rf_eval.cli import main as cli
 
     fit = study.fit
@@ -280,56 +297,60 @@ def report_argv(study: Study, out: Path, ledger: Path) -> list[str]:
     return argv
 
 
-def _jobs(study: Study, out: Path, launcher: Any, maps: str | None, names: list[str], key_reference: str | None,
-          state: dict[str, Any], progress: Any) -> list[Any]:
-    """The jobs of the arms `names` not yet done (their command and fingerprint recorded in `state`)."""
+def arm_job(study: Study, out: Path, launcher: Any, maps: str | None, name: str) -> Any:
+    """The arm's job: its command (launcher prefix included) and fingerprint, with `key_reference` = the
+    reference's samples file for an arm that reads its key tokens (a StudyError while it has none)."""
     from rf_eval.study.launch import ArmJob
 
+    arm = study.arms[name]
+    key_reference = str(reference_samples(study, out)) if name in dependants(study) else None
+    want = fingerprint(study, arm, maps, key_reference)
+    argv = launcher.argv(lm_eval_command(study, arm, out, maps, key_reference))
+    return ArmJob(name, tuple(argv), str(out), want, str(done_marker(out, name, study.arms_folder)))
+
+
+def arm_finished(study: Study, out: Path, launcher: Any, name: str) -> bool:
+    """Whether the arm is done with the fingerprint it would have now (False while its inputs are missing)."""
+    if not maps_ready(study, out):
+        return False
+    try:
+        job = arm_job(study, out, launcher, maps_location(study, out), name)
+    except StudyError:
+        return False  # the reference has no samples yet
+    return is_done(out, name, job.fingerprint, study.arms_folder)
+
+
+def _jobs(study: Study, out: Path, launcher: Any, maps: str | None, names: list[str], state: dict[str, Any],
+          progress: Any) -> list[Any]:
+    """The jobs of the arms `names` not yet done (their command and fingerprint recorded in `state`)."""
     jobs = []
     for name in names:
-        arm = study.arms[name]
-        want = fingerprint(study, arm, maps, key_reference)
-        argv = launcher.argv(lm_eval_command(study, arm, out, maps, key_reference))
-        state["arms"][name] = {**state["arms"].get(name, {}), "command": argv, "fingerprint": want}
-        if is_done(out, name, want, study.arms_folder):
+        job = arm_job(study, out, launcher, maps, name)
+        state["arms"][name] = {**state["arms"].get(name, {}), "command": list(job.argv), "fingerprint": job.fingerprint}
+        if is_done(out, name, job.fingerprint, study.arms_folder):
             progress.done += 1
             print(f"      {name}: done before (fingerprint matches), skipped", flush=True)
             continue
         state["arms"][name]["status"] = "pending"
-        jobs.append(ArmJob(name, tuple(argv), str(out), want, str(done_marker(out, name, study.arms_folder))))
+        jobs.append(job)
     save_state(out, state)
     return jobs
 
 
-def run_study(study: Study, out: Path, launcher: Any, *, ledger: Path | None = None, follow_up: bool = False,
-              report: bool = True) -> int:
-    """Register, run every arm not yet done (resuming a half-finished one), report; see the module docstring."""
-    from rf_eval.study.launch import Progress
-
-    out.mkdir(parents=True, exist_ok=True)
-    state = check_folder(study, out)
-    save_state(out, state)
-    ledger = ledger or out / "ledger.jsonl"
-    maps = fit_maps_once(study, out)
-    register(study, out, state, ledger, follow_up)
-    progress = Progress(out, len(study.arms), 0)
-    t0 = time.time()
-    for name in study.arms:  # study.json lists the arms in the study file's order
-        state["arms"].setdefault(name, {})
+def arm_stages(study: Study) -> list[list[str]]:
+    """The arms in the order they may run: the reference alone first when the others read its key tokens."""
     waiting = dependants(study)
-    first = [study.reference] if waiting else list(study.arms)
-    for names, after_reference in ((first, False), (waiting, True)):  # the reference first when shared
-        if not names:
-            continue
-        key_reference = str(reference_samples(study, out)) if after_reference else None
-        jobs = _jobs(study, out, launcher, maps, names, key_reference, state, progress)
-        note = f"; {study.reference} first (the others read its {KEY_TASK} key tokens)" if waiting and not after_reference else ""
-        print(f"[arms] {len(jobs)} to run, {progress.done} done; launcher {type(launcher).__name__}{note}", flush=True)
-        launcher.run(jobs, progress)
+    return [[study.reference], waiting] if waiting else [list(study.arms)]
+
+
+def finish_study(study: Study, out: Path, ledger: Path, report: bool = True) -> int:
+    """Every arm done: fold their `done.json` records into study.json, then write the report."""
+    state = check_folder(study, out)
     for arm in study.arms:
         record = json.loads(done_marker(out, arm, study.arms_folder).read_text())
-        state["arms"][arm].update(status="done", seconds=record["seconds"], finished=record["finished"])
-    state["seconds"] = time.time() - t0
+        state["arms"].setdefault(arm, {}).update(
+            status="done", seconds=record["seconds"], finished=record["finished"],
+            **{k: record[k] for k in ("command", "fingerprint") if k in record})
     save_state(out, state)
     if not report:
         return 0
@@ -337,3 +358,32 @@ def run_study(study: Study, out: Path, launcher: Any, *, ledger: Path | None = N
 
     print("[report] " + shlex.join(["rf-eval", *report_argv(study, out, ledger)]), flush=True)
     return cli(report_argv(study, out, ledger))
+
+
+def run_study(study: Study, out: Path, launcher: Any, *, ledger: Path | None = None, follow_up: bool = False,
+              report: bool = True) -> int:
+    """Register, run every arm not yet done (resuming a half-finished one), report; see the module docstring.
+    A launcher that `submits_study` (Slurm) gets the registered study and runs it as dependent jobs."""
+    from rf_eval.study.launch import Progress
+
+    out.mkdir(parents=True, exist_ok=True)
+    state = check_folder(study, out)
+    for name in study.arms:  # study.json lists the arms in the study file's order
+        state["arms"].setdefault(name, {})
+    save_state(out, state)
+    ledger = ledger or out / "ledger.jsonl"
+    register(study, out, state, ledger, follow_up)
+    if getattr(launcher, "submits_study", False):
+        return launcher.submit_study(study, out, ledger=ledger, report=report)
+    maps = fit_maps_once(study, out)
+    progress = Progress(out, len(study.arms), 0)
+    t0 = time.time()
+    stages = arm_stages(study)
+    for i, names in enumerate(stages):
+        jobs = _jobs(study, out, launcher, maps, names, state, progress)
+        note = f"; {study.reference} first (the others read its {KEY_TASK} key tokens)" if len(stages) > 1 and i == 0 else ""
+        print(f"[arms] {len(jobs)} to run, {progress.done} done; launcher {type(launcher).__name__}{note}", flush=True)
+        launcher.run(jobs, progress)
+    state["seconds"] = time.time() - t0
+    save_state(out, state)
+    return finish_study(study, out, ledger, report)

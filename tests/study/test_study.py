@@ -218,16 +218,23 @@ def test_a_killed_study_resumes_to_the_samples_of_an_uninterrupted_run(study_fil
 
 @pytest.mark.slow
 def test_the_slurm_launcher_through_submitits_local_executor_gives_the_same_samples(study_file, whole, tmp_path):
+    """Every step is submitted at once (the reference, the other arms as one array, the report job); the local
+    executor knows no `afterok`, so each job waits for the steps it needs, as the Slurm jobs would."""
     out = tmp_path / "slurm"
-    done = subprocess.run(study_cli("run", str(study_file), "--out", str(out), "--launcher", "slurm", "--no-report",
+    done = subprocess.run(study_cli("run", str(study_file), "--out", str(out), "--launcher", "slurm",
                                     "--slurm-cluster", "local", "--parallel", "2"), env=helpers.cli_env(),
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert samples_of(out) == samples_of(whole) and len(samples_of(whole)) == 9
     assert any((out / "slurm").glob("*_log.out"))  # submitit's own job logs
+    assert "[slurm] identity,nofill: job" in done.stdout and "[slurm] report: job" in done.stdout
     times = {a: json.loads(done_marker(out, a).read_text()) for a in ("exact", "identity", "nofill")}
     for arm in ("identity", "nofill"):  # two at a time, yet the reference finished before the others began
         assert datetime.fromisoformat(times["exact"]["finished"]) < datetime.fromisoformat(times[arm]["started"])
+    last = max(datetime.fromisoformat(t["finished"]).timestamp() for t in times.values())
+    assert (out / "report.html").stat().st_mtime > last and (out / "report.tex").is_file()  # the report job
+    state = json.loads((out / "study.json").read_text())
+    assert all(state["arms"][a]["status"] == "done" and state["arms"][a]["command"] for a in times)
 
 
 @pytest.mark.slow
