@@ -1,4 +1,5 @@
-"""`<ruler task>_filled`: RULER scored on the filled region (paper section 3.1, appendix C).
+"""`<ruler task>_filled`: RULER scored on the filled region (paper section 3.1, appendix C); `ruler_filled`:
+the four needle tasks of the reference study pooled into one task (`RulerFilledPool`).
 
 The samples are lm-eval's own (`ruler_data.generate`); the official scorer is
 lm-eval's (`string_match_all`, `string_match_part` for QA). Each sample's
@@ -65,7 +66,7 @@ from rf_eval.tasks.common import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_TAIL", "NEEDLE_MODES", "RulerFilledTask"]
+__all__ = ["DEFAULT_TAIL", "NEEDLE_MODES", "RulerFilledPool", "RulerFilledTask"]
 NEEDLE_MODES = ("all", "queried")
 
 
@@ -166,23 +167,31 @@ class RulerFilledTask(ConfigurableTask):
         """
         tokenizer = tokenizer_from(self.config.metadata)
         prompt = rendered_prompt(tokenizer, prompt)
-        which = "queried" if self.base_task in ruler_data.NEEDLE_HAYSTACK else self.needle_set
-        result = needles.mark(tokenizer, ruler_kind(self.base_task), prompt, doc, self.tail, self.base_task, which)
+        task = self.task_of(doc)
+        which = "queried" if task in ruler_data.NEEDLE_HAYSTACK else self.needle_set
+        result = needles.mark(tokenizer, ruler_kind(task), prompt, doc, self.tail, task, which)
         if not result.spans:
-            log.warning("%s: no needle found in sample %s; it counts as excluded", self.config.task, doc_key(doc))
-        self._marks[doc_key(doc)] = result
+            log.warning("%s: no needle found in sample %s; it counts as excluded", self.config.task, self.key_of(doc))
+        self._marks[self.key_of(doc)] = result
         return result
 
     def construct_requests(self, doc: dict[str, Any], ctx: Any, **kwargs: Any):
         self.mark_prompt(doc, ctx)
         return super().construct_requests(doc, ctx, **kwargs)
 
+    def task_of(self, doc: dict[str, Any]) -> str:
+        """The RULER task a sample comes from (one task here; several in the pooled `ruler_filled`)."""
+        return self.base_task
+
+    def key_of(self, doc: dict[str, Any]) -> tuple:
+        return doc_key(doc)
+
     def _mark_of(self, doc: dict[str, Any]) -> needles.NeedleMark:
-        key = doc_key(doc)
+        key = self.key_of(doc)
         if key not in self._marks:
             # requests loaded from lm-eval's request cache skip construct_requests
             for inst in self.instances or []:
-                if doc_key(inst.doc) == key:
+                if self.key_of(inst.doc) == key:
                     return self.mark_prompt(inst.doc, inst.arguments[0])
             raise KeyError(f"{self.config.task}: no request was built for sample {key}")
         return self._marks[key]
@@ -190,7 +199,7 @@ class RulerFilledTask(ConfigurableTask):
     # ---- scoring
 
     def process_results(self, doc: dict[str, Any], results: list[str]) -> dict[str, Any]:
-        score = ruler_score(self.base_task, doc, results[0])
+        score = ruler_score(self.task_of(doc), doc, results[0])
         m = self._mark_of(doc)
         filled = m.filled
         out: dict[str, Any] = {
@@ -208,4 +217,59 @@ class RulerFilledTask(ConfigurableTask):
             out[f"acc_all_{L}"] = score if same else None
             out[f"n_filled_{L}"] = int(filled) if same else None
             out[f"n_excluded_{L}"] = int(not filled) if same else None
+        return out
+
+
+class RulerFilledPool(RulerFilledTask):
+    """`ruler_filled`: several RULER tasks (config `ruler_tasks`) as one lm-eval task, so that lm-eval's
+    printed `acc_filled` is the paper's figure, the mean over every filled sample of every task (pooled,
+    section 3.2). A group cannot print it: lm-eval weighs each member task by all its samples
+    (`sample_len`), not by its filled ones. Per-task figures are metrics of their own (`acc_filled_<task>`,
+    `acc_all_<task>`, `n_filled_<task>`), and each sample records its `ruler_task`. The tasks' samples
+    are interleaved (one of each in turn), so `--limit N` takes about N / tasks from each."""
+
+    def __init__(self, data_dir=None, cache_dir=None, download_mode=None, config: dict | None = None) -> None:
+        cfg, extra = strip_task_keys(config, "ruler_tasks")
+        self.base_tasks = [str(t) for t in extra.get("ruler_tasks") or ()]
+        unknown = [t for t in self.base_tasks if t not in ruler_data.RULER_TASKS]
+        if not self.base_tasks or unknown:
+            raise ValueError(f"{cfg.get('task')}: ruler_tasks must name RULER tasks; unknown: {unknown or '(none given)'}; "
+                             f"valid: {', '.join(ruler_data.RULER_TASKS)}")
+        kinds = {ruler_kind(t) for t in self.base_tasks}
+        if len(kinds) > 1:  # one task has one generation setting
+            raise ValueError(f"{cfg.get('task')}: ruler_tasks mixes kinds {sorted(kinds)}; pool tasks of one kind")
+        super().__init__(data_dir, cache_dir, download_mode, {**cfg, "ruler_task": self.base_tasks[0]})
+
+    def metric_spec(self) -> dict[str, tuple[Any, bool]]:
+        spec = super().metric_spec()
+        for task in self.base_tasks:
+            spec[f"acc_filled_{task}"] = (mean_present, True)
+            spec[f"acc_all_{task}"] = (mean_present, True)
+            spec[f"n_filled_{task}"] = (sum_present, True)
+        return spec
+
+    def download(self, dataset_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        import itertools
+
+        import datasets
+
+        meta = dict(self.config.metadata or {})
+        parts = [[{**row, "ruler_task": t} for row in ruler_data.generate(t, meta)["test"]] for t in self.base_tasks]
+        rows = [row for turn in itertools.zip_longest(*parts) for row in turn if row is not None]
+        self.dataset = {"test": datasets.Dataset.from_list(rows)}
+
+    def task_of(self, doc: dict[str, Any]) -> str:
+        return str(doc["ruler_task"])
+
+    def key_of(self, doc: dict[str, Any]) -> tuple:
+        return (self.task_of(doc), *doc_key(doc))
+
+    def process_results(self, doc: dict[str, Any], results: list[str]) -> dict[str, Any]:
+        out = super().process_results(doc, results)
+        mine = self.task_of(doc)
+        for task in self.base_tasks:
+            same = task == mine
+            out[f"acc_filled_{task}"] = out["acc_filled"] if same else None
+            out[f"acc_all_{task}"] = out["acc_all"] if same else None
+            out[f"n_filled_{task}"] = out["n_filled"] if same else None
         return out

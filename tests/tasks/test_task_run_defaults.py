@@ -1,5 +1,5 @@
 """Defaults the tasks take from the run (issue #18): one tail, the run model's tokenizer,
-needles=all, the pooled group, lm-eval's download path for the essay haystack."""
+needles=all, the pooled ruler_filled task, lm-eval's download path for the essay haystack."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_demo_adapter_publishes_the_demo_lengths_and_tail(monkeypatch, tiny_mode
     assert facts["task_defaults"]["max_seq_lengths"] == list(demo.settings(quick=False).lengths)
 
 
-# -- item 8: needles=all for multi-key samples; the pooled group -------------------------------------
+# -- item 8: needles=all for multi-key samples; ruler_filled pools samples -------------------------------------
 
 def test_multikey_needles_all_is_the_default_and_stricter(tiny_llama, task_data, th):
     base = meta(tiny_llama, task_data, tail=300)
@@ -105,16 +105,53 @@ def test_multikey_needles_all_is_the_default_and_stricter(tiny_llama, task_data,
         th.load_task("niah_multikey_1_filled", {**base, "needles": "some"})
 
 
-def test_ruler_filled_group_pools_samples():
-    from pathlib import Path
+def test_ruler_filled_is_one_task_whose_acc_filled_pools_every_filled_sample(tiny_llama, task_data, th):
+    """lm-eval's printed `ruler_filled` acc_filled is the paper's pooled figure (each filled sample of every
+    task counted once), which no lm-eval group can print: a group weighs a task by all its samples."""
+    from collections import Counter
+    from statistics import mean
 
-    import yaml
+    from lm_eval import simple_evaluate
+    from lm_eval.api.model import LM
 
-    from rf_eval.tasks import task_dir
+    tasks = ["niah_single_1", "niah_multikey_1", "niah_multivalue", "niah_multiquery"]
 
-    group = yaml.safe_load((Path(task_dir()) / "ruler_filled" / "ruler_filled.yaml").read_text())
-    assert {m["metric"]: m["weight_by_size"] for m in group["aggregate_metric_list"]} == {
-        "acc_filled": True, "acc_all": True}
+    class Answers(LM):  # the gold answer on samples with an even index, a wrong one on the others
+        def generate_until(self, requests, disable_tqdm=False):
+            return [" ".join(r.doc["outputs"]) if r.doc["index"] % 2 == 0 else "no" for r in requests]
+
+        def loglikelihood(self, requests, disable_tqdm=False):
+            raise NotImplementedError
+
+        def loglikelihood_rolling(self, requests, disable_tqdm=False):
+            raise NotImplementedError
+
+    out = simple_evaluate(model=Answers(), tasks=["ruler_filled"], limit=40, log_samples=True, bootstrap_iters=0,
+                          task_manager=th.task_manager(meta(tiny_llama, task_data, tail=190)), verbosity="WARNING")
+    res, samples = out["results"]["ruler_filled"], out["samples"]["ruler_filled"]
+    assert [s["doc"]["ruler_task"] for s in samples[:8]] == tasks * 2  # interleaved: --limit takes from each
+    assert Counter(s["doc"]["ruler_task"] for s in samples) == {t: 10 for t in tasks}
+    filled = [s for s in samples if s["filled"] == 1]
+    assert 0 < len(filled) < len(samples) and {s["acc_filled"] for s in filled} == {0.0, 1.0}
+    assert res["acc_filled,none"] == pytest.approx(mean(s["acc_filled"] for s in filled))
+    assert res["acc_all,none"] == pytest.approx(mean(s["acc_all"] for s in samples))
+    share, acc = {}, {}
+    for t in tasks:
+        mine = [s["acc_filled"] for s in filled if s["doc"]["ruler_task"] == t]
+        acc[t], share[t] = mean(mine), len(mine)
+        assert res[f"acc_filled_{t},none"] == pytest.approx(acc[t]) and res[f"n_filled_{t},none"] == len(mine)
+    grouped = sum(acc[t] * 10 for t in tasks) / 40  # what a weight_by_size group of the four tasks prints
+    assert len(set(share.values())) > 1 and grouped != pytest.approx(res["acc_filled,none"])
+
+
+def test_a_pool_names_ruler_tasks_of_one_kind(th):
+    from rf_eval.tasks.ruler_filled import RulerFilledPool
+
+    base = {"task": "pool", "output_type": "generate_until", "metadata": {"tokenizer": "x", "tail": 8}}
+    with pytest.raises(ValueError, match="unknown: \\['niah_single_9'\\]"):
+        RulerFilledPool(config={**base, "ruler_tasks": ["niah_single_1", "niah_single_9"]})
+    with pytest.raises(ValueError, match="mixes kinds"):
+        RulerFilledPool(config={**base, "ruler_tasks": ["niah_single_1", "ruler_qa_squad"]})
 
 
 # -- item 10: the essay haystack comes the way lm-eval's ruler gets it -------------------------------
