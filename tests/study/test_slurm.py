@@ -125,7 +125,9 @@ def test_a_step_waits_for_what_it_needs_and_stops_when_that_failed(tmp_path):
 
     def finish_later() -> None:
         time.sleep(0.3)
-        marker.write_text(json.dumps({"fingerprint": fingerprint(study, study.arms["exact"], str(tmp_path))}))
+        tmp = marker.with_suffix(".tmp")  # atomic, as run_arm writes it: the poller never reads half a file
+        tmp.write_text(json.dumps({"fingerprint": fingerprint(study, study.arms["exact"], str(tmp_path))}))
+        tmp.replace(marker)
 
     writer = threading.Thread(target=finish_later)
     started = time.time()
