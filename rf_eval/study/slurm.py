@@ -91,11 +91,11 @@ class SlurmLauncher:
         """Submit every step not yet done, each after the ones it needs; follow them unless detached."""
         for stale in (self.folder / "steps").glob("*.failed"):
             stale.unlink()  # failures of an earlier submission
-        submitted: list[tuple[str, list[Any]]] = []  # (step or stage name, its jobs) in order
+        submitted: list[tuple[list[str], list[Any]]] = []  # (step names, their jobs, one each) in order
         after: list[str] = []  # the ids the next step waits for
         if not maps_ready(study, out):
             job = self.executor(FIT, []).submit(fit_step, study, out, self)
-            submitted.append((FIT, [job]))
+            submitted.append(([FIT], [job]))
             after = job_ids([job])
         needs: list[str] = [FIT] if after else []
         for names in arm_stages(study):
@@ -104,16 +104,16 @@ class SlurmLauncher:
                 jobs = self.executor("arms" if len(todo) > 1 else todo[0], after).map_array(
                     arm_step, [study] * len(todo), [out] * len(todo), [self] * len(todo), todo,
                     [needs] * len(todo))
-                submitted.append((",".join(todo), jobs))
+                submitted.append((todo, jobs))
                 after, needs = job_ids(jobs), list(todo)
         everything = [i for _, jobs in submitted for i in job_ids(jobs)]
         if report:
             job = self.executor(REPORT, everything, gpus=0, minutes=60).submit(
                 report_step, study, out, self, ledger, list(study.arms))
-            submitted.append((REPORT, [job]))
+            submitted.append(([REPORT], [job]))
         self._record(study, out, submitted)
-        for step, jobs in submitted:
-            print(f"[slurm] {step}: job {', '.join(j.job_id for j in jobs)}", flush=True)
+        for names, jobs in submitted:
+            print(f"[slurm] {','.join(names)}: job {', '.join(j.job_id for j in jobs)}", flush=True)
         print(f"[slurm] logs in {self.folder}; `rf-eval study status {out}` shows what is done", flush=True)
         if not submitted:
             print("[slurm] every arm is done and no report was asked for: nothing to submit", flush=True)
@@ -121,27 +121,27 @@ class SlurmLauncher:
             return 0
         return self._follow(study, out, ledger, submitted, report)
 
-    def _record(self, study: Study, out: Path, submitted: list[tuple[str, list[Any]]]) -> None:
+    def _record(self, study: Study, out: Path, submitted: list[tuple[list[str], list[Any]]]) -> None:
         state = load_state(out)
-        for step, jobs in submitted:
-            for name, job in zip(step.split(","), jobs):
+        for names, jobs in submitted:
+            for name, job in zip(names, jobs):
                 if name in study.arms:
                     state["arms"][name].update(status="submitted", job=job.job_id)
-        state["slurm"] = {step: [j.job_id for j in jobs] for step, jobs in submitted}
+        state["slurm"] = {",".join(names): [j.job_id for j in jobs] for names, jobs in submitted}
         save_state(out, state)
 
-    def _follow(self, study: Study, out: Path, ledger: Path, submitted: list[tuple[str, list[Any]]],
+    def _follow(self, study: Study, out: Path, ledger: Path, submitted: list[tuple[list[str], list[Any]]],
                 report: bool) -> int:
         """Wait for each job in order; on a failure cancel what is left and raise its error."""
         code, pending = 0, [job for _, jobs in submitted for job in jobs]
         try:
-            for step, jobs in submitted:
-                for name, job in zip(step.split(",") if step not in (FIT, REPORT) else [step], jobs):
+            for names, jobs in submitted:
+                for name, job in zip(names, jobs):
                     result = job.result()  # waits; raises the job's error
                     pending.remove(job)
                     seconds = f" in {result['seconds']:.0f}s" if isinstance(result, dict) else ""
                     print(f"[slurm] {name} done{seconds}", flush=True)
-                    code = result if step == REPORT else code
+                    code = result if name == REPORT else code
         except Exception:
             for job in pending:
                 job.cancel(check=False)
