@@ -26,10 +26,22 @@ With no `pretrained` / `tokenizer` in the run (`lm_eval --model ridgefill
 adapter's model (the embedded demo model), and the demo's lengths are the
 default `max_seq_lengths` (`common.with_run_defaults`).
 
-Excluded samples keep their lm-eval sample ids: every sample is run and
-logged, and carries a `filled` flag (0/1) and `needle_rows_from_end` (prompt
-rows after its last needle token; filled iff >= tail, so the subset for any
-other tail can be recomputed from a samples file). Filled-region metrics are
+Sample order (`balanced_order`): lm-eval's generators emit a task's samples
+length by length (500 of the first length, then 500 of the next), so lm-eval's
+`--limit N` would run the first length only. The paper runs the same number of
+samples per task and length (25, section 3.2) and resamples within task
+strata (section 3.4), so the docs are reordered, one sample of each (task,
+length) cell in turn: `--limit N` over k lengths (and, pooled, t tasks) takes
+N / (k t) of each cell, and a `--samples` id is a position in that order. A
+sample's identity is its doc's `ruler_task`, `max_length` (the RULER length
+setting) and `index` (the generator's index within that task and length), all
+logged with the doc in `--log_samples`; the `doc_id` is its position in the
+balanced order.
+
+Excluded samples are not dropped: every sample is run and logged, and carries
+a `filled` flag (0/1) and `needle_rows_from_end` (prompt rows after its last
+needle token; filled iff >= tail, so the subset for any other tail can be
+recomputed from a samples file). Filled-region metrics are
 `None` on excluded samples and are averaged over the filled ones only.
 
 Metrics: `acc_filled` (filled-region accuracy), `acc_all` (the official
@@ -46,6 +58,7 @@ from the arm's on purpose: the longer-tail controls).
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from lm_eval.api.task import ConfigurableTask
@@ -83,6 +96,42 @@ def rendered_prompt(tokenizer: Any, prompt: Any) -> str:
 def doc_key(doc: dict[str, Any]) -> tuple[int, int]:
     """A RULER sample's identity within a task: (length, index)."""
     return int(doc["max_length"]), int(doc["index"])
+
+
+def balanced_order(tasks: list[str], lengths: list[int]) -> list[int]:
+    """Row positions reordered so that every prefix is as balanced as it can be across (task, length).
+
+    `tasks[i]`, `lengths[i]` are row i's RULER task and length; within a (task, length) cell rows keep
+    the generator's order. Each turn takes the next row of every cell; a turn visits the cells so
+    that consecutive rows change task and also change length: with t tasks and k lengths, cell c
+    of a turn is task c mod t and length (c + c // lcm(t, k)) mod k (the shift once per lcm(t, k)
+    cells reaches the pairs plain c mod t, c mod k misses when t and k share a factor), so the
+    first max(t, k) rows of a turn already hold every task and every length. `--limit N` with N a
+    multiple of t * k then runs N / (t k) samples of each cell, the paper's design of equal samples
+    per task and length (section 3.2). A cell the generator left short (it skips samples it cannot
+    build) just ends early.
+    """
+    task_names = list(dict.fromkeys(tasks))
+    length_names = list(dict.fromkeys(int(x) for x in lengths))
+    cells: dict[tuple[str, int], list[int]] = {}
+    for i, (task, n) in enumerate(zip(tasks, lengths, strict=True)):
+        cells.setdefault((task, int(n)), []).append(i)
+    t, k = len(task_names), len(length_names)
+    period = math.lcm(t, k)
+    turn = [(task_names[c % t], length_names[(c + c // period) % k]) for c in range(t * k)]
+    rounds = max((len(rows) for rows in cells.values()), default=0)
+    return [cells[cell][r] for r in range(rounds) for cell in turn if r < len(cells.get(cell, ()))]
+
+
+def balanced_dataset(parts: dict[str, Any]):
+    """The `test` split of each RULER task's samples ({task: dataset}) as one `datasets.Dataset`
+    in `balanced_order`, each row tagged with its `ruler_task` (so a samples file can be stratified
+    by task and `max_length`)."""
+    import datasets
+
+    tagged = [ds.add_column("ruler_task", [task] * len(ds)) for task, ds in parts.items()]
+    whole = tagged[0] if len(tagged) == 1 else datasets.concatenate_datasets(tagged)
+    return whole.select(balanced_order(list(whole["ruler_task"]), list(whole["max_length"])))
 
 
 def ruler_score(base_task: str, doc: dict[str, Any], response: str) -> float:
@@ -148,7 +197,9 @@ class RulerFilledTask(ConfigurableTask):
     # ---- data and prompts
 
     def download(self, dataset_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        self.dataset = ruler_data.generate(self.base_task, dict(self.config.metadata or {}))
+        """lm-eval's samples, reordered so that `--limit` takes the same count of each length (`balanced_order`)."""
+        test = ruler_data.generate(self.base_task, dict(self.config.metadata or {}))["test"]
+        self.dataset = {"test": balanced_dataset({self.base_task: test})}
 
     def doc_to_text(self, doc: dict[str, Any], doc_to_text: Any = None) -> str:
         return prompts.ruler_prompt(doc, self.protocol)[0]
@@ -226,7 +277,8 @@ class RulerFilledPool(RulerFilledTask):
     section 3.2). A group cannot print it: lm-eval weighs each member task by all its samples
     (`sample_len`), not by its filled ones. Per-task figures are metrics of their own (`acc_filled_<task>`,
     `acc_all_<task>`, `n_filled_<task>`), and each sample records its `ruler_task`. The tasks' samples
-    are interleaved (one of each in turn), so `--limit N` takes about N / tasks from each."""
+    are interleaved with the lengths (one of each task and length in turn, `balanced_order`), so
+    `--limit N` takes N / (tasks x lengths) of each task and length."""
 
     def __init__(self, data_dir=None, cache_dir=None, download_mode=None, config: dict | None = None) -> None:
         cfg, extra = strip_task_keys(config, "ruler_tasks")
@@ -249,14 +301,9 @@ class RulerFilledPool(RulerFilledTask):
         return spec
 
     def download(self, dataset_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        import itertools
-
-        import datasets
-
+        """Every task's samples, one of each (task, length) in turn (`balanced_order`)."""
         meta = dict(self.config.metadata or {})
-        parts = [[{**row, "ruler_task": t} for row in ruler_data.generate(t, meta)["test"]] for t in self.base_tasks]
-        rows = [row for turn in itertools.zip_longest(*parts) for row in turn if row is not None]
-        self.dataset = {"test": datasets.Dataset.from_list(rows)}
+        self.dataset = {"test": balanced_dataset({t: ruler_data.generate(t, meta)["test"] for t in self.base_tasks})}
 
     def task_of(self, doc: dict[str, Any]) -> str:
         return str(doc["ruler_task"])

@@ -84,11 +84,11 @@ STEPS = (
         Sub("accelerate launch -m lm_eval",
             "ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 -m lm_eval",
             "data parallel over 2 CPU processes (gloo), as accelerate does over the GPUs it finds"),
-        Sub("--limit 100", "--limit 2", "time: 2 samples"),
+        Sub("--limit 300", "--limit 2", "time: 2 samples"),
         Sub("dtype: bfloat16", "dtype: float32", "CPU"),
         Sub("tasks: [ruler_filled]", "tasks: [niah_single_1_filled]", "time: one RULER task"),
         Sub("[8192, 16384, 32768]", "[1024]", "short prompts"), Sub("tail: 4096", "tail: 256", "short prompts"),
-        Sub("split: 16", "split: 3", "the tiny model has 6 layers"), Sub("limit: 100", "limit: 2", "time: 2 samples"),
+        Sub("split: 16", "split: 3", "the tiny model has 6 layers"), Sub("limit: 300", "limit: 2", "time: 2 samples"),
     ), 600, "check_gpu_runs"),
     Step("A whole study in one command", "bash", "run", (), 300, "check_study"),
     Step("RaReCache", "bash", "run", (

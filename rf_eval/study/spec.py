@@ -9,7 +9,8 @@
     include_path: ./my_tasks     # optional: a folder of task YAMLs (lm_eval --include_path)
     lengths: [4096, 8192]        # --metadata max_seq_lengths
     metadata: {tail: 4096}       # any other --metadata
-    limit: 50                    # or `samples: {task: [doc ids]}`
+    limit: 50                    # per task (lm-eval --limit): 25 per task and length here, RULER tasks
+                                 # taking one of each length in turn; or `samples: {task: [doc ids]}`
     apply_chat_template: true
     seed: 0
     arms:                        # name -> lm-eval model and its model_args
@@ -67,7 +68,7 @@ class Study:
     include_path: str | None = None
     lengths: tuple[int, ...] = ()
     metadata: dict[str, Any] = field(default_factory=dict)
-    limit: int | None = None
+    limit: int | None = None  # lm-eval --limit, per task; RULER tasks split it evenly over lengths (and pooled tasks)
     samples: dict[str, list[int]] | None = None
     apply_chat_template: bool = False
     seed: int = 0
