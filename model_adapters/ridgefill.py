@@ -24,8 +24,8 @@ typo of a known one is refused):
   split    first filled layer (default: the maps' split, else L/2)
   tail     last prompt rows kept exact (default 4096, the paper's; the demo model: 512)
   chunk_size  lower layers run in chunks of this many rows (memory)
-  map_split   true (default, the paper's released maps): layer S's filled rows read A_S x_S + b_S;
-              false: they read x_S
+  map_split   false (default): layer S's filled rows read x_S (exact); true (the paper's released
+              maps and MAC accounting): they read A_S x_S + b_S
   reference   `exact`: also run the exact arm on the same inputs (see token_logprobs,
               multiturn_generate); other request types ignore it
   selector, corrections, splice, cost_match, unigram

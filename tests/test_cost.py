@@ -27,12 +27,12 @@ def test_mac_model_orders_the_arms(llama8b):
     rows = prefill_macs(llama8b, n, split=s, tail=t, fill="ridge", exact_rows=2867)
     nofill = prefill_macs(llama8b, n, split=s, tail=t, fill="nofill")
     assert nofill < identity < ridge < rows < exact
-    # maps: d*d per filled row per late layer, layer S's own map included (map_split, the default) ...
-    assert ridge - identity == (n - t) * 4096 * 4096 * (32 - s)
-    # ... or from layer S+1 on when layer S reads x_S
-    ridge_no_split_map = prefill_macs(llama8b, n, split=s, tail=t, fill="ridge", map_split=False)
-    assert ridge_no_split_map - identity == (n - t) * 4096 * 4096 * (32 - s - 1)
-    assert prefill_macs(llama8b, n, split=s, tail=t, fill="identity", map_split=False) == identity
+    # maps: d*d per filled row per late layer where a map is used: from layer S+1 by default (S reads x_S) ...
+    assert ridge - identity == (n - t) * 4096 * 4096 * (32 - s - 1)
+    # ... and at layer S too with map_split (the paper's released maps and MAC counts)
+    ridge_split_map = prefill_macs(llama8b, n, split=s, tail=t, fill="ridge", map_split=True)
+    assert ridge_split_map - identity == (n - t) * 4096 * 4096 * (32 - s)
+    assert prefill_macs(llama8b, n, split=s, tail=t, fill="identity", map_split=True) == identity
     # the MAC ceiling is below the layer-pass ceiling (filled rows still pay K/V and maps)
     assert speedup_ceiling(llama8b, n, split=s, tail=t, fill="ridge") < 1 / ceiling_r(32, s, t, n)
     assert prefill_macs(llama8b, n, split=s, tail=n, fill="ridge") == exact
@@ -65,7 +65,8 @@ def crossover(config, split: int, pop_split: int, **arm) -> int:
 def test_pop_crossovers_of_the_paper():
     """Paper section 2.5 / 6.4 (Figure 7): RidgeFill costs less than POP above about 14K tokens at half
     depth and 46K at 5/8 depth on Llama-3.1-8B; on Qwen3-8B split 13 above about 10.6K, and split 22
-    below about 59K costs more (1.04x POP at 32K, 0.99x at 64K). The paper charges the map at layer S."""
+    below about 59K costs more (1.04x POP at 32K, 0.99x at 64K). The paper charges the map at layer S, so
+    its figures are map_split=true's, named here; rf-eval's default arm uses no map at S."""
     from transformers import Qwen3Config
 
     llama = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -74,17 +75,17 @@ def test_pop_crossovers_of_the_paper():
                        num_key_value_heads=8, head_dim=128, vocab_size=151936)
     pop_llama, pop_qwen = 32 - 32 // 3, 36 - 36 // 3
     assert (pop_llama, pop_qwen) == (22, 24)
-    assert round(crossover(llama, 20, pop_llama) / 1000) == 46
-    assert round(crossover(llama, 16, pop_llama) / 1000) == 14
-    assert round(crossover(qwen, 22, pop_qwen) / 1000) == 59
-    assert round(crossover(qwen, 13, pop_qwen) / 100) == 106
+    paper = {"map_split": True}
+    assert round(crossover(llama, 20, pop_llama, **paper) / 1000) == 46
+    assert round(crossover(llama, 16, pop_llama, **paper) / 1000) == 14
+    assert round(crossover(qwen, 22, pop_qwen, **paper) / 1000) == 59
+    assert round(crossover(qwen, 13, pop_qwen, **paper) / 100) == 106
     pop = {n: prefill_macs(qwen, n, split=pop_qwen, tail=1, fill="identity") for n in (32768, 65536)}
-    ratio = {n: prefill_macs(qwen, n, split=22, tail=4096, fill="ridge") / pop[n] for n in pop}
+    ratio = {n: prefill_macs(qwen, n, split=22, tail=4096, fill="ridge", **paper) / pop[n] for n in pop}
     assert (round(ratio[32768], 2), round(ratio[65536], 2)) == (1.04, 0.99)
-    # without the map at S the crossovers come out early (about 44.4K and 57.4K): not the paper's counts
-    assert round(crossover(llama, 20, pop_llama, map_split=False) / 1000) == 44
-    assert round(crossover(qwen, 22, pop_qwen, map_split=False) / 1000) == 57
-
+    # the default arm (no map at S) crosses earlier (about 44.4K and 57.4K): not the paper's counts
+    assert round(crossover(llama, 20, pop_llama) / 1000) == 44
+    assert round(crossover(qwen, 22, pop_qwen) / 1000) == 57
 
 def test_sliding_window_layers_charge_at_most_the_window(llama8b):
     from transformers import MistralConfig, Qwen3Config

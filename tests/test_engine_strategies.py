@@ -115,8 +115,10 @@ def test_predicted_input_filled_kv_is_what_the_layer_caches(tiny_model, family):
 
 
 def test_layer_s_reads_the_split_state(tiny_model):
+    """The default: layer S's filled rows read x_S (computed exactly), later layers the fill."""
     model, _ = tiny_model("llama")
-    sweep = Sweep(model, Plan(SPLIT, TAIL, "ridge", map_split=False))
+    sweep = Sweep(model, Plan(SPLIT, TAIL, "ridge"))
+    assert not sweep.plan.map_split
     step = LayerStep(sweep.family, decoder_layers(model), sweep.plan, None, None, None)
     x = torch.randn(1, 4, 8)
     fill = PredictedInput(scaled_fill)
@@ -125,10 +127,9 @@ def test_layer_s_reads_the_split_state(tiny_model):
 
 
 def test_layer_s_reads_its_map_with_map_split(tiny_model):
-    """The default (the paper's released maps cover layers S..L-1): layer S reads fill(S, x_S)."""
+    """map_split=true (the paper's released maps cover layers S..L-1): layer S reads fill(S, x_S)."""
     model, _ = tiny_model("llama")
-    sweep = Sweep(model)
-    assert sweep.plan.map_split
+    sweep = Sweep(model, Plan(SPLIT, TAIL, "ridge", map_split=True))
     step = LayerStep(sweep.family, decoder_layers(model), sweep.plan, None, None, None)
     x = torch.randn(1, 4, 8)
     fill = PredictedInput(scaled_fill)

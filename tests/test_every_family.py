@@ -127,7 +127,7 @@ def test_every_public_path(family, tiny_model, tiny_model_dir, texts, tmp_path):
                          "--calibration", *texts["state"], "--out", str(out), "--every", "16", "--device", "cpu",
                          "--no-progress"]) == 0
         delta, meta = load_table(out)
-        assert sorted(delta) == [i for i in recurrent if i >= SPLIT] and meta["map_split"] == "true"
+        assert sorted(delta) == [i for i in recurrent if i >= SPLIT] and meta["map_split"] == "false"
         assert all(d.abs().max() > 0 for d in delta.values())
         spec = f"terminal_state(path={out / f'state_correction_split{SPLIT}.safetensors'})"
         rf = RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, corrections=spec)
@@ -137,7 +137,7 @@ def test_every_public_path(family, tiny_model, tiny_model_dir, texts, tmp_path):
         assert not torch.equal(corrected.logits, plain.logits)
         assert set(rf.arm.corrections[0].last_rho) == set(delta)
         with pytest.raises(ValueError, match="map_split"):
-            RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, corrections=spec, map_split=False)
+            RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, corrections=spec, map_split=True)
 
     # RaReCache where it can map the family's cache; elsewhere its refusal (a hybrid holds no per-token cache
     # entry, a sliding window keeps only the last rows, several RoPE tables cannot be undone as one)

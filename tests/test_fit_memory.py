@@ -191,7 +191,7 @@ def fit_in_passes(model, tok, calibration, heldout, out, budget_gib, monkeypatch
         alive.append(weakref.ref(A[self.layers[0]]))
         return A, b
 
-    def counted(model_, docs, split, candidates, map_split=True):
+    def counted(model_, docs, split, candidates, map_split=False):
         passes.append((tuple(candidates), sum(ref() is not None for ref in alive)))
         return heldout_cosines(model_, docs, split, candidates, map_split)
 

@@ -1,5 +1,6 @@
-"""`map_split`: layer S's filled rows read x̂_S = A_S x_S + b_S, as the paper's released maps do
-(RidgeFill section 2.2 "Size and cost": maps for layers S..L-1), or x_S itself with map_split=false."""
+"""`map_split`: by default layer S's filled rows read x_S itself (computed exactly by the lower layers);
+with map_split=true they read x̂_S = A_S x_S + b_S, as the paper's released maps do (RidgeFill section 2.2
+"Size and cost": maps for layers S..L-1)."""
 
 from __future__ import annotations
 
@@ -45,10 +46,21 @@ def split_state(model, ids: torch.Tensor) -> torch.Tensor:
     return seen["x"]
 
 
-def test_the_default_follows_the_released_maps_and_model_args_parse_it():
-    assert RidgeFillArm().map_split is True
-    arm = RidgeFillArm.from_fields({"fill": "ridge", "map_split": "false"})
-    assert arm.map_split is False and arm.describe()["map_split"] is False
+def test_the_default_reads_x_s_and_model_args_parse_it():
+    from rf_eval.engine import Plan
+    from rf_eval.ridgefill.cost import prefill_macs
+
+    assert RidgeFillArm().map_split is False and Plan(split=1, tail=1).map_split is False
+    arm = RidgeFillArm.from_fields({"fill": "ridge", "map_split": "true"})
+    assert arm.map_split is True and arm.describe()["map_split"] is True
+    # the cost model charges the map at S only where it is used: the default arm's MACs are map_split=false's
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=100)
+    default = prefill_macs(config, 1000, split=2, tail=100, fill="ridge")
+    assert default == prefill_macs(config, 1000, split=2, tail=100, fill="ridge", map_split=False)
+    assert prefill_macs(config, 1000, split=2, tail=100, fill="ridge", map_split=True) - default == 900 * 64 * 64
     with pytest.raises(ArmError, match="map_split"):
         RidgeFillArm.from_fields({"map_split": "maybe"})
     # the served arm and lm-eval's model_args take it as any other arm field
@@ -77,8 +89,8 @@ def test_layer_s_filled_rows_read_the_map_with_map_split(tiny_model):
     n, prefix = ids.shape[1], ids.shape[1] - TAIL
     x_s = split_state(model, ids)
     layer = model.model.layers[SPLIT]
-    on = RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL).prefill(ids)
-    off = RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, map_split=False).prefill(ids)
+    on = RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, map_split=True).prefill(ids)
+    off = RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL).prefill(ids)
     # by hand: layer S's keys of the filled rows from x̂_S = A_S x_S + b_S, or from x_S itself
     cos, sin = model.model.rotary_emb(x_s, torch.arange(n)[None])
     from rf_eval.families import family_for
@@ -96,7 +108,37 @@ def test_layer_s_filled_rows_read_the_map_with_map_split(tiny_model):
     # the tail is exact in both
     torch.testing.assert_close(got_on.keys[:, :, prefix:], k_true[:, :, prefix:], rtol=1e-5, atol=1e-5)
     rf = RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL)
-    assert rf.provenance()["map_split"] is True and rf.plan.map_split is True
+    assert rf.provenance()["map_split"] is False and rf.plan.map_split is False
+
+
+def test_default_arm_with_fitted_maps_writes_layer_s_exactly(tiny_model, tiny_model_dir, tmp_path):
+    """Acceptance of #23: maps fitted by `rf-eval fit` hold A_S, and the default arm ignores it: layer S's
+    keys and values for filled rows equal the stock model's (<= 1e-5); with map_split=true they do not."""
+    model, tok = tiny_model("llama")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the river stone and the quiet market, seven blue lamps over the harbour wall. " * 12)
+    out = tmp_path / "maps"
+    assert main(["fit", "--model", tiny_model_dir("llama"), "--splits", str(SPLIT), "--calibration", str(corpus),
+                 "--out", str(out), "--device", "cpu", "--no-progress"]) == 0
+    maps = load_maps(out, SPLIT)
+    assert SPLIT in maps.A  # the release format's map at S is in the file
+    ids = prompt()
+    prefix = ids.shape[1] - TAIL
+    with torch.no_grad():
+        stock = model(input_ids=ids, use_cache=True).past_key_values.layers[SPLIT]
+    for map_split in (False, True):
+        kwargs = {"map_split": True} if map_split else {}
+        got = RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, **kwargs).prefill(ids).cache.layers[SPLIT]
+        k_err = (got.keys[:, :, :prefix] - stock.keys[:, :, :prefix]).abs().max().item()
+        v_err = (got.values[:, :, :prefix] - stock.values[:, :, :prefix]).abs().max().item()
+        if map_split:
+            assert max(k_err, v_err) > 1e-3  # A_S x_S + b_S is a shrunk copy of x_S, not x_S
+        else:
+            assert k_err <= 1e-5 and v_err <= 1e-5
+        # the next late layer reads the map either way: its filled rows are not the stock model's
+        nxt = RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, **kwargs).prefill(ids).cache.layers[SPLIT + 1]
+        stock_next = model(input_ids=ids, use_cache=True).past_key_values.layers[SPLIT + 1]
+        assert (nxt.keys[:, :, :prefix] - stock_next.keys[:, :, :prefix]).abs().max() > 1e-4
 
 
 def test_heldout_lambda_choice_scores_layer_s_with_map_split(tiny_model):
@@ -104,8 +146,8 @@ def test_heldout_lambda_choice_scores_layer_s_with_map_split(tiny_model):
     maps = random_maps(model)
     docs = [prompt(16)]
     cand = {0.1: (maps.A, maps.b)}
-    on = heldout_cosines(model, docs, SPLIT, cand)[0.1]
-    off = heldout_cosines(model, docs, SPLIT, cand, map_split=False)[0.1]
+    on = heldout_cosines(model, docs, SPLIT, cand, map_split=True)[0.1]
+    off = heldout_cosines(model, docs, SPLIT, cand)[0.1]
     late = model.config.num_hidden_layers - SPLIT
     assert on[1] == 16 * late and off[1] == 16 * (late - 1)
     assert on[0] < off[0] + 16  # layer S's rows score below 1 each under a non-identity map
@@ -114,7 +156,7 @@ def test_heldout_lambda_choice_scores_layer_s_with_map_split(tiny_model):
 def test_fit_records_map_split(tiny_model_dir, tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("the river stone and the quiet market, seven blue lamps. " * 4)
-    for flag, want in (([], "true"), (["--no-map-split"], "false")):
+    for flag, want in (([], "false"), (["--map-split"], "true")):
         out = tmp_path / f"maps{want}"
         assert main(["fit", "--model", tiny_model_dir("llama"), "--splits", str(SPLIT), "--calibration",
                      str(corpus), "--out", str(out), "--device", "cpu", "--no-progress", *flag]) == 0

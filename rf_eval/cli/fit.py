@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 from rf_eval.cli import UserError
+from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,9 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=32768, help="truncate documents to this many tokens")
     p.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
-    p.add_argument("--map-split", dest="map_split", action=argparse.BooleanOptionalAction, default=True,
-                   help="the arms read layer S's own map (the paper's released maps; default): the held-out "
-                        "lambda choice scores layer S too. --no-map-split: layer S reads x_S, not scored")
+    p.add_argument("--map-split", dest="map_split", action=argparse.BooleanOptionalAction,
+                   default=DEFAULT_MAP_SPLIT,
+                   help="the arms read layer S's own map (the paper's released maps and MAC accounting): the "
+                        "held-out lambda choice scores layer S too. Default --no-map-split: layer S reads x_S "
+                        "(exact), not scored")
     p.add_argument("--sums-device", dest="sums_device", choices=("auto", "cpu", "model"), default="auto",
                    help="where the fp64 running sums live: auto (the model's GPU if they fit there with a margin, "
                         "else CPU memory), cpu, model")

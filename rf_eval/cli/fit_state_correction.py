@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from rf_eval.cli import UserError
+from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,8 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output folder (or .safetensors file)")
     p.add_argument("--every", type=int, default=2048, help="read the state every this many tokens")
     p.add_argument("--max-tokens", type=int, default=131072, help="truncate prompts to this many tokens")
-    p.add_argument("--map-split", dest="map_split", action=argparse.BooleanOptionalAction, default=True,
-                   help="the arm's layer S reads its own map (the default, as the arm's map_split)")
+    p.add_argument("--map-split", dest="map_split", action=argparse.BooleanOptionalAction,
+                   default=DEFAULT_MAP_SPLIT,
+                   help="the arm's layer S reads its own map (as the arm's map_split; default: no, it reads x_S)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--no-progress", action="store_true")

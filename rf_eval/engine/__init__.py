@@ -11,11 +11,11 @@ Queries, attention output and the MLP run for exact rows only (`layers`).
 The result is the model's own `transformers` cache plus the last prompt
 row's logits; everything after the prompt is the stock model.
 
-Layer S's filled rows read x̂_S = fill(S, x_S) by default (`Plan.map_split`):
-the paper's released maps cover layers S..L-1 and its MAC counts charge the
-map at S (section 2.2 "Size and cost", section 2.5). With `map_split=False`
-layer S reads the true x_S for every row, so its filled rows' keys and values
-are exact. The identity fill is x_S either way.
+Layer S reads the true x_S for every row by default, so its filled rows' keys
+and values are exact (`plan.DEFAULT_MAP_SPLIT`). With `Plan.map_split` its
+filled rows read x̂_S = fill(S, x_S), as the paper's released maps (layers
+S..L-1) and its MAC counts (section 2.2 "Size and cost", section 2.5) have
+it. The identity fill is x_S either way.
 
 With no filled rows (fill `exact`, or tail >= N) the engine is the plain
 model forward, so logits and cache are bitwise those of `transformers`.

@@ -10,6 +10,12 @@ from transformers import DynamicCache
 
 #: The fills a RidgeFill arm names (paper section 2.1, table 3).
 FILL_SOURCES = ("exact", "nofill", "identity", "ridge")
+#: Whether layer S's filled rows read the fill's own map at S (x̂_S = A_S x_S + b_S) when an arm does not
+#: say. False: layer S reads x_S, which the lower layers computed exactly, so any map there can only add
+#: error (a ridge map of x_S on itself is a shrunk identity). The paper's released files carry a map for
+#: layer S and its MAC counts charge it (section 2.2 "Size and cost", section 2.5); `map_split=True`
+#: reproduces that accounting. The one place this default is stated: arms, fits and the cost model read it.
+DEFAULT_MAP_SPLIT = False
 #: Every fill a Plan may carry: RidgeFill's, plus `mapped` (RaReCache's mapped K/V, given as a `MappedKV`).
 PLAN_FILLS = (*FILL_SOURCES, "mapped")
 
@@ -27,10 +33,10 @@ class Plan:
     last prompt rows kept exact in every layer. fill: one of PLAN_FILLS.
     chunk_size: run the lower layers in chunks of this many rows (None: one
     pass; bitwise equal to the plain model). query_chunk: exact-row queries per
-    attention call in the late layers (bounds the mask's memory). map_split:
-    filled rows of layer S itself read the fill's prediction x̂_S = fill(S, x_S)
-    (A_S x_S + b_S for ridge maps, which cover layers S..L-1 as the paper's
-    released maps do, section 2.2 "Size and cost"); False: layer S reads x_S.
+    attention call in the late layers (bounds the mask's memory). map_split
+    (default `DEFAULT_MAP_SPLIT`, False): filled rows of layer S itself read the
+    fill's prediction x̂_S = fill(S, x_S) (A_S x_S + b_S for ridge maps, which
+    cover layers S..L-1 as the paper's released maps do); False: layer S reads x_S.
     """
 
     split: int
@@ -38,7 +44,7 @@ class Plan:
     fill: str = "exact"
     chunk_size: int | None = None
     query_chunk: int = 4096
-    map_split: bool = True
+    map_split: bool = DEFAULT_MAP_SPLIT
 
     def __post_init__(self):
         if self.fill not in PLAN_FILLS:

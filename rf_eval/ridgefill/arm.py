@@ -24,6 +24,7 @@ from torch import nn
 
 from rf_eval import engine
 from rf_eval.engine import Plan, PrefillResult
+from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.ridgefill.corrections import build_hooks
 from rf_eval.ridgefill.cost import cost_matched_tail, prefill_macs
 from rf_eval.selectors.base import Request, Selector
@@ -44,13 +45,13 @@ class CostMatch:
         if self.fill not in ("identity", "ridge"):
             raise ValueError(f"cost_match fill must be identity or ridge, got {self.fill!r}")
 
-    def target_macs(self, config, n: int, split: int, own_tail: int, map_split: bool = True) -> int:
+    def target_macs(self, config, n: int, split: int, own_tail: int, map_split: bool = DEFAULT_MAP_SPLIT) -> int:
         """The matched arm's MACs; `map_split` (the control's own arm field) charges its map at layer S."""
         exact = self.exact_rows if self.exact_rows is not None else int(round(self.exact_share * n))
         return prefill_macs(config, n, split=split, tail=self.tail or own_tail, exact_rows=exact,
                             fill=self.fill, probe_rows=self.probe_rows, map_split=map_split)
 
-    def tail_for(self, config, n: int, split: int, own_tail: int, map_split: bool = True) -> int:
+    def tail_for(self, config, n: int, split: int, own_tail: int, map_split: bool = DEFAULT_MAP_SPLIT) -> int:
         return cost_matched_tail(config, n, split, self.target_macs(config, n, split, own_tail, map_split))
 
     def describe(self) -> dict[str, Any]:

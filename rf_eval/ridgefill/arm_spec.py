@@ -14,9 +14,11 @@ Arms (RidgeFill paper, table 3 and section 3.3): `fill` exact | nofill |
 identity | ridge; `split` S; `tail` T; optional exact prefix rows from a
 `selector` (section 2.4), `corrections` (section 2.3), a `splice` (section
 6.6) and, on a `nofill` control, `cost_match` (the tail lengthened to the
-MAC cost of the named arm). `map_split` (default true, the paper's released
-maps, section 2.2 "Size and cost"): filled rows of layer S read
-x̂_S = A_S x_S + b_S; false: they read x_S (identity is the same either way).
+MAC cost of the named arm). `map_split` (default false,
+`rf_eval.engine.plan.DEFAULT_MAP_SPLIT`): filled rows of layer S read x_S,
+which is exact; true: they read x̂_S = A_S x_S + b_S, as the paper's released
+maps and MAC counts have it (section 2.2 "Size and cost"); identity is the
+same either way.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rf_eval.engine.plan import FILL_SOURCES
+from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, FILL_SOURCES
 from rf_eval.fields import ArmError, build
 
 FILLS_THAT_PREDICT = ("identity", "ridge")
@@ -49,7 +51,7 @@ class RidgeFillArm:
     splice: str | None = None
     cost_match: Any = None  # `ridge(tail=4096;exact_share=0.1)`, a dict or a CostMatch
     unigram: str | None = None  # the protected-token selectors' table (default: beside the maps)
-    map_split: bool = True  # layer S's filled rows read the map's x̂_S (paper's release), not x_S
+    map_split: bool = DEFAULT_MAP_SPLIT  # True: layer S's filled rows read the map's x̂_S (paper's release), not x_S
     #: use maps fitted on other weights (a deliberate transfer); by default `resolve` refuses them
     allow_other_weights: bool = False
 

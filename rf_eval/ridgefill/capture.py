@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from rf_eval.engine import decoder_layers
+from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.families import Family, family_for
 from rf_eval.ridgefill.ridge import RidgeSums
 
@@ -96,15 +97,15 @@ def heldout_cosines(
     documents: Iterable[torch.Tensor],
     split: int,
     candidates: dict[float, tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]],
-    map_split: bool = True,
+    map_split: bool = DEFAULT_MAP_SPLIT,
 ) -> dict[float, tuple[float, int]]:
     """Per lambda: (sum of row cosines, row count) between cache writes from predicted and true inputs.
 
     Paper section 2.2 (lambda chosen by this cosine on held-out text). With
-    `map_split` (the engine's default) layer S's filled rows read A_S x_S + b_S,
-    so layer S is scored like every other late layer; without it the engine
-    feeds layer S the true split state, every lambda would score 1 there, and
-    it is skipped.
+    `map_split` layer S's filled rows read A_S x_S + b_S, so layer S is scored
+    like every other late layer; without it (the default) the engine feeds
+    layer S the true split state, every lambda would score 1 there, and it is
+    skipped.
     """
     family = family_for(model.config)
     layers = decoder_layers(model)

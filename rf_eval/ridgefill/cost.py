@@ -9,10 +9,11 @@ causal context included, plus the maps (d_in * d_out per filled row per
 layer). What a filled row costs in a late layer is what the engine computes
 for it: K/V projections in an attention layer; the state-update side of a
 Gated DeltaNet layer (input projections, short convolution, recurrent
-update); nothing in `nofill`. With `map_split` (the default, as the paper's
-released maps and its MAC counts: section 2.2 "Size and cost", section 2.5)
-layer S's filled rows read A_S x_S + b_S, so maps are charged at layers
-S..L-1; without it layer S reads x_S and maps are charged from S+1. Selected exact prefix rows are
+update); nothing in `nofill`. Maps are charged where they are used: from
+layer S+1 by default (layer S reads x_S, `DEFAULT_MAP_SPLIT`); with
+`map_split` (the paper's released maps and its MAC counts: section 2.2 "Size
+and cost", section 2.5) layer S's filled rows read A_S x_S + b_S, so maps are
+charged at layers S..L-1. Selected exact prefix rows are
 charged attention at the mean prefix position, (N - T) / 2.
 
 A sliding-window layer (`LayerCost.window`) charges each query at most
@@ -26,6 +27,8 @@ config fields describe the layers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 
 FILLS_WITH_MAPS = ("ridge",)
 
@@ -121,7 +124,7 @@ def prefill_macs(
     exact_rows: int = 0,
     fill: str = "exact",
     probe_rows: int = 0,
-    map_split: bool = True,
+    map_split: bool = DEFAULT_MAP_SPLIT,
 ) -> int:
     """Multiply-accumulates of one prompt's prefill under an arm (lm_head on the last row only).
 

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 import rf_eval
 from rf_eval.devices import all_reduce, rank_and_world
 from rf_eval.engine import num_layers
+from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.ridgefill.calibration import check_nonempty, iter_documents, sha256_of_files
 from rf_eval.ridgefill.capture import capture_sums, heldout_cosines
 from rf_eval.ridgefill.fit_memory import (
@@ -95,7 +96,7 @@ def choose_lambda(
     heldout: Sequence[str | Path],
     max_tokens: int,
     progress: bool,
-    map_split: bool = True,
+    map_split: bool = DEFAULT_MAP_SPLIT,
     heldout_memory: str | float | None = "auto",
 ) -> tuple[float, dict[float, float], Maps]:
     """Pick the lambda with the best mean cache-write cosine on held-out documents (section 2.2).
@@ -168,7 +169,7 @@ def fit_maps(
     max_tokens: int = 32768,
     progress: bool = True,
     save_sums: bool = True,
-    map_split: bool = True,
+    map_split: bool = DEFAULT_MAP_SPLIT,
     sums_device: str = "auto",
     heldout_memory: str | float = "auto",
 ) -> FitResult:
@@ -178,9 +179,9 @@ def fit_maps(
     (`choose_sums_device`; auto: the model's GPU if they fit there, else the CPU).
     `heldout_memory` (GiB, or auto): the budget of the held-out lambda passes' maps (`choose_lambda`).
 
-    `map_split`: the arms these maps serve read layer S's map (the default, as the
-    paper's release), so the held-out lambda choice scores layer S too; the
-    files record it (`map_split` metadata).
+    `map_split`: the arms these maps serve read layer S's map (the paper's
+    release; default `DEFAULT_MAP_SPLIT`, no: layer S reads x_S), so the held-out
+    lambda choice scores layer S too; the files record it (`map_split` metadata).
     """
     splits = check_splits(splits, num_layers(model))
     lambdas = check_lambdas(lambdas, bool(heldout))
@@ -242,7 +243,7 @@ def refit_from_sums(
     heldout: Sequence[str | Path] = (),
     max_tokens: int = 32768,
     progress: bool = True,
-    map_split: bool = True,
+    map_split: bool = DEFAULT_MAP_SPLIT,
     heldout_memory: str | float = "auto",
 ) -> FitResult:
     """New solves from saved sums: a new lambda costs no capture pass (`map_split`, `heldout_memory` as in

@@ -31,6 +31,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from rf_eval.engine import FillFn, decoder_layers
+from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.families import family_for
 from rf_eval.ridgefill.capture import run_with_layer_hooks
 from rf_eval.ridgefill.maps import config_hash
@@ -102,7 +103,7 @@ def _states(mixer: nn.Module, h: torch.Tensor, index: int, config, every: int) -
 @torch.no_grad()
 def fit_delta(
     model: nn.Module, documents: Iterable[torch.Tensor], split: int, fill: FillFn, every: int = 2048,
-    map_split: bool = True,
+    map_split: bool = DEFAULT_MAP_SPLIT,
 ) -> tuple[dict[int, torch.Tensor], int]:
     """Mean exact-minus-filled state per late Gated DeltaNet layer, and the number of states per layer.
 
@@ -140,7 +141,7 @@ def fit_delta(
 
 
 def table_metadata(model: nn.Module, fill_name: str, maps_sha: str, every: int, states: int, docs_sha: str,
-                   map_split: bool = True) -> dict[str, str]:
+                   map_split: bool = DEFAULT_MAP_SPLIT) -> dict[str, str]:
     """What a Delta-M file records: the model, fill, maps and `map_split` it was fitted for."""
     return {"config_hash": config_hash(model.config), "fill": fill_name, "maps_sha256": maps_sha,
             "every": str(every), "states": str(states), "calibration_sha256": docs_sha,
