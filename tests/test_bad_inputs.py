@@ -30,6 +30,8 @@ BAD_API = [
     ({"fill": "identity", "tial": 3}, ArmError, "'tial'"),
     ({"fill": "identity", "allow_other_weights": "perhaps"}, ArmError, "allow_other_weights='perhaps'"),
     ({"fill": "ridge", "maps": "/no/such/maps"}, MapError, "map path /no/such/maps does not exist"),
+    ({"fill": "identity", "corrections": "value_rescale(reduce=median)"}, ArmError,
+     "reduce='median' is not valid; valid reductions: mean_of_ratios, ratio_of_means"),
 ]  # fmt: skip
 
 

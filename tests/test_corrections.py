@@ -79,8 +79,17 @@ def test_value_rescale_scales_filled_values_by_the_tail_norm_ratio(tiny_model):
         rows = slice(prefix, prefix + c)
         v_true = layer.self_attn.v_proj(layer.input_layernorm(hidden[split + 1][:, rows])).view(1, c, -1, 16)
         v_pred = layer.self_attn.v_proj(layer.input_layernorm(hidden[split][:, rows])).view(1, c, -1, 16)
-    want = v_true.norm(dim=-1).mean(1) / v_pred.norm(dim=-1).mean(1)
+    # the paper's definition (section 2.3): the per-row ratio, averaged over the c rows
+    want = (v_true.norm(dim=-1) / v_pred.norm(dim=-1)).mean(1)
     torch.testing.assert_close(scales[split + 1], want, rtol=1e-5, atol=1e-6)
+    # the other reduction, on request: the ratio of the mean norms, which differs here
+    other = RidgeFill(model, tok, split=split, tail=TAIL, fill="identity",
+                      corrections=f"value_rescale(c={c};reduce=ratio_of_means)")
+    other.prefill(ids)
+    ratio_of_means = v_true.norm(dim=-1).mean(1) / v_pred.norm(dim=-1).mean(1)
+    torch.testing.assert_close(other.arm.corrections[0].last_scales[split + 1], ratio_of_means, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(ratio_of_means, want, rtol=1e-4, atol=0)
+    assert rf.arm.corrections[0].describe()["reduce"] == "mean_of_ratios"
 
 
 def test_key_rescale_scales_filled_keys_only(tiny_model):

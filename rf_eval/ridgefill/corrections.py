@@ -3,11 +3,10 @@
 `value_rescale(c=512)`: in each late attention layer the first c tail rows
 (c capped at the tail) go through the layer's value projection from their
 true input and from the fill's prediction for the same rows; per key-value
-head, the ratio of the mean exact value norm to the mean predicted one
-scales the filled rows' values (measured on every request). The paper's
-wording, "the ratio ... averaged over the c rows", also reads as a mean of
-per-row ratios: `reduce=mean_of_ratios` gives that; the default follows the
-issue's "ratio of mean norms".
+head, the ratio of the exact value norm to the predicted one, averaged over
+the c rows (a mean of per-row ratios, the paper's section 2.3 definition),
+scales the filled rows' values (measured on every request).
+`reduce=ratio_of_means` takes the ratio of the two mean norms instead.
 `key_rescale(c=512)`: the same on keys (after k-norm; RoPE keeps norms, so
 scaling rotated keys equals scaling before RoPE).
 `terminal_state(path=FILE)`: adds rho * Delta-M once to each late Gated
@@ -36,6 +35,8 @@ from rf_eval.ridgefill.state_correction import filled_share, load_table
 from rf_eval.spec import check_params, parse_spec
 
 SPLICES = ("keys", "values", "both")
+#: How a rescale reduces its c per-row norm ratios; the first (the paper's) is the default.
+REDUCTIONS = ("mean_of_ratios", "ratio_of_means")
 
 
 class Rescale:
@@ -43,11 +44,11 @@ class Rescale:
 
     part = "values"
 
-    def __init__(self, c: int = 512, reduce: str = "ratio_of_means"):
+    def __init__(self, c: int = 512, reduce: str = "mean_of_ratios"):
         if c < 1:
             raise ValueError(f"c must be >= 1, got {c}")
-        if reduce not in ("ratio_of_means", "mean_of_ratios"):
-            raise ValueError(f"reduce must be ratio_of_means or mean_of_ratios, got {reduce!r}")
+        if reduce not in REDUCTIONS:
+            raise ValueError(f"reduce={reduce!r} is not valid; valid reductions: {', '.join(REDUCTIONS)}")
         self.c, self.reduce = int(c), reduce
         self.last_scales: dict[int, torch.Tensor] = {}
 
@@ -64,9 +65,9 @@ class Rescale:
         pred = view.family.project_kv(attn, h_pred)
         side = 1 if self.part == "values" else 0
         nt, np_ = true[side].float().norm(dim=-1), pred[side].float().norm(dim=-1)  # (1, kv_heads, c)
-        if self.reduce == "ratio_of_means":
-            return nt.mean(-1) / np_.mean(-1).clamp_min(1e-12)
-        return (nt / np_.clamp_min(1e-12)).mean(-1)
+        if self.reduce == "mean_of_ratios":
+            return (nt / np_.clamp_min(1e-12)).mean(-1)
+        return nt.mean(-1) / np_.mean(-1).clamp_min(1e-12)
 
     def kv(self, view: LayerView, k: torch.Tensor, v: torch.Tensor):
         if view.filled.numel() == 0:
