@@ -138,3 +138,19 @@ def test_partial_path_is_the_stock_model_under_eager_attention_too(tiny_model_di
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir(family), attn_implementation="eager").eval()
     ids = prompt(model)
     assert compare_results(plain_prefill(model, ids), partial_every_row_exact(model, ids, SPLIT)).bitwise
+
+
+def test_filled_kernel_floor_takes_the_familys_logits_gemma3_softcap():
+    """The filled-row kernel's logits go through `family.logits`: Gemma 3's final logit softcap applies, so
+    the kernel's floor against the stock model stays at rounding (without the cap it is the whole cap)."""
+    from rf_eval.testing import random_model, tiny_config
+
+    cap = 0.5  # far below the random model's logit range, so a missing cap differs by far more than the floor
+    model = random_model(tiny_config("gemma3", vocab_size=300, final_logit_softcapping=cap))
+    ids = prompt(model)
+    stock = plain_prefill(model, ids)
+    assert stock.logits.abs().max() <= cap
+    kernel = filled_kernel_every_row_exact(model, ids, SPLIT)
+    assert kernel.logits.abs().max() <= cap
+    floor = compare_results(stock, kernel)
+    assert floor.max_abs <= KERNEL_FLOOR[torch.float32][0] and floor.kl <= KERNEL_FLOOR[torch.float32][1], floor

@@ -123,5 +123,5 @@ def filled_kernel_every_row_exact(model: nn.Module, input_ids: torch.Tensor, spl
     step = LayerStep(family_for(model.config), decoder_layers(model), plan, inputs, Rows.of(n, exact, False), cache,
                      attend=_masked_attention)
     x = run_layers(step, PredictedInput(None), inputs.x_split)
-    logits = model.lm_head(model.model.norm(x[:, -1:]))[:, -1]
+    logits = step.family.logits(model, x[:, -1:])[:, -1]  # the family's head (Gemma 3: its softcap)
     return PrefillResult(cache=cache, logits=logits, exact_rows=exact, prompt_length=n, plan=plan)
