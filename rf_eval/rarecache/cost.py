@@ -17,11 +17,30 @@ computes logits for the last row only, so neither the embedding table nor
 the LM head is charged (the paper's 1.3e10 for Qwen3-14B is this count).
 The source's own prefill is not charged (the paper's cascade setting: the
 source has already read the prompt).
+
+P_probe: the paper's text describes the probe as one d_t x r basis V_r per
+target layer and side (`probe_count="basis"`, the default). Its printed
+ceilings for Qwen3-0.6B -> 14B (2.74x at T=2,048, 2.28x at 32,768, 2.95x with
+the causal skip) come out only when each layer and side also stores the
+reduced-rank map W V_r, (d_s + d_t) r parameters (`probe_count="reduced_map"`);
+the text's count gives 2.78x, 2.30x and 2.99x (tests/rarecache, with the
+model's exact parameter counts). The paper disagrees with itself; both
+counts are offered and the default follows its text.
 """
 
 from __future__ import annotations
 
 from torch import nn
+
+#: How eq. 11 counts the probe's parameters per target layer and side (see the module docstring).
+PROBE_COUNTS = ("basis", "reduced_map")
+
+
+def probe_parameters(d_source: int, d_target: int, rank: int, probe_count: str = "basis") -> int:
+    """The probe's parameters for one target layer and side: d_t r (`basis`) or (d_s + d_t) r (`reduced_map`)."""
+    if probe_count not in PROBE_COUNTS:
+        raise ValueError(f"probe_count={probe_count!r} is not valid; valid counts: {', '.join(PROBE_COUNTS)}")
+    return (d_target if probe_count == "basis" else d_source + d_target) * rank
 
 
 def attention_alpha(n_layers: int, n_heads: int, head_dim: int) -> int:
@@ -57,10 +76,11 @@ def target_parameters(model: nn.Module) -> int:
 
 
 def ceiling_for(target: nn.Module, maps, T: int, rho: float, causal_skip: bool = False,
-                target_side_only: bool = False) -> float:
-    """Eq. 11 for a loaded target and its TransferMaps; `target_side_only` sets P_map = P_probe = 0."""
+                target_side_only: bool = False, probe_count: str = "basis") -> float:
+    """Eq. 11 for a loaded target and its TransferMaps; `target_side_only` sets P_map = P_probe = 0;
+    `probe_count`: see `PROBE_COUNTS`."""
     cfg = target.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    p_map, p_probe = (0, 0) if target_side_only else maps.parameter_counts()
+    p_map, p_probe = (0, 0) if target_side_only else maps.parameter_counts(probe_count)
     return speedup_ceiling(target_parameters(target), p_map, p_probe, T, rho, cfg.num_hidden_layers,
                            cfg.num_attention_heads, head_dim, causal_skip)

@@ -83,10 +83,14 @@ class TransferMaps:
     def sha256(self) -> str:
         return self.metadata.get("file_sha256", "")
 
-    def parameter_counts(self) -> tuple[int, int]:
-        """(P_map, P_probe) of eq. 11: map weights and biases; one d_t x r basis per layer and side."""
+    def parameter_counts(self, probe_count: str = "basis") -> tuple[int, int]:
+        """(P_map, P_probe) of eq. 11: map weights and biases, and the probe as `probe_count` counts it
+        (`rf_eval.rarecache.cost.PROBE_COUNTS`)."""
+        from rf_eval.rarecache.cost import probe_parameters
+
         p_map = sum(m.weight.numel() + m.bias.numel() for m in self.maps.values())
-        p_probe = sum(m.basis.numel() for m in self.maps.values())
+        p_probe = sum(probe_parameters(m.weight.shape[0], m.basis.shape[0], m.basis.shape[1], probe_count)
+                      for m in self.maps.values())
         return p_map, p_probe
 
     def save(self, out_dir: str | Path) -> Path:

@@ -225,17 +225,45 @@ def test_fit_transfer_command_writes_maps_with_metadata(tiny_pair_dirs, calibrat
 
 
 def test_eq11_ceiling_reproduces_the_papers_numbers():
-    """Qwen3-0.6B -> 14B (appendix B.1, B.4): P_T 1.3e10, 671M map parameters, r = 128, 40 layers x 40 heads x 128.
+    """Qwen3-0.6B -> 14B (appendix B.1, B.4, C.1): k = 8 source layers of 1,024 (d_s 8,192) to d_t 1,024 over
+    40 target layers, r = 128, 40 heads x 128; P_T and P_map counted exactly from the 14B's config.
 
-    The paper states its inputs rounded (P_T "1.3e10"); eq. 11 with them lands within 2% of its printed ceilings.
+    The text's probe count (one d_t x r basis per layer and side) gives 2.78 / 2.30 / 2.99; the paper prints
+    2.74 / 2.28 / 2.95, which the (d_s + d_t) r count of `probe_count="reduced_map"` gives to the digit.
     """
-    p_probe = 40 * 2 * 1024 * 128
-    at = lambda T, rho, **kw: speedup_ceiling(1.3e10, 6.71e8, p_probe, T, rho, 40, 40, 128, **kw)  # noqa: E731
-    assert at(2048, 0.3) == pytest.approx(2.74, rel=0.02)
-    assert at(32768, 0.3) == pytest.approx(2.28, rel=0.02)
-    assert at(10**9, 0.3) == pytest.approx(1 / 0.6, rel=1e-3)  # the asymptote 1/(2 rho)
-    assert at(10**9, 0.3, causal_skip=True) == pytest.approx(1 / 0.3, rel=1e-3)
-    assert at(32768, 0.3, causal_skip=True) == pytest.approx(2.95, rel=0.02)
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from rf_eval.rarecache.cost import probe_parameters, target_parameters
+
+    config = Qwen3Config(hidden_size=5120, intermediate_size=17408, num_hidden_layers=40, num_attention_heads=40,
+                         num_key_value_heads=8, head_dim=128, vocab_size=151936)
+    with torch.device("meta"):
+        p_target = target_parameters(AutoModelForCausalLM.from_config(config))
+    assert round(p_target / 1e9, 1) == 13.2  # the paper's "1.3e10"
+    p_map = 40 * 2 * (8192 * 1024 + 1024)  # the paper's "671M map parameters"
+    assert round(p_map / 1e6) == 671
+
+    def printed(probe_count: str) -> tuple[float, float, float]:
+        p_probe = 40 * 2 * probe_parameters(8192, 1024, 128, probe_count)
+        at = lambda T, **kw: speedup_ceiling(p_target, p_map, p_probe, T, 0.3, 40, 40, 128, **kw)  # noqa: E731
+        return round(at(2048), 2), round(at(32768), 2), round(at(32768, causal_skip=True), 2)
+
+    assert printed("basis") == (2.78, 2.3, 2.99)  # the text's count (the default)
+    assert printed("reduced_map") == (2.74, 2.28, 2.95)  # the paper's printed digits
+    at = lambda T, **kw: speedup_ceiling(p_target, p_map, 0, T, 0.3, 40, 40, 128, **kw)  # noqa: E731
+    assert at(10**9) == pytest.approx(1 / 0.6, rel=1e-3)  # the asymptote 1/(2 rho)
+    assert at(10**9, causal_skip=True) == pytest.approx(1 / 0.3, rel=1e-3)
+    with pytest.raises(ValueError, match="probe_count='full' is not valid; valid counts: basis, reduced_map"):
+        probe_parameters(8192, 1024, 128, "full")
+
+
+def test_parameter_counts_of_fitted_maps_follow_the_probe_count(fitted):
+    maps = fitted("llama")["maps"]
+    p_map, basis = maps.parameter_counts()
+    _, reduced = maps.parameter_counts("reduced_map")
+    assert basis == sum(m.basis.numel() for m in maps.maps.values())
+    assert reduced - basis == sum(m.weight.shape[0] * m.basis.shape[1] for m in maps.maps.values()) > 0
+    assert p_map == sum(m.weight.numel() + m.bias.numel() for m in maps.maps.values())
 
 
 def test_two_gloo_processes_give_the_one_process_transfer_maps(tiny_pair_dirs, calibration, tmp_path,
