@@ -22,6 +22,7 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 _TEX_ESCAPES = {
     "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
     "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+    "×": r"$\times$", "Δ": r"$\Delta$", "‖": r"$\|$", "–": "--",
 }  # fmt: skip
 
 
@@ -52,6 +53,41 @@ def pvalue(p: Any) -> str:
 
 def percent(x: Any, digits: int = 2) -> str:
     return "–" if _missing(x) else f"{100 * x:+.{digits}f}%"
+
+
+def plain(x: Any, digits: int = 3) -> str:
+    """A non-negative measure (KL) to `digits` significant digits, no sign."""
+    return "–" if _missing(x) else f"{x:.{digits}g}"
+
+
+def measure_cells(filters: dict[str, Any], missing: str) -> Any:
+    """The `measure_cell` filter over a format's number filters: one cell of a measures table as text.
+
+    delta: mean [interval] (ΔNLL, nats, 3 decimals), with the median where the
+    tail is heavy (paper section 3); gap: percent [interval]; own: mean
+    [interval], median (KL, reported with its median, section 4.7). "(n=...)"
+    where the measure covers fewer documents than the row (key tokens).
+    """
+
+    def cell(c: dict[str, Any] | None, kind: str, n: int | None = None) -> str:
+        if c is None:
+            return missing
+        if kind == "gap":
+            num = lambda x: filters["percent"](x, 2)  # noqa: E731
+        elif kind == "own":
+            num = lambda x: filters["plain"](x, 3)  # noqa: E731
+        else:
+            num = lambda x: filters["signed"](x, 3)  # noqa: E731
+        text = f"{num(c['difference'])} [{num(c['low'])}, {num(c['high'])}]"
+        if kind == "own":
+            text += f", median {num(c['median'])}"
+        elif kind == "delta" and c.get("heavy_tail"):
+            text += f", median {num(c['median'])} (heavy tail)"
+        if n is not None and c["n"] != n:
+            text += f" (n={c['n']})"
+        return text
+
+    return cell
 
 
 def engine_floor(arm: dict[str, Any]) -> str:
@@ -97,10 +133,11 @@ def _environment(latex: bool) -> jinja2.Environment:
             variable_end_string=">>", comment_start_string="<#", comment_end_string="#>",
         )  # fmt: skip
     env = jinja2.Environment(autoescape=jinja2.select_autoescape(["html.j2"]), **options)
-    filters = {"fmt": fmt, "signed": signed, "sig": sig, "pvalue": pvalue, "percent": percent}
+    filters = {"fmt": fmt, "signed": signed, "sig": sig, "pvalue": pvalue, "percent": percent, "plain": plain}
     if latex:  # numbers in math mode, "--" where missing, % escaped
         filters = {name: _latex_number(f, math=name != "percent") for name, f in filters.items()}
-    env.filters.update(filters, tex=tex, md=md, engine_floor=engine_floor)
+    cell = measure_cells(filters, "--" if latex else "–")
+    env.filters.update(filters, tex=tex, md=md, engine_floor=engine_floor, measure_cell=cell)
     return env
 
 
@@ -123,6 +160,7 @@ def build_view(summary: dict[str, Any]) -> dict[str, Any]:
     colours = {arm["name"]: PALETTE[i % len(PALETTE)] for i, arm in enumerate(summary["arms"])}
     return {
         "ledger_head": None, "metrics": {"points": "none", "tasks": "none", "losses": "none"}, "standalone": False,
+        "measures": [], "strata_rule": "",
         **summary,
         "charts": {
             "forest": forest_plot(summary["forest"], margin=summary["margin"], colours=colours)

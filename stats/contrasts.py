@@ -5,8 +5,11 @@ interval, the non-inferiority bound against the margin with the binomial
 floor, and the exact McNemar test (or the sign test for non-binary scores) on
 discordant items. Losses and other raw measures: the mean difference beside the
 median with the heavy-tail flag, its interval, and for per-token losses (NLL)
-the perplexity gap exp(dNLL) - 1, domain-averaged. Numbers are left unrounded:
-rounding is the renderer's job, after every difference is computed.
+the perplexity gap exp(dNLL) - 1, domain-averaged. A value an arm measured
+against its own exact pass (KL): its mean with an interval, beside its median.
+Every interval resamples within the strata of `rf_eval.stats.strata`, and each
+result names them (`strata`). Numbers are left unrounded: rounding is the
+renderer's job, after every difference is computed.
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rf_eval.stats.bootstrap import paired_bootstrap
+from rf_eval.stats.bootstrap import paired_bootstrap, resample_means, summarize_resamples
 from rf_eval.stats.discordance import mcnemar_exact, sign_test
 from rf_eval.stats.margin import decide_noninferiority
 from rf_eval.stats.perplexity import perplexity_gap
+from rf_eval.stats.strata import strata_of
 from rf_eval.stats.tails import location
 
-__all__ = ["is_loss_metric", "loss_contrast", "points_contrast"]
+__all__ = ["is_loss_metric", "loss_contrast", "own_measure", "points_contrast"]
 
 
 def is_loss_metric(metric: str, higher_is_better: bool) -> bool:
@@ -38,16 +42,16 @@ def _binary(x: np.ndarray) -> bool:
 def points_contrast(
     pairs: pd.DataFrame,
     *,
-    strata: Any = None,
     margin: float,
     confidence: float,
     n_resamples: int,
     seed: int,
 ) -> dict[str, Any]:
-    """Paired contrast of scores in points (columns `arm`, `ref` of `pairs`)."""
+    """Paired contrast of scores in points (columns `arm`, `ref` of `pairs`), within its strata."""
     arm, ref = pairs["arm"].to_numpy(float), pairs["ref"].to_numpy(float)
+    strata = strata_of(pairs)
     boot = paired_bootstrap(
-        arm, ref, strata=strata, n_resamples=n_resamples, confidence=confidence, seed=seed
+        arm, ref, strata=strata.labels, n_resamples=n_resamples, confidence=confidence, seed=seed
     )
     ni = decide_noninferiority(boot.difference, boot.lower, boot.n, margin=margin, alpha=1 - confidence)
     if _binary(arm) and _binary(ref):
@@ -69,6 +73,7 @@ def points_contrast(
         "binding": ni.binding,
         "passed": ni.passed,
         "test": test,
+        "strata": strata.text,
     }
 
 
@@ -83,10 +88,10 @@ def loss_contrast(
 ) -> dict[str, Any]:
     """Paired contrast of a raw measure: mean and median difference, interval, perplexity gap."""
     arm, ref = pairs["arm"].to_numpy(float), pairs["ref"].to_numpy(float)
-    domains = pairs["domain"] if pairs["domain"].notna().all() else None
-    strata = None if domains is None else domains.astype(str).to_numpy()
+    domains = pairs["domain"].astype(str).to_numpy() if pairs["domain"].notna().all() else None
+    strata = strata_of(pairs)
     boot = paired_bootstrap(
-        arm, ref, strata=strata, n_resamples=n_resamples, confidence=confidence, seed=seed
+        arm, ref, strata=strata.labels, n_resamples=n_resamples, confidence=confidence, seed=seed
     )
     loc = location(arm - ref)
     out: dict[str, Any] = {
@@ -99,10 +104,42 @@ def loss_contrast(
         "low": boot.low,
         "high": boot.high,
         "gap": None,
+        "strata": strata.text,
     }
     if is_loss_metric(metric, higher_is_better):
         gap = perplexity_gap(
-            arm, ref, domains=strata, n_resamples=n_resamples, confidence=confidence, seed=seed
+            arm, ref, domains=domains, strata=strata.labels, n_resamples=n_resamples, confidence=confidence,
+            seed=seed,
         )
         out["gap"] = {"gap": gap.gap, "low": gap.low, "high": gap.high, "per_domain": gap.per_domain}
     return out
+
+
+def own_measure(
+    items: pd.DataFrame,
+    *,
+    confidence: float,
+    n_resamples: int,
+    seed: int,
+) -> dict[str, Any]:
+    """An arm's own per-item values (column `score`; e.g. KL(exact||arm)): mean, interval, median.
+
+    Not a difference: the run measured the value against its own exact pass
+    (paper sections 3.1 and 4.7, KL reported with its median). The interval is
+    the percentile bootstrap of the mean, within the items' strata.
+    """
+    x = items["score"].to_numpy(float)
+    strata = strata_of(items)
+    means = resample_means(x, strata=strata.labels, n_resamples=n_resamples, seed=seed)
+    boot = summarize_resamples([x.mean()], means, confidence=confidence, n=x.shape[0])[0]
+    loc = location(x)
+    return {
+        "n": boot.n,
+        "arm_score": loc.mean,
+        "difference": loc.mean,
+        "median": loc.median,
+        "heavy_tail": loc.heavy_tail,
+        "low": boot.low,
+        "high": boot.high,
+        "strata": strata.text,
+    }

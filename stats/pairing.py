@@ -15,7 +15,7 @@ import pandas as pd
 __all__ = ["PAIR_KEYS", "PairingError", "pair_arms"]
 
 PAIR_KEYS = ["task", "filter", "metric", "doc_id"]
-_SHARED = ["primary", "unit", "higher_is_better", "length", "domain"]
+_SHARED = ["primary", "unit", "higher_is_better", "length", "domain", "subtask"]
 
 
 class PairingError(ValueError):
@@ -31,7 +31,8 @@ def pair_arms(items: pd.DataFrame, arm: str, ref: str) -> pd.DataFrame:
     """Aligned scores of `arm` and `ref` on the items both have.
 
     Returns one row per paired item: the keys, the shared item facts (metric,
-    unit, length, domain), `arm` and `ref` scores, and the timing columns of both
+    unit, length, domain, subtask: the facts bootstrap strata are made of),
+    `arm` and `ref` scores, and the timing columns of both
     arms. `attrs["unpaired"]` counts the items only one of the two arms has.
     """
     a = items[items["arm"] == arm]

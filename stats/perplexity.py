@@ -6,7 +6,7 @@ computed per document, averaged within each domain, then averaged across
 domains, so every domain weighs the same whatever its document count (with
 equal counts this is the plain average over documents). The interval is the
 paired percentile bootstrap of that statistic, resampling documents within
-their domain.
+their domain (or within finer `strata`, e.g. domain x length, section 3.4).
 """
 
 from __future__ import annotations
@@ -47,11 +47,16 @@ def perplexity_gap(
     ref_nll: ArrayLike,
     *,
     domains: ArrayLike | None = None,
+    strata: ArrayLike | None = None,
     n_resamples: int = 10_000,
     confidence: float = 0.95,
     seed: int = 0,
 ) -> PerplexityGap:
-    """The perplexity gap of `arm` over `ref`, per document, domain-averaged, with an interval."""
+    """The perplexity gap of `arm` over `ref`, per document, domain-averaged, with an interval.
+
+    Documents are resampled within `strata` (default: their domains); strata
+    must lie within domains, so that each domain keeps its size in a resample.
+    """
     gaps = document_gaps(arm_nll, ref_nll)
     n = gaps.shape[0]
     if n == 0:
@@ -63,7 +68,8 @@ def perplexity_gap(
     inverse = inverse.reshape(-1)
     per_domain = {str(d): float(gaps[inverse == i].mean()) for i, d in enumerate(names)}
     weights = 1.0 / (len(names) * counts[inverse])
-    means = resample_means(gaps, strata=labels, weights=weights, n_resamples=n_resamples, seed=seed)
+    within = labels if strata is None else np.asarray(strata)
+    means = resample_means(gaps, strata=within, weights=weights, n_resamples=n_resamples, seed=seed)
     point = float(np.mean(list(per_domain.values())))
     boot = summarize_resamples([point], means, confidence=confidence, n=n)[0]
     return PerplexityGap(point, boot.low, boot.high, per_domain, n, confidence)

@@ -10,20 +10,20 @@ found under the given paths is read, and runs are grouped into arms by their
 recorded model and model_args (see `rf_eval.stats.arms` for names). When one
 arm ran a task more than once, the latest run counts and a note says so.
 
-One row per (arm, task, filter, doc_id, metric). By default a task reports its
-primary metric: the first of its `metric_list` (items where it is None, e.g. a
-needle in the exact tail for a filled-region score, are left out: the metric
-does not apply to them); `metrics=` picks others. A primary metric with no
-value on any item is an `EmptyMetricError` (for a `*_filled` task it names the
-tail and the lengths: no needle lay in the filled region), never a silent
-switch to another metric; `allow_empty=True` leaves such a task out with a
-note. RULER's per-length metrics (named by sequence length, -1 where not
-applicable) become one metric, `score`, with the length taken from the
-metric's name; otherwise the length is the doc's `max_length` (or
-`max_seq_length`, `context_length`, `length`), and the domain its `domain`.
-Accuracy-like metrics (higher is better, all values in [0, 1]) are put in
-points (x100), as the paper reports accuracy (section 3.4); others keep their
-own unit.
+One row per (arm, task, filter, doc_id, metric). By default a task reports the
+measures the paper reads it by (`rf_eval.stats.measures.default_metrics`; one
+without values is noted, its column a dash), else the first of its
+`metric_list`; `metrics=` picks others. Items where a metric is None (a needle
+in the exact tail) are left out: it does not apply to them. A primary metric
+with no value on any item is an `EmptyMetricError` (for a `*_filled` task
+naming the tail and lengths), never a silent switch to another metric;
+`allow_empty=True` leaves such a task out with a note. RULER's per-length
+metrics (named by length, -1 elsewhere) become one metric, `score`, with the
+length from the metric's name; otherwise the length is the doc's `max_length`
+(or `max_seq_length`, `context_length`, `length`), the domain its `domain`,
+the subtask its `ruler_task` (pooled `ruler_filled`): the facts of the
+bootstrap strata (`rf_eval.stats.strata`). Accuracy-like metrics (higher is
+better, all in [0, 1]) are put in points (x100, section 3.4).
 Optional per-item numbers that a task or model may record beside its metrics:
 `prefill_seconds` (a timing) and `speedup_ceiling` (1/r of paper section 2.5).
 An arm run with `reference=exact` records its engine floor in the results'
@@ -44,16 +44,18 @@ import pandas as pd
 
 from rf_eval.stats.arms import name_arms, parse_model_args
 from rf_eval.stats.ledger import file_sha256
+from rf_eval.stats.measures import default_metrics, missing_note, missing_reason
 
 __all__ = ["ArmRun", "EmptyMetricError", "ITEM_COLUMNS", "RunFormatError", "Runs", "load_runs"]
 
 ITEM_COLUMNS = (
     "arm", "task", "filter", "doc_id", "metric", "primary", "doc_hash", "prompt_hash", "higher_is_better",
-    "unit", "score", "length", "domain", "prefill_seconds", "speedup_ceiling",
+    "unit", "score", "length", "domain", "subtask", "prefill_seconds", "speedup_ceiling",
 )  # fmt: skip
 RULER_SCORE = "score"
 LENGTH_KEYS = ("max_length", "max_seq_length", "context_length", "length")
 TIMING_KEYS = ("prefill_seconds", "speedup_ceiling")
+SUBTASK_KEY = "ruler_task"
 #: Files hashed for registration matching: model_args paths and small non-lm-eval files in a run folder.
 MAX_HASHED_BYTES = 64 * 2**20
 
@@ -201,8 +203,10 @@ def _read_samples(path: Path) -> list[dict[str, Any]]:
     return samples
 
 
-def _task_metrics(names: list[str], samples: list[dict[str, Any]], requested: Sequence[str], where: str) -> list[str]:
-    """The metrics to report: `requested`, or the task's first metric (which must have values)."""
+def _task_metrics(
+    names: list[str], samples: list[dict[str, Any]], requested: Sequence[str], where: str, task: str, notes: list[str]
+) -> list[str]:
+    """The metrics to report: `requested`, the task's default measures, or its first metric (which must have values)."""
     if names and all(n.isdigit() for n in names):
         available = [RULER_SCORE]
     else:
@@ -214,12 +218,19 @@ def _task_metrics(names: list[str], samples: list[dict[str, Any]], requested: Se
             )
     if requested:
         return list(requested)
-    if names and available[:1] != [RULER_SCORE] and names[0] not in available:
+    defaults = [m for m in default_metrics(task) if m in names]
+    # the first default measure with values is the primary one; none with values is an empty primary
+    primary = next((m for m in defaults if m in available), defaults[0]) if defaults else (names or [None])[0]
+    if primary is not None and available[:1] != [RULER_SCORE] and primary not in available:
+        why = f" ({missing_reason(task, primary)})" if missing_reason(task, primary) else ""
         raise EmptyMetricError(
-            f"{where}: the primary metric {names[0]!r} has no value on any item{_why_empty(samples)}; "
+            f"{where}: the primary metric {primary!r} has no value on any item{_why_empty(samples)}{why}; "
             f"name a metric with --metric TASK=METRIC (with values: {', '.join(available) or 'none'}), "
             "or pass --allow-empty to leave the task out"
         )
+    if defaults:
+        notes += [f"{where}: {missing_note(task, m)}" for m in defaults if m not in available]
+        return [m for m in defaults if m in available]
     return available[:1]
 
 
@@ -236,8 +247,13 @@ def _why_empty(samples: list[dict[str, Any]]) -> str:
             f"lengths {', '.join(lengths)}{far}; use a shorter tail or longer max_seq_lengths)")
 
 
+def _subtask(sample: dict[str, Any], doc: dict[str, Any]) -> str | None:
+    value = doc.get(SUBTASK_KEY, sample.get(SUBTASK_KEY))
+    return str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+
+
 def _sample_rows(
-    rf: _ResultsFile, task: str, samples_path: Path, requested: Sequence[str]
+    rf: _ResultsFile, task: str, samples_path: Path, requested: Sequence[str], notes: list[str]
 ) -> Iterable[dict[str, Any]]:
     samples = _read_samples(samples_path)
     task_config = rf.data["configs"].get(task) or {}
@@ -245,7 +261,7 @@ def _sample_rows(
     tail = (task_config.get("metadata") or {}).get("tail") or rf.model_args.get("tail")
     if tail is not None:
         samples = [{"tail": tail, **s} for s in samples]
-    metrics = _task_metrics(names, samples, requested, f"{task} ({samples_path.name})")
+    metrics = _task_metrics(names, samples, requested, f"{task} ({samples_path.name})", task, notes)
     hib = (rf.data.get("higher_is_better") or {}).get(task) or {}
     for sample in samples:
         doc = sample.get("doc") if isinstance(sample.get("doc"), dict) else {}
@@ -258,6 +274,7 @@ def _sample_rows(
             "prompt_hash": str(sample.get("prompt_hash") or ""),
             "length": _doc_length(doc),
             "domain": str(domain) if isinstance(domain, (str, int)) else None,
+            "subtask": _subtask(sample, doc),
             **{k: _number(sample.get(k)) for k in TIMING_KEYS},
         }
         for i, metric in enumerate(metrics):
@@ -352,7 +369,9 @@ def load_runs(
                 continue
             requested = (metrics or {}).get(task, ())
             try:
-                rows += [{"arm": name, **row} for row in _sample_rows(rf, task, samples, requested)]
+                found: list[str] = []
+                rows += [{"arm": name, **row} for row in _sample_rows(rf, task, samples, requested, found)]
+                notes += [f"{name}: {note}" for note in found]
             except EmptyMetricError as err:
                 if not allow_empty:
                     raise

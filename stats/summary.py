@@ -1,10 +1,13 @@
 """Everything a study report shows, computed once and handed over as plain data.
 
 `study_summary` compares every arm with the reference (paper section 3.3) per
-task, pooled over tasks (resampled within task, section 3.4) and per length
-(RULER by task and length, appendix C), and adds speed against the ceiling
-where timings were recorded (section 5.3), selections against their
-count-matched controls (section 3.3) and registration status (section 9).
+task, pooled over tasks and per length (RULER by task and length, appendix
+C), reads `keytoken_nll` by the measures of section 3.1 (`measures`: key- and
+novel-token ΔNLL, the novel-token perplexity gap, KL; all-token ΔNLL beside
+them), and adds speed against the ceiling where timings were recorded
+(section 5.3), selections against their count-matched controls (section 3.3)
+and registration status (section 9). Every interval resamples within the
+strata of `rf_eval.stats.strata` (section 3.4), named in each row's `strata`.
 The result holds only dicts, lists, strings, numbers and None, unrounded.
 """
 
@@ -17,13 +20,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rf_eval.stats.contrasts import loss_contrast, points_contrast
+from rf_eval.stats.contrasts import loss_contrast, own_measure, points_contrast
 from rf_eval.stats.controls import control_margin
 from rf_eval.stats.ledger import LedgerEntry
+from rf_eval.stats.measures import task_measures
 from rf_eval.stats.pairing import PAIR_KEYS, pair_arms
 from rf_eval.stats.registration import registration
 from rf_eval.stats.runs import Runs
 from rf_eval.stats.speed import speed_rows
+from rf_eval.stats.strata import RULE, STRATA_FACTS, strata_of
 
 __all__ = ["study_summary"]
 
@@ -44,10 +49,6 @@ def _length_order(values: Sequence[Any]) -> list[int | str]:
     """Numeric lengths in order, then named ones sorted."""
     lengths = {_length_value(v) for v in values}
     return sorted(v for v in lengths if isinstance(v, int)) + sorted(v for v in lengths if isinstance(v, str))
-
-
-def _task_strata(frame: pd.DataFrame) -> np.ndarray:
-    return (frame["task"] + "\x1f" + frame["filter"]).to_numpy()
 
 
 def _pooled(frame: pd.DataFrame) -> pd.DataFrame:
@@ -71,19 +72,29 @@ class _Study:
     def __post_init__(self) -> None:
         self.names = [a.name for a in self.runs.arms]
         self.others = [n for n in self.names if n != self.reference]
-        self.pairs = {arm: pair_arms(self.runs.items, arm, self.reference) for arm in self.others}
+        items = self.runs.items
+        own = [(task_measures(t) is not None and m in task_measures(t).own_metrics)
+               for t, m in zip(items["task"], items["metric"])]
+        paired = items[~np.asarray(own, dtype=bool)] if len(items) else items  # own measures are never paired
+        self.pairs = {arm: pair_arms(paired, arm, self.reference) for arm in self.others}
 
     def status(self, arm: str, task: str | None) -> str | None:
         return None if self.ledger is None else registration(self.ledger, self.runs.arm(arm), task).status
 
-    def points(self, p: pd.DataFrame, strata: Any = None) -> dict[str, Any]:
-        return points_contrast(p, strata=strata, margin=self.margin, **self.opts)
+    def points(self, p: pd.DataFrame) -> dict[str, Any]:
+        return points_contrast(p, margin=self.margin, **self.opts)
+
+    def loss(self, p: pd.DataFrame, metric: str, hib: bool) -> dict[str, Any]:
+        return loss_contrast(p, metric=metric, higher_is_better=hib, **self.opts)
 
     def tasks(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
         """Per (task, filter, metric): accuracy tables, loss tables, and forest rows."""
         ref = self.runs.items[self.runs.items["arm"] == self.reference]
         tasks, losses, forest = [], [], []
         for (task, filt, metric), block in ref.groupby(["task", "filter", "metric"], sort=False):
+            spec = task_measures(task)
+            if spec is not None and metric in spec.metrics:
+                continue  # reported in its task's measures table (`measures`)
             first = block.iloc[0]
             unit, hib, primary = first["unit"], bool(first["higher_is_better"]), bool(first["primary"])
             entry: dict[str, Any] = {
@@ -101,7 +112,7 @@ class _Study:
                     row = self.points(p)
                     forest.append({"group": arm, "label": entry["task"], **row})
                 else:
-                    row = loss_contrast(p, metric=metric, higher_is_better=hib, **self.opts)
+                    row = self.loss(p, metric, hib)
                 entry["rows"].append({"arm": arm, **row, "registration": self.status(arm, task)})
             (tasks if unit == "points" else losses).append(entry)
         return tasks, losses, forest
@@ -112,7 +123,7 @@ class _Study:
         for arm in self.others:
             p = _pooled(self.pairs[arm])
             if not p.empty:
-                row = self.points(p, _task_strata(p))
+                row = self.points(p)
                 rows.append({"arm": arm, **row, "registration": self.status(arm, None)})
         return rows
 
@@ -129,7 +140,7 @@ class _Study:
                 p = _pooled(self.pairs[arm])
                 p = p[p["length"] == length]
                 if not p.empty:
-                    contrasts.append({"arm": arm, **self.points(p, _task_strata(p))})
+                    contrasts.append({"arm": arm, **self.points(p)})
             n = int((at["arm"] == self.reference).sum())
             rows.append({"length": length, "n": n, "scores": _mean_by_arm(at, self.names), "rows": contrasts})
         per_task = []
@@ -139,6 +150,58 @@ class _Study:
                 n = int((cell["arm"] == self.reference).sum())
                 per_task.append({"task": _label(task, filt), "length": length, "n": n, "scores": _mean_by_arm(cell, self.names)})
         return {"lengths": lengths, "by_length": rows, "task_length": per_task}
+
+    def measures(self) -> list[dict[str, Any]]:
+        """Per task with a measures table (`rf_eval.stats.measures`): one row per arm, one cell per measure."""
+        items = self.runs.items
+        ref = items[items["arm"] == self.reference]
+        tables = []
+        for task, filt in ref[["task", "filter"]].drop_duplicates().itertuples(index=False):
+            spec = task_measures(task)
+            if spec is None:
+                continue
+            rows = []
+            for arm in self.others:
+                p = self.pairs[arm]
+                p = p[(p["task"] == task) & (p["filter"] == filt)]
+                own = items[(items["arm"] == arm) & (items["task"] == task) & (items["filter"] == filt)]
+                cells = self.measure_cells(spec, p, own)
+                if any(c is not None for c in cells.values()):
+                    widest = max((c for c in cells.values() if c is not None), key=lambda c: c["n"])
+                    rows.append({"arm": arm, "n": widest["n"], "cells": cells, "strata": widest["strata"],
+                                 "registration": self.status(arm, task)})
+            loaded = set(items.loc[(items["task"] == task) & (items["filter"] == filt), "metric"])
+            tables.append({
+                "task": _label(task, filt), "title": spec.title, "description": spec.description,
+                "columns": [{"key": m.key, "label": m.label, "metric": m.metric, "kind": m.kind,
+                             "secondary": m.secondary} for m in spec.measures],
+                "metrics": ", ".join(m for m in spec.metrics if m in loaded) or "none",
+                "rows": rows,
+            })  # fmt: skip
+        return tables
+
+    def measure_cells(self, spec: Any, pairs: pd.DataFrame, own: pd.DataFrame) -> dict[str, Any]:
+        """Each measure of `spec` on one arm's items (None where its metric has no paired items)."""
+        contrasts: dict[str, dict[str, Any] | None] = {}
+        cells: dict[str, Any] = {}
+        for m in spec.measures:
+            if m.kind == "own":
+                values = own[own["metric"] == m.metric]
+                cells[m.key] = own_measure(values, **self.opts) if not values.empty else None
+                continue
+            if m.metric not in contrasts:
+                p = pairs[pairs["metric"] == m.metric]
+                contrasts[m.metric] = None if p.empty else self.loss(p, m.metric, False)
+            c = contrasts[m.metric]
+            if m.kind == "delta" or c is None:
+                cells[m.key] = c
+            else:  # the perplexity gap of the same paired loss
+                gap = c["gap"]
+                cells[m.key] = None if gap is None else {
+                    "n": c["n"], "difference": gap["gap"], "low": gap["low"], "high": gap["high"], "median": None,
+                    "heavy_tail": False, "per_domain": gap["per_domain"], "strata": c["strata"],
+                }  # fmt: skip
+        return cells
 
     def speed(self) -> list[dict[str, Any]]:
         rows = []
@@ -151,18 +214,21 @@ class _Study:
     def controls(self, controls: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
         """Each selection against the per-item mean of its count-matched control arms."""
         points = _pooled(self.runs.items)
+        facts = [c for c, _ in STRATA_FACTS if c not in PAIR_KEYS]
         rows = []
         for selected, ctrl_names in controls.items():
-            merged = pair_arms(points, selected, ctrl_names[0])[PAIR_KEYS + ["arm", "ref"]].rename(columns={"ref": "c0"})
+            first = pair_arms(points, selected, ctrl_names[0])
+            merged = first[PAIR_KEYS + facts + ["arm", "ref"]].rename(columns={"ref": "c0"})
             for i, ctrl in enumerate(ctrl_names[1:], start=1):
                 p = pair_arms(points, selected, ctrl)[PAIR_KEYS + ["ref"]].rename(columns={"ref": f"c{i}"})
                 merged = merged.merge(p, on=PAIR_KEYS)
             if merged.empty:
                 continue
             ctrl_scores = merged[[f"c{i}" for i in range(len(ctrl_names))]].to_numpy().T
-            boot = control_margin(merged["arm"].to_numpy(), ctrl_scores, strata=_task_strata(merged), **self.opts)
-            rows.append({"selected": selected, "controls": list(ctrl_names), "n": boot.n,
-                         "margin": boot.difference, "low": boot.low, "high": boot.high})  # fmt: skip
+            strata = strata_of(merged)
+            boot = control_margin(merged["arm"].to_numpy(), ctrl_scores, strata=strata.labels, **self.opts)
+            rows.append({"selected": selected, "controls": list(ctrl_names), "n": boot.n, "margin": boot.difference,
+                         "low": boot.low, "high": boot.high, "strata": strata.text})  # fmt: skip
         return rows
 
     def arms(self) -> list[dict[str, Any]]:
@@ -207,7 +273,8 @@ def study_summary(
     opts = {"confidence": confidence, "n_resamples": n_resamples, "seed": seed}
     study = _Study(runs, reference, margin, opts, None if ledger is None else list(ledger))
     tasks, losses, forest = study.tasks()
-    if not any(entry["rows"] for entry in tasks + losses):
+    measures = study.measures()
+    if not any(entry["rows"] for entry in tasks + losses + measures):
         ran = "; ".join(f"{a}: {', '.join(sorted(set(runs.items.loc[runs.items['arm'] == a, 'task'])))}"
                         for a in names)
         raise ValueError(f"no item of any arm pairs with an item of the reference {reference!r}: the arms ran "
@@ -219,10 +286,10 @@ def study_summary(
         notes.append("no item recorded a length (doc max_length or a RULER length metric): no per-length tables")
     return {
         "reference": reference, "margin": margin, "confidence": confidence, "n_resamples": n_resamples, "seed": seed,
-        "arms": study.arms(), "tasks": tasks, "overall": overall, "losses": losses, **lengths,
+        "arms": study.arms(), "tasks": tasks, "overall": overall, "measures": measures, "losses": losses, **lengths,
         "forest": forest + [{"group": r["arm"], "label": "overall", **r} for r in overall],
         "speed": study.speed(), "controls": study.controls(controls or {}),
-        "has_ledger": ledger is not None, "ledger_head": None, "notes": notes,
+        "has_ledger": ledger is not None, "ledger_head": None, "notes": notes, "strata_rule": RULE,
         "metrics": _metrics_used(tasks, losses),
     }  # fmt: skip
 

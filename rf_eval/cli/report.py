@@ -3,7 +3,12 @@
 Reads lm-eval output folders (run with --log_samples) of several arms, pairs
 every arm with the reference per item, and writes the paper's statistics
 (paired bootstrap intervals, non-inferiority with the binomial floor, sign
-tests) as a self-contained HTML page, LaTeX tables and Markdown.
+tests) as a self-contained HTML page, LaTeX tables and Markdown. Each task is
+read by its paper measures unless `--metric` names others (`keytoken_nll`: key-
+and novel-token ΔNLL, the novel-token perplexity gap and KL, all-token ΔNLL
+beside them; RULER: acc_filled; `rf_eval.stats.measures`), and every interval
+resamples within the strata each row names (task, RULER task, domain, length:
+`rf_eval.stats.strata`).
 
 Nothing is reported silently wrong: a task whose primary metric has no value
 on any item (e.g. a `*_filled` task whose tail covers every needle) stops the
@@ -48,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="TASK=METRIC[,METRIC...]",
-        help="metrics to report for a task, the first primary (default: its first metric with values)",
+        help="metrics to report for a task, the first primary (default: the task's paper measures, "
+             "else its first metric with values)",
     )
     parser.add_argument("--ttft", action="append", default=[], metavar="FILE",
                         help="`rf-eval ttft` results: their speed rows join the report's speed table (repeatable)")

@@ -287,6 +287,8 @@ def fit_maps_once(study: Study, out: Path) -> str | None:
 
 
 def report_argv(study: Study, out: Path, ledger: Path) -> list[str]:
+    """`rf-eval report` over every arm's folder. No `--metric`: the report reads each task by its default
+    measures (`rf_eval.stats.measures`: keytoken_nll's key- and novel-token ΔNLL, gap and KL; acc_filled)."""
     argv = ["report", *[str(arm_folder(study, out, a)) for a in study.arms], "--reference", study.reference,
             "--margin", str(study.margin), "--html", str(out / "report.html"), "--latex", str(out / "report.tex"),
             "--markdown", str(out / "report.md")]

@@ -45,7 +45,7 @@ def test_filters_round_only_at_the_end():
 def tiny_summary():
     row = {"arm": "ridge_arm", "n": 10, "arm_score": 90.0, "ref_score": 92.0, "difference": -2.0, "low": -6.0,
            "high": float("nan"), "lower": -5.0, "floor": -25.9, "bound": -25.9, "binding": "floor", "passed": False,
-           "test": {"name": "McNemar", "wins": 1, "losses": 3, "p": 0.625}}
+           "test": {"name": "McNemar", "wins": 1, "losses": 3, "p": 0.625}, "strata": "RULER task × length (4 strata)"}
     return {
         "reference": "exact_arm", "margin": 2.0, "confidence": 0.95, "n_resamples": 100, "seed": 0,
         "arms": [{"name": "exact_arm", "model": "hf", "model_args": "fill=exact", "started": "2026", "results_files": [],
@@ -63,4 +63,20 @@ def test_latex_and_markdown_escape_names_and_mark_missing_numbers(tiny_summary):
     assert r"[$-6.00$, --]" in tex_out  # a missing bound prints as --, never as a bare unicode dash
     assert "–" not in tex_out
     md_out = render_markdown(tiny_summary)
-    assert "| ridge_arm | 10 | 90.0 | 92.0 | -2.00 | [-6.00, –] | -25.90 | floor | no |" in md_out
+    assert "| ridge_arm | 10 | 90.0 | 92.0 | -2.00 | [-6.00, –] | -25.90 | floor | no | RULER task × length (4 strata) |" in md_out
+    assert r"RULER task $\times$ length (4 strata)" in tex_out and "×" not in tex_out
+
+
+def test_measure_cells_mean_interval_median_and_count():
+    from rf_eval.reports.render import _environment
+
+    cell = _environment(latex=False).filters["measure_cell"]
+    delta = {"n": 63, "difference": 0.0301, "low": 0.012, "high": 0.0456, "median": 0.004, "heavy_tail": True}
+    assert cell(delta, "delta", 90) == "+0.030 [+0.012, +0.046], median +0.004 (heavy tail) (n=63)"
+    assert cell({**delta, "heavy_tail": False}, "delta", 63) == "+0.030 [+0.012, +0.046]"
+    assert cell({**delta, "difference": 0.016, "low": 0.01, "high": 0.02}, "gap", 63) == "+1.60% [+1.00%, +2.00%]"
+    assert cell({**delta, "difference": 0.0123}, "own", 63) == "0.0123 [0.012, 0.0456], median 0.004"
+    assert cell(None, "delta", 63) == "–"
+    tex_cell = _environment(latex=True).filters["measure_cell"]
+    assert tex_cell(delta, "delta", 63) == "$+0.030$ [$+0.012$, $+0.046$], median $+0.004$ (heavy tail)"
+    assert tex_cell(None, "own", 63) == "--"

@@ -140,3 +140,48 @@ def accuracy_run(
     return write_run(
         out, model_args={"pretrained": "/models/tiny", "fill": arm, "split": 12}, tasks=tasks, started=started
     )
+
+
+def pooled_ruler_run(
+    out: str | Path,
+    arm: str,
+    outcomes: Mapping[tuple[str, int], Sequence[bool]],
+    *,
+    started: float = 1_790_000_000.0,
+    model_args: Mapping[str, Any] | None = None,
+) -> Path:
+    """A `ruler_filled` run as rf-eval's pooled task logs it: one lm-eval task, each doc carrying its
+    `ruler_task` and `max_length`, every sample filled; `outcomes[(ruler_task, length)][i]` is the i-th
+    sample of that cell (the docs interleave the cells, as `balanced_order` does)."""
+    cells = list(outcomes)
+    rows = [(cell, i) for i in range(max(len(v) for v in outcomes.values())) for cell in cells if i < len(outcomes[cell])]
+    lines = []
+    for doc_id, ((task, length), i) in enumerate(rows):
+        doc = {"index": i, "input": f"{task} haystack {length} {i}", "outputs": [str(1000 + i)],
+               "max_length": length, "ruler_task": task}
+        score = 1.0 if outcomes[(task, length)][i] else 0.0
+        metrics = {"acc_filled": score, "acc_all": score, "n_filled": 1, "n_excluded": 0, "filled": 1,
+                   f"acc_filled_{task}": score}
+        lines.append(sample_line(doc_id, doc, doc["input"] + "\nWhat is the number?", doc["outputs"][0], metrics))
+    args = {"pretrained": "/models/tiny", "fill": arm, "split": 12, **(model_args or {})}
+    return write_run(out, model_args=args, tasks={"ruler_filled": lines}, started=started)
+
+
+def keytoken_run(
+    out: str | Path,
+    arm: str,
+    docs: Sequence[Mapping[str, Any]],
+    *,
+    started: float = 1_790_000_000.0,
+) -> Path:
+    """A `keytoken_nll` run as rf-eval's task logs it: `docs[i]` holds document i's `domain` and its
+    per-document metrics (nll_all, nll_novel, nll_key, kl, ...; None where one does not apply)."""
+    names = ("nll_all", "nll_novel", "nll_key", "dnll_all", "dnll_novel", "dnll_key", "kl", "top1_agree", "n_tokens")
+    lines = []
+    for i, d in enumerate(docs):
+        doc = {"doc_id": f"doc{i}", "domain": d.get("domain", ""), "text": f"document {i}"}
+        metrics = {name: d.get(name) for name in names}
+        lines.append(sample_line(i, doc, "", "", metrics))
+    hib = {name: name in ("top1_agree", "n_tokens") for name in names}
+    return write_run(out, model_args={"pretrained": "/models/tiny", "fill": arm, "split": 12},
+                     tasks={"keytoken_nll": lines}, higher_is_better={"keytoken_nll": hib}, started=started)

@@ -27,7 +27,8 @@ def study(tmp_path_factory, lmeval_format):
         lines = []
         for i in range(30):
             nll = 2.0 + 0.1 * (i % 7)
-            metrics = {"nll_all": nll + shift / 4, "nll_novel": nll + shift / 2, "nll_key": nll + shift + (0.5 if i == 3 and shift else 0)}
+            metrics = {"nll_all": nll + shift / 4, "nll_novel": nll + shift / 2, "nll_key": nll + shift + (0.5 if i == 3 and shift else 0),
+                       "kl": None}  # as keytoken_nll logs it without a same-run exact pass
             doc = {"id": i, "domain": ["prose", "code", "legal"][i % 3], "text": f"document {i}"}
             lines.append(lmeval_format.sample_line(i, doc, doc["text"], "", metrics))
         lmeval_format.write_run(out / "loss", model_args={"pretrained": "/models/tiny", "fill": arm, "split": 12},
@@ -56,21 +57,38 @@ def test_summary_per_task_overall_and_length(study):
     assert len(s["forest"]) == 2 * 2 + 2  # per task and pooled, for each of two arms
 
 
-def test_summary_losses_median_and_perplexity_gap(study):
+def test_summary_keytoken_measures_median_and_perplexity_gap(study):
     runs = load_runs([study], metrics={"keytoken_nll": ["nll_key", "nll_novel"]})
     s = study_summary(runs, "exact", n_resamples=2_000)
-    assert [t["task"] for t in s["losses"]] == ["keytoken_nll", "keytoken_nll: nll_novel"]
-    key = s["losses"][0]["rows"][0]
-    assert key["arm"] == "ridge" and key["n"] == 30
+    assert s["losses"] == []  # keytoken_nll is read in its measures table, not the generic losses table
+    (table,) = s["measures"]
+    assert table["task"] == "keytoken_nll" and table["metrics"] == "nll_key, nll_novel"
+    (row,) = table["rows"]
+    key, novel, gap = row["cells"]["key"], row["cells"]["novel"], row["cells"]["novel_gap"]
+    assert row["arm"] == "ridge" and row["n"] == key["n"] == 30
+    assert row["cells"]["kl"] is None and row["cells"]["all"] is None  # not loaded
     assert key["median"] == pytest.approx(0.02) and key["difference"] == pytest.approx(0.02 + 0.5 / 30)
-    gap = key["gap"]
     assert set(gap["per_domain"]) == {"prose", "code", "legal"}
-    assert gap["gap"] == pytest.approx(np.mean(list(gap["per_domain"].values())))
-    assert gap["low"] <= gap["gap"] <= gap["high"]
-    novel = s["losses"][1]["rows"][0]
+    assert gap["difference"] == pytest.approx(np.mean(list(gap["per_domain"].values())))
+    assert gap["difference"] == pytest.approx(np.expm1(0.01))  # novel-token loss: +0.01 on every document
+    assert gap["low"] <= gap["difference"] <= gap["high"]
     assert novel["difference"] == pytest.approx(0.01) and novel["low"] == pytest.approx(0.01)
+    assert key["strata"] == novel["strata"] == "domain (3 strata)" == row["strata"]
     # losses are not pooled with accuracy, and only primary metrics enter the pooled rows
     assert all(r["n"] == 120 for r in s["overall"])
+
+
+def test_summary_reads_keytoken_by_the_papers_measures_by_default(study):
+    runs = load_runs([study])  # no --metric: key-token, novel-token and all-token loss (no KL recorded)
+    kt = runs.items[runs.items.task == "keytoken_nll"]
+    assert list(dict.fromkeys(kt.metric)) == ["nll_key", "nll_novel", "nll_all"]
+    assert set(kt.loc[kt.primary.astype(bool), "metric"]) == {"nll_key"}
+    assert any("no per-item values of kl" in n and "reference=exact" in n for n in runs.notes)
+    (table,) = study_summary(runs, "exact", n_resamples=500)["measures"]
+    assert [c["key"] for c in table["columns"]] == ["key", "novel", "novel_gap", "kl", "all"]
+    assert [c["secondary"] for c in table["columns"]] == [False] * 4 + [True]
+    cells = table["rows"][0]["cells"]
+    assert cells["all"]["difference"] == pytest.approx(0.005) and cells["kl"] is None
 
 
 def test_summary_speed_controls_and_registration(study):

@@ -1,0 +1,117 @@
+"""The measures a task is read by: what a report shows by default (RidgeFill paper sections 3, 3.1, 4.7).
+
+"Loss averaged over tokens was the wrong stick" (section 3): most scored
+tokens do not depend on the prefix, so the fill's error is diluted by tokens
+it cannot affect. The paper reads a long-document run by its loss on the
+tokens that need the prefix (section 3.1): ΔNLL (an arm's loss minus the
+reference's, nats per token) on key tokens and on novel tokens, the
+perplexity gap exp(ΔNLL) - 1 on novel tokens (section 5.3), and the
+divergence KL(exact || arm) with its median (sections 3.1 and 4.7). The
+all-token loss is shown beside them, as a secondary column, never as the
+headline. A RULER `*_filled` task is read by its filled-region accuracy,
+`acc_filled` (section 3.1).
+
+This module is the one place that rule lives: `default_metrics` is what
+`load_runs` reads for a task when no `--metric` names others, and
+`TaskMeasures` lays out the report's measures table for `keytoken_nll`
+(computed in `rf_eval.stats.summary`, rendered by the report templates).
+
+Kinds of measure: `delta`, the paired mean difference arm - reference of a
+per-document loss, with its interval, median and heavy-tail flag; `gap`, the
+perplexity gap of the same paired loss, domain-averaged; `own`, a value the
+arm's run measured against its own exact pass (KL): the arm's mean with its
+interval (resampled within the same strata) and median, not a difference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["KEYTOKEN", "Measure", "TaskMeasures", "default_metrics", "missing_note", "missing_reason", "task_measures"]
+
+KEYTOKEN_TASK = "keytoken_nll"
+FILLED_SUFFIX = "_filled"
+FILLED_METRIC = "acc_filled"
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One column of a measures table: `key` names it in the summary, `label` in a report."""
+
+    key: str
+    label: str
+    metric: str
+    kind: str  # "delta" | "gap" | "own"
+    secondary: bool = False
+
+
+@dataclass(frozen=True)
+class TaskMeasures:
+    """A task's measures table: its title, its columns in order, and what its numbers are."""
+
+    title: str
+    measures: tuple[Measure, ...]
+    description: str
+
+    @property
+    def metrics(self) -> list[str]:
+        """The per-item metrics behind the columns, headline ones first, each once."""
+        return list(dict.fromkeys(m.metric for m in self.measures))
+
+    @property
+    def own_metrics(self) -> set[str]:
+        """The metrics an arm measured against its own exact pass: read per arm, never paired."""
+        return {m.metric for m in self.measures if m.kind == "own"}
+
+
+KEYTOKEN = TaskMeasures(
+    title="Loss on the tokens that need the prefix",
+    measures=(
+        Measure("key", "key-token ΔNLL", "nll_key", "delta"),
+        Measure("novel", "novel-token ΔNLL", "nll_novel", "delta"),
+        Measure("novel_gap", "perplexity gap, novel tokens", "nll_novel", "gap"),
+        Measure("kl", "KL(exact‖arm)", "kl", "own"),
+        Measure("all", "all-token ΔNLL (secondary)", "nll_all", "delta", secondary=True),
+    ),
+    description=(
+        "ΔNLL: the arm's loss minus the reference's, nats per token, per-document means; perplexity gap "
+        "exp(ΔNLL) - 1 per document, domain-averaged; KL(exact‖arm): the arm's own mean per-token divergence "
+        "from its same-run exact pass (mean, interval, median). All-token ΔNLL is secondary: most scored "
+        "tokens do not depend on the prefix (paper sections 3.1, 4.7)."
+    ),
+)
+
+#: Why a measure can have no per-item values, for the note a report prints.
+_MISSING = {
+    "nll_key": "no document has key tokens (its context is not longer than key_context, or no token's loss "
+               "rises by more than key_threshold when the context is cut)",
+    "nll_novel": "no document has novel tokens",
+    "kl": "KL(exact‖arm) needs the arm's same-run exact pass (reference=exact in --model_args)",
+    "nll_all": "no document was scored",
+}
+
+
+def task_measures(task: str) -> TaskMeasures | None:
+    """The measures table a task is reported in (None: the generic tables)."""
+    return KEYTOKEN if task == KEYTOKEN_TASK else None
+
+
+def default_metrics(task: str) -> tuple[str, ...]:
+    """The metrics a report reads for `task` unless `--metric` names others (empty: its first metric)."""
+    spec = task_measures(task)
+    if spec is not None:
+        return tuple(spec.metrics)
+    if task.endswith(FILLED_SUFFIX):
+        return (FILLED_METRIC,)
+    return ()
+
+
+def missing_reason(task: str, metric: str) -> str:
+    """Why a measure of `task`'s table can have no per-item values ("" where nothing is known)."""
+    return _MISSING.get(metric, "") if task_measures(task) is not None else ""
+
+
+def missing_note(task: str, metric: str) -> str:
+    """The note for one of a task's default measures absent from a run."""
+    why = missing_reason(task, metric) or "the run recorded none"
+    return f"no per-item values of {metric}: {why}; its column shows –"
