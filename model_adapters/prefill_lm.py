@@ -25,7 +25,8 @@ protocols run with thinking off): when the model's chat template has an
 adapter renders chat prompts with enable_thinking=False. A value the user
 gives wins. The results record what was rendered
 (`rf_eval.chat_template`: the switch, enable_thinking, the template's sha256
-and a rendered example with its sha256).
+and a rendered example with its sha256). The rule is `rf_eval.chat`'s, which
+`rf-eval serve` uses too, so served and adapter arms render alike.
 
 The adapter publishes its run facts (`rf_eval.run_context`): the arm's tail
 and the tokenizer's checkpoint, which the tasks read (`rf_eval.tasks.common`).
@@ -48,7 +49,7 @@ from lm_eval.api.model import hash_args
 from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
-from rf_eval import run_context
+from rf_eval import chat, run_context
 from rf_eval.method import input_device
 from rf_eval.model_adapters.config import ModelArgsError, merge_lm_eval_flags
 from rf_eval.model_adapters.generation import GenerationMixin
@@ -107,38 +108,17 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
 
     # ---- chat template --------------------------------------------------------------
     def _thinking_off_by_default(self, hf_args: dict[str, Any]) -> bool:
-        """Set enable_thinking=False when the template has the switch and the user set nothing."""
-        user_args = hf_args.get("chat_template_args") or {}
-        if hf_args.get("enable_thinking") is not None or "enable_thinking" in user_args:
-            return False
-        if not template_has_thinking_switch(getattr(self.tokenizer, "chat_template", None)):
-            return False
-        self.enable_thinking = False
-        self.chat_template_args = {**(self.chat_template_args or {}), "enable_thinking": False}
-        log.info("the chat template has an enable_thinking switch: rendering with enable_thinking=False "
-                 "(the paper's protocols; pass enable_thinking=True to think)")
-        return True
+        """Render chat prompts by `rf_eval.chat`'s rule (thinking off where the template can); True if it did."""
+        self.chat_template_args, off = chat.template_args(hf_args, getattr(self.tokenizer, "chat_template", None))
+        if off:
+            self.enable_thinking = False
+            log.info("the chat template has an enable_thinking switch: rendering with enable_thinking=False "
+                     "(the paper's protocols; pass enable_thinking=True to think)")
+        return off
 
     def chat_template_record(self) -> dict[str, Any] | None:
-        """What chat prompts are rendered with: the switch, enable_thinking, hashes and an example."""
-        import hashlib
-
-        template = getattr(self.tokenizer, "chat_template", None)
-        if not template:
-            return None
-        text = json.dumps(template, sort_keys=True) if isinstance(template, dict) else str(template)
-        try:
-            example = self.apply_chat_template([{"role": "user", "content": "Question?"}])
-        except Exception as err:  # a template that needs other roles or arguments: record why
-            example = f"(not rendered: {type(err).__name__})"
-        return {
-            "thinking_switch": template_has_thinking_switch(template),
-            "enable_thinking": (self.chat_template_args or {}).get("enable_thinking"),
-            "enable_thinking_default": self.thinking_default,
-            "template_sha256": hashlib.sha256(text.encode()).hexdigest(),
-            "rendered_example": example,
-            "rendered_sha256": hashlib.sha256(example.encode()).hexdigest(),
-        }
+        """What chat prompts are rendered with (`rf_eval.chat.record`)."""
+        return chat.record(self.tokenizer, self.chat_template_args, self.thinking_default)
 
     def floor_split(self) -> int:
         """The split the engine floor is measured at: the arm's (at least 1: a fill from split states)."""
@@ -240,13 +220,6 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
             self.cache_hook.add_partial(attr, req.args, res)
             out.append(res)
         return out
-
-
-def template_has_thinking_switch(template: Any) -> bool:
-    """True when a chat template (a string, or a dict of named templates) reads `enable_thinking`."""
-    if isinstance(template, dict):
-        return any(template_has_thinking_switch(t) for t in template.values())
-    return isinstance(template, str) and "enable_thinking" in template
 
 
 def _samples(args: tuple) -> bool:

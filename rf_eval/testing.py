@@ -31,6 +31,16 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+# The same template with Qwen3's `enable_thinking` switch, in the form its template reads it: only an
+# explicit false closes an empty think block (the chat rule's tests, `rf_eval.chat`).
+THINKING_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
+    "{% endif %}"
+)
 
 # Shapes shared by all families: small enough for fast CPU tests, large enough
 # that grouped-query attention, QK-norm and partial RoPE are all exercised.
@@ -142,3 +152,17 @@ def make_tiny_pair(family: str, out_dir: str | Path, seed: int = 0) -> tuple[Pat
     out = Path(out_dir)
     source = make_tiny_model(family, out / "source", seed=seed + 1, **TINY_SOURCE)
     return source, make_tiny_model(family, out / "target", seed=seed)
+
+
+def with_chat_template(model_dir: str | Path, out_dir: str | Path, template: str) -> Path:
+    """A copy of a tiny model folder whose tokenizer has `template` as its chat template."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    out = Path(out_dir)
+    shutil.copytree(model_dir, out)
+    tok = AutoTokenizer.from_pretrained(out)
+    tok.chat_template = template
+    tok.save_pretrained(out)
+    return out

@@ -35,6 +35,15 @@ Install: `pip install 'rf-eval[serve]'` (FastAPI, uvicorn, and lm-eval's API-mod
    --apply_chat_template: with local-chat-completions lm-eval sends the
    messages unrendered, so the needle marks of `ruler_filled` and the
    prompt hashes the report pairs on are not those of a rendered prompt.
+   Chat messages the server renders itself (`/v1/chat/completions`) are
+   rendered by the adapters' rule (`rf_eval.chat`: enable_thinking=False
+   where the template has the switch, as Qwen3's, unless the server's
+   model_args set `enable_thinking` or `chat_template_args`) and the
+   response's `rf_chat_template` records it as `rf_eval.chat_template`.
+   lm-eval's local-completions renders on the client with the template's
+   own default instead (thinking on for Qwen3; it takes no
+   chat_template_args), so with such a template it does not pair with an
+   adapter arm rendered with thinking off.
    A serving-engine fork (vLLM, llama.cpp) is evaluated the same way
    through its own OpenAI-compatible server, with its arm set by its own
    options. With lm-eval's in-process `vllm` model (`--model vllm

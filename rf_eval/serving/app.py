@@ -6,7 +6,10 @@ Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both also under
 ran: fill, split, tail, layers) and `rf_timings` (server seconds: queue,
 prefill, prompt = to the first generated token, decode, total; and the
 prompt's speedup ceilings); `usage.prompt_time_ms` is the prompt time too.
-Streaming responses carry both in their last chunk. Every request is one
+Chat responses and `/rf/info` also carry `rf_chat_template`, the record
+`--model ridgefill` keeps as `rf_eval.chat_template` (`rf_eval.chat`), so a
+served arm shows it rendered messages as the adapter arm it pairs with.
+Streaming responses carry these in their last chunk. Every request is one
 JSON line in the request log.
 """
 
@@ -96,6 +99,8 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
             logger.write({**record, "status": 400, "error": repr(err)})
             return _error(400, f"the request could not be read: {err!r}")
         record.update(arm=arm.info, arm_source=source, stream=req.stream, ignored_fields=req.ignored or None)
+        if chat and backend.chat_template is not None:  # how the messages were rendered, in brief
+            record["chat_template"] = {k: backend.chat_template[k] for k in ("enable_thinking", "template_sha256")}
         rid = protocol.new_id(chat)
         model = req.model or backend.served_name
         if req.stream:
@@ -139,7 +144,8 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
     async def info():
         return {"model": backend.settings.pretrained, "served_name": backend.served_name, "layers": backend.n_layers,
                 "max_model_len": backend.max_length, "default_arm": backend.default_arm.info,
-                "arm_fields": list(arm_fields()), "maps": backend.settings.maps}
+                "arm_fields": list(arm_fields()), "maps": backend.settings.maps,
+                "rf_chat_template": backend.chat_template}
 
     async def json_body(request: Request) -> Any:
         try:
@@ -174,8 +180,9 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
     return app
 
 
-def _rf(backend: Backend, arm: Arm, n_prompt: int, timings: dict[str, float]) -> dict[str, Any]:
-    return {"rf_arm": arm.info, "rf_timings": {**timings, "prompt_tokens": n_prompt, **backend.ceilings(arm, n_prompt)}}
+def _rf(backend: Backend, req: Parsed, arm: Arm, n_prompt: int, timings: dict[str, float]) -> dict[str, Any]:
+    out = {"rf_arm": arm.info, "rf_timings": {**timings, "prompt_tokens": n_prompt, **backend.ceilings(arm, n_prompt)}}
+    return {**out, "rf_chat_template": backend.chat_template} if req.chat else out
 
 
 def _complete(backend: Backend, logger: RequestLog, req: Parsed, arm: Arm, rid: str, model: str,
@@ -189,7 +196,7 @@ def _complete(backend: Backend, logger: RequestLog, req: Parsed, arm: Arm, rid: 
         choices.append(protocol.choice(backend, req, index, gen, prompt_scores))
         n_prompt, n_gen = n_prompt + len(ids), n_gen + len(gen.tokens)
         timings = {k: timings.get(k, 0.0) + v for k, v in gen.timings.items()}
-    rf = _rf(backend, arm, n_prompt, timings)
+    rf = _rf(backend, req, arm, n_prompt, timings)
     logger.write({**record, "status": 200, "prompt_tokens": n_prompt, "completion_tokens": n_gen,
                   **timings, "wall_seconds": time.perf_counter() - started})
     return protocol.response(req, rid, model, choices, protocol.usage(n_prompt, n_gen, timings.get("prompt_seconds")), rf)
@@ -247,7 +254,7 @@ def _stream(backend: Backend, logger: RequestLog, req: Parsed, arm: Arm, rid: st
                 break
             gen: Generation = value
             delta = gen.text[len(sent):] if gen.text.startswith(sent) else ""
-            rf = _rf(backend, arm, len(ids), gen.timings)
+            rf = _rf(backend, req, arm, len(ids), gen.timings)
             if not tokens:
                 yield _sse(protocol.chunk(req, rid, model, "", first=True))
             yield _sse(protocol.chunk(req, rid, model, delta, finish=gen.finish_reason, extra=rf))

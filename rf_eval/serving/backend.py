@@ -6,7 +6,9 @@ only through the prefill-method protocol (`rf_eval.method`), with the rules
 the adapter uses: plain prompts run the stock model, a generation prompt is
 prefilled by `generation_cache`, sampled requests are seeded by
 `sampling_seed`. So a server request and a `--model ridgefill` request with
-the same arm and prompt tokens generate the same tokens.
+the same arm and prompt tokens generate the same tokens. Chat messages are
+rendered by the adapters' rule too (`rf_eval.chat`: thinking off where the
+template has the switch), and `chat_template` records it as they do.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
+from rf_eval import chat
 from rf_eval.method import PrefillMethod, generation_cache, sampling_seed
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.serving import arms
@@ -99,9 +102,10 @@ class Backend:
             model_config=self.model.config,
         )
         self.add_bos_token = hf_args.get("add_bos_token")
-        thinking = hf_args.get("enable_thinking")
-        self.chat_template_args = {**(hf_args.get("chat_template_args") or {}),
-                                   **({} if thinking is None else {"enable_thinking": thinking})}  # as `hf`
+        # the adapters' rule (`rf_eval.chat`): thinking off where the template has the switch, unless asked
+        template = getattr(self.tokenizer, "chat_template", None)
+        self.chat_template_args, thinking_default = chat.template_args(hf_args, template)
+        self.chat_template = chat.record(self.tokenizer, self.chat_template_args, thinking_default)
         self.n_layers = len(self.model.model.layers)
         self.max_length = int(hf_args.get("max_length") or resolve_max_length(self.model.config, self.tokenizer))
         self.served_name = served_name or settings.pretrained.rstrip("/").rsplit("/", 1)[-1]
@@ -167,9 +171,8 @@ class Backend:
         return list(self.tokenizer(text, **special)["input_ids"])
 
     def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        """The chat template as `hf` renders it (chat_template_args and enable_thinking included)."""
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                  **self.chat_template_args)
+        """The messages as `--model ridgefill` renders them (`rf_eval.chat`: the same rule and code)."""
+        return chat.render(self.tokenizer, self.chat_template_args, messages)
 
     def decode(self, tokens: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)

@@ -6,8 +6,11 @@ choice per prompt); `messages` (rendered with the model's chat template);
 `top_k`, `stop`, `seed`, `logprobs` (completions: top-k count; chat:
 `logprobs` + `top_logprobs`), `echo` (completions: the prompt's own token
 log-probabilities, as lm-eval's loglikelihood requests need), `stream`
-(one prompt, no logprobs) with `stream_options.include_usage`, and the
-rf-eval field `rf_arm`. Other fields are ignored and listed in the request log.
+(one prompt, no logprobs) with `stream_options.include_usage`,
+`return_token_ids` (vLLM's: the prompt's and the generation's token ids in
+the response, not streamed; for chat, the rendered prompt's, to check that
+it is the one `--model ridgefill` would see), and the rf-eval field
+`rf_arm`. Other fields are ignored and listed in the request log.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from rf_eval.serving.scoring import TokenScore
 MAX_LOGPROBS = 20
 KNOWN = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
          "stop", "seed", "logprobs", "top_logprobs", "echo", "stream", "stream_options", "n", "rf_arm", "user",
-         "return_tokens_as_token_ids"}
+         "return_tokens_as_token_ids", "return_token_ids"}
 
 
 class RequestError(ValueError):
@@ -47,6 +50,7 @@ class Parsed:
     model: str = ""
     ignored: list[str] = field(default_factory=list)
     token_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprob tokens as "token_id:<id>"
+    return_ids: bool = False  # vLLM's return_token_ids: prompt and generated token ids in the response
 
 
 def _number(body: dict, key: str, default: Any, kind: type, low: float | None = None) -> Any:
@@ -114,7 +118,8 @@ def parse_completion(body: dict, backend: Backend) -> Parsed:
     ids = [backend.encode(p) if isinstance(p, str) else list(p) for p in prompt]
     texts = [p if isinstance(p, str) else backend.decode(p, skip_special_tokens=False) for p in prompt]
     return Parsed(False, ids, texts, params, echo, stream, usage, body.get("rf_arm"), str(body.get("model") or ""),
-                  sorted(set(body) - KNOWN), bool(body.get("return_tokens_as_token_ids")))
+                  sorted(set(body) - KNOWN), bool(body.get("return_tokens_as_token_ids")),
+                  bool(body.get("return_token_ids")))
 
 
 def parse_chat(body: dict, backend: Backend) -> Parsed:
@@ -133,7 +138,8 @@ def parse_chat(body: dict, backend: Backend) -> Parsed:
         raise RequestError("stream with logprobs is not supported", "stream")
     text = backend.render_chat(flat)
     return Parsed(True, [backend.encode(text)], [text], params, False, stream, usage, body.get("rf_arm"),
-                  str(body.get("model") or ""), sorted(set(body) - KNOWN), bool(body.get("return_tokens_as_token_ids")))
+                  str(body.get("model") or ""), sorted(set(body) - KNOWN), bool(body.get("return_tokens_as_token_ids")),
+                  bool(body.get("return_token_ids")))
 
 
 def _content_text(content: Any) -> str:
@@ -195,22 +201,26 @@ def chat_logprobs(backend: Backend, scores: list[TokenScore], token_ids: bool = 
 
 def choice(backend: Backend, req: Parsed, index: int, gen: Generation,
            prompt_scores: list[TokenScore] | None = None) -> dict[str, Any]:
+    ids = {"token_ids": gen.tokens} if req.return_ids else {}
     if req.chat:
         return {"index": index, "message": {"role": "assistant", "content": gen.text},
                 "logprobs": chat_logprobs(backend, gen.scores, req.token_ids) if gen.scores is not None else None,
-                "finish_reason": gen.finish_reason}
+                "finish_reason": gen.finish_reason, **ids}
     text = gen.text
     logprobs = None
     if req.echo:
         text = req.prompt_texts[index] + text
     if gen.scores is not None or prompt_scores is not None:
         logprobs = completion_logprobs(backend, (prompt_scores or []) + (gen.scores or []), req.token_ids)
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": gen.finish_reason}
+    if req.return_ids:
+        ids = {"prompt_token_ids": req.prompts[index], **ids}
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": gen.finish_reason, **ids}
 
 
 def response(req: Parsed, rid: str, model: str, choices: list[dict], usage: dict, rf: dict) -> dict[str, Any]:
+    ids = {"prompt_token_ids": req.prompts[0]} if req.chat and req.return_ids else {}  # vLLM: chat's at the top
     return {"id": rid, "object": "chat.completion" if req.chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": choices, "usage": usage, **rf}
+            "model": model, "choices": choices, "usage": usage, **ids, **rf}
 
 
 def chunk(req: Parsed, rid: str, model: str, delta: str | None, finish: str | None = None,

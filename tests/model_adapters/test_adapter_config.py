@@ -103,29 +103,12 @@ def test_demo_is_the_default_model_and_brings_its_maps(monkeypatch, tiny_model_d
 
 # -- every `hf` model_arg works as for `--model hf` ---------------------------------------------------
 
-THINKING_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
-    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
-    "{% endif %}"
-)
-
-
 @pytest.fixture
 def thinking_model(tiny_model_dir, tmp_path):
     """The tiny Qwen3 with a chat template that has Qwen3's `enable_thinking` switch."""
-    import shutil
+    from rf_eval.testing import THINKING_TEMPLATE, with_chat_template
 
-    from transformers import AutoTokenizer
-
-    folder = tmp_path / "qwen3_thinking"
-    shutil.copytree(tiny_model_dir("qwen3"), folder)
-    tok = AutoTokenizer.from_pretrained(folder)
-    tok.chat_template = THINKING_TEMPLATE
-    tok.save_pretrained(folder)
-    return str(folder)
+    return str(with_chat_template(tiny_model_dir("qwen3"), tmp_path / "qwen3_thinking", THINKING_TEMPLATE))
 
 
 def test_enable_thinking_false_reaches_the_chat_template(thinking_model):
