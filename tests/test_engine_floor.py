@@ -154,3 +154,20 @@ def test_filled_kernel_floor_takes_the_familys_logits_gemma3_softcap():
     assert kernel.logits.abs().max() <= cap
     floor = compare_results(stock, kernel)
     assert floor.max_abs <= KERNEL_FLOOR[torch.float32][0] and floor.kl <= KERNEL_FLOOR[torch.float32][1], floor
+
+
+def test_hybrid_recurrent_states_are_compared(tiny_model):
+    """Gated DeltaNet states (dicts per state index) are among the tensors the floor compares: a state
+    perturbed after the prefill is caught and named."""
+    from rf_eval.engine import named_cache_tensors
+
+    model, _ = tiny_model("qwen3_5")
+    ids = prompt(model)
+    stock, partial = plain_prefill(model, ids), partial_every_row_exact(model, ids, SPLIT)
+    names = [name for name, _ in named_cache_tensors(partial.cache)]
+    assert any("recurrent_states" in n for n in names) and any("conv_states" in n for n in names), names
+    assert compare_results(stock, partial).bitwise
+    name, state = next((n, t) for n, t in named_cache_tensors(partial.cache) if "recurrent_states" in n)
+    state.add_(1e-3)
+    floor = compare_results(stock, partial)
+    assert not floor.bitwise and floor.first_diff == name, floor

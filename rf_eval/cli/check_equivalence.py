@@ -55,18 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cache_tensors(cache) -> list[torch.Tensor]:
-    """Every tensor a cache holds, in a fixed order (K/V, conv and recurrent states)."""
-    out = []
-    for layer in cache.layers:
-        for name in ("keys", "values", "conv_states", "recurrent_states"):
-            value = getattr(layer, name, None)
-            if isinstance(value, torch.Tensor):
-                out.append(value)
-            elif isinstance(value, dict):  # linear-attention layers keep their states per state index
-                out.extend(value[k] for k in sorted(value) if isinstance(value[k], torch.Tensor))
-            elif isinstance(value, (list, tuple)):
-                out.extend(v for v in value if isinstance(v, torch.Tensor))
-    return out
+    """Every tensor a cache holds, in a fixed order (`rf_eval.engine.named_cache_tensors`)."""
+    from rf_eval.engine import named_cache_tensors
+
+    return [tensor for _, tensor in named_cache_tensors(cache)]
 
 
 def compare(a, b) -> str | None:

@@ -65,13 +65,20 @@ class Floor:
 
 
 def named_cache_tensors(cache) -> list[tuple[str, torch.Tensor]]:
-    """Every tensor a cache holds, named `layer L keys` etc., in `cache_tensors` order."""
+    """Every tensor a cache holds, named `layer L keys` etc. (K/V, conv and recurrent states), in a fixed order.
+
+    Gated DeltaNet layers keep their states per state index in a dict (transformers 5.24), named
+    `layer L recurrent_states[k]` here, so hybrid families' states are compared like any other tensor.
+    """
     out = []
     for index, layer in enumerate(cache.layers):
         for name in ("keys", "values", "conv_states", "recurrent_states"):
             value = getattr(layer, name, None)
             if isinstance(value, torch.Tensor):
                 out.append((f"layer {index} {name}", value))
+            elif isinstance(value, dict):
+                out.extend((f"layer {index} {name}[{k}]", value[k]) for k in sorted(value)
+                           if isinstance(value[k], torch.Tensor))
             elif isinstance(value, (list, tuple)):
                 out.extend((f"layer {index} {name}[{i}]", v) for i, v in enumerate(value) if isinstance(v, torch.Tensor))
     return out
