@@ -1,10 +1,17 @@
-"""Invariants of the partial-prefill engine on tiny random models of every family."""
+"""Invariants of the partial-prefill engine on tiny random models of every family.
+
+Each one runs the engine's partial path (a plan with no filled row is sent there by a selector; the plain
+model's shortcut is `test_is_plain_...`'s subject) and checks it against something the engine does not
+compute: the stock model, or the stock forward with the filled rows' late inputs replaced
+(`filled_reference`), before and after the stock model continues from the engine's cache.
+"""
 
 import pytest
 import torch
+from filled_reference import assert_matches, reference, split_state
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from rf_eval.cli.check_equivalence import cache_tensors, compare
+from rf_eval.cli.check_equivalence import compare
 from rf_eval.engine import Plan, plain_prefill, prefill
 from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.maps import identity_fill
@@ -22,60 +29,83 @@ def scaled_fill(layer, x):
     return x * (1.0 + 0.05 * layer)
 
 
+def no_row(ctx):
+    """A selector that selects nothing: it only keeps `prefill` off the plain model's shortcut (`runs_plain`)."""
+    return torch.zeros(0, dtype=torch.long)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
-def test_fill_off_is_bitwise_plain_model(tiny_model, family):
+def test_no_filled_row_on_the_partial_path_is_the_stock_model(tiny_model, family):
+    """Fill exact, or a tail covering the prompt, run through the partial path itself (lower layers stopped
+    at the split, a selector, the late layers, the fill's strategy): bitwise the stock model, cache included.
+    (Without a selector these plans take the plain forward: `test_is_plain_names_exactly_...` checks that rule.)"""
     model, _ = tiny_model(family)
     ids = prompt()
     ref = plain_prefill(model, ids)
-    with torch.no_grad():
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        all_rows = model(input_ids=ids).logits
-    assert torch.equal(ref.logits, out.logits[:, -1])
-    torch.testing.assert_close(ref.logits, all_rows[:, -1], rtol=1e-5, atol=1e-5)
     cases = [
         (Plan(split=3, tail=1, fill="exact"), None),
         (Plan(split=3, tail=N, fill="nofill"), None),
         (Plan(split=2, tail=N, fill="identity"), identity_fill),
-        (Plan(split=4, tail=N + 5, fill="ridge"), scaled_fill),
+        (Plan(split=4, tail=N + 5, fill="ridge", map_split=True), scaled_fill),  # even x̂_S is never read
     ]
     for plan, fill in cases:
-        got = prefill(model, ids, plan, fill=fill)
+        got = prefill(model, ids, plan, fill=fill, select=no_row)
+        assert got.plan is not None and got.timings.get("late", 0) > 0, plan  # the late layers ran, not plain
+        assert got.exact_rows.tolist() == list(range(N)) and not got.ragged
         assert compare(got, ref) is None, plan
-        plain_tensors = cache_tensors(out.cache if hasattr(out, "cache") else out.past_key_values)
-        assert all(torch.equal(a, b) for a, b in zip(cache_tensors(got.cache), plain_tensors))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_decoding_from_engine_cache_matches_generate(tiny_model, family):
+def test_greedy_decoding_continues_from_the_filled_cache(tiny_model, family):
+    """`generate` after a filled prefill continues from the engine's cache: each step's logits equal the stock
+    model's decoding over a prompt cache built without the engine (the stock forward with the filled rows'
+    late inputs replaced); the filled rows are the full prompt's (the last prompt token runs in generate)."""
     model, _ = tiny_model(family)
-    ids = prompt(32, seed=1)
-    rf = RidgeFill(model, split=3, tail=4, fill="exact")
-    want = model.generate(ids, max_new_tokens=6, do_sample=False)
-    assert torch.equal(rf.generate(ids, max_new_tokens=6, do_sample=False), want)
-    rf_full_tail = RidgeFill(model, split=3, tail=64, fill="identity")
-    assert torch.equal(rf_full_tail.generate(ids, max_new_tokens=6, do_sample=False), want)
+    ids, split, tail, steps = prompt(32, seed=1), 3, 4, 6
+    rf = RidgeFill(model, split=split, tail=tail, fill="identity", map_split=False)
+    out = rf.generate(ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False, output_logits=True,
+                      return_dict_in_generate=True)  # min_new_tokens: never stop at (masked) end of text
+    assert out.sequences.shape[1] == 32 + steps
+    logits, by_hand = reference(model, ids, split, torch.arange(32 - tail), split_state)  # a cache built by hand
+    seq = ids
+    for step in range(steps):
+        if step:  # the stock model, one token at a time over that cache
+            with torch.no_grad():
+                logits = model(input_ids=seq[:, -1:], cache=by_hand, use_cache=True,
+                               position_ids=torch.tensor([[seq.shape[1] - 1]])).logits
+        torch.testing.assert_close(out.logits[step], logits[:, -1], rtol=0, atol=1e-4)
+        choice = logits[:, -1].clone()
+        choice[:, model.generation_config.eos_token_id] = float("-inf")
+        seq = torch.cat([seq, choice.argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out.sequences, seq)  # greedy: the reference's own choices
+    stock = plain_prefill(model, ids).logits
+    assert (out.logits[0] - stock).abs().max() > 1e-2  # a filled arm: re-prefilling with the stock model fails
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_filled_arm_differs_and_exact_rows_run_late_layers(tiny_model, family):
+def test_filled_prefill_is_the_stock_forward_with_predicted_inputs(tiny_model, family):
+    """Filled rows read x̂_l = fill(l, x_S) in late layers and contribute only K/V (or their Gated DeltaNet
+    update), exact rows (the tail, selected rows) run the layers over them: the stock forward with the filled
+    rows' late inputs replaced computes the same (`filled_reference`). Filled rows' late K/V: bitwise the
+    stock layers' projections of x̂_l (identity: of x_S, DESIGN section 7); the rest within the kernel floor."""
     model, _ = tiny_model(family)
-    ids = prompt()
-    ref = plain_prefill(model, ids)
-    tail = 8
-    filled = prefill(model, ids, Plan(split=3, tail=tail, fill="identity"), fill=identity_fill)
-    assert (filled.logits - ref.logits).abs().max() > 1e-3
-    # every prefix row selected exact: the late layers run them all, so the arm is exact again
-    all_rows = prefill(
-        model, ids, Plan(split=3, tail=tail, fill="identity"), fill=identity_fill,
-        select=lambda ctx: torch.arange(N - tail),
-    )
-    torch.testing.assert_close(all_rows.logits, ref.logits, rtol=1e-5, atol=1e-5)
-    some = prefill(
-        model, ids, Plan(split=3, tail=tail, fill="identity"), fill=identity_fill,
-        select=lambda ctx: torch.tensor([0, 5, 17]),
-    )
-    assert some.exact_rows.tolist() == [0, 5, 17, *range(N - tail, N)]
-    assert not torch.equal(some.logits, filled.logits)
+    ids, split, tail = prompt(), 3, 8
+    stock = plain_prefill(model, ids)
+    every_prefix_row = torch.arange(N - tail)
+    arms = [(identity_fill, split_state, False), (scaled_fill, scaled_fill, True)]  # x_S, then x̂_S, at layer S
+    for fill, predict, map_split in arms:
+        plan = Plan(split=split, tail=tail, fill="identity" if fill is identity_fill else "ridge", map_split=map_split)
+        for selected in (None, torch.tensor([0, 5, 17])):
+            got = prefill(model, ids, plan, fill=fill, select=None if selected is None else lambda ctx, s=selected: s)
+            want_exact = [*([] if selected is None else selected.tolist()), *range(N - tail, N)]
+            assert got.exact_rows.tolist() == want_exact
+            filled = torch.tensor([i for i in range(N) if i not in want_exact])
+            logits, cache = reference(model, ids, split, filled, predict, map_split=map_split)
+            assert (logits[:, -1] - stock.logits).abs().max() > 1e-2  # the fill matters at this tolerance
+            assert_matches(got.cache, got.logits, cache, logits[:, -1], filled, split)
+        # every prefix row selected exact: the fill is never read, and the arm is the stock model bitwise
+        every = prefill(model, ids, plan, fill=fill, select=lambda ctx: every_prefix_row)
+        assert every.exact_rows.tolist() == list(range(N)) and compare(every, stock) is None
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
@@ -110,30 +140,53 @@ def test_identity_writes_kv_of_split_state(tiny_model, family):
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
 def test_nofill_late_layers_hold_only_exact_rows_and_continue(tiny_model, family):
+    """nofill: late layers hold the exact rows only, and the stock model continues from that ragged cache.
+    Reference: the stock forward over prompt and continuation whose late attention layers mask the filled
+    rows' keys and whose late Gated DeltaNet layers scan the other rows only (`filled_reference`)."""
     model, _ = tiny_model(family)
-    ids = prompt()
-    rf = RidgeFill(model, split=3, tail=8, fill="nofill")
+    ids, tail, k = prompt(), 8, 5
+    rf = RidgeFill(model, split=3, tail=tail, fill="nofill")
     result = rf.prefill(ids)
     assert result.ragged
     attn_late = [i for i, t in enumerate(getattr(model.config, "layer_types", None) or ["full_attention"] * 6)
                  if t == "full_attention" and i >= 3]
     for i in attn_late:
-        assert result.cache.layers[i].keys.shape[2] == 8
-    cont = prompt(5, seed=3)
-    logits = rf.extend(result, cont)
-    again = rf.prefill(ids)
-    steps = torch.cat([rf.extend(again, cont[:, i : i + 1]) for i in range(5)], 1)
-    assert torch.equal(logits, steps)
+        assert result.cache.layers[i].keys.shape[2] == tail
+    filled = torch.arange(N - tail)
+    logits, cache = reference(model, ids, 3, filled, absent=True)
+    assert (logits[:, -1] - plain_prefill(model, ids).logits).abs().max() > 1e-2
+    assert_matches(result.cache, result.logits, cache, logits[:, -1], filled, 3, kept=torch.arange(N - tail, N))
+    cont = prompt(k, seed=3)
+    got = rf.extend(result, cont)
+    logits, cache = reference(model, torch.cat([ids, cont], 1), 3, filled, absent=True)
+    torch.testing.assert_close(got, logits[:, N:], rtol=0, atol=1e-4)
+    assert_matches(result.cache, got[:, -1], cache, logits[:, -1], filled, 3, kept=torch.arange(N - tail, N + k),
+                   bitwise=False, atol=1e-4)
 
 
-def test_continuation_over_filled_cache_equals_teacher_forced_decoding(tiny_model):
-    model, _ = tiny_model("qwen3")
-    rf = RidgeFill(model, split=3, tail=8, fill="identity")
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_next"])
+def test_continuation_reads_the_filled_cache(tiny_model, family):
+    """Continuation tokens after a filled prefill: the stock model reading the engine's cache gives the logits
+    the stock model gives reading a cache built without the engine (the stock forward with the filled rows'
+    late inputs replaced), at once or a token at a time."""
+    model, _ = tiny_model(family)
+    rf = RidgeFill(model, split=3, tail=8, fill="identity", map_split=False)
     ids, cont = prompt(), prompt(6, seed=4)
-    together = rf.extend(rf.prefill(ids), cont)
+    filled = torch.arange(N - 8)
+    _, by_hand = reference(model, ids, 3, filled, split_state)
+    with torch.no_grad():
+        want = model(input_ids=cont, cache=by_hand, use_cache=True, position_ids=torch.arange(N, N + 6)[None]).logits
+    stock = plain_prefill(model, ids)
+    with torch.no_grad():
+        stock_cont = model(input_ids=cont, cache=stock.cache, use_cache=True).logits
+    assert (want - stock_cont).abs().max() > 1e-2
+    result = rf.prefill(ids)
+    together = rf.extend(result, cont)
+    torch.testing.assert_close(together, want, rtol=0, atol=1e-4)
+    assert_matches(result.cache, together[:, -1], by_hand, want[:, -1], filled, 3, bitwise=False, atol=1e-4)
     result = rf.prefill(ids)
     one_by_one = torch.cat([rf.extend(result, cont[:, i : i + 1]) for i in range(6)], 1)
-    torch.testing.assert_close(together, one_by_one, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(one_by_one, want, rtol=0, atol=1e-4)
 
 
 def test_chunked_lower_layers_match_one_pass(tiny_model):

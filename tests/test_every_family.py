@@ -4,8 +4,11 @@ One test per family runs: the map fit with the held-out lambda choice, the ridge
 and their continuation, every selector of `rf_eval.selectors`' registry, the corrections that apply
 (value/key rescale; the terminal-state fit and correction where the family has Gated DeltaNet layers),
 the three splices, and RaReCache where the family is attention-only (a clear refusal elsewhere).
-Tiny models, short prompts. Beside it, the Gated DeltaNet inputs a family reads are checked against
-what transformers' own module feeds its delta rule.
+Tiny models, short prompts. Each prefill, and the stock model's continuation from it, is checked against
+the engine-free reference of `filled_reference` (the stock forward with the rows the arm filled replaced
+in late layers: x̂_l = A_l x_S + b_l from the fitted maps' tensors, x_S, absent, rescaled, spliced, or
+RaReCache's mapped K/V): filled rows' K/V bitwise, the rest within the kernel floor. Beside it, the Gated
+DeltaNet inputs a family reads are checked against what transformers' own module feeds its delta rule.
 """
 
 from __future__ import annotations
@@ -15,15 +18,18 @@ import importlib
 import pytest
 import torch
 import torch.nn.functional as F
+from filled_reference import FLOOR, affine, assert_matches, reference, split_state, stock_kv
 
 from rf_eval.cli import main as cli_main
-from rf_eval.engine import decoder_layers
+from rf_eval.engine import decoder_layers, plain_prefill
 from rf_eval.families import family_class, family_for, registered_families, sliding_window
 from rf_eval.fields import ArmError
 from rf_eval.rarecache.api import RaReCache
-from rf_eval.rarecache.features import unsupported
+from rf_eval.rarecache.features import cache_entries, prefill_cache, unsupported
 from rf_eval.rarecache.fit import fit_transfer
+from rf_eval.rarecache.maps import SIDES
 from rf_eval.rarecache.selectors import SELECTORS as TRANSFER_SELECTORS
+from rf_eval.rarecache.selectors import layer_budget
 from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.fitting import fit_maps
 from rf_eval.ridgefill.maps import load_maps
@@ -77,6 +83,80 @@ def check_result(result, n: int, tail: int = TAIL) -> None:
     assert torch.equal(result.exact_rows[-result.plan.tail:], torch.arange(prefix, n))
 
 
+def filled_rows(result, n: int) -> torch.Tensor:
+    """The prompt rows a prefill filled (not in its exact rows)."""
+    exact = torch.zeros(n, dtype=torch.bool)
+    exact[result.exact_rows] = True
+    return (~exact).nonzero().squeeze(1)
+
+
+def check_arm(model, ids, result, predict, *, map_split, kv=None, absent=False, bitwise=True, split=SPLIT):
+    """A prefill of `ids` against the engine-free reference (`filled_reference`) with the rows it filled:
+    filled rows' late K/V bitwise (with `bitwise`), every cache tensor and the logits within the floor."""
+    filled = filled_rows(result, ids.shape[1])
+    assert filled.numel() > 0
+    logits, cache = reference(model, ids, split, filled, predict, map_split=map_split, kv=kv, absent=absent)
+    assert_matches(result.cache, result.logits, cache, logits[:, -1], filled, split,
+                   kept=result.exact_rows if absent else None, bitwise=bitwise)
+    return filled, cache
+
+
+def continue_by_hand(model, cache, token: torch.Tensor, position: int) -> torch.Tensor:
+    """The stock model's logits for one more token reading a cache built without the engine."""
+    with torch.no_grad():
+        return model(input_ids=token, cache=cache, use_cache=True, position_ids=torch.tensor([[position]])).logits
+
+
+def predicted_kv(model, ids, predict) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Every late attention layer's K/V of every row computed from x̂_l (every row filled)."""
+    predicted = {}
+
+    def record(layer, k, v):
+        predicted[layer] = (k, v)
+        return k, v
+
+    reference(model, ids, SPLIT, torch.arange(ids.shape[1]), predict, map_split=False, kv=record)
+    return predicted
+
+
+def rescaled(predicted, part: str, c: int, prefix_end: int):
+    """value/key rescale (paper section 2.3) as a `reference` kv hook, with no selector (the filled rows are
+    the prefix): per KV head, the mean over the first c tail rows of |exact| / |predicted| (norms of that
+    part; `predicted_kv`), times the filled rows' part."""
+    side, rows = (1 if part == "values" else 0), torch.arange(prefix_end, prefix_end + c)
+
+    def kv(layer, k, v):
+        pair = [k, v]
+        ratio = pair[side][:, :, rows].norm(dim=-1) / predicted[layer][side][:, :, rows].norm(dim=-1)
+        pair[side][:, :, :prefix_end] *= ratio.mean(-1)[..., None, None]
+        return tuple(pair)
+
+    return kv
+
+
+def spliced(stock_pairs, part: str, prefix_end: int):
+    """A splice (paper section 6.6) as a `reference` kv hook: the filled rows' keys/values are the stock ones."""
+
+    def kv(layer, k, v):
+        if part in ("keys", "both"):
+            k[:, :, :prefix_end] = stock_pairs[layer][0][:, :, :prefix_end]
+        if part in ("values", "both"):
+            v[:, :, :prefix_end] = stock_pairs[layer][1][:, :, :prefix_end]
+        return k, v
+
+    return kv
+
+
+def substituted(held, filled: torch.Tensor):
+    """A `reference` kv hook that puts `held` K/V in the filled rows (RaReCache's mapped rows)."""
+
+    def kv(layer, k, v):
+        k[:, :, filled], v[:, :, filled] = held[layer][0][:, :, filled], held[layer][1][:, :, filled]
+        return k, v
+
+    return kv
+
+
 @pytest.mark.parametrize("family", registered_families())
 def test_every_public_path(family, tiny_model, tiny_model_dir, texts, tmp_path):
     model, tok = tiny_model(family)
@@ -97,26 +177,55 @@ def test_every_public_path(family, tiny_model, tiny_model_dir, texts, tmp_path):
         with pytest.raises(ArmError, match="fill=nofill leaves late layers with fewer rows"):
             RidgeFill(model, tok, fill="nofill", split=SPLIT, tail=TAIL)
         fills = ("ridge", "identity")
-    for fill in fills:
-        rf = RidgeFill(model, tok, fill=fill, maps=maps if fill == "ridge" else None, split=SPLIT, tail=TAIL)
+    stock = plain_prefill(model, ids)
+    predicts = {"ridge": affine(maps), "identity": split_state, "nofill": None}
+    for fill, map_split in [(fill, False) for fill in fills] + [("ridge", True)]:
+        rf = RidgeFill(model, tok, fill=fill, maps=maps if fill == "ridge" else None, split=SPLIT, tail=TAIL,
+                       map_split=map_split)
         result = rf.prefill(ids[:, :-1], held_back=1)
         check_result(result, n - 1, TAIL - 1)
-        assert torch.isfinite(rf.extend(result, ids[:, -1:])).all()
+        filled, cache = check_arm(model, ids[:, :-1], result, predicts[fill], map_split=map_split,
+                                  absent=fill == "nofill")
+        logits = rf.extend(result, ids[:, -1:])
+        if fill == "nofill":  # the reference cache holds the filled rows (masked): run prompt and token at once
+            want, cache = reference(model, ids, SPLIT, filled, absent=True)
+        else:
+            want = continue_by_hand(model, cache, ids[:, -1:], n - 1)
+        assert (want[:, -1] - stock.logits).abs().max() > 1e-3, fill  # the fill matters at this tolerance
+        torch.testing.assert_close(logits[:, -1], want[:, -1], rtol=0, atol=1e-4)
+        kept = torch.cat([result.exact_rows, torch.tensor([n - 1])]) if fill == "nofill" else None
+        assert_matches(result.cache, logits[:, -1], cache, want[:, -1], filled, SPLIT, kept=kept, bitwise=False,
+                       atol=1e-4)
     assert RidgeFill(model, tok, fill="ridge", maps=maps, tail=n).is_plain(n)
 
     # every selector of the registry
     for name, spec in SELECTOR_SPECS.items():
-        arm = RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, selector=spec)
+        arm = RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, selector=spec, map_split=False)
         result = arm.prefill(ids)
         check_result(result, n)
         if name not in ("longer_tail", "special", "lexical_net"):
             assert result.exact_rows.numel() > TAIL, name
+        check_arm(model, ids, result, affine(maps), map_split=False)
 
     # corrections and splices
-    for spec in ("value_rescale(c=4)", "key_rescale(c=4)"):
-        check_result(RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, corrections=spec).prefill(ids), n)
-    for splice in ("keys", "values", "both"):
-        check_result(RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, splice=splice).prefill(ids), n)
+    uncorrected = RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, map_split=False).prefill(ids)
+    predicted = predicted_kv(model, ids, affine(maps))
+    for part in ("values", "keys"):
+        spec = f"{part[:-1]}_rescale(c=4)"
+        result = RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, corrections=spec,
+                           map_split=False).prefill(ids)
+        check_result(result, n)
+        kv = rescaled(predicted, part, c=4, prefix_end=n - TAIL)
+        check_arm(model, ids, result, affine(maps), map_split=False, kv=kv, bitwise=False)
+        if part == "values":  # the correction did something (a QK-norm family's key norms are its norm weight's)
+            assert (result.logits - uncorrected.logits).abs().max() > 1e-4, spec
+    stock_pairs = stock_kv(model, ids)
+    for part in ("keys", "values", "both"):
+        result = RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, splice=part, map_split=False).prefill(ids)
+        check_result(result, n)
+        check_arm(model, ids, result, affine(maps), map_split=False, kv=spliced(stock_pairs, part, n - TAIL))
+        if part == "both" and not cls.linear_attention:  # exact keys and values everywhere: the exact arm
+            torch.testing.assert_close(result.logits, stock.logits, rtol=0, atol=FLOOR)
 
     # terminal state where the family has Gated DeltaNet layers
     recurrent = [i for i, layer in enumerate(decoder_layers(model)) if family_for(model.config).is_recurrent(layer)]
@@ -153,11 +262,27 @@ def test_every_public_path(family, tiny_model, tiny_model_dir, texts, tmp_path):
     source = AutoModelForCausalLM.from_pretrained(source_dir).eval()
     target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
     transfer, _ = fit_transfer(source, target, tok, tok, texts["calibration"], k=2, rank=8)
+    target_pairs = stock_kv(target, ids)
+    entries = dict(zip(SIDES, cache_entries(source, family_for(source.config), prefill_cache(source, ids))))
+    mapped = None
     for selector in TRANSFER_SELECTORS:
         rc = RaReCache(target, source, tok, maps=transfer, source_tokenizer=tok, rho=0.3, selector=selector)
         result = rc.prefill(ids)
-        assert torch.isfinite(result.logits).all(), selector
-        assert torch.isfinite(rc.extend(result, ids[:, -1:])).all(), selector
+        # the mapped rows hold the map's K/V of the source's stock cache at their own positions (not the target's
+        # own K/V); the recomputed rows and the logits are the stock target's reading them
+        split = layer_budget(0.3, len(target_pairs)) if selector == "layer-prefix" else 0
+        filled = filled_rows(result, n)
+        mapped = mapped or rc.mapper.map_prompt(entries, score=False)
+        held = {i: (layer.keys.clone(), layer.values.clone())
+                for i, layer in enumerate(result.cache.layers) if i >= split}
+        for index, (k, v) in held.items():
+            assert (k[:, :, filled] - target_pairs[index][0][:, :, filled]).abs().max() > 1e-3, (selector, index)
+            for got, want in zip((k, v), (mapped.keys[index], mapped.values[index])):
+                torch.testing.assert_close(got[:, :, filled], want[:, :, filled], rtol=0, atol=FLOOR)
+        kv = substituted(held, filled)
+        _, cache = check_arm(target, ids, result, None, map_split=False, kv=kv, split=split)
+        logits = rc.extend(result, ids[:, -1:])
+        torch.testing.assert_close(logits, continue_by_hand(target, cache, ids[:, -1:], n), rtol=0, atol=1e-4)
 
 
 HYBRIDS = [name for name in registered_families() if family_class(name).linear_attention]
