@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from lm_eval.api.model import LM
-
 from rf_eval.tasks import ruler_data
 from rf_eval.tasks.ruler_filled import balanced_order
 
@@ -24,23 +22,10 @@ def meta(model, task_data, **extra):
             "tail": 190, **extra}
 
 
-class Gold(LM):
-    """A stand-in lm-eval model: the gold answer on samples with an even index, a wrong one on the others."""
-
-    def generate_until(self, requests, disable_tqdm=False):
-        return [" ".join(r.doc["outputs"]) if r.doc["index"] % 2 == 0 else "no" for r in requests]
-
-    def loglikelihood(self, requests, disable_tqdm=False):
-        raise NotImplementedError
-
-    def loglikelihood_rolling(self, requests, disable_tqdm=False):
-        raise NotImplementedError
-
-
 def evaluate(th, task, limit, metadata):
     from lm_eval import simple_evaluate
 
-    out = simple_evaluate(model=Gold(), tasks=[task], limit=limit, log_samples=True, bootstrap_iters=0,
+    out = simple_evaluate(model=th.gold_lm(), tasks=[task], limit=limit, log_samples=True, bootstrap_iters=0,
                           task_manager=th.task_manager(metadata), verbosity="WARNING")
     return out["results"][task], out["samples"][task]
 

@@ -112,21 +112,10 @@ def test_ruler_filled_is_one_task_whose_acc_filled_pools_every_filled_sample(tin
     from statistics import mean
 
     from lm_eval import simple_evaluate
-    from lm_eval.api.model import LM
 
     tasks = ["niah_single_1", "niah_multikey_1", "niah_multivalue", "niah_multiquery"]
 
-    class Answers(LM):  # the gold answer on samples with an even index, a wrong one on the others
-        def generate_until(self, requests, disable_tqdm=False):
-            return [" ".join(r.doc["outputs"]) if r.doc["index"] % 2 == 0 else "no" for r in requests]
-
-        def loglikelihood(self, requests, disable_tqdm=False):
-            raise NotImplementedError
-
-        def loglikelihood_rolling(self, requests, disable_tqdm=False):
-            raise NotImplementedError
-
-    out = simple_evaluate(model=Answers(), tasks=["ruler_filled"], limit=40, log_samples=True, bootstrap_iters=0,
+    out = simple_evaluate(model=th.gold_lm(), tasks=["ruler_filled"], limit=40, log_samples=True, bootstrap_iters=0,
                           task_manager=th.task_manager(meta(tiny_llama, task_data, tail=190)), verbosity="WARNING")
     res, samples = out["results"]["ruler_filled"], out["samples"]["ruler_filled"]
     assert [s["doc"]["ruler_task"] for s in samples[:8]] == tasks * 2  # interleaved: --limit takes from each
