@@ -1,11 +1,13 @@
 """setup.py exists only to install `rf_eval_lm_eval.pth` (all other metadata is in pyproject.toml).
 
 The .pth file runs `rf_eval._startup` at interpreter start, which lets the
-plain `lm_eval` command find rf-eval's models and tasks (lm-eval 0.4.13 has no
-plugin entry points). A wheel installs files at its root into site-packages:
-`build_py` writes the .pth there for a regular install; for an editable
-install (PEP 660) setuptools builds the wheel from a "strategy" object, which
-is wrapped so that it writes the .pth too.
+plain `lm_eval` command find rf-eval's models and tasks where lm-eval does not
+discover them itself: 0.4.13 and 0.5.0.dev1 read no entry points (pyproject.toml
+declares the models' for the releases that do), and none reads a task folder
+from one. A wheel installs files at its root into site-packages: `build_py`
+writes the .pth there for a regular install; for an editable install (PEP 660)
+setuptools builds the wheel from a "strategy" object, which is wrapped so that
+it writes the .pth too.
 """
 
 from setuptools import setup

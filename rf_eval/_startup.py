@@ -1,12 +1,20 @@
-"""Make the plain `lm_eval` command find rf-eval's models and tasks (lm-eval 0.4.13 has no plugin entry points).
+"""Make the plain `lm_eval` command find rf-eval's models and tasks where lm-eval cannot discover them.
+
+pyproject.toml declares `ridgefill` and `rarecache` in the `lm_eval.models`
+entry-point group, which lm-eval reads from the release that carries
+EleutherAI/lm-evaluation-harness#4013 on (its `lm_eval.api.registry.load_plugins`).
+lm-eval 0.4.13 and 0.5.0.dev1 read no entry points, and no lm-eval reads a
+task folder from one; this hook fills both gaps.
 
 Imported at every interpreter start by `rf_eval_lm_eval.pth` (installed into
 site-packages by setup.py). It imports nothing but `sys` and `os` and only
 puts a small finder on `sys.meta_path`. When lm-eval itself later imports
 
-- `lm_eval.models`: the `ridgefill` (and future `rarecache`) models are
-  registered as lazy "module:Class" strings (lm-eval's registry loads them on
-  first use, so `lm_eval --model hf` never imports rf-eval code);
+- `lm_eval.models`: where lm-eval has no entry-point discovery, the
+  `ridgefill` and `rarecache` models are registered as lazy "module:Class"
+  strings (lm-eval's registry loads them on first use, so `lm_eval --model hf`
+  never imports rf-eval code); where it has discovery, the hook does nothing
+  and lm-eval finds the same two names through the entry points;
 - `lm_eval.tasks.manager`: every `TaskManager` also indexes the installed
   `rf_eval.tasks` folder (after lm-eval's own tasks and before --include_path);
 - `lm_eval.tasks._index`: with `RF_EVAL_TASK_INDEX_CACHE` set, the task index
@@ -21,16 +29,25 @@ from __future__ import annotations
 import os
 import sys
 
-# lm-eval model name -> "module:Class"; a new adapter adds one line here.
+# lm-eval model name -> "module:Class"; a new adapter adds one line here and one under
+# [project.entry-points."lm_eval.models"] in pyproject.toml (tests/test_packaging.py checks they agree).
 MODELS = {
     "ridgefill": "rf_eval.model_adapters.ridgefill:RidgeFillLM",
     "rarecache": "rf_eval.model_adapters.rarecache:RaReCacheLM",
 }
 
 
-def _register_models(module) -> None:
-    from lm_eval.api.registry import model_registry
+def has_model_discovery(registry) -> bool:
+    """Whether this lm-eval reads the `lm_eval.models` entry points itself (EleutherAI/lm-evaluation-harness#4013)."""
+    return callable(getattr(registry, "load_plugins", None))
 
+
+def _register_models(module) -> None:
+    from lm_eval.api import registry
+
+    if has_model_discovery(registry):  # our entry points serve: register nothing twice
+        return
+    model_registry = registry.model_registry
     for name, target in MODELS.items():
         if name not in model_registry:
             model_registry.register(name, target=target)
