@@ -8,6 +8,7 @@ rounded (paper section 3.4).
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -193,21 +194,39 @@ def render_markdown(summary: dict[str, Any]) -> str:
     return _render("report.md.j2", summary)
 
 
+def render_demo_table(summary: dict[str, Any]) -> str:
+    """The demo's one table (`rf-eval demo`, the README's first screen): per arm its filled-region needles
+    and their paired difference, and keytoken_nll's key-token and novel-token ΔNLL and KL, from the report."""
+    return _render("demo_table.md.j2", summary)
+
+
+def _json_value(x: Any) -> Any:
+    """numpy scalars and arrays as plain JSON values."""
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    raise TypeError(f"{type(x).__name__} is not JSON serializable")
+
+
 def write_reports(
     summary: dict[str, Any],
     *,
     html: str | Path | None = None,
     latex: str | Path | None = None,
     markdown: str | Path | None = None,
+    json_path: str | Path | None = None,
     latex_standalone: bool = False,
 ) -> list[Path]:
-    """Write each requested format; return the paths written (LaTeX: a fragment unless `latex_standalone`)."""
+    """Write each requested format; return the paths written (LaTeX: a fragment unless `latex_standalone`;
+    JSON: the summary itself, every figure the tables show, before rounding)."""
     written = []
 
     def tex(summary: dict[str, Any]) -> str:
         return render_latex(summary, standalone=latex_standalone)
 
-    for target, render in ((html, render_html), (latex, tex), (markdown, render_markdown)):
+    def as_json(summary: dict[str, Any]) -> str:
+        return json.dumps(summary, indent=1, default=_json_value) + "\n"
+
+    for target, render in ((html, render_html), (latex, tex), (markdown, render_markdown), (json_path, as_json)):
         if target is not None:
             path = Path(target)
             path.parent.mkdir(parents=True, exist_ok=True)

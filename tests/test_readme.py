@@ -28,7 +28,7 @@ something else.
 | ttft --lengths 9216 16384 --repeats 5 | 600 1100, --repeats 2 | time |
 
 The "Two commands" block is not run (it installs packages): its parts are
-checked against .ci/run and tests/test_demo.py. The "Adding a model family"
+checked against .ci/run and tests/demo/test_demo.py. The "Adding a model family"
 block is the shipped rf_eval/families/mistral.py, word for word, which the
 registry finds by itself and which is checked on a tiny Mistral model.
 """
@@ -146,7 +146,7 @@ def test_two_commands_are_what_ci_runs():
     assert demo == "rf-eval demo --quick"
     assert installs and all(part in ci for part in installs), installs
     assert 'rf-eval = "rf_eval.cli:main"' in (ROOT / "pyproject.toml").read_text()  # `python -m rf_eval` is the same
-    test_demo = (TESTS / "test_demo.py").read_text()
+    test_demo = (TESTS / "demo" / "test_demo.py").read_text()
     assert '"-m", "rf_eval", "demo", "--quick"' in test_demo
     assert re.search(r"@pytest\.mark\.slow\s+def test_quick_demo_runs_end_to_end", test_demo)
 

@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="leave out (with a note) tasks whose primary metric has no value on any item, "
                              "instead of failing")
     parser.add_argument("--markdown", metavar="FILE", help="also write Markdown tables")
+    parser.add_argument("--json", metavar="FILE",
+                        help="also write every figure of the report as JSON (what the tables are rendered from)")
     parser.add_argument(
         "--control",
         action="append",
@@ -143,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         head = ledger_head(args.ledger)
         summary["ledger_head"] = {"path": str(Path(args.ledger).resolve()), "hash": head.hash, "count": head.count}
     for path in write_reports(summary, html=args.html, latex=args.latex, markdown=args.markdown,
-                              latex_standalone=args.latex_standalone):
+                              json_path=args.json, latex_standalone=args.latex_standalone):
         print(f"wrote {path}")
     for note in summary["notes"]:
         print(f"note: {note}")

@@ -2,8 +2,10 @@
 
 The text is the documentation strings of the running Python's own standard library (PSF licence),
 gathered at run time with `inspect.getdoc` from a fixed list of modules in a fixed order; nothing is
-shipped in the repository. Modules are split between the two sets (every `HELDOUT_EVERY`-th module is
-held out), paragraphs repeated anywhere are kept once, so the sets share no text. Documents are packed
+shipped in the repository. Modules are split between three sets: every `HELDOUT_EVERY`-th module is
+held out, and the held-out modules alternate between `heldout` (text that chooses the ridge penalty) and
+`evaluation` (text the demo measures on, never fitted on and never used to choose anything); paragraphs
+repeated anywhere are kept once, so the sets share no text. Documents are packed
 from whole paragraphs to `min_tokens`..`max_tokens` tokens of the given tokenizer. The output is
 deterministic for one Python version and tokenizer; the manifest records both and each document's
 modules.
@@ -40,6 +42,7 @@ MODULES = (
     "weakref", "xml.dom.minidom", "xml.etree.ElementTree", "xml.sax", "zipfile", "zlib", "zoneinfo",
 )
 HELDOUT_EVERY = 4
+SETS = ("calibration", "heldout", "evaluation")
 SEPARATOR = "\n\n"
 
 
@@ -49,10 +52,12 @@ def write_demo_corpus(
     n_heldout: int,
     tokenizer: Any = None,
     *,
+    n_evaluation: int = 0,
     min_tokens: int = 2000,
     max_tokens: int = 4000,
 ) -> dict:
-    """Write `calibration.jsonl` and `heldout.jsonl` (one `{"text": ...}` per line) and `manifest.json`.
+    """Write `calibration.jsonl`, `heldout.jsonl` and `evaluation.jsonl` (one `{"text": ...}` per line; a
+    set asked for 0 documents writes no file) and `manifest.json`.
 
     `tokenizer` (a `transformers` tokenizer) defaults to the demo model's. Returns the manifest: per
     document its modules, token count and sha256, plus the Python version and the modules used.
@@ -68,13 +73,12 @@ def write_demo_corpus(
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     units = list(_paragraphs())
-    pools = {"calibration": [], "heldout": []}
+    pools: dict[str, list[tuple[str, str]]] = {name: [] for name in SETS}
     modules_seen: list[str] = []
     for module, text in units:
         if module not in modules_seen:
             modules_seen.append(module)
-        which = "heldout" if modules_seen.index(module) % HELDOUT_EVERY == HELDOUT_EVERY - 1 else "calibration"
-        pools[which].append((module, text))
+        pools[_set_of(modules_seen.index(module))].append((module, text))
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -85,22 +89,28 @@ def write_demo_corpus(
         "min_tokens": min_tokens,
         "max_tokens": max_tokens,
     }
-    for name, wanted in (("calibration", n_calibration), ("heldout", n_heldout)):
+    for name, wanted in zip(SETS, (n_calibration, n_heldout, n_evaluation)):
         docs = list(_pack(pools[name], count, min_tokens, max_tokens, wanted))
         if len(docs) < wanted:
             raise ValueError(
                 f"the standard library's docstrings give only {len(docs)} {name} documents of "
                 f"{min_tokens}-{max_tokens} tokens; asked for {wanted}"
             )
-        with open(out / f"{name}.jsonl", "w", encoding="utf-8") as f:
-            for doc in docs:
-                f.write(json.dumps({"text": doc["text"]}, ensure_ascii=False) + "\n")
+        if wanted:
+            with open(out / f"{name}.jsonl", "w", encoding="utf-8") as f:
+                for doc in docs:
+                    f.write(json.dumps({"text": doc["text"]}, ensure_ascii=False) + "\n")
         manifest[name] = [{k: v for k, v in doc.items() if k != "text"} for doc in docs]
-    manifest["modules"] = {
-        name: sorted({m for doc in manifest[name] for m in doc["modules"]}) for name in ("calibration", "heldout")
-    }
+    manifest["modules"] = {name: sorted({m for doc in manifest[name] for m in doc["modules"]}) for name in SETS}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def _set_of(module_index: int) -> str:
+    """The set a module's paragraphs go to, by the module's order of first appearance."""
+    if module_index % HELDOUT_EVERY != HELDOUT_EVERY - 1:
+        return "calibration"
+    return "heldout" if (module_index // HELDOUT_EVERY) % 2 == 0 else "evaluation"
 
 
 def _pack(

@@ -26,6 +26,8 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
+from rf_eval.ridgefill.ridge import LAMBDA_GRID
+
 log = logging.getLogger(__name__)
 
 # 3/5 depth of the demo model's 30 layers. The recipe asks for half depth or deeper on a model without
@@ -47,34 +49,78 @@ class DemoSettings:
     keytoken_context: int
     calibration_docs: int
     heldout_docs: int
-    lambdas: tuple[float, ...] = (0.01, 0.03, 0.1)
+    lambdas: tuple[float, ...] = LAMBDA_GRID
+    chat_copies: bool = False
+    keytoken_tokens: tuple[int, int] = (1000, 1400)  # the keytoken documents' length range
 
 
+#: Bumped when the demo corpus's split into sets changes (cached maps keyed by it are refitted).
+CORPUS_VERSION = 2
 STUDY_FILE = "demo_study.yaml"  # the arms, tasks and reference; sizes and run-time paths are its placeholders
 
 
 def settings(quick: bool) -> DemoSettings:
+    """The demo's sizes. Both share one set of maps: 24 calibration documents (about 36K rows) and the
+    ridge penalty chosen from the paper's nine-value grid on 4 held-out documents, the smallest set that
+    kept every filled needle identity keeps at both sizes in the sweep (`benchmarks/demo_sweep.py`: 3
+    documents at lambda 0.03, the quick demo's maps before, lost 2 of 6). Key tokens need the context
+    beyond the last `keytoken_context` tokens, the tail: what the fill replaces (section 3.1)."""
+    maps = dict(calibration_docs=24, heldout_docs=4)
     if quick:
         return DemoSettings(lengths=(1024,), tail=256, ruler_tasks=("niah_single_1_filled",),
-                            samples_per_length=3, keytoken_docs=1, keytoken_score=128, keytoken_context=256,
-                            calibration_docs=3, heldout_docs=1, lambdas=(0.03,))
+                            samples_per_length=3, keytoken_docs=4, keytoken_score=256, keytoken_context=256,
+                            **maps)
     return DemoSettings(lengths=(1024, 2048), tail=512,
                         # niah_single_1 is the ruler_filled task the 135M model can do: the other offline
                         # ones (multikey_2/3) scored 50% and 0% on the exact arm at 2,048 tokens, and the
                         # rest read the Paul Graham essays (pass essay_haystack= to lm_eval for them)
                         ruler_tasks=("niah_single_1_filled",),
-                        samples_per_length=6, keytoken_docs=2, keytoken_score=256, keytoken_context=512,
-                        calibration_docs=6, heldout_docs=2)
+                        samples_per_length=6, keytoken_docs=8, keytoken_score=256, keytoken_context=512,
+                        keytoken_tokens=(1500, 2000), **maps)
 
 
-def demo_maps(model_dir: Path, s: DemoSettings, progress: bool = True) -> Path:
-    """The demo's maps, fitted once per (model, corpus size, lambdas) and cached atomically."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def fit_demo_maps(model, tokenizer, out: Path, *, calibration_docs: int, heldout_docs: int, chat_copies: bool,
+                  lambdas: tuple[float, ...], split: int = SPLIT, progress: bool = True) -> Path:
+    """Fit maps for `split` on the demo corpus into `out` (its text in `out/corpus`); returns `out`.
 
+    With `chat_copies`, every calibration document is also captured as one chat turn in the model's chat
+    template, as the paper's Flash-Next maps add chat-formatted copies (appendix G): the demo's prompts
+    are chat turns. Several `lambdas`: chosen on the held-out documents (section 2.2).
+    """
     from rf_eval.demo.corpus import write_demo_corpus
     from rf_eval.ridgefill.fitting import fit_maps
 
-    key = f"{model_dir.name}-s{SPLIT}-c{s.calibration_docs}-h{s.heldout_docs}-l{'_'.join(map(str, s.lambdas))}"
+    corpus = out / "corpus"
+    manifest = write_demo_corpus(corpus, calibration_docs, heldout_docs, tokenizer, min_tokens=1000,
+                                 max_tokens=2000)
+    log.info("demo corpus: %d calibration, %d held-out documents from %d modules",
+             len(manifest["calibration"]), len(manifest["heldout"]), len(manifest["modules"]["calibration"]))
+    calibration = [corpus / "calibration.jsonl"]
+    if chat_copies:
+        calibration.append(_chat_copies(tokenizer, corpus / "calibration.jsonl", corpus / "calibration_chat.jsonl"))
+    heldout = [corpus / "heldout.jsonl"] if len(lambdas) > 1 else []
+    fit_maps(model, tokenizer, splits=[split], calibration=calibration, heldout=heldout, lambdas=list(lambdas),
+             out=out, progress=progress)
+    return out
+
+
+def _chat_copies(tokenizer, source: Path, target: Path) -> Path:
+    """Each document of `source` (JSONL) as one user turn in the tokenizer's chat template."""
+    with open(source, encoding="utf-8") as f, open(target, "w", encoding="utf-8") as g:
+        for line in f:
+            text = json.loads(line)["text"]
+            chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False)
+            g.write(json.dumps({"text": chat}, ensure_ascii=False) + "\n")
+    return target
+
+
+def demo_maps(model_dir: Path, s: DemoSettings, progress: bool = True) -> Path:
+    """The demo's maps, fitted once per (model, corpus size, chat copies, lambdas) and cached atomically."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    lams = "_".join(map(str, s.lambdas)) if len(s.lambdas) <= 3 else f"grid{len(s.lambdas)}"
+    key = (f"{model_dir.name}-s{SPLIT}-c{s.calibration_docs}{'-chat' if s.chat_copies else ''}"
+           f"-h{s.heldout_docs}-l{lams}-v{CORPUS_VERSION}")
     final = model_dir.parent.parent / "demo-maps" / key
     if (final / f"ridgefill_split{SPLIT}.safetensors").is_file():
         return final
@@ -82,14 +128,9 @@ def demo_maps(model_dir: Path, s: DemoSettings, progress: bool = True) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        corpus = write_demo_corpus(tmp / "corpus", s.calibration_docs, s.heldout_docs, tokenizer,
-                                   min_tokens=1000, max_tokens=2000)
-        log.info("demo corpus: %d calibration, %d held-out documents from %d modules",
-                 len(corpus["calibration"]), len(corpus["heldout"]), len(corpus["modules"]["calibration"]))
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32").eval()
-        heldout = [tmp / "corpus" / "heldout.jsonl"] if len(s.lambdas) > 1 else []
-        fit_maps(model, tokenizer, splits=[SPLIT], calibration=[tmp / "corpus" / "calibration.jsonl"],
-                 heldout=heldout, lambdas=list(s.lambdas), out=tmp, progress=progress)
+        fit_demo_maps(model, tokenizer, tmp, calibration_docs=s.calibration_docs, heldout_docs=s.heldout_docs,
+                      chat_copies=s.chat_copies, lambdas=s.lambdas, progress=progress)
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -125,23 +166,24 @@ def demo_defaults(args: dict) -> dict:
 
 
 def keytoken_docs_dir(model_dir: Path, out: Path, s: DemoSettings) -> Path:
-    """Long documents for keytoken_nll: held-out docstring text (never fitted on)."""
+    """Long documents for keytoken_nll: the corpus's evaluation text (never fitted on, never used to choose
+    lambda)."""
     from transformers import AutoTokenizer
 
     from rf_eval.demo.corpus import write_demo_corpus
 
     folder = out / "keytoken_docs"
-    if not (folder / "heldout.jsonl").is_file():
+    if not (folder / "evaluation.jsonl").is_file():
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        write_demo_corpus(folder, 0, s.keytoken_docs, tokenizer, min_tokens=1000, max_tokens=1400)
-        (folder / "calibration.jsonl").unlink(missing_ok=True)
+        lo, hi = s.keytoken_tokens
+        write_demo_corpus(folder, 0, 0, tokenizer, n_evaluation=s.keytoken_docs, min_tokens=lo, max_tokens=hi)
     return folder
 
 
 def render_study(out: Path, s: DemoSettings, model_dir: Path, maps: Path, docs: Path) -> Path:
     """Write the built-in study file into OUT with this run's paths and sizes filled in; returns its path."""
-    samples = {task: [i * 500 + j for i in range(len(s.lengths)) for j in range(s.samples_per_length)]
-               for task in s.ruler_tasks}
+    # RULER docs come one per length in turn (tasks/ruler_filled.py `balanced_order`): the first k*n are n of each of k lengths
+    samples = {task: list(range(len(s.lengths) * s.samples_per_length)) for task in s.ruler_tasks}
     samples["keytoken_nll"] = list(range(s.keytoken_docs))
     values = {"model": str(model_dir), "maps": str(maps), "docs": str(docs), "tasks": [*s.ruler_tasks, "keytoken_nll"],
               "lengths": list(s.lengths), "tail": s.tail, "score_tokens": s.keytoken_score,
@@ -152,14 +194,28 @@ def render_study(out: Path, s: DemoSettings, model_dir: Path, maps: Path, docs: 
     return path
 
 
-def run_demo(out: Path, quick: bool = False) -> Path:
-    """Run the whole demo; returns the report's path."""
+def caption(s: DemoSettings, quick: bool) -> str:
+    """What the demo's table shows, in words, from its settings (the table's first line)."""
+    lengths = " and ".join(f"{n:,}" for n in s.lengths)
+    return (f"`rf-eval demo{' --quick' if quick else ''}`: SmolLM2-135M-Instruct, split {SPLIT} of 30, tail "
+            f"{s.tail}; {s.samples_per_length} samples of `{s.ruler_tasks[0]}` per length at {lengths} tokens "
+            f"(the table counts those whose needles lie in the filled region); `keytoken_nll` on "
+            f"{s.keytoken_docs} held-out documents, the last {s.keytoken_score} tokens of each scored, key "
+            f"tokens those that need the context beyond the last {s.keytoken_context}.")
+
+
+def run_demo(out: Path, quick: bool = False, readme: Path | None = None) -> Path:
+    """Run the whole demo; returns the report's path. `readme`: also rewrite that file's demo table block
+    for this size (`rf_eval.demo.table`), checked before anything runs."""
     from rf_eval.cli import main as cli
     from rf_eval.demo.model import demo_model_dir
+    from rf_eval.demo.table import readme_block, replace_block, write_table
     from rf_eval.study.launch import LocalLauncher
     from rf_eval.study.runner import report_argv, run_study
     from rf_eval.study.spec import load_study
 
+    if readme is not None and readme_block(readme.read_text(encoding="utf-8"), quick) is None:
+        replace_block(readme, "", quick)  # raises, naming the markers to add
     t0 = time.perf_counter()
     s = settings(quick)
     out = out.resolve()
@@ -191,5 +247,10 @@ def run_demo(out: Path, quick: bool = False) -> Path:
     html = out / "report.html"
     if cli(report_argv(study, out, out / "ledger.jsonl")) != 0:
         raise RuntimeError("rf-eval report failed")
+    table = write_table(out, caption(s, quick))
+    print(f"\n{table}")
+    if readme is not None:
+        replace_block(readme, table, quick, report=out / "report.json")
+        print(f"wrote the table into {readme}")
     print(f"done in {time.perf_counter() - t0:.0f}s; report: {html}")
     return html

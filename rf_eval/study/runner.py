@@ -291,7 +291,7 @@ def report_argv(study: Study, out: Path, ledger: Path) -> list[str]:
     measures (`rf_eval.stats.measures`: keytoken_nll's key- and novel-token ΔNLL, gap and KL; acc_filled)."""
     argv = ["report", *[str(arm_folder(study, out, a)) for a in study.arms], "--reference", study.reference,
             "--margin", str(study.margin), "--html", str(out / "report.html"), "--latex", str(out / "report.tex"),
-            "--markdown", str(out / "report.md")]
+            "--markdown", str(out / "report.md"), "--json", str(out / "report.json")]
     if ledger.is_file():
         argv += ["--ledger", str(ledger)]
     for selected, controls in study.controls.items():
