@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 
 from rf_eval.cli import UserError
+from rf_eval.demo.cache_lock import building
 
 logger = logging.getLogger(__name__)
 
@@ -113,9 +114,20 @@ def demo_model_dir(cache_dir: str | Path | None = None, *, log: logging.Logger |
     source_sha = _source_sha256(source)
     root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
     final = root / "demo-model" / f"smollm2-135m-instruct-{source_sha[:12]}-f{FORMAT}"
+    if final.exists() and verify_folder(final, source_sha):
+        return final
+    with building(final):  # a second process waits here, then finds the first one's folder
+        _convert_into(final, source, source_sha, log)
+    if not verify_folder(final, source_sha):
+        raise RuntimeError(f"the converted demo model in {final} does not match its own manifest")
+    return final
+
+
+def _convert_into(final: Path, source: Path, source_sha: str, log: logging.Logger) -> None:
+    """Convert the GGUF file into `final` unless a sound folder is there (the caller holds the lock)."""
     if final.exists():
         if verify_folder(final, source_sha):
-            return final
+            return
         log.warning("demo model cache %s failed its checksum check; converting again", final)
         _discard(final)
     _check_readers()
@@ -135,9 +147,6 @@ def demo_model_dir(cache_dir: str | Path | None = None, *, log: logging.Logger |
     except BaseException:
         _discard(tmp)
         raise
-    if not verify_folder(final, source_sha):
-        raise RuntimeError(f"the converted demo model in {final} does not match its own manifest")
-    return final
 
 
 def resolve_pretrained(name: str | None, *, log: logging.Logger | None = None) -> str:

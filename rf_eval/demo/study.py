@@ -26,6 +26,7 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
+from rf_eval.demo.cache_lock import building
 from rf_eval.ridgefill.ridge import LAMBDA_GRID
 
 log = logging.getLogger(__name__)
@@ -122,19 +123,22 @@ def demo_maps(model_dir: Path, s: DemoSettings, progress: bool = True) -> Path:
     key = (f"{model_dir.name}-s{SPLIT}-c{s.calibration_docs}{'-chat' if s.chat_copies else ''}"
            f"-h{s.heldout_docs}-l{lams}-v{CORPUS_VERSION}")
     final = model_dir.parent.parent / "demo-maps" / key
-    if (final / f"ridgefill_split{SPLIT}.safetensors").is_file():
+    done = final / f"ridgefill_split{SPLIT}.safetensors"
+    if done.is_file():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32").eval()
-        fit_demo_maps(model, tokenizer, tmp, calibration_docs=s.calibration_docs, heldout_docs=s.heldout_docs,
-                      chat_copies=s.chat_copies, lambdas=s.lambdas, progress=progress)
-        os.rename(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with building(final):  # a second process waits here, then finds the first one's maps
+        if done.is_file():
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32").eval()
+            fit_demo_maps(model, tokenizer, tmp, calibration_docs=s.calibration_docs, heldout_docs=s.heldout_docs,
+                          chat_copies=s.chat_copies, lambdas=s.lambdas, progress=progress)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return final
 
 
