@@ -26,10 +26,13 @@ around that call:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import json
 import random
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,7 +67,18 @@ class RulerDataError(RuntimeError):
 
 
 def _ruler_module(name: str):
-    return importlib.import_module(f"lm_eval.tasks.ruler.{name}")
+    """lm-eval's RULER module `name`. Importing `prepare_niah` (which `niah_utils` does) downloads nltk's
+    `punkt_tab` when it is missing; offline (HF_HUB_OFFLINE) that waits for the network to refuse, 14 s
+    per `lm_eval` process here, then prints "Downloaded punkt_tab" though nothing was. Offline, the
+    import runs with nltk's downloader off and that line unprinted; the tasks that need the model (the
+    essay haystack) call `check_punkt`, which says what is missing and how to get it."""
+    module = f"lm_eval.tasks.ruler.{name}"
+    if module in sys.modules or not _offline():
+        return importlib.import_module(module)
+    import nltk
+
+    with _patched(nltk, "download", lambda *args, **kwargs: False), contextlib.redirect_stdout(io.StringIO()):
+        return importlib.import_module(module)
 
 
 def load_essays(path: str | Path) -> list[str]:
