@@ -6,12 +6,20 @@
 #
 # `.ci/floors.py` writes the pins (a pip constraints file) from pyproject's `>=` bounds. torch is pinned
 # to 2.13.0, the one CPU wheel this machine has, not to its floor (see the comment in pyproject.toml).
-# FLOORS_VENV names the environment's folder (default build/floors-venv, removed when the run passes);
-# FLOORS_KEEP=1 keeps it.
+# Everything happens in a copy of the checkout's files (git's tracked and unignored ones) in a fresh
+# folder, FLOORS_DIR (default: a new temporary folder, removed when the run passes; FLOORS_KEEP=1 keeps
+# it): the editable install's metadata and the tests' outputs never touch the checkout, so .ci/run can
+# run this beside the main suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
-venv=${FLOORS_VENV:-build/floors-venv}
+work=${FLOORS_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/rf-eval-floors.XXXXXX")}
+mkdir -p "$work/src"
+git ls-files -z --cached --others --exclude-standard \
+  | tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -xf - -C "$work/src"
+cd "$work/src"
+[ -f pyproject.toml ] || { echo "floors: could not copy the checkout into $work/src"; exit 1; }
+venv=$work/venv
 extras=demo,serve,cluster,test
 
 # The subset, in one place: engine invariants on two families (an attention-only and a hybrid one),
@@ -56,7 +64,8 @@ if wrong:
     sys.exit("floors: not installed at the pinned version: " + ", ".join(wrong))
 print("floors:", " ".join(f"{name}=={got[name]}" for name, _ in pins))
 EOF
-  python -m pytest -q -p no:cacheprovider --durations=5 "${TESTS[@]}"
+  python -m pytest -q -p no:cacheprovider --basetemp "$work/pytest" --durations=5 "${TESTS[@]}"
 )
-[ "${FLOORS_KEEP:-}" = 1 ] || rm -rf "$venv"
+cd /
+[ "${FLOORS_KEEP:-}" = 1 ] || rm -rf "$work"
 echo "floors: passed in $((SECONDS - started)) s"

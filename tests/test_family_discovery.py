@@ -113,7 +113,8 @@ def test_a_new_family_module_runs_every_engine_invariant_with_no_other_edit(tmp_
     (tmp_path / f"{THROWAWAY}.py").write_text(textwrap.dedent(THROWAWAY_MODULE).lstrip())
     env = dict(os.environ, **{families.FAMILY_PATH_ENV: str(tmp_path)}, OMP_NUM_THREADS="1")
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "tests/test_engine.py", "-k", THROWAWAY],
+        [sys.executable, "-m", "pytest", "-v", "-n0", "-p", "no:cacheprovider", "tests/test_engine.py", "-k",
+             THROWAWAY],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
