@@ -94,3 +94,22 @@ def run_in_gloo_processes():
         return outputs
 
     return run
+
+
+#: (module, the folder after whose tests it runs): modules that read what an earlier module's run builds
+#: and would otherwise wait for it at the start. The demo quality tests read the demo maps that the quick
+#: demo test's run fits (one process fits, the others wait: rf_eval.demo.cache_lock); after the adapter
+#: tests, their worker has done other modules meanwhile instead of waiting minutes on the lock.
+RUN_AFTER = {"tests/demo/test_quality.py": "tests/model_adapters/"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Move each RUN_AFTER module behind its folder's tests; every xdist worker collects the same order."""
+    for module, after in RUN_AFTER.items():
+        moved = [item for item in items if item.nodeid.split("::")[0] == module]
+        if not moved:
+            continue
+        rest = [item for item in items if item.nodeid.split("::")[0] != module]
+        anchors = [i for i, item in enumerate(rest) if item.nodeid.startswith(after)]
+        at = anchors[-1] + 1 if anchors else len(rest)
+        items[:] = rest[:at] + moved + rest[at:]

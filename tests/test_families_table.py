@@ -32,3 +32,17 @@ def test_the_command_prints_and_rewrites(tmp_path, capsys):
     readme.write_text(f"# x\n\n{BEGIN}\nstale\n{END}\n\nafter\n")
     assert main(["families", "--readme", str(readme)]) == 0
     assert readme.read_text() == f"# x\n\n{BEGIN}\n{table()}{END}\n\nafter\n"
+
+
+def test_the_command_prints_no_third_party_warning():
+    """gpt_oss's default config makes transformers warn about its YaRN factor; the table's reader runs no
+    model, so `rf-eval families` writes the table and nothing on stderr."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONWARNINGS="default")
+    done = subprocess.run([sys.executable, "-m", "rf_eval", "families"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout == table()
+    assert done.stderr == "", done.stderr
