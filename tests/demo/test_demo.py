@@ -4,7 +4,6 @@ report; then one arm again from scratch, whose samples must come out file for fi
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,18 +43,9 @@ def _samples(out: Path) -> dict[str, str]:
     return {f"{f.parts[-3]}/{f.name.split('_20')[0]}": f.read_text() for f in files}
 
 
-def _user_env() -> dict[str, str]:
-    """The environment without the test worker's thread share (tests/conftest.py): the demo runs on the
-    threads a user's command gets, the ones the README's table was measured on."""
-    env = dict(os.environ)
-    if env.pop("RF_EVAL_TESTS_THREAD_SHARE", None):
-        env.pop("OMP_NUM_THREADS", None)
-    return env
-
-
 def _demo(out: Path) -> subprocess.CompletedProcess:
     done = subprocess.run([sys.executable, "-m", "rf_eval", "demo", "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=1800, env=_user_env())
+                          capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (out / "report.html").is_file() and (out / "report.md").is_file() and "report:" in done.stdout
     return done
