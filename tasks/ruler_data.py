@@ -26,7 +26,6 @@ around that call:
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import io
 import json
@@ -34,7 +33,7 @@ import random
 import re
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -67,17 +66,18 @@ class RulerDataError(RuntimeError):
 
 
 def _ruler_module(name: str):
-    """lm-eval's RULER module `name`. Importing `prepare_niah` (which `niah_utils` does) downloads nltk's
-    `punkt_tab` when it is missing; offline (HF_HUB_OFFLINE) that waits for the network to refuse, 14 s
-    per `lm_eval` process here, then prints "Downloaded punkt_tab" though nothing was. Offline, the
-    import runs with nltk's downloader off and that line unprinted; the tasks that need the model (the
-    essay haystack) call `check_punkt`, which says what is missing and how to get it."""
+    """lm-eval's RULER module `name`. Importing `prepare_niah` (which `niah_utils` does) asks nltk to
+    download `punkt_tab` when it is missing; offline (HF_HUB_OFFLINE) the network refuses, nltk prints
+    its error, and lm-eval prints "Downloaded punkt_tab" though nothing was. Offline, the import runs
+    with nltk's downloader off and that line unprinted; the tasks that need the model (the essay
+    haystack) call `check_punkt`, which says what is missing and how to get it. (The import's 12-13 s
+    here are lm-eval's own word list, built at import, not the download.)"""
     module = f"lm_eval.tasks.ruler.{name}"
     if module in sys.modules or not _offline():
         return importlib.import_module(module)
     import nltk
 
-    with _patched(nltk, "download", lambda *args, **kwargs: False), contextlib.redirect_stdout(io.StringIO()):
+    with _patched(nltk, "download", lambda *args, **kwargs: False), redirect_stdout(io.StringIO()):
         return importlib.import_module(module)
 
 
