@@ -18,7 +18,11 @@ puts a small finder on `sys.meta_path`. When lm-eval itself later imports
 - `lm_eval.tasks.manager`: every `TaskManager` also indexes the installed
   `rf_eval.tasks` folder (after lm-eval's own tasks and before --include_path);
 - `lm_eval.tasks._index`: with `RF_EVAL_TASK_INDEX_CACHE` set, the task index
-  is read from a disk cache while no YAML file changed (`rf_eval.task_index_cache`).
+  is read from a disk cache while no YAML file changed (`rf_eval.task_index_cache`);
+- `lm_eval.evaluator`: `simple_evaluate` first checks that rf-eval's tasks can
+  get their data, before it loads the model (`rf_eval.tasks.data.preflight`),
+  and under the `lm_eval` command an rf-eval `UserError` prints as one line
+  (`rf_eval.errors`).
 
 Any failure is swallowed: this module must never break an unrelated start.
 Set RF_EVAL_NO_LM_EVAL_HOOK=1 to switch it off.
@@ -87,10 +91,17 @@ def _cache_task_index(module) -> None:
     wrap_build(module)
 
 
+def _check_data_first(module) -> None:
+    from rf_eval.tasks.data import check_before_model
+
+    check_before_model(module)
+
+
 _HOOKS = {
     "lm_eval.models": _register_models,
     "lm_eval.tasks.manager": _add_tasks_folder,
     "lm_eval.tasks._index": _cache_task_index,  # only when RF_EVAL_TASK_INDEX_CACHE names a folder
+    "lm_eval.evaluator": _check_data_first,
 }
 
 

@@ -50,6 +50,7 @@ from typing import Any
 
 from lm_eval.api.task import ConfigurableTask
 
+from rf_eval.errors import UserError
 from rf_eval.tasks import request_types, token_masks
 from rf_eval.tasks.common import (
     as_bool,
@@ -78,7 +79,7 @@ def documents_folder(metadata: dict | None, task: str) -> str:
     return path
 
 
-class KeyTokenDataError(RuntimeError):
+class KeyTokenDataError(UserError, RuntimeError):
     """Missing documents or an unusable key-token reference."""
 
 

@@ -23,7 +23,9 @@ them the task uses prompts written for this project with the same placeholders
 
 Data: metadata `data`, a local copy of the dataset's JSON (a list of items
 with `_id`, `domain`, `sub_domain`, `difficulty`, `length`, `question`,
-`choice_A`..`choice_D`, `answer`, `context`), or the same items as .jsonl.
+`choice_A`..`choice_D`, `answer`, `context`), or the same items as .jsonl;
+else `longbench_v2.json` in the data folder that `rf-eval fetch-data --tasks
+longbench_v2_cot` writes (metadata `data_dir` or RF_EVAL_DATA; `rf_eval.tasks.data`).
 
 Metrics: `acc` overall, by difficulty (`acc_easy`, `acc_hard`), by length
 (`acc_short`, `acc_medium`, `acc_long`) and by domain (`acc_domain_<name>`);
@@ -40,8 +42,10 @@ from typing import Any
 
 from lm_eval.api.task import ConfigurableTask
 
+from rf_eval.errors import UserError
 from rf_eval.tasks import request_types
 from rf_eval.tasks.common import mean_present, metric_list, option, strip_task_keys, tokenizer_from
+from rf_eval.tasks.data import local_copy
 
 DATA_OPTION = "data"
 PROMPTS_OPTION = "prompts_dir"
@@ -81,17 +85,16 @@ Based on that reasoning, give the final choice as "The correct answer is (X)", w
 DOC_LEFT_OUT = "(The document is left out here.)"
 
 
-class LongBenchDataError(RuntimeError):
+class LongBenchDataError(UserError, RuntimeError):
     """Missing dataset file or prompt files."""
 
 
 def load_items(path: str | Path | None) -> list[dict[str, Any]]:
     """LongBench v2 items from a local JSON list or .jsonl file."""
     if not path:
-        raise LongBenchDataError(
-            f"longbench_v2_cot reads the dataset from a local file: pass --metadata "
-            f"'{{\"{DATA_OPTION}\": \"/path/to/LongBench-v2/data.json\"}}'"
-        )
+        from rf_eval.tasks.data import missing_message, why_missing
+
+        raise LongBenchDataError(missing_message("longbench_v2_cot", ["longbench_v2"], why_missing(["longbench_v2"])))
     p = Path(path).expanduser()
     if not p.is_file():
         raise LongBenchDataError(f"{DATA_OPTION}: {p} does not exist")
@@ -179,7 +182,7 @@ class LongBenchCoTTask(ConfigurableTask):
         cfg["metadata"] = {**meta, **provenance}
         if provenance["prompt_wording"] == UNOFFICIAL:
             cfg["task_alias"] = f"{cfg['task']} ({UNOFFICIAL})"
-        self.items = load_items(meta.get(DATA_OPTION))
+        self.items = load_items(local_copy("longbench_v2", meta))  # `data`, else the data folder's copy
         self.domains = sorted({item["domain"] for item in self.items})
         cfg["metric_list"] = metric_list(self.metric_spec())
         cfg["process_results"] = self.process_results

@@ -11,9 +11,11 @@ around that call:
   sentence model (which the essay tasks need) is downloaded by lm-eval's own
   `download_nltk_resources` when it is missing. A local copy in metadata
   `essay_haystack` is read instead of downloading (offline use), and the QA
-  tasks' source JSON from `squad_json` / `hotpotqa_json` when given. When the
+  tasks' source JSON from `squad_json` / `hotpotqa_json` when given; else
+  the copies `rf-eval fetch-data` wrote into the data folder
+  (`rf_eval.tasks.data`: metadata `data_dir` or RF_EVAL_DATA). When the
   download fails (offline, `HF_HUB_OFFLINE=1`), the task stops with an error
-  naming the local option.
+  naming the fetch command and the local option.
 - Fixed seeds. lm-eval's generators draw from the global `random` and
   `numpy.random` states, so the samples of a task depend on whatever ran before
   it in the process (other tasks of a group, a model that drew numbers). The
@@ -37,6 +39,8 @@ from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from typing import Any
 
+from rf_eval.errors import UserError
+
 # lm-eval task name -> (module in lm_eval.tasks.ruler, dataset function, needle kind, answer budget)
 RULER_TASKS: dict[str, tuple[str, str, str, int]] = {
     "niah_single_1": ("niah_utils", "niah_single_1", "niah", 128),
@@ -54,6 +58,9 @@ RULER_TASKS: dict[str, tuple[str, str, str, int]] = {
     "ruler_qa_hotpot": ("qa_utils", "get_hotpotqa", "qa", 32),
 }
 
+#: tasks whose haystack is the Paul Graham essays (lm-eval's `get_haystack(type_haystack="essay")`), which
+#: need the essays and nltk's punkt_tab (`rf_eval.tasks.data`)
+ESSAY_HAYSTACK = ("niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "niah_multiquery")
 #: tasks whose haystack is made of needle sentences (the generator inserts one needle, the queried one)
 NEEDLE_HAYSTACK = ("niah_multikey_2", "niah_multikey_3")
 ESSAY_OPTION = "essay_haystack"
@@ -61,7 +68,7 @@ DEFAULT_SEED = 0  # lm-eval's default python seed (`--seed` 0,1234,1234,1234)
 DEFAULT_NUMPY_SEED = 1234
 
 
-class RulerDataError(RuntimeError):
+class RulerDataError(UserError, RuntimeError):
     """A RULER task cannot build its samples (missing local data, tokenizer, nltk model)."""
 
 
@@ -113,15 +120,17 @@ def essay_haystack(path: str | Path) -> list[str]:
 
 
 def _offline() -> bool:
-    import os
+    from rf_eval.tasks.data import offline
 
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    return offline()
 
 
-def check_punkt() -> None:
+def check_punkt(task: str = "the essay-haystack RULER tasks") -> None:
     """The essay haystack is split into sentences by nltk's `punkt_tab` model. When it is
     missing, lm-eval's own downloader fetches it (skipped when HF_HUB_OFFLINE is set)."""
     import nltk
+
+    from rf_eval.tasks.data import missing_message
 
     try:
         nltk.data.find("tokenizers/punkt_tab/english/")
@@ -136,11 +145,7 @@ def check_punkt() -> None:
     try:
         nltk.data.find("tokenizers/punkt_tab/english/")
     except LookupError as err:
-        raise RulerDataError(
-            "essay-haystack RULER tasks split the essays into sentences with nltk's `punkt_tab` model, "
-            "which is not installed: run `python -m nltk.downloader punkt_tab` where the network is "
-            "reachable, or copy its folder under a directory listed in NLTK_DATA"
-        ) from err
+        raise RulerDataError(missing_message(task, ["punkt_tab"], "not installed")) from err
 
 
 @contextmanager
@@ -173,27 +178,25 @@ def local_sources(metadata: dict[str, Any], base_task: str) -> Iterator[None]:
     """Route lm-eval's RULER data sources to local files for the duration of one generation."""
     module_name, _, kind, _ = RULER_TASKS[base_task]
     if module_name == "niah_utils":
+        from rf_eval.tasks import data
+
         niah = _ruler_module("niah_utils")
         original = niah.get_haystack
-        path = metadata.get(ESSAY_OPTION)
+        path = data.local_copy("essays", metadata)  # essay_haystack, else the data folder's copy
+        data.use_nltk_data(metadata)
 
         def get_haystack(type_haystack: str):
             if type_haystack != "essay":
                 return original(type_haystack=type_haystack)
             if path:
-                check_punkt()
+                check_punkt(base_task)
                 return essay_haystack(path)
             try:  # lm-eval's own download path (the hub dataset baber/paul_graham_essays)
                 haystack = original(type_haystack="essay")
             except Exception as err:  # offline, HF_HUB_OFFLINE=1, no such dataset
-                raise RulerDataError(
-                    f"{base_task} uses the Paul Graham essay haystack, which cannot be downloaded here "
-                    f"({type(err).__name__}): pass a local copy with --metadata "
-                    f"'{{\"{ESSAY_OPTION}\": \"/path/to/essays\"}}' "
-                    "(a .txt file, a folder of .txt files, or a .jsonl/.json/.parquet file with a "
-                    "`text` field, e.g. a saved copy of the baber/paul_graham_essays dataset)"
-                ) from err
-            check_punkt()
+                raise RulerDataError(data.missing_message(
+                    base_task, ["essays"], f"not here and cannot be downloaded ({type(err).__name__})")) from err
+            check_punkt(base_task)
             return haystack
 
         with _patched(niah, "get_haystack", get_haystack):
@@ -212,8 +215,9 @@ def local_sources(metadata: dict[str, Any], base_task: str) -> Iterator[None]:
             cwe.RNG.setstate(saved)
     elif kind == "qa":
         qa = _ruler_module("qa_utils")
-        key = "squad_json" if base_task == "ruler_qa_squad" else "hotpotqa_json"
-        local = metadata.get(key)
+        from rf_eval.tasks import data
+
+        local = data.local_copy("squad" if base_task == "ruler_qa_squad" else "hotpotqa", metadata)
         if not local:
             yield
             return

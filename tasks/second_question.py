@@ -35,6 +35,7 @@ from rf_eval.tasks import needles, prompts, request_types
 from rf_eval.tasks.common import mean_present, option, sum_present, tokenizer_from
 from rf_eval.tasks.ruler_filled import RulerFilledTask, doc_key, ruler_score
 
+BASE_TASK = "niah_multikey_1"  # the RULER task whose samples carry the four keyed needles
 NEEDLE_RE = re.compile(r"One of the special magic \S+ for (.+?) is: (\d+)\.")
 ANSWER_MARK = "\u2063RF_EVAL_ANSWER\u2063"
 
@@ -120,11 +121,11 @@ request_types.install()
 
 
 class SecondQuestionTask(RulerFilledTask):
-    """niah_multikey_1 with a second question asked of the carried cache."""
+    """BASE_TASK (niah_multikey_1) with a second question asked of the carried cache."""
 
     def __init__(self, data_dir=None, cache_dir=None, download_mode=None, config: dict | None = None) -> None:
         cfg = dict(config or {})
-        cfg["ruler_task"] = "niah_multikey_1"
+        cfg["ruler_task"] = BASE_TASK
         self.seed = option(cfg.get("metadata"), "seed", 0, int)
         self._second: dict[tuple[int, int], dict[str, Any]] = {}
         super().__init__(config=cfg)
@@ -181,13 +182,13 @@ class SecondQuestionTask(RulerFilledTask):
         info = self._second[key]
         value2, mark2 = info["value"], info["mark"]
         strict = strict_score(answers[1], value2)
-        ruler = ruler_score("niah_multikey_1", {"outputs": [value2]}, answers[1])
+        ruler = ruler_score(BASE_TASK, {"outputs": [value2]}, answers[1])
         filled = mark2.filled
         ref = out.get("exact_answers") if isinstance(out, dict) else None
         res = {
             "acc_strict": strict,
             "acc_ruler": ruler,
-            "acc_first": ruler_score("niah_multikey_1", doc, answers[0]),
+            "acc_first": ruler_score(BASE_TASK, doc, answers[0]),
             "second_filled": int(filled),
             "n_second_filled": int(filled),
             "n_second_tail": int(not filled),

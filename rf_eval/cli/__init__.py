@@ -10,6 +10,10 @@ import argparse
 import importlib
 import sys
 
+from rf_eval.errors import UserError
+
+__all__ = ["COMMANDS", "UserError", "main"]
+
 # name -> (module, one-line help). Add a command by adding a module and a line.
 COMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("rf_eval.cli.tiny_model", "write a tiny random model + local tokenizer"),
@@ -22,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "rf_eval.cli.fit_state_correction",
         "fit Delta-M for the terminal-state correction of Gated DeltaNet layers",
     ),
+    "fetch-data": ("rf_eval.cli.fetch_data", "download what the named tasks read from the network, for offline nodes"),
     "check-equivalence": (
         "rf_eval.cli.check_equivalence",
         "engine with the fill off vs the plain model, bitwise (or two servers: --base-url A --base-url B)",
@@ -61,10 +66,6 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:  # bad input: a clear message, no traceback
         print(f"rf-eval {name}: error: {err}", file=sys.stderr)
         return 2
-
-
-class UserError(ValueError):
-    """Bad input from the user (a value, a path, a file): reported without a traceback."""
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -182,7 +182,7 @@ def test_failed_download_names_the_local_option(tiny_llama, task_data, th, monke
     monkeypatch.setattr(datasets, "load_dataset", offline)
     prepare_niah.get_haystack.cache_clear()
     hub_meta = {k: v for k, v in meta(tiny_llama, task_data).items() if k != "essay_haystack"}
-    with pytest.raises(ruler_data.RulerDataError, match="cannot be downloaded here.*essay_haystack"):
+    with pytest.raises(ruler_data.RulerDataError, match="cannot be downloaded.*rf-eval fetch-data.*essay_haystack"):
         th.load_task("niah_multikey_1_filled", hub_meta)
 
 
