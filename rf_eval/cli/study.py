@@ -42,6 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rf_eval.study.launch import make_launcher
+    from rf_eval.study.preflight import check_study
     from rf_eval.study.runner import plan_text, run_study, status_text
     from rf_eval.study.spec import StudyError, load_study
 
@@ -50,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     try:
         study = load_study(args.study)
+        check_study(study)  # task names and their data, before anything is registered or fitted
         out = Path(args.out).resolve()
         if args.action == "plan":
             print(plan_text(study, out, make_launcher("local", out)))

@@ -60,7 +60,7 @@ def sbatch_flags(out: Path, job: str) -> dict[str, str]:
 
 
 def test_the_study_is_submitted_as_jobs_that_each_wait_for_the_ones_they_need(fake_slurm, tmp_path, capsys):
-    study = write(tmp_path, "a_task, keytoken_nll", "fit: {calibration: [cal.jsonl], split: 2}")
+    study = write(tmp_path, "niah_single_1_filled, keytoken_nll", "fit: {calibration: [cal.jsonl], split: 2}")
     out = tmp_path / "out"
     assert cli(["study", "run", str(study), "--out", str(out), "--launcher", "slurm", "--partition", "gpu",
                 "--gpus", "2", "--detach"]) == 0
@@ -81,7 +81,7 @@ def test_the_study_is_submitted_as_jobs_that_each_wait_for_the_ones_they_need(fa
 
 def test_without_a_fit_or_shared_key_tokens_the_arms_are_one_array_and_done_arms_are_not_submitted_again(
         fake_slurm, tmp_path, capsys):
-    study_path = write(tmp_path, "a_task", f"maps: {tmp_path}")
+    study_path = write(tmp_path, "niah_single_1_filled", f"maps: {tmp_path}")
     out = tmp_path / "out"
     run = ["study", "run", str(study_path), "--out", str(out), "--launcher", "slurm", "--detach", "--parallel", "2"]
     assert cli(run) == 0
@@ -111,13 +111,13 @@ def test_bad_launcher_choices_fail_before_anything_is_registered(tmp_path, monke
                                                                  message):
     if path:
         monkeypatch.setenv("PATH", path)
-    study, out = write(tmp_path, "a_task", f"maps: {tmp_path}"), tmp_path / "out"
+    study, out = write(tmp_path, "niah_single_1_filled", f"maps: {tmp_path}"), tmp_path / "out"
     assert cli(["study", "run", str(study), "--out", str(out), *args]) == 2
     assert message in capsys.readouterr().err and not out.exists()
 
 
 def test_a_step_waits_for_what_it_needs_and_stops_when_that_failed(tmp_path):
-    study = load_study(write(tmp_path, "a_task", f"maps: {tmp_path}"))
+    study = load_study(write(tmp_path, "niah_single_1_filled", f"maps: {tmp_path}"))
     out = tmp_path / "out"
     local = SlurmLauncher(out / "slurm", cluster="local", poll=0.02)
     marker = done_marker(out, "exact")

@@ -69,6 +69,32 @@ def test_bad_study_files_fail_before_anything_runs(tmp_path, edit, message):
     assert not (tmp_path / "out").exists()  # nothing ran, nothing was written
 
 
+@pytest.mark.parametrize("tasks, message", [
+    ("rfe_adapter_mcq", "tasks 'rfe_adapter_mcq' (did you mean rfe_adapter_mc"),
+    ("rfe_adapter_mc, ruler_filled", "arm exact: ruler_filled needs the Paul Graham essays"),
+    ("longbench_v2_cot", "rf-eval fetch-data --tasks longbench_v2_cot --out DIR"),
+])
+def test_a_study_whose_tasks_cannot_build_refuses_before_the_fit(tasks, message, tiny_model_dir, adapter_task,
+                                                                tmp_path, monkeypatch, capsys):
+    """Task names and their data are checked before the claims are registered and the `fit:` block runs."""
+    import nltk
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("NLTK_DATA", raising=False)
+    monkeypatch.delenv("RF_EVAL_DATA", raising=False)
+    monkeypatch.setattr(nltk.data, "path", [str(tmp_path / "no-nltk-data")])
+    (tmp_path / "cal.jsonl").write_text('{"text": "calibration text"}\n')
+    text = STUDY.replace("margin: 5.0", "margin: 5.0\nfit: {{calibration: [cal.jsonl], split: 3}}")
+    path = write_study(tmp_path, tiny_model_dir("llama"), adapter_task, text)
+    path.write_text(path.read_text().replace(f"tasks: [{helpers.TASK}, {helpers.GEN_TASK}, keytoken_nll]",
+                                             f"tasks: [{tasks}]"))
+    for action in ("plan", "run"):
+        assert cli(["study", action, str(path), "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()  # no claims registered, no maps fitted, no arm run
+
+
 def test_plan_prints_each_arm_command_and_cost(tiny_model_dir, adapter_task, tmp_path, capsys):
     path = write_study(tmp_path, tiny_model_dir("llama"), adapter_task,
                        STUDY.replace("reference: exact", "reference: exact\nlengths: [64, 128]"))
@@ -257,3 +283,4 @@ def test_the_accelerate_launcher_runs_an_arm_data_parallel_with_the_same_samples
     assert "exact_rank0.db" in log and "exact_rank1.db" in log  # two ranks of one world, each its own cache
     got, want = samples_of(out), samples_of(whole)
     assert list(got) == [k for k in want if k.startswith("exact/")] and all(got[k] == want[k] for k in got)
+

@@ -1,0 +1,64 @@
+"""What `rf-eval study plan` and `study run` check before anything is registered, fitted or run: every
+task name is one lm-eval knows (rf-eval's tasks and the study's `include_path` included), and every arm's
+tasks can get their data here (`rf_eval.tasks.data.preflight`). A study that would fail in its third arm
+for a misspelled task, or after fitting maps for minutes for a missing essay haystack, fails here in one
+message instead."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from rf_eval.study.runner import model_args
+from rf_eval.study.spec import Study, StudyError
+
+
+@contextmanager
+def _task_index_cache() -> Iterator[None]:
+    """lm-eval's task index read from rf-eval's disk cache, as the study's own lm_eval processes do."""
+    from rf_eval.task_index_cache import ENV, child_env
+
+    before = os.environ.get(ENV)
+    os.environ.update(child_env(dict(os.environ)))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
+
+
+def unknown_tasks(study: Study) -> list[str]:
+    """The study's task names lm-eval's TaskManager does not know (each with its closest names)."""
+    from lm_eval.tasks import TaskManager
+
+    with _task_index_cache():
+        manager = TaskManager(include_path=study.include_path)
+    known = manager.all_tasks
+    problems = []
+    for task in study.tasks:
+        if task in known or manager.match_tasks([task]):
+            continue
+        close = difflib.get_close_matches(task, known, n=3)
+        problems.append(f"{task!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+    return problems
+
+
+def check_study(study: Study) -> None:
+    """Refuse (StudyError) a study whose tasks lm-eval cannot find or whose arms' tasks lack their data."""
+    from rf_eval.tasks.data import TaskDataMissing, preflight
+
+    unknown = unknown_tasks(study)
+    if unknown:
+        where = f" or in include_path {study.include_path}" if study.include_path else ""
+        raise StudyError(f"{study.path.name}: tasks {', '.join(unknown)} are not lm-eval tasks (nor rf-eval's"
+                         f"{where}); `lm_eval ls tasks` lists them")
+    for arm in study.arms.values():
+        metadata = {**model_args(study, arm, study.maps), **study.metadata}
+        try:
+            preflight(study.tasks, metadata)
+        except TaskDataMissing as err:
+            raise StudyError(f"arm {arm.name}: {err}") from None
