@@ -7,8 +7,10 @@
 3. The built-in study file `demo_study.yaml` (arms exact, identity, ridge and
    ridge + attention rows on the needle task and `keytoken_nll`), rendered
    with the run's model, maps, documents and sizes, run by the study runner
-   (`rf_eval.study`: each arm a plain `lm_eval` process, the same code path a
-   user runs; the exact arm first, whose key tokens the others share).
+   (`rf_eval.study`: each arm a plain `lm_eval` command, the same code path a
+   user runs, here all in this one process, `InProcessLauncher`, which saves
+   each arm's start and imports; the exact arm first, whose key tokens the
+   others share).
 4. `rf-eval report` over the runs: paired intervals against exact, as HTML.
 """
 
@@ -214,7 +216,7 @@ def run_demo(out: Path, quick: bool = False, readme: Path | None = None) -> Path
     from rf_eval.cli import main as cli
     from rf_eval.demo.model import demo_model_dir
     from rf_eval.demo.table import readme_block, replace_block, write_table
-    from rf_eval.study.launch import LocalLauncher
+    from rf_eval.study.launch import InProcessLauncher
     from rf_eval.study.runner import report_argv, run_study
     from rf_eval.study.spec import load_study
 
@@ -240,7 +242,7 @@ def run_demo(out: Path, quick: bool = False, readme: Path | None = None) -> Path
     saved = {k: os.environ.get(k) for k in offline}
     os.environ.update(offline)
     try:
-        run_study(study, out, LocalLauncher(), report=False)
+        run_study(study, out, InProcessLauncher(), report=False)
     finally:
         for k, v in saved.items():
             if v is None:

@@ -31,16 +31,25 @@ class ArmJob:
     marker: str  # its done.json, written when lm_eval exits 0
 
 
-def run_arm(job: ArmJob) -> dict[str, Any]:
-    """Run one arm to the end; its `done.json` is written only when lm_eval exits 0."""
+def arm_env() -> dict[str, str]:
+    """The environment an arm's lm_eval runs in: this one, with the task index cache on."""
     from rf_eval.task_index_cache import child_env
 
+    return child_env(dict(os.environ, TOKENIZERS_PARALLELISM="false"))
+
+
+def run_arm(job: ArmJob, in_process: bool = False) -> dict[str, Any]:
+    """Run one arm to the end (a child process, or `in_process`: see InProcessLauncher); its `done.json`
+    is written only when lm_eval exits 0."""
     out = Path(job.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    env = child_env(dict(os.environ, TOKENIZERS_PARALLELISM="false"))
     started = time.time()
-    with open(out / "logs" / f"{job.name}.log", "a") as log:
-        code = subprocess.run(list(job.argv), env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    log_path = out / "logs" / f"{job.name}.log"
+    if in_process:
+        code = lm_eval_here(list(job.argv), log_path)
+    else:
+        with open(log_path, "a") as log:
+            code = subprocess.run(list(job.argv), env=arm_env(), stdout=log, stderr=subprocess.STDOUT).returncode
     seconds = time.time() - started
     if code != 0:
         raise RuntimeError(f"arm {job.name!r}: lm_eval exited {code}; see {out / 'logs' / f'{job.name}.log'}")
@@ -54,16 +63,79 @@ def run_arm(job: ArmJob) -> dict[str, Any]:
     return record
 
 
+def lm_eval_here(argv: list[str], log_path: Path) -> int:
+    """Run `python -m lm_eval ARGS` (argv as LocalLauncher builds it) in this process through lm-eval's own
+    entry point, as a child process would: the arm's environment, torch on the thread count
+    OMP_NUM_THREADS gives a child (reductions, so results, depend on it), everything written to
+    stdout/stderr (file descriptors 1 and 2: Python, tqdm and C code alike) appended to `log_path`.
+    Returns its exit status."""
+    if argv[1:3] != ["-m", "lm_eval"]:
+        raise ValueError(f"not an lm_eval command: {argv[:3]}")
+    import traceback
+
+    import torch
+    from lm_eval.__main__ import cli_evaluate
+
+    saved_argv, saved_env, saved_streams = sys.argv, dict(os.environ), (sys.stdout, sys.stderr)
+    threads = torch.get_num_threads()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved_fds = os.dup(1), os.dup(2)
+    with open(log_path, "a") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            os.environ.update(arm_env())
+            if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+                torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+            sys.stdout, sys.stderr = _fd_streams()  # also where a test harness had replaced them
+            sys.argv = [saved_argv[0], *argv[3:]]
+            cli_evaluate()
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+        except BaseException:  # noqa: BLE001 - an arm's failure is its exit status, as in a child process
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved_fds[0], 1)
+            os.dup2(saved_fds[1], 2)
+            for fd in saved_fds:
+                os.close(fd)
+            sys.argv, (sys.stdout, sys.stderr) = saved_argv, saved_streams
+            torch.set_num_threads(threads)
+            os.environ.clear()
+            os.environ.update(saved_env)
+    return code
+
+
+_STREAMS: list = []
+
+
+def _fd_streams():
+    """Text streams on file descriptors 1 and 2 themselves, made once and never closed: lm-eval's log handler
+    keeps the stream it was made with, and it must write to whichever log fd 2 is at the time."""
+    if not _STREAMS:
+        _STREAMS.extend(open(fd, "w", buffering=1, closefd=False) for fd in (1, 2))  # noqa: SIM115
+    return tuple(_STREAMS)
+
+
 def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="microseconds")
 
 
 class Progress:
-    """One line per arm as it runs: arms done, requests done, elapsed, estimate left."""
+    """One line per arm as it runs: arms done, requests done, elapsed, estimate left (to `stream`)."""
 
     def __init__(self, out: Path, total: int, done: int):
         self.out, self.total, self.done, self.times = out, total, done, []
         self.lock = threading.Lock()
+        self.stream = None  # None: sys.stdout
+
+    def say(self, line: str) -> None:
+        print(line, file=self.stream or sys.stdout, flush=True)
 
     def watch(self, job: ArmJob, stop: threading.Event) -> None:
         from rf_eval.study.runner import cached_requests
@@ -72,7 +144,7 @@ class Progress:
         while not stop.wait(5.0):
             count = cached_requests(self.out, job.name)
             if count != last:
-                print(f"      {job.name}: {count} requests done, {time.time() - start:.0f}s", flush=True)
+                self.say(f"      {job.name}: {count} requests done, {time.time() - start:.0f}s")
                 last = count
 
     def finished(self, job: ArmJob, seconds: float) -> None:
@@ -80,7 +152,7 @@ class Progress:
             self.done += 1
             self.times.append(seconds)
             left = (self.total - self.done) * sum(self.times) / len(self.times)
-            print(f"[arms {self.done}/{self.total}] {job.name} done in {seconds:.0f}s; about {left:.0f}s left", flush=True)
+            self.say(f"[arms {self.done}/{self.total}] {job.name} done in {seconds:.0f}s; about {left:.0f}s left")
 
 
 class LocalLauncher:
@@ -92,20 +164,48 @@ class LocalLauncher:
     def argv(self, lm_eval_args: list[str]) -> list[str]:
         return [sys.executable, *lm_eval_args]
 
-    def run(self, jobs: list[ArmJob], progress: Progress) -> None:
-        def one(job: ArmJob) -> None:
-            stop = threading.Event()
-            watcher = threading.Thread(target=progress.watch, args=(job, stop), daemon=True)
-            watcher.start()
-            try:
-                record = run_arm(job)
-            finally:
-                stop.set()
-            progress.finished(job, record["seconds"])
+    in_process = False
 
+    def run_one(self, job: ArmJob, progress: Progress) -> None:
+        stop = threading.Event()
+        watcher = threading.Thread(target=progress.watch, args=(job, stop), daemon=True)
+        watcher.start()
+        try:
+            record = run_arm(job, self.in_process)
+        finally:
+            stop.set()
+            watcher.join()
+        progress.finished(job, record["seconds"])
+
+    def run(self, jobs: list[ArmJob], progress: Progress) -> None:
         with ThreadPoolExecutor(self.parallel) as pool:
-            for result in [pool.submit(one, job) for job in jobs]:
+            for result in [pool.submit(self.run_one, job, progress) for job in jobs]:
                 result.result()  # an arm's failure stops the study (finished arms stay done)
+
+
+class InProcessLauncher(LocalLauncher):
+    """Arms one after another inside this process, through lm-eval's own CLI entry point (`lm_eval_here`):
+    each arm's command, log, `done.json` and results are those of LocalLauncher; what is saved is each
+    arm's interpreter start and imports (about 15 s an arm on 2 cores, 12-13 s of them lm-eval's RULER
+    word list). For `rf-eval demo`, whose arms take under a minute; a study's arms each get a process
+    (nothing one arm leaves in memory can reach the next). Progress lines go to the terminal the
+    launcher started on while the arm's output goes to its log."""
+
+    in_process = True
+
+    def __init__(self):
+        super().__init__(1)
+
+    def run(self, jobs: list[ArmJob], progress: Progress) -> None:
+        sys.stdout.flush()
+        terminal = os.fdopen(os.dup(1), "w", buffering=1)
+        progress.stream = terminal
+        try:
+            for job in jobs:  # in this (the main) thread, one after another
+                self.run_one(job, progress)
+        finally:
+            progress.stream = None
+            terminal.close()
 
 
 class AccelerateLauncher(LocalLauncher):

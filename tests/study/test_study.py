@@ -284,3 +284,22 @@ def test_the_accelerate_launcher_runs_an_arm_data_parallel_with_the_same_samples
     got, want = samples_of(out), samples_of(whole)
     assert list(got) == [k for k in want if k.startswith("exact/")] and all(got[k] == want[k] for k in got)
 
+
+@pytest.mark.slow
+def test_the_in_process_launcher_gives_the_samples_of_one_process_per_arm(study_file, whole, tmp_path, monkeypatch,
+                                                                          capfd):
+    """InProcessLauncher (the demo's): the same three arms through lm-eval's entry point in this process give
+    the samples of the one-process-per-arm run, the arms' output goes to their logs, progress to the terminal."""
+    from rf_eval.study.launch import InProcessLauncher
+
+    for key, value in helpers.cli_env().items():
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "in_process"
+    assert run_study(load_study(study_file), out, InProcessLauncher(), report=False) == 0
+    assert samples_of(out) == samples_of(whole) and len(samples_of(whole)) == 9
+    terminal = capfd.readouterr().out
+    assert "[arms 3/3]" in terminal and "Running generate_until requests" not in terminal
+    for arm in ("exact", "identity", "nofill"):
+        assert "Running generate_until requests" in (out / "logs" / f"{arm}.log").read_text()
+        command = json.loads(done_marker(out, arm).read_text())["command"]
+        assert command[:3] == [sys.executable, "-m", "lm_eval"]  # the command a user reruns
