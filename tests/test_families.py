@@ -126,3 +126,48 @@ def test_attention_selectors_read_full_layers_of_a_sliding_model(tiny_model, one
 def test_gemma3_configs_the_engine_cannot_run_are_refused(setting, message):
     with pytest.raises(ValueError, match=message):
         family_for(tiny_config("gemma3", vocab_size=259, **setting))
+
+
+_HYBRID_FORWARD = """
+import logging, sys, torch
+from rf_eval.testing import random_model, tiny_config
+import rf_eval.families.base
+if sys.argv[1] == "unfiltered":
+    logging.getLogger("transformers.integrations.hub_kernels").filters.clear()
+model = random_model(tiny_config("qwen3_5", 64)).eval()
+with torch.no_grad():
+    model(torch.randint(0, 64, (1, 12)))
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels' advice is kept where CUDA exists")
+def test_a_hybrid_model_on_a_machine_without_cuda_prints_no_kernel_advice():
+    """transformers' 'falling back to its reference PyTorch implementation' warnings (flash-linear-attention,
+    causal-conv1d: CUDA-only kernels) do not reach a CPU machine's terminal; without the filter they would."""
+    import subprocess
+    import sys
+
+    from rf_eval.families.base import KERNEL_FALLBACK
+
+    def stderr(mode: str) -> str:
+        done = subprocess.run([sys.executable, "-c", _HYBRID_FORWARD, mode], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stderr
+
+    assert KERNEL_FALLBACK not in stderr("filtered")
+    assert stderr("unfiltered").count(KERNEL_FALLBACK) == 2  # the test can fail: the warnings exist here
+
+
+def test_the_kernel_advice_is_kept_where_cuda_exists(monkeypatch):
+    import logging
+
+    from rf_eval.families.base import KERNEL_FALLBACK, CudaOnlyKernelAdvice
+
+    record = logging.LogRecord("transformers.integrations.hub_kernels", logging.WARNING, __file__, 1,
+                               f"`chunk_gated_delta_rule` is {KERNEL_FALLBACK} because ...", None, None)
+    other = logging.LogRecord("transformers.integrations.hub_kernels", logging.WARNING, __file__, 1, "x", None, None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert CudaOnlyKernelAdvice().filter(record) and CudaOnlyKernelAdvice().filter(other)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not CudaOnlyKernelAdvice().filter(record) and CudaOnlyKernelAdvice().filter(other)

@@ -16,6 +16,7 @@ and the facts the MAC cost model (`rf_eval.ridgefill.cost`) branches on.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -192,3 +193,25 @@ class GatedAttentionFamily(Family):
         q, gate = torch.chunk(attn.q_proj(h).view(*lead, -1, attn.head_dim * 2), 2, dim=-1)
         q = attn.q_norm(q).transpose(1, 2)
         return self.rotate(q, cos, sin), gate.reshape(*lead, -1)
+
+
+KERNEL_FALLBACK = "falling back to its reference PyTorch implementation"
+
+
+class CudaOnlyKernelAdvice(logging.Filter):
+    """transformers warns, once per kernel and process, that a linear-attention kernel (the gated delta rule,
+    the short convolution) falls back to PyTorch because flash-linear-attention or causal-conv1d is not
+    installed. Those packages' kernels run on CUDA only: on a machine without CUDA the advice cannot apply
+    to the run, so the warning is dropped there; wherever CUDA exists it is kept (it concerns the run)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return KERNEL_FALLBACK not in record.getMessage() or torch.cuda.is_available()
+
+
+def _quiet_cpu_kernel_advice() -> None:
+    logger = logging.getLogger("transformers.integrations.hub_kernels")
+    if not any(isinstance(f, CudaOnlyKernelAdvice) for f in logger.filters):
+        logger.addFilter(CudaOnlyKernelAdvice())
+
+
+_quiet_cpu_kernel_advice()  # the hybrid families' modules import this one before their models run
