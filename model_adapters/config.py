@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from rf_eval.devices import check_device, check_model_source
 from rf_eval.fields import ArmError, close_to
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,14 @@ def hf_keys() -> tuple[str, ...]:
 
 
 def merge_lm_eval_flags(args: dict[str, Any], flags: dict[str, Any] | None) -> dict[str, Any]:
-    """model_args plus lm-eval's `--batch_size` / `--device` flags (model_args win, with a warning)."""
+    """model_args plus lm-eval's `--batch_size` / `--device` flags (model_args win, with a warning). A device
+    named in model_args must exist here (`hf` would run on the CPU instead); lm-eval's `--device` flag,
+    whose default is cuda:0, keeps `hf`'s fallback to the CPU."""
+    if args.get("device") is not None and not args.get("parallelize"):
+        try:
+            check_device(str(args["device"]))
+        except ValueError as err:
+            raise ModelArgsError(f"device={args['device']!r}: {err}") from None
     out = dict(args)
     for key, value in (flags or {}).items():
         if value is None:
@@ -53,8 +61,17 @@ def merge_lm_eval_flags(args: dict[str, Any], flags: dict[str, Any] | None) -> d
     return out
 
 
-def split_model_args(args: dict[str, Any], own: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the adapter's own keys, the keys for `HFLM`); a near-miss of a known key is a ModelArgsError."""
+def adapter_keys() -> dict[str, tuple[str, ...]]:
+    """Each rf-eval adapter's own model_args keys, by lm-eval model name."""
+    from rf_eval.model_adapters import rarecache, ridgefill
+
+    return {"ridgefill": ridgefill.OWN_KEYS, "rarecache": rarecache.OWN_KEYS}
+
+
+def split_model_args(args: dict[str, Any], own: Iterable[str], model: str | None = None
+                     ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the adapter's own keys, the keys for `HFLM`); a near-miss of a known key, or a key only another
+    rf-eval adapter takes (a RaReCache `rho` in a `--model ridgefill` run), is a ModelArgsError."""
     own = tuple(own)
     known = own + hf_keys()
     mine, hf = {}, {}
@@ -62,6 +79,11 @@ def split_model_args(args: dict[str, Any], own: Iterable[str]) -> tuple[dict[str
         if key in own:
             mine[key] = value
             continue
+        theirs = [name for name, keys in adapter_keys().items() if name != model and key in keys and key not in known]
+        if theirs:
+            raise ModelArgsError(f"model_args {key}={value!r} is a key of --model {theirs[0]}, not of --model "
+                                 f"{model or 'this model'}; its keys: {', '.join(own)} (and every key of "
+                                 "lm-eval's `hf` model)")
         near = close_to(key, known) if key not in known else None
         if near is not None:
             raise ModelArgsError(
@@ -113,16 +135,20 @@ def model_config(pretrained: str, hf: dict[str, Any]):
 
     remote = {k: hf[k] for k in ("revision", "trust_remote_code", "subfolder") if hf.get(k) is not None}
     try:
+        check_model_source(pretrained)
+    except ValueError as err:
+        raise ModelArgsError(f"pretrained={pretrained!r}: {err}") from None
+    try:
         return AutoConfig.from_pretrained(pretrained, **remote)
     except OSError as err:
         raise ModelArgsError(f"pretrained={pretrained!r}: {err}") from None
 
 
 def take_model_args(args: dict[str, Any], own: tuple[str, ...], needed: tuple[str, ...],
-                    defaults: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                    defaults: Any = None, model: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The adapter's keys (None dropped, `defaults` applied, `needed` present, reference checked) and
     the checked `hf` keys: every check both adapters make before anything loads."""
-    mine, hf = split_model_args(args, own)
+    mine, hf = split_model_args(args, own, model)
     mine = {k: v for k, v in mine.items() if v is not None}
     if defaults is not None:
         mine = defaults(mine)

@@ -67,7 +67,7 @@ def parse_rarecache_args(args: dict[str, Any]) -> tuple[RaReCacheSettings, dict[
 
     from rf_eval.rarecache.maps import TokenizerMismatch, check_tokenizers, load_transfer_maps
 
-    mine, hf = take_model_args(args, OWN_KEYS, ("pretrained", "source", "maps"))
+    mine, hf = take_model_args(args, OWN_KEYS, ("pretrained", "source", "maps"), model="rarecache")
     remote = {k: hf[k] for k in ("trust_remote_code",) if hf.get(k) is not None}
     try:
         arm = RaReCacheArm.from_fields({k: v for k, v in mine.items() if k in RaReCacheArm.fields()},

@@ -89,7 +89,7 @@ def parse_ridgefill_args(args: dict[str, Any]) -> tuple[RidgeFillSettings, dict[
     from rf_eval.ridgefill.maps import load_arm_maps
 
     demo = str(args.get("pretrained") or "demo").strip().lower() == "demo"
-    mine, hf = take_model_args(args, OWN_KEYS, ("fill",), defaults=demo_defaults)
+    mine, hf = take_model_args(args, OWN_KEYS, ("fill",), defaults=demo_defaults, model="ridgefill")
     try:
         arm = RidgeFillArm.from_fields({k: v for k, v in mine.items() if k in RidgeFillArm.fields()},
                                        what="model_args")
@@ -103,8 +103,11 @@ def parse_ridgefill_args(args: dict[str, Any]) -> tuple[RidgeFillSettings, dict[
     return settings, hf
 
 
-def _int(value: Any) -> int | None:
-    return None if value is None else int(value)
+def _int(value: Any, key: str = "seed") -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        raise ModelArgsError(f"{key}={value!r} is not an integer") from None
 
 
 @register_model("ridgefill")

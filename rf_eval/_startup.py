@@ -20,9 +20,10 @@ puts a small finder on `sys.meta_path`. When lm-eval itself later imports
 - `lm_eval.tasks._index`: with `RF_EVAL_TASK_INDEX_CACHE` set, the task index
   is read from a disk cache while no YAML file changed (`rf_eval.task_index_cache`);
 - `lm_eval.evaluator`: `simple_evaluate` first checks that rf-eval's tasks can
-  get their data, before it loads the model (`rf_eval.tasks.data.preflight`),
-  and under the `lm_eval` command an rf-eval `UserError` prints as one line
-  (`rf_eval.errors`).
+  get their data, before it loads the model (`rf_eval.tasks.data.preflight`);
+- `lm_eval._cli.harness`: under the `lm_eval` command an rf-eval `UserError`
+  (bad model_args, missing data) prints as one line with exit status 2
+  (`rf_eval.errors.one_line`).
 
 Any failure is swallowed: this module must never break an unrelated start.
 Set RF_EVAL_NO_LM_EVAL_HOOK=1 to switch it off.
@@ -97,11 +98,20 @@ def _check_data_first(module) -> None:
     check_before_model(module)
 
 
+def _one_line_errors(module) -> None:
+    from rf_eval.errors import one_line
+
+    cli = module.HarnessCLI
+    if not getattr(cli.execute, "_rf_eval", False):
+        cli.execute = one_line(cli.execute)
+
+
 _HOOKS = {
     "lm_eval.models": _register_models,
     "lm_eval.tasks.manager": _add_tasks_folder,
     "lm_eval.tasks._index": _cache_task_index,  # only when RF_EVAL_TASK_INDEX_CACHE names a folder
     "lm_eval.evaluator": _check_data_first,
+    "lm_eval._cli.harness": _one_line_errors,
 }
 
 

@@ -2,11 +2,12 @@
 
 A `UserError` is bad input or a missing file that the user can fix: its message
 names the value and what to do. `rf-eval` prints it as one line
-(`rf_eval.cli.main`); under the `lm_eval` command, rf-eval's startup hook does
-the same for a `UserError` anywhere in an uncaught exception's chain
-(`rf_eval._startup`), so a missing data folder is one line on stderr, not a
-traceback through lm-eval (the exit status stays Python's 1 for an uncaught
-error). Set RF_EVAL_TRACEBACK=1 to see the traceback.
+(`rf_eval.cli.main`); under the `lm_eval` command (and `python -m lm_eval`,
+`accelerate launch -m lm_eval`), rf-eval's startup hook wraps lm-eval's CLI
+(`one_line`, `rf_eval._startup`) so that a `UserError` anywhere in the chain of
+what it raises, a missing data folder or a bad model_args value, is one line
+on stderr with exit status 2, not a traceback through lm-eval. Set
+RF_EVAL_TRACEBACK=1 to see the traceback.
 """
 
 from __future__ import annotations
@@ -30,19 +31,22 @@ def user_error_in(exc: BaseException | None) -> UserError | None:
     return None
 
 
-def install_one_line_hook(prog: str) -> None:
-    """Make an uncaught UserError print as one line, `PROG: error: MESSAGE` (other errors unchanged)."""
-    if os.environ.get("RF_EVAL_TRACEBACK", "").strip().lower() in ("1", "true", "yes", "on"):
-        return
-    previous = sys.excepthook
-    if getattr(previous, "_rf_eval", False):
-        return
+def one_line(run, prog: str = "rf-eval"):
+    """`run` wrapped so that a UserError anywhere in what it raises prints as one line, `PROG: MESSAGE`,
+    and exits with status 2, as bad arguments do (other errors pass unchanged). RF_EVAL_TRACEBACK=1
+    keeps the traceback."""
+    import functools
 
-    def hook(kind, value, tb):
-        found = user_error_in(value)
-        if found is None:
-            return previous(kind, value, tb)
-        print(f"{prog}: error: {' '.join(str(found).split())}", file=sys.stderr, flush=True)
+    @functools.wraps(run)
+    def wrapped(*args, **kwargs):
+        try:
+            return run(*args, **kwargs)
+        except Exception as err:
+            found = user_error_in(err)
+            if found is None or os.environ.get("RF_EVAL_TRACEBACK", "").strip().lower() in ("1", "true", "yes", "on"):
+                raise
+            print(f"{prog}: {' '.join(str(found).split())}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
 
-    hook._rf_eval = True
-    sys.excepthook = hook
+    wrapped._rf_eval = True
+    return wrapped

@@ -18,8 +18,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rf_eval.errors import UserError
 
-class ArmError(ValueError):
+
+class ArmError(UserError):
     """A bad arm setting: the message names the key or value and the valid choices."""
 
 

@@ -18,10 +18,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from rf_eval.errors import UserError
+
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
 
 
-class SpecError(ValueError):
+class SpecError(UserError):
     """A spec string that does not parse."""
 
 

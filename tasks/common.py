@@ -13,6 +13,8 @@ import statistics
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from rf_eval.errors import UserError
+
 
 def _present(values: Iterable[Any]) -> list[float]:
     return [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
@@ -52,7 +54,7 @@ def as_bool(value: Any) -> bool:
     return bool(value)
 
 
-class TailMismatch(ValueError):
+class TailMismatch(UserError):
     """The task's tail (metadata `tail`) is not the tail of the arm it scores."""
 
 

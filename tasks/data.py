@@ -327,12 +327,8 @@ def preflight(tasks: Iterable[str], metadata: dict[str, Any] | None) -> None:
 
 def check_before_model(evaluator) -> None:
     """Wrap lm-eval's `simple_evaluate` (in module `evaluator`) so that it runs `preflight` on its task
-    names and metadata before it loads the model; under the `lm_eval` command, also print rf-eval's
-    UserErrors in one line. A failure of this check's own code never stops lm-eval."""
+    names and metadata before it loads the model. A failure of this check's own code never stops lm-eval."""
     import functools
-    import sys
-
-    from rf_eval.errors import install_one_line_hook
 
     original = evaluator.simple_evaluate
     if getattr(original, "_rf_eval", False):
@@ -353,9 +349,6 @@ def check_before_model(evaluator) -> None:
 
     simple_evaluate._rf_eval = True
     evaluator.simple_evaluate = simple_evaluate
-    main = Path(sys.argv[0] if sys.argv else "")
-    if main.name in ("lm_eval", "lm-eval") or main.parts[-2:] == ("lm_eval", "__main__.py"):
-        install_one_line_hook("lm_eval")
 
 
 def _run_metadata(bound: dict[str, Any]) -> dict[str, Any]:

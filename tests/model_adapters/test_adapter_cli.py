@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+import torch
 from adapter_helpers import GEN_TASK, TASK, loglikelihoods, run_lm_eval, samples
 
 RULER = ["--metadata", '{"max_seq_lengths":[512]}']
@@ -53,11 +55,55 @@ def test_exact_arm_matches_lm_eval_hf(tiny_model_dir, adapter_task, tmp_path):
     assert (info["fill"], info["split"], info["tail"], info["method"]) == ("exact", 3, 1024, "ridgefill")
 
 
-def test_bad_model_args_exit_nonzero_with_a_clear_message(tiny_model_dir, adapter_task, tmp_path):
+def _one_line(stderr: str) -> list[str]:
+    assert "Traceback" not in stderr, stderr[-3000:]
+    return [line for line in stderr.splitlines() if line.startswith("rf-eval: ")]
+
+
+def test_bad_model_args_exit_2_with_one_line_through_the_lm_eval_command(tiny_model_dir, adapter_task, tmp_path):
     proc = run_lm_eval(["--model", "ridgefill", "--model_args", f"pretrained={tiny_model_dir('llama')},fill=rigde",
                         "--tasks", TASK, "--include_path", str(adapter_task), "--device", "cpu"], tmp_path)
-    assert proc.returncode != 0
-    assert "fill='rigde' is not valid; valid fills: exact, nofill, identity, ridge" in proc.stderr
+    assert proc.returncode == 2
+    assert _one_line(proc.stderr) == ["rf-eval: fill='rigde' is not valid; valid fills: exact, nofill, identity, ridge"]
+
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA exists here: device=cuda is valid")
+
+
+@pytest.mark.parametrize("model, args, says", [
+    ("ridgefill", "fill=identity,rho=0.1", "model_args rho=0.1 is a key of --model rarecache, not of --model ridgefill"),
+    ("ridgefill", "fill=exact,seed=abc", "seed='abc' is not an integer"),
+    ("ridgefill", "fill=exact,device=gpu", "device='gpu': device 'gpu' is not a device name"),
+    pytest.param("ridgefill", "fill=exact,device=cuda", "CUDA is not available on this machine", marks=NO_CUDA),
+    ("ridgefill", "fill=identity,split=99", "split=99 is outside 1..5"),
+    ("ridgefill", "fill=exact,tail=0", "tail must be >= 1"),
+    ("ridgefill", "fill=ridge,maps=/no/such/maps", "maps='/no/such/maps'"),
+    ("ridgefill", "fill=exact,selector=attentoin", "unknown selector 'attentoin'; valid selectors: attention"),
+    ("ridgefill", "fill=exact,reference=hf", "reference='hf' is not valid; valid: exact"),
+    ("ridgefill", "fill=exact,dtype=float33", "dtype='float33' is not valid"),
+    ("ridgefill", "pretrained=/no/such/model,fill=exact", "model '/no/such/model': no such local folder"),
+    ("rarecache", "source={model},maps=/m,split=2", "model_args split=2 is a key of --model ridgefill"),
+])
+def test_bad_model_args_table(model, args, says, tiny_model_dir, adapter_task, monkeypatch, capsys):
+    """lm-eval's own CLI entry point (the `lm_eval` command's), in this process: exit status 2 and one line
+    naming the value, before any model loads."""
+    import logging
+
+    import lm_eval.utils
+    from lm_eval.__main__ import cli_evaluate
+
+    # lm-eval makes its log handler once per process, on the stderr of the time (an earlier test's): a new one
+    monkeypatch.setattr(logging.getLogger("lm_eval"), "handlers", [])
+    monkeypatch.setattr(lm_eval.utils, "_LOGGING_CONFIGURED", False)
+    tiny = tiny_model_dir("llama")
+    model_args = args.format(model=tiny) if args.startswith("pretrained=") else f"pretrained={tiny},{args.format(model=tiny)}"
+    monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", model, "--model_args", model_args, "--tasks", TASK,
+                                      "--include_path", str(adapter_task), "--device", "cpu"])
+    with pytest.raises(SystemExit) as stop:
+        cli_evaluate()
+    assert stop.value.code == 2
+    lines = _one_line(capsys.readouterr().err)
+    assert len(lines) == 1 and says in lines[0], lines
 
 
 def test_killed_run_resumes_from_use_cache_outside_the_repository(tiny_model_dir, adapter_task, tmp_path):

@@ -191,9 +191,9 @@ def test_lm_eval_offline_refuses_before_the_model_then_runs_from_fetched_data(
     env = {"NLTK_DATA": str(tmp_path / "no-nltk-data")}  # no punkt_tab anywhere nltk looks
     meta = {"max_seq_lengths": [1024]}
     proc, log, _ = _lm_eval(th, tiny_llama, tmp_path, "without", meta, env)
-    assert proc.returncode != 0
+    assert proc.returncode == 2, log[-3000:]
     errors = [line for line in log.splitlines() if "rf-eval fetch-data" in line]
-    assert len(errors) == 1 and errors[0].startswith("lm_eval: error: ruler_filled needs"), log[-3000:]
+    assert len(errors) == 1 and errors[0].startswith("rf-eval: ruler_filled needs"), log[-3000:]
     assert "essay_haystack" in errors[0]
     assert "Traceback" not in log and "Initializing ridgefill model" not in log, log[-3000:]
 
