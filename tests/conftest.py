@@ -95,11 +95,12 @@ def run_in_gloo_processes():
     return run
 
 
-#: (module, the folder after whose tests it runs): modules that read what an earlier module's run builds
-#: and would otherwise wait for it at the start. The demo quality tests read the demo maps that the quick
-#: demo test's run fits (one process fits, the others wait: rf_eval.demo.cache_lock); after the adapter
-#: tests, their worker has done other modules meanwhile instead of waiting minutes on the lock.
-RUN_AFTER = {"tests/demo/test_quality.py": "tests/model_adapters/"}
+#: (module, the folder after whose tests it runs). The demo quality tests read the demo maps that the
+#: quick demo test's run fits (one process fits, the others wait: rf_eval.demo.cache_lock); after the
+#: adapter tests, their worker has done other modules meanwhile instead of waiting minutes on the lock.
+#: The README blocks (one module, 3-4 minutes, last in file order) start right after the demo folder on
+#: the other worker: at the end, they kept one worker busy for 3 minutes while the other sat idle.
+RUN_AFTER = {"tests/test_readme.py": "tests/demo/", "tests/demo/test_quality.py": "tests/model_adapters/"}
 
 
 def pytest_collection_modifyitems(config, items):

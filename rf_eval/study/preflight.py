@@ -53,9 +53,9 @@ def check_study(study: Study) -> None:
 
     unknown = unknown_tasks(study)
     if unknown:
-        where = f" or in include_path {study.include_path}" if study.include_path else ""
-        raise StudyError(f"{study.path.name}: tasks {', '.join(unknown)} are not lm-eval tasks (nor rf-eval's"
-                         f"{where}); `lm_eval ls tasks` lists them")
+        where = f", rf-eval's or in include_path {study.include_path}" if study.include_path else " or rf-eval's"
+        raise StudyError(f"{study.path.name}: tasks {', '.join(unknown)} are not lm-eval's{where}; "
+                         "`lm_eval ls tasks` lists them")
     for arm in study.arms.values():
         metadata = {**model_args(study, arm, study.maps), **study.metadata}
         try:

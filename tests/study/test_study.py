@@ -90,8 +90,8 @@ def test_a_study_whose_tasks_cannot_build_refuses_before_the_fit(tasks, message,
                                              f"tasks: [{tasks}]"))
     for action in ("plan", "run"):
         assert cli(["study", action, str(path), "--out", str(tmp_path / "out")]) == 2
-        err = capsys.readouterr().err
-        assert message in err and err.count("\n") == 1, err
+        errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rf-eval study: error:")]
+        assert len(errors) == 1 and message in errors[0], errors
     assert not (tmp_path / "out").exists()  # no claims registered, no maps fitted, no arm run
 
 
