@@ -54,6 +54,13 @@ BAD_FIT = [
     (["--model", "{model}"], "fit needs --model and --splits", 2),
     (["--from-sums", "{tmp}"], "--from-sums needs --lambdas", 2),
     (["--from-sums", "{tmp}", "--lambdas", "0.1"], "no saved sums (sums_split*.safetensors)", 2),
+    (["--model", "{model}", "--splits", "3", "99"], "--splits 99: outside 1..5 for this 6-layer model", 2),
+    (["--model", "{model}", "--splits", "0"], "--splits 0: outside 1..5", 2),
+    (["--model", "{model}", "--splits", "3", "--out", "{file}/maps"], "--out {file}/maps: cannot write in {file}", 2),
+    (["--model", "{model}", "--splits", "3", "--out", "/proc/rf-eval-test/maps"], "cannot write in /proc/rf-eval-test", 2),
+    (["--model", "{model}", "--splits", "3", "--calibration", "{badjsonl}"], "bad.jsonl:3: not JSON", 2),
+    (["--model", "{model}", "--splits", "3", "--calibration", "{notext}"], "notext.jsonl:2: each JSONL line needs a string 'text' field", 2),
+    (["--model", "{model}", "--splits", "3", "--calibration", "{tmp}/none.jsonl"], "none.jsonl does not exist", 2),
 ]  # fmt: skip
 
 
@@ -67,15 +74,18 @@ def test_fit_bad_inputs_fail_before_the_model_loads(tiny_model_dir, tmp_path, ca
     full.mkdir()
     (full / "notes.txt").write_text("keep me")
     out = tmp_path / "out"
-    values = {"model": tiny_model_dir("llama"), "file": str(cal), "full": str(full), "tmp": str(tmp_path)}
+    (tmp_path / "bad.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n{"text": "three"\n')
+    (tmp_path / "notext.jsonl").write_text('{"text": "one"}\n{"body": "two"}\n')
+    values = {"model": tiny_model_dir("llama"), "file": str(cal), "full": str(full), "tmp": str(tmp_path),
+              "badjsonl": str(tmp_path / "bad.jsonl"), "notext": str(tmp_path / "notext.jsonl")}
     argv = [a.format(**values) for a in args]
     if "--out" not in argv:
         argv += ["--out", str(out)]
-    if "--from-sums" not in argv:
+    if "--from-sums" not in argv and "--calibration" not in argv:
         argv += ["--calibration", str(cal)]
     assert main(["fit", *argv, "--no-progress"]) == code
     err = capsys.readouterr().err
-    assert message in err
+    assert message.format(**values) in err
     assert "Loading weights" not in err  # refused before the model loaded
     assert not out.exists() and (full / "notes.txt").read_text() == "keep me"
     assert not list(tmp_path.glob(".*.partial"))

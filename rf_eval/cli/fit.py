@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from rf_eval.cli import UserError
@@ -76,12 +77,19 @@ def init_distributed() -> None:
 
 
 def check_inputs(args: argparse.Namespace) -> None:
-    """What can be checked before a model loads: --out, --device, a local --model path."""
+    """What can be checked before a model loads: --out, --device, a local --model path, --splits against the
+    model's config."""
     from rf_eval.devices import check_device, check_model_source
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {args.out} is a file; give a folder for the map files")
+    folder = out.resolve().parent  # where the staging folder and --out are made: a file written there now
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as err:
+        raise UserError(f"--out {args.out}: cannot write in {folder} ({err.strerror or err})") from None
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         raise UserError(f"--out {args.out} is not empty; choose a new folder, or pass --overwrite to replace "
                         "the files of the same name in it")
@@ -91,6 +99,23 @@ def check_inputs(args: argparse.Namespace) -> None:
             check_model_source(args.model)
     except ValueError as err:
         raise UserError(f"--{'device' if 'device' in str(err).split(':')[0] else 'model'}: {err}") from None
+    if args.model and args.splits:
+        check_splits(args.model, args.splits)
+
+
+def check_splits(model: str, splits: list[int]) -> None:
+    """Each split in 1..L-1 of the model's L layers, read from its config (no weights); a config that cannot
+    be read here is left to the model's own loading, which says why."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model)
+    except (OSError, ValueError):
+        return
+    layers = config.get_text_config().num_hidden_layers
+    bad = [s for s in splits if not 1 <= s <= layers - 1]
+    if bad:
+        raise UserError(f"--splits {' '.join(map(str, bad))}: outside 1..{layers - 1} for this {layers}-layer model")
 
 
 def _staging(out: str) -> Path:

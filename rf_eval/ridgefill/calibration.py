@@ -46,9 +46,9 @@ def sha256_of_files(paths: Sequence[str | Path]) -> str:
 
 
 def check_nonempty(paths: Sequence[str | Path]) -> None:
-    """Fail before any model work if the inputs hold no document."""
+    """Fail before any model work if the inputs hold no document or a line that is not one: every line is
+    read here (a bad line at the end would otherwise stop a capture hours in)."""
     if not paths:
         raise CalibrationError("no calibration files given")
-    for _ in iter_documents(paths):
-        return
-    raise CalibrationError(f"calibration input is empty: no non-blank document in {', '.join(map(str, paths))}")
+    if sum(1 for _ in iter_documents(paths)) == 0:  # every line read, not just up to the first document
+        raise CalibrationError(f"calibration input is empty: no non-blank document in {', '.join(map(str, paths))}")

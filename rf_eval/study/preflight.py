@@ -1,5 +1,5 @@
 """What `rf-eval study plan` and `study run` check before anything is registered, fitted or run: every
-task name is one lm-eval knows (rf-eval's tasks and the study's `include_path` included), and every arm's
+rf-eval arm's model_args as its adapter checks them, every task name is one lm-eval knows (rf-eval's tasks and the study's `include_path` included), and every arm's
 tasks can get their data here (`rf_eval.tasks.data.preflight`). A study that would fail in its third arm
 for a misspelled task, or after fitting maps for minutes for a missing essay haystack, fails here in one
 message instead."""
@@ -47,9 +47,40 @@ def unknown_tasks(study: Study) -> list[str]:
     return problems
 
 
+def check_arm_args(study: Study, arm) -> None:
+    """An rf-eval arm's model_args, checked as its adapter checks them before loading anything (keys, fill,
+    selector, corrections, tail; a StudyError naming the arm). Maps and the model's layer count are checked
+    by the arm's own run: a study's `fit:` block writes its maps only later."""
+    from rf_eval.errors import UserError
+
+    if arm.model == "ridgefill":
+        from rf_eval.model_adapters.ridgefill import OWN_KEYS
+        from rf_eval.ridgefill.arm_spec import RidgeFillArm as ArmSpec
+
+        needed: tuple[str, ...] = ("fill",)
+    elif arm.model == "rarecache":
+        from rf_eval.model_adapters.rarecache import OWN_KEYS
+        from rf_eval.rarecache.arm_spec import RaReCacheArm as ArmSpec
+
+        needed = ("pretrained", "source", "maps")
+    else:
+        return  # an API model: its own arguments, checked by lm-eval
+    from rf_eval.model_adapters.config import take_model_args
+
+    try:
+        mine, _ = take_model_args(model_args(study, arm, study.maps or "<maps>"), OWN_KEYS, needed, model=arm.model)
+        ArmSpec.from_fields({k: v for k, v in mine.items() if k in ArmSpec.fields()}, what="args")
+    except UserError as err:
+        raise StudyError(f"{study.path.name}: arms.{arm.name}: {err}") from None
+
+
 def check_study(study: Study) -> None:
-    """Refuse (StudyError) a study whose tasks lm-eval cannot find or whose arms' tasks lack their data."""
+    """Refuse (StudyError) a study whose arms' settings are bad, whose tasks lm-eval cannot find or whose
+    arms' tasks lack their data."""
     from rf_eval.tasks.data import TaskDataMissing, preflight
+
+    for arm in study.arms.values():
+        check_arm_args(study, arm)
 
     unknown = unknown_tasks(study)
     if unknown:

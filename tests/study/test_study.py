@@ -95,6 +95,23 @@ def test_a_study_whose_tasks_cannot_build_refuses_before_the_fit(tasks, message,
     assert not (tmp_path / "out").exists()  # no claims registered, no maps fitted, no arm run
 
 
+@pytest.mark.parametrize("edit, message", [
+    (("fill: identity, tail: 4", "fill: identty, tail: 4"), "arms.identity: fill='identty' is not valid; valid fills"),
+    (("fill: nofill, tail: 8", "fill: nofill, tail: 8, selector: attentoin"), "arms.nofill: selector='attentoin'"),
+    (("fill: nofill, tail: 8", "fill: nofill, tail: 8, rho: 0.2"), "arms.nofill: model_args rho=0.2 is a key of --model rarecache"),
+    (("fill: identity, tail: 4", "fill: identity, tail: -4"), "arms.identity: tail must be >= 1"),
+])
+def test_a_bad_setting_in_a_later_arm_refuses_the_study_before_the_fit(edit, message, tiny_model_dir, adapter_task,
+                                                                      tmp_path, capsys):
+    (tmp_path / "cal.jsonl").write_text('{"text": "calibration text"}\n')
+    text = STUDY.replace("margin: 5.0", "margin: 5.0\nfit: {{calibration: [cal.jsonl], split: 3}}").replace(*edit)
+    path = write_study(tmp_path, tiny_model_dir("llama"), adapter_task, text)
+    assert cli(["study", "run", str(path), "--out", str(tmp_path / "out")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rf-eval study: error:")]
+    assert len(errors) == 1 and message in errors[0], errors
+    assert not (tmp_path / "out").exists()
+
+
 def test_plan_prints_each_arm_command_and_cost(tiny_model_dir, adapter_task, tmp_path, capsys):
     path = write_study(tmp_path, tiny_model_dir("llama"), adapter_task,
                        STUDY.replace("reference: exact", "reference: exact\nlengths: [64, 128]"))
