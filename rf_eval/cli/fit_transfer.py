@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 from rf_eval.cli import UserError
 
@@ -33,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--overwrite", action="store_true", help="replace the maps file --out already holds")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,13 +43,17 @@ def run(args: argparse.Namespace) -> int:
     from rf_eval.cli.fit import init_distributed
     from rf_eval.devices import default_device, parse_dtype
     from rf_eval.rarecache.fit import fit_transfer
-    from rf_eval.rarecache.maps import check_tokenizers
+    from rf_eval.rarecache.maps import FILENAME, check_tokenizers
     from rf_eval.ridgefill.calibration import CalibrationError, check_nonempty
 
     remote = dict(trust_remote_code=args.trust_remote_code)
     try:
         if args.k < 1 or args.rank < 0 or args.stride < 1 or not args.lam > 0:
             raise UserError("need --k >= 1, --rank >= 0, --stride >= 1 and --lambda > 0")
+        existing = Path(args.out) / FILENAME
+        if existing.exists() and not args.overwrite:
+            raise UserError(f"--out {args.out} already holds {FILENAME}; choose a new folder, or pass --overwrite "
+                            "to replace it")
         check_nonempty(args.calibration)
         source_tok = AutoTokenizer.from_pretrained(args.source, **remote)
         target_tok = AutoTokenizer.from_pretrained(args.target, **remote)

@@ -23,6 +23,7 @@ a whole document).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from rf_eval.cli import UserError
@@ -108,6 +109,19 @@ def check_recorded_heads(runs: Any, ledger: list[Any]) -> None:
                                 f"{head['hash']}:{head.get('count')}, which the ledger no longer holds: {err}") from None
 
 
+def check_distinct_outputs(args: argparse.Namespace) -> None:
+    """Two output options naming one file would write one report over the other: refused."""
+    seen: dict[Path, str] = {}
+    for option in ("html", "latex", "markdown", "json"):
+        value = getattr(args, option, None)
+        if not value:
+            continue
+        path = Path(value).expanduser().resolve()
+        if path in seen:
+            raise UserError(f"--{seen[path]} and --{option} both name {value}; give each output its own file")
+        seen[path] = option
+
+
 def run(args: argparse.Namespace) -> int:
     from rf_eval.reports.render import write_reports
     from rf_eval.stats.ledger import LedgerError, ledger_head, verify_ledger
@@ -120,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.latex_standalone and not args.latex:
             raise UserError("--latex-standalone needs --latex FILE")
+        check_distinct_outputs(args)
         runs = load_runs(args.runs, metrics=_mapping("--metric", args.metric), allow_empty=args.allow_empty)
         ledger = verify_ledger(args.ledger) if args.ledger else None
         if ledger is not None:

@@ -222,6 +222,11 @@ def test_fit_transfer_command_writes_maps_with_metadata(tiny_pair_dirs, calibrat
     assert all(len(v) == 3 for side in SIDES for v in chosen[side].values())
     maps = load_transfer_maps(out)
     assert maps.maps[("key", 0)].basis.shape == (32, 4)
+    before = (out / "rarecache_maps.safetensors").read_bytes()
+    again = main(["fit-transfer", "--source", str(source_dir), "--target", str(target_dir), "--calibration",
+                  *calibration, "--k", "2", "--rank", "4", "--out", str(out), "--device", "cpu", "--no-progress"])
+    assert again == 2 and "already holds rarecache_maps.safetensors" in capsys.readouterr().err
+    assert (out / "rarecache_maps.safetensors").read_bytes() == before  # not replaced without --overwrite
 
 
 def test_eq11_ceiling_reproduces_the_papers_numbers():

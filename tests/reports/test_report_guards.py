@@ -139,6 +139,8 @@ BAD_REPORT = [
     (["{a}", "{b}"], ["--control", "ridge=ghost"], "no arm named 'ghost' (in --control)", 2),
     (["{a}", "{b}"], ["--ttft", "{tmp}/a.txt"], "a.txt: not an `rf-eval ttft` result (not JSON", 2),
     (["{a}", "{b}"], ["--ttft", "{tmp}/none.json"], "none.json: cannot read it", 2),
+    (["{a}", "{b}"], ["--markdown", "{tmp}/r.html"], "--html and --markdown both name", 2),
+    (["{a}", "{b}"], ["--latex", "{tmp}/t.tex", "--json", "{tmp}/t.tex"], "--latex and --json both name", 2),
 ]  # fmt: skip
 
 
