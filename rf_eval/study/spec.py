@@ -123,6 +123,22 @@ def _value_nodes(node: yaml.Node) -> dict[str, yaml.Node]:
     return {k.value: v for k, v in node.value} if isinstance(node, yaml.MappingNode) else {}
 
 
+def _check_duplicates(name: str, node: yaml.Node | None, where: str = "") -> None:
+    """A key given twice in any mapping of the file (YAML keeps the last one silently: an arm would vanish)."""
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, yaml.Node] = {}
+        for key, value in node.value:
+            label = f"{where}.{key.value}" if where else str(key.value)
+            if key.value in first:
+                raise StudyError(f"{name}: {label} is given twice ({_line(first[key.value])} and {_line(key)}); "
+                                 "a YAML mapping keeps only the last one")
+            first[key.value] = key
+            _check_duplicates(name, value, label)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_duplicates(name, item, f"{where}[{i}]")
+
+
 def load_study(path: str | Path) -> Study:
     """Parse and validate a study file (nothing runs)."""
     path = Path(path).resolve()
@@ -137,6 +153,7 @@ def load_study(path: str | Path) -> Study:
     if not isinstance(data, dict) or root is None:
         raise StudyError(f"{path.name}: a study file is a mapping of keys (model, tasks, arms, reference, ...)")
     name = path.name
+    _check_duplicates(name, root)
     _check(name, data, _key_nodes(root), _TOP, root)
     values = _value_nodes(root)
     _check(f"{name}: model", data["model"], _key_nodes(values["model"]), _MODEL, values["model"])

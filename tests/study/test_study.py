@@ -55,6 +55,9 @@ def write_study(folder: Path, model: str, tasks_dir: Path, text: str = STUDY, do
         (("tasks:", "tasks: 3\nx:"), "tasks must be list"),
         (("  pretrained: {model}\n", ""), "model: missing key(s) pretrained"),
         (("exact: {{args: {{fill: exact}}}}", "exact: {{args: {{fill: exact}}, modle: hf}}"), "arms.exact: unknown key 'modle'"),
+        (("  nofill:", "  exact: {{args: {{fill: identity}}}}\n  nofill:"), "arms.exact is given twice (line 7 and line 9)"),
+        (("margin: 5.0", "margin: 5.0\nmargin: 2.0"), "margin is given twice (line 11 and line 12)"),
+        (("{{args: {{fill: exact}}}}", "{{args: {{fill: exact, tail: 4, tail: 8}}}}"), "arms.exact.args.tail is given twice"),
     ],
 )
 def test_bad_study_files_fail_before_anything_runs(tmp_path, edit, message):
