@@ -32,6 +32,11 @@ BAD_API = [
     ({"fill": "ridge", "maps": "/no/such/maps"}, MapError, "map path /no/such/maps does not exist"),
     ({"fill": "identity", "corrections": "value_rescale(reduce=median)"}, ArmError,
      "reduce='median' is not valid; valid reductions: mean_of_ratios, ratio_of_means"),
+    ({"fill": "nofill", "cost_match": "ridge(tail=-1)"}, ArmError, "cost_match tail must be an integer >= 1, got -1"),
+    ({"fill": "nofill", "cost_match": "ridge(tail=2.5)"}, ArmError, "cost_match tail must be an integer >= 1, got 2.5"),
+    ({"fill": "nofill", "cost_match": "ridge(exact_share=5)"}, ArmError, "exact_share must be a share of the prompt in [0, 1]"),
+    ({"fill": "nofill", "cost_match": "ridge(exact_rows=-3)"}, ArmError, "exact_rows must be an integer >= 0"),
+    ({"fill": "nofill", "cost_match": "ridge(probe_rows=-1)"}, ArmError, "probe_rows must be an integer >= 0"),
 ]  # fmt: skip
 
 

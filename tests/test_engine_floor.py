@@ -130,6 +130,18 @@ def test_check_equivalence_fails_on_a_perturbed_late_layer(tiny_model_dir, tmp_p
     assert partial["bitwise"] is False and partial["first_diff"] == "layer 4 keys" and partial["max_abs"] > 0
 
 
+@pytest.mark.parametrize("lengths, says", [
+    (["12", "9000"], "--lengths 9000: each length must be in 2..8192 (the model's max_position_embeddings)"),
+    (["1"], "--lengths 1: each length must be in 2..8192"),
+])
+def test_check_equivalence_refuses_lengths_the_model_has_no_positions_for(tiny_model_dir, capsys, lengths, says):
+    from rf_eval.cli import main
+
+    assert main(["check-equivalence", "--model", tiny_model_dir("llama"), "--lengths", *lengths, "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Loading weights" not in err
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
 def test_partial_path_is_the_stock_model_under_eager_attention_too(tiny_model_dir, family):
     """The stock layer's own attention function and mask, whatever `attn_implementation` picks."""

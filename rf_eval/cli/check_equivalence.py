@@ -74,6 +74,21 @@ def compare(a, b) -> str | None:
     return None
 
 
+def check_lengths(model: str, lengths: list[int]) -> None:
+    """Each prompt length in 2..the model's max_position_embeddings (read from its config, before the weights):
+    a floor measured past the positions a model was built for says nothing about the model."""
+    from transformers import AutoConfig
+
+    try:
+        limit = getattr(AutoConfig.from_pretrained(model).get_text_config(), "max_position_embeddings", None)
+    except (OSError, ValueError):
+        limit = None  # the model's own loading says why
+    bad = [n for n in lengths if n < 2 or (limit is not None and n > limit)]
+    if bad:
+        upto = f"{limit} (the model's max_position_embeddings)" if limit is not None else "the model's positions"
+        raise UserError(f"--lengths {' '.join(map(str, bad))}: each length must be in 2..{upto}")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.base_url:
         return run_servers(args)
@@ -84,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from rf_eval.ridgefill.api import RidgeFill
     from rf_eval.ridgefill.maps import identity_fill
 
+    check_lengths(args.model, args.lengths)
     try:
         rf = RidgeFill.from_pretrained(args.model, maps=args.maps, split=args.split, device=args.device,
                                        dtype=args.dtype, fill="ridge" if args.maps else "exact")

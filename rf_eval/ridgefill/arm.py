@@ -44,6 +44,14 @@ class CostMatch:
     def __post_init__(self):
         if self.fill not in ("identity", "ridge"):
             raise ValueError(f"cost_match fill must be identity or ridge, got {self.fill!r}")
+        if self.tail is not None and not (isinstance(self.tail, int) and self.tail >= 1):
+            raise ValueError(f"cost_match tail must be an integer >= 1, got {self.tail!r}")
+        if not (isinstance(self.exact_share, (int, float)) and 0 <= self.exact_share <= 1):
+            raise ValueError(f"cost_match exact_share must be a share of the prompt in [0, 1], got {self.exact_share!r}")
+        for name in ("exact_rows", "probe_rows"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and value >= 0):
+                raise ValueError(f"cost_match {name} must be an integer >= 0, got {value!r}")
 
     def target_macs(self, config, n: int, split: int, own_tail: int, map_split: bool = DEFAULT_MAP_SPLIT) -> int:
         """The matched arm's MACs; `map_split` (the control's own arm field) charges its map at layer S."""

@@ -242,7 +242,7 @@ class Backend:
                 if params.top_p is not None:
                     kwargs["top_p"] = params.top_p
                 if params.top_k is not None:
-                    kwargs["top_k"] = params.top_k
+                    kwargs["top_k"] = max(params.top_k, 0)  # vLLM's -1 (no cut) is transformers' 0
                 seed = params.seed if params.seed is not None else self.settings.seed
                 if seed is not None:  # the adapter's rule: (seed, prompt tokens)
                     torch.manual_seed(sampling_seed(seed, ids))

@@ -53,7 +53,8 @@ class Parsed:
     return_ids: bool = False  # vLLM's return_token_ids: prompt and generated token ids in the response
 
 
-def _number(body: dict, key: str, default: Any, kind: type, low: float | None = None) -> Any:
+def _number(body: dict, key: str, default: Any, kind: type, low: float | None = None,
+            high: float | None = None) -> Any:
     value = body.get(key, default)
     if value is None:
         return default
@@ -61,7 +62,17 @@ def _number(body: dict, key: str, default: Any, kind: type, low: float | None = 
         raise RequestError(f"{key} must be {'an integer' if kind is int else 'a number'}, got {value!r}", key)
     if low is not None and value < low:
         raise RequestError(f"{key} must be >= {low}, got {value!r}", key)
+    if high is not None and value > high:
+        raise RequestError(f"{key} must be <= {high}, got {value!r}", key)
     return kind(value)
+
+
+def _top_p(body: dict) -> float | None:
+    """top_p, a probability mass in (0, 1] (OpenAI's and vLLM's range)."""
+    value = _number(body, "top_p", None, float, 0, 1)
+    if value is not None and value == 0:
+        raise RequestError("top_p must be in (0, 1], got 0", "top_p")
+    return value
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -81,8 +92,8 @@ def _common(body: dict, max_key: str, logprobs: int | None) -> tuple[GenParams, 
     params = GenParams(
         max_tokens=_number(body, max_key, 16, int, 0),
         temperature=_number(body, "temperature", 1.0, float, 0),
-        top_p=_number(body, "top_p", None, float, 0),
-        top_k=_number(body, "top_k", None, int),
+        top_p=_top_p(body),
+        top_k=_number(body, "top_k", None, int, -1),  # -1 or 0: no top-k cut (vLLM's -1, transformers' 0)
         stop=_stop(body),
         seed=_number(body, "seed", None, int),
         logprobs=logprobs,
