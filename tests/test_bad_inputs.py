@@ -59,13 +59,19 @@ BAD_FIT = [
     (["--model", "{model}"], "fit needs --model and --splits", 2),
     (["--from-sums", "{tmp}"], "--from-sums needs --lambdas", 2),
     (["--from-sums", "{tmp}", "--lambdas", "0.1"], "no saved sums (sums_split*.safetensors)", 2),
-    (["--model", "{model}", "--splits", "3", "99"], "--splits 99: outside 1..5 for this 6-layer model", 2),
-    (["--model", "{model}", "--splits", "0"], "--splits 0: outside 1..5", 2),
+    (["--model", "{model}", "--splits", "3", "99"], "--splits: split 99 is outside 1..5 for this 6-layer model", 2),
+    (["--model", "{model}", "--splits", "0"], "--splits: split 0 is outside 1..5", 2),
     (["--model", "{model}", "--splits", "3", "--out", "{file}/maps"], "--out {file}/maps: cannot write in {file}", 2),
     (["--model", "{model}", "--splits", "3", "--out", "/proc/rf-eval-test/maps"], "cannot write in /proc/rf-eval-test", 2),
     (["--model", "{model}", "--splits", "3", "--calibration", "{badjsonl}"], "bad.jsonl:3: not JSON", 2),
     (["--model", "{model}", "--splits", "3", "--calibration", "{notext}"], "notext.jsonl:2: each JSONL line needs a string 'text' field", 2),
     (["--model", "{model}", "--splits", "3", "--calibration", "{tmp}/none.jsonl"], "none.jsonl does not exist", 2),
+    (["--model", "{model}", "--splits", "3", "--calibration", "{badjsonl}", "{file}", "--heldout", "{file}"],
+     "bad.jsonl:3: not JSON", 2),
+    (["--model", "{model}", "--splits", "3", "--calibration", "{file}", "--heldout", "{file}"],
+     "1 of the 1 held-out documents are also calibration documents", 2),
+    (["--model", "{model}", "--splits", "3", "--calibration", "{file}", "--heldout", "{notext}"],
+     "notext.jsonl:2: each JSONL line needs", 2),
 ]  # fmt: skip
 
 

@@ -112,10 +112,12 @@ def check_splits(model: str, splits: list[int]) -> None:
         config = AutoConfig.from_pretrained(model)
     except (OSError, ValueError):
         return
-    layers = config.get_text_config().num_hidden_layers
-    bad = [s for s in splits if not 1 <= s <= layers - 1]
-    if bad:
-        raise UserError(f"--splits {' '.join(map(str, bad))}: outside 1..{layers - 1} for this {layers}-layer model")
+    from rf_eval.ridgefill.fitting import check_splits as in_range
+
+    try:
+        in_range(splits, config.get_text_config().num_hidden_layers)
+    except ValueError as err:
+        raise UserError(f"--splits: {err}") from None
 
 
 def _staging(out: str) -> Path:
@@ -164,11 +166,14 @@ def run(args: argparse.Namespace) -> int:
         else:
             if not args.model or not args.splits:
                 raise UserError("fit needs --model and --splits (or --from-sums)")
-            from rf_eval.ridgefill.calibration import check_nonempty
+            from rf_eval.ridgefill.calibration import check_disjoint, check_nonempty
             from rf_eval.ridgefill.fitting import check_lambdas
 
             check_lambdas(args.lambdas, bool(args.heldout))  # fail before loading the model
             check_nonempty(args.calibration)
+            if args.heldout:
+                check_nonempty(args.heldout)
+                check_disjoint(args.calibration, args.heldout)
             init_distributed()
             model, tokenizer = load_model(args)
             result = fit_maps(model, tokenizer, splits=args.splits, calibration=args.calibration,

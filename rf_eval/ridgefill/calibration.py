@@ -37,6 +37,20 @@ def iter_documents(paths: Sequence[str | Path]) -> Iterator[str]:
                 yield text
 
 
+def check_disjoint(calibration: Sequence[str | Path], heldout: Sequence[str | Path]) -> None:
+    """Held-out documents choose lambda (RidgeFill section 2.2): one that is also a calibration document
+    would choose it on the training data. Refused, naming how many (documents compared by exact text)."""
+    if not heldout:
+        return
+    fitted = {hashlib.sha256(text.encode()).digest() for text in iter_documents(calibration)}
+    held = [hashlib.sha256(text.encode()).digest() for text in iter_documents(heldout)]
+    shared = sum(1 for h in held if h in fitted)
+    if shared:
+        raise CalibrationError(f"{shared} of the {len(held)} held-out documents are also calibration documents: "
+                               "lambda would be chosen on the text the maps are fitted on; give held-out text "
+                               "the calibration files do not contain")
+
+
 def sha256_of_files(paths: Sequence[str | Path]) -> str:
     """One digest over the files' bytes, in the order given."""
     digest = hashlib.sha256()

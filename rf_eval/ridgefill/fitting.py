@@ -23,7 +23,7 @@ import rf_eval
 from rf_eval.devices import all_reduce, rank_and_world
 from rf_eval.engine import num_layers
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
-from rf_eval.ridgefill.calibration import check_nonempty, iter_documents, sha256_of_files
+from rf_eval.ridgefill.calibration import check_disjoint, check_nonempty, iter_documents, sha256_of_files
 from rf_eval.ridgefill.capture import capture_sums, heldout_cosines
 from rf_eval.ridgefill.fit_memory import (
     choose_sums_device,
@@ -189,6 +189,7 @@ def fit_maps(
     check_nonempty(calibration)
     if heldout:
         check_nonempty(heldout)
+        check_disjoint(calibration, heldout)
     out = Path(out)
     rank, _ = rank_and_world()
     model.eval()
