@@ -51,6 +51,7 @@ from rf_eval.rarecache.selectors import (
     top_rows,
 )
 from rf_eval.rarecache.transfer import MappedCache, Mapper
+from rf_eval.weights import weights_fingerprint
 
 
 class RaReCache:
@@ -88,6 +89,7 @@ class RaReCache:
             check_tokenizers(source_tokenizer, tokenizer)
         self.maps = maps if isinstance(maps, TransferMaps) else load_transfer_maps(maps)
         self.maps.check_pair(source.config, target.config)
+        self.maps.check_weights(weights_fingerprint(source), weights_fingerprint(target))
         self.maps.check_tokenizer(tokenizer)
         self.rho, self.selector, self.seed = float(arm.rho), arm.selector, int(arm.seed or 0)
         param = next(target.parameters())

@@ -52,6 +52,7 @@ from rf_eval.ridgefill.calibration import check_nonempty, sha256_of_files
 from rf_eval.ridgefill.fitting import tokenized
 from rf_eval.ridgefill.maps import config_hash
 from rf_eval.ridgefill.ridge import RidgeSums
+from rf_eval.weights import weights_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -238,6 +239,8 @@ def fit_transfer(
     maps.metadata = {
         "source_config_hash": config_hash(source.config),
         "target_config_hash": config_hash(target.config),
+        "source_weights_sha256": weights_fingerprint(source),
+        "target_weights_sha256": weights_fingerprint(target),
         "source_model": getattr(source.config, "_name_or_path", ""),
         "target_model": getattr(target.config, "_name_or_path", ""),
         "tokenizer_sha256": vocab_hash,

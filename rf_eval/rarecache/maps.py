@@ -127,6 +127,24 @@ class TransferMaps:
         if self.target_layers != expected:
             raise MapError(f"maps hold target layers {self.target_layers}, expected {expected}")
 
+    def check_weights(self, source_fingerprint: str, target_fingerprint: str) -> None:
+        """Refuse maps fitted on other weights, or for the pair the other way round (two checkpoints of one
+        architecture share a config hash: only the weights tell source from target). Maps written before
+        rf-eval recorded the fingerprints pass with the config check alone."""
+        want = (self.metadata.get("source_weights_sha256"), self.metadata.get("target_weights_sha256"))
+        if want == (None, None):
+            return
+        have = (source_fingerprint, target_fingerprint)
+        if want == have[::-1] and have[0] != have[1]:
+            raise MapError("these maps were fitted for this pair the other way round (their source is this "
+                           "target and their target this source); swap source= and pretrained=, or fit "
+                           "maps for this direction with `rf-eval fit-transfer`")
+        for role, fitted, this in zip(("source", "target"), want, have, strict=True):
+            if fitted != this:
+                raise MapError(f"these maps were fitted on other {role} weights (weights fingerprint "
+                               f"{str(fitted)[:12]}..., this {role} {this[:12]}...); fit maps for this pair with "
+                               "`rf-eval fit-transfer`")
+
     def check_tokenizer(self, tokenizer) -> None:
         want = self.metadata.get("tokenizer_sha256")
         if want and tokenizer is not None and tokenizer_hash(tokenizer) != want:

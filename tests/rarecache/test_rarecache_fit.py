@@ -206,6 +206,26 @@ def test_maps_for_another_pair_are_refused(fitted, tmp_path):
         RaReCache(llama["target"], llama["source"], llama["tokenizer"], maps=str(tmp_path))
 
 
+def test_maps_of_one_architecture_are_told_apart_by_their_weights_and_direction(calibration, tmp_path):
+    """Two checkpoints of one architecture share a config hash: the weights fingerprints recorded by the fit
+    refuse the pair the other way round, and a third checkpoint of the same shape."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rf_eval.rarecache.fit import fit_transfer
+
+    a, b, c = (AutoModelForCausalLM.from_pretrained(make_tiny_model("llama", tmp_path / n, seed=s)).eval()
+               for n, s in (("a", 1), ("b", 2), ("c", 3)))
+    tok = AutoTokenizer.from_pretrained(tmp_path / "a")
+    fit_transfer(a, b, tok, tok, calibration, k=2, rank=4, lam=0.01, out=tmp_path / "maps")
+    RaReCache(b, a, tok, maps=str(tmp_path / "maps"))  # the fitted direction: source a, target b
+    with pytest.raises(MapError, match="other way round"):
+        RaReCache(a, b, tok, maps=str(tmp_path / "maps"))
+    with pytest.raises(MapError, match="other target weights"):
+        RaReCache(c, a, tok, maps=str(tmp_path / "maps"))
+    with pytest.raises(MapError, match="other source weights"):
+        RaReCache(b, c, tok, maps=str(tmp_path / "maps"))
+
+
 def test_fit_transfer_command_writes_maps_with_metadata(tiny_pair_dirs, calibration, tmp_path, capsys):
     source_dir, target_dir = tiny_pair_dirs("qwen3")
     out = tmp_path / "maps"
