@@ -10,7 +10,9 @@ paper, section 3.2 and appendix E: the protocols run with thinking off): when
 the chat template has an `enable_thinking` switch (Qwen3, Qwen3.5) and the
 user set neither key, render with enable_thinking=False. A value the user
 gives wins, and is passed on as given even to a template without the switch
-(which then ignores it), as `hf` does.
+(which then ignores it), as `hf` does; the record then says so
+(`enable_thinking` null, `enable_thinking_ignored` the value given) instead
+of recording a thinking setting the prompts never had.
 
 Rendering itself is lm-eval's own `HFLM.apply_chat_template` (its
 `continue_final_message` and system-role fallback included), so neither
@@ -71,9 +73,12 @@ def record(tokenizer: Any, args: dict[str, Any], thinking_default: bool) -> dict
         example = render(tokenizer, args, EXAMPLE)
     except Exception as err:  # a template that needs other roles or arguments: record why
         example = f"(not rendered: {type(err).__name__})"
+    switch, given = template_has_thinking_switch(template), args.get(THINKING)
+    ignored = {"enable_thinking_ignored": given} if given is not None and not switch else {}
     return {
-        "thinking_switch": template_has_thinking_switch(template),
-        "enable_thinking": args.get(THINKING),
+        "thinking_switch": switch,
+        "enable_thinking": given if switch else None,  # a template without the switch renders the same either way
+        **ignored,
         "enable_thinking_default": thinking_default,
         "template_sha256": hashlib.sha256(text.encode()).hexdigest(),
         "rendered_example": example,

@@ -150,6 +150,12 @@ def test_thinking_is_off_by_default_and_recorded(thinking_model, tiny_model_dir)
     record = plain.get_model_info()["rf_eval"]["chat_template"]
     assert record["thinking_switch"] is False and record["enable_thinking"] is None
     assert "enable_thinking" not in plain.chat_template_args
+    # a value given to a template without the switch renders nothing different, and is recorded as ignored
+    asked = RidgeFillLM(pretrained=tiny_model_dir("llama"), fill="exact", device="cpu", enable_thinking=True,
+                        think_end_token="</think>")
+    record = asked.get_model_info()["rf_eval"]["chat_template"]
+    assert record["enable_thinking"] is None and record["enable_thinking_ignored"] is True
+    assert asked.apply_chat_template(chat) == plain.apply_chat_template(chat)
 
 
 def test_revision_and_trust_remote_code_reach_from_pretrained(tiny_model_dir, monkeypatch):
