@@ -103,7 +103,7 @@ def test_served_chat_prompts_and_answers_are_the_adapters_item_by_item(thinking_
     (True, {"chat_template_args": {"enable_thinking": True}}),
     (True, {"enable_thinking": False}),
     (False, {}),
-    (False, {"enable_thinking": True, "think_end_token": "</think>"}),  # no switch: recorded as asked, ignored
+    (False, {"enable_thinking": True, "think_end_token": "</think>"}),  # no switch: recorded as ignored
 ])
 def test_server_and_adapter_render_alike_under_every_setting(thinking_dir, serve_model_dir, switch, model_args):
     """The server's backend, configured by the same model_args, renders, tokenizes and records as the adapter."""
@@ -119,7 +119,8 @@ def test_server_and_adapter_render_alike_under_every_setting(thinking_dir, serve
         assert backend.render_chat(messages) == text and backend.encode(text) == lm.encode_prompt(text)
     assert backend.chat_template == lm.chat_template_record()
     thinking = model_args.get("enable_thinking", (model_args.get("chat_template_args") or {}).get("enable_thinking"))
-    expected = False if switch and thinking is None else thinking
+    expected = (False if thinking is None else thinking) if switch else None
     assert backend.chat_template["enable_thinking"] is expected
+    assert backend.chat_template.get("enable_thinking_ignored") is (None if switch else thinking)
     assert backend.chat_template["thinking_switch"] is switch
     assert lm.apply_chat_template(CHATS[0]).endswith(THINK_OFF) is (expected is False and switch)
