@@ -65,17 +65,26 @@ def run_model() -> dict[str, Any] | None:
     return run_context.current()
 
 
+def _ruler_tokenizer_name(meta: dict[str, Any]) -> str | None:
+    """The tokenizer name lm-eval's RULER takes from a task's metadata: its `resolve_tokenizer_name`
+    (lm-eval 0.4.13: `tokenizer`, `pretrained`, `model`). lm-eval 0.5.0.dev1 has no such function; its
+    `get_tokenizer` reads `tokenizer`, then `pretrained`, which is what this falls back to there."""
+    try:
+        from lm_eval.tasks.ruler.common_utils import resolve_tokenizer_name
+    except ImportError:
+        return next((meta[k] for k in ("tokenizer", "pretrained") if isinstance(meta.get(k), str) and meta[k]), None)
+    return resolve_tokenizer_name(meta)
+
+
 def with_run_defaults(metadata: dict[str, Any] | None) -> dict[str, Any]:
     """Task metadata with what the run's model implies where the run gives nothing: its tokenizer
     (e.g. the embedded demo model's under `--model ridgefill` with no model_args) and the
     model's default task options (`max_seq_lengths` of the demo model)."""
-    from lm_eval.tasks.ruler.common_utils import resolve_tokenizer_name
-
     meta = dict(metadata or {})
     run = run_model()
     if run is None:
         return meta
-    if resolve_tokenizer_name(meta) is None and run.get("tokenizer"):
+    if _ruler_tokenizer_name(meta) is None and run.get("tokenizer"):
         meta["tokenizer"] = run["tokenizer"]
     for key, value in (run.get("task_defaults") or {}).items():
         if meta.get(key) is None:
@@ -116,9 +125,7 @@ def filled_tail(metadata: dict[str, Any] | None) -> int:
 
 def tokenizer_name(metadata: dict[str, Any] | None) -> str | None:
     """The tokenizer lm-eval's RULER would use (`tokenizer`, `pretrained`, `model`), else the run model's."""
-    from lm_eval.tasks.ruler.common_utils import resolve_tokenizer_name
-
-    return resolve_tokenizer_name(metadata or {}) or (run_model() or {}).get("tokenizer")
+    return _ruler_tokenizer_name(metadata or {}) or (run_model() or {}).get("tokenizer")
 
 
 def tokenizer_from(metadata: dict[str, Any] | None):
