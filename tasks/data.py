@@ -8,7 +8,7 @@ HotpotQA's JSON (lm-eval's `download_json`); `longbench_v2_cot` reads the
 LongBench v2 items. On a node without a network (a cluster's compute node)
 that fails, and lm-eval builds its tasks only after loading the model.
 
-- `rf-eval fetch-data --tasks ... --out DIR` (`fetch`) downloads what the
+- `rf-eval fetch-data --tasks ... --out DIR` (`rf_eval.tasks.data_fetch`) downloads what the
   named tasks need into DIR, through the same lm-eval functions the tasks
   call, where the network is reachable, with a `manifest.json` (files,
   sha256, sources, time).
@@ -25,13 +25,11 @@ that fails, and lm-eval builds its tasks only after loading the model.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,15 +64,15 @@ class Source:
 
 
 def _ruler(name: str):
-    from rf_eval.tasks.ruler_data import _ruler_module
+    from rf_eval.tasks.ruler_data import ruler_module
 
-    return _ruler_module(name)
+    return ruler_module(name)
 
 
 def _fetch_essays(folder: Path) -> None:
     words = _ruler("prepare_niah").get_haystack(type_haystack="essay")
     # one text file that `ruler_data.essay_haystack` splits back into exactly these words
-    _write_text(folder / "paul_graham_essays.txt", " ".join(words))
+    write_text(folder / "paul_graham_essays.txt", " ".join(words))
 
 
 def _essays_cached() -> bool:
@@ -120,7 +118,7 @@ def _qa_url(reader: str) -> str:
 def _fetch_qa(reader: str, name: str) -> Callable[[Path], None]:
     def fetch(folder: Path) -> None:
         data = _ruler("qa_utils").download_json(_qa_url(reader))
-        _write_text(folder / name, json.dumps(data))
+        write_text(folder / name, json.dumps(data))
 
     return fetch
 
@@ -129,10 +127,10 @@ def _fetch_longbench(folder: Path) -> None:
     import datasets
 
     items = datasets.load_dataset(LONGBENCH_DATASET, split="train").to_list()
-    _write_text(folder / "longbench_v2.json", json.dumps(items, ensure_ascii=False))
+    write_text(folder / "longbench_v2.json", json.dumps(items, ensure_ascii=False))
 
 
-def _write_text(path: Path, text: str) -> None:
+def write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
@@ -360,55 +358,3 @@ def _run_metadata(bound: dict[str, Any]) -> dict[str, Any]:
         model_args = simple_parse_args_string(model_args)
     manager = getattr(bound.get("task_manager"), "metadata", None) or {}
     return {**dict(model_args), **dict(manager), **dict(bound.get("metadata") or {})}
-
-
-# ---- rf-eval fetch-data
-
-
-def fetch(tasks: Iterable[str], out: Path, *, force: bool = False, log: Callable[[str], None] = print) -> dict:
-    """Download what `tasks` need into `out`; returns the manifest written there. Pieces already there are
-    kept unless `force`."""
-    tasks = list(tasks)
-    configs = task_configs()
-    unknown = [t for t in tasks if t not in configs]
-    if unknown:
-        raise UserError(f"fetch-data: {', '.join(map(repr, unknown))} is not an rf-eval task; valid: "
-                        f"{', '.join(sorted(configs))}")
-    out.mkdir(parents=True, exist_ok=True)
-    manifest_path = out / MANIFEST
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"sources": {}}
-    wanted = list(dict.fromkeys(n for t in tasks for n in sources_of(configs[t])))
-    for task in tasks:
-        if not sources_of(configs[task]):
-            log(f"{task}: downloads nothing" + (" (it reads your own documents: `docs`)"
-                                                 if task in ("keytoken_nll", "decode_agreement") else ""))
-    for name in wanted:
-        source, target = SOURCES[name], out / SOURCES[name].path
-        if target.exists() and not force:
-            log(f"{name}: {target} is there (kept; --force downloads it again)")
-            continue
-        log(f"{name}: downloading {source.what} from {source.host}")
-        t0 = time.time()
-        try:
-            source.fetch(out)
-        except Exception as err:
-            raise UserError(f"fetch-data: could not download {source.what} from {source.host} "
-                            f"({type(err).__name__}: {err}); run it where the network is reachable") from err
-        manifest["sources"][name] = {"path": source.path, "sha256": _sha256(target), "host": source.host,
-                                     "fetched": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                     "seconds": round(time.time() - t0, 1)}
-        _write_text(manifest_path, json.dumps(manifest, indent=2, sort_keys=True))
-        log(f"{name}: wrote {target}")
-    _write_text(manifest_path, json.dumps(manifest, indent=2, sort_keys=True))
-    return manifest
-
-
-def _sha256(path: Path) -> str:
-    """A file's sha256 (what `sha256sum` prints); a folder's over its files' relative paths and sha256s."""
-    if path.is_file():
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    digest = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        digest.update(f.relative_to(path).as_posix().encode())
-        digest.update(hashlib.sha256(f.read_bytes()).digest())
-    return digest.hexdigest()

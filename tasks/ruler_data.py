@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from rf_eval.errors import UserError
+from rf_eval.tasks.data import offline
 
 # lm-eval task name -> (module in lm_eval.tasks.ruler, dataset function, needle kind, answer budget)
 RULER_TASKS: dict[str, tuple[str, str, str, int]] = {
@@ -72,7 +73,7 @@ class RulerDataError(UserError, RuntimeError):
     """A RULER task cannot build its samples (missing local data, tokenizer, nltk model)."""
 
 
-def _ruler_module(name: str):
+def ruler_module(name: str):
     """lm-eval's RULER module `name`. Importing `prepare_niah` (which `niah_utils` does) asks nltk to
     download `punkt_tab` when it is missing; offline (HF_HUB_OFFLINE) the network refuses, nltk prints
     its error, and lm-eval prints "Downloaded punkt_tab" though nothing was. Offline, the import runs
@@ -80,7 +81,7 @@ def _ruler_module(name: str):
     haystack) call `check_punkt`, which says what is missing and how to get it. (The import's 12-13 s
     here are lm-eval's own word list, built at import, not the download.)"""
     module = f"lm_eval.tasks.ruler.{name}"
-    if module in sys.modules or not _offline():
+    if module in sys.modules or not offline():
         return importlib.import_module(module)
     import nltk
 
@@ -119,12 +120,6 @@ def essay_haystack(path: str | Path) -> list[str]:
     return re.sub(r"\s+", " ", " ".join(load_essays(path))).split(" ")
 
 
-def _offline() -> bool:
-    from rf_eval.tasks.data import offline
-
-    return offline()
-
-
 def check_punkt(task: str = "the essay-haystack RULER tasks") -> None:
     """The essay haystack is split into sentences by nltk's `punkt_tab` model. When it is
     missing, lm-eval's own downloader fetches it (skipped when HF_HUB_OFFLINE is set)."""
@@ -137,9 +132,9 @@ def check_punkt(task: str = "the essay-haystack RULER tasks") -> None:
         return
     except LookupError:
         pass
-    if not _offline():
+    if not offline():
         try:
-            _ruler_module("prepare_niah").download_nltk_resources()
+            ruler_module("prepare_niah").download_nltk_resources()
         except Exception:  # any network failure: the message below says what to do
             pass
     try:
@@ -180,7 +175,7 @@ def local_sources(metadata: dict[str, Any], base_task: str) -> Iterator[None]:
     if module_name == "niah_utils":
         from rf_eval.tasks import data
 
-        niah = _ruler_module("niah_utils")
+        niah = ruler_module("niah_utils")
         original = niah.get_haystack
         path = data.local_copy("essays", metadata)  # essay_haystack, else the data folder's copy
         data.use_nltk_data(metadata)
@@ -204,7 +199,7 @@ def local_sources(metadata: dict[str, Any], base_task: str) -> Iterator[None]:
     elif module_name == "cwe_utils":
         # cwe draws from a module-level Random(42) that lm-eval shuffles once at import:
         # start every generation from that import-time state, as a fresh lm-eval process does.
-        cwe = _ruler_module("cwe_utils")
+        cwe = ruler_module("cwe_utils")
         fresh = random.Random(42)
         fresh.shuffle([None] * len(cwe.WORDS))
         saved = cwe.RNG.getstate()
@@ -214,7 +209,7 @@ def local_sources(metadata: dict[str, Any], base_task: str) -> Iterator[None]:
         finally:
             cwe.RNG.setstate(saved)
     elif kind == "qa":
-        qa = _ruler_module("qa_utils")
+        qa = ruler_module("qa_utils")
         from rf_eval.tasks import data
 
         local = data.local_copy("squad" if base_task == "ruler_qa_squad" else "hotpotqa", metadata)
@@ -249,13 +244,13 @@ def generate(base_task: str, metadata: dict[str, Any]):
     seed = int(metadata.get("seed", DEFAULT_SEED))
     numpy_seed = int(metadata.get("numpy_seed", DEFAULT_NUMPY_SEED))
     with local_sources(metadata, base_task):
-        fn = getattr(_ruler_module(module_name), func_name)
+        fn = getattr(ruler_module(module_name), func_name)
         with seeded(seed, numpy_seed):
             return fn(**dict(metadata))
 
 
 def qa_gold_documents(base_task: str, index: int) -> list[str]:
     """The documents lm-eval's RULER QA generator counts as the question's own (`context`)."""
-    qa = _ruler_module("qa_utils")
+    qa = ruler_module("qa_utils")
     qas, docs = qa.read_squad() if base_task == "ruler_qa_squad" else qa.read_hotpotqa()
     return [docs[i] for i in qas[index]["context"]]

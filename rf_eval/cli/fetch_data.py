@@ -3,7 +3,7 @@ where the network is reachable, for runs on nodes without one (`rf_eval.tasks.da
 
 Then run with `--metadata '{"data_dir": "DIR"}'` or RF_EVAL_DATA=DIR: the tasks
 read the essays, nltk's punkt_tab, the RULER QA sets and the LongBench v2
-items from DIR. DIR/manifest.json records each piece's sha256, source and time.
+items from DIR (`rf_eval.tasks.data_fetch`). DIR/manifest.json records each piece's sha256, source and time.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.tasks.data import DATA_ENV, DATA_OPTION, fetch, offline
+    from rf_eval.tasks.data import DATA_ENV, DATA_OPTION, offline
+    from rf_eval.tasks.data_fetch import fetch
 
     tasks = [t for item in args.tasks for t in item.split(",") if t]
     if offline():

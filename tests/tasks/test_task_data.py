@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rf_eval.tasks import data, ruler_data
+from rf_eval.tasks import data, data_fetch, ruler_data
 
 
 @pytest.fixture
@@ -45,8 +45,8 @@ def stand_in_sources(monkeypatch, fx, tmp_path):
         fx.write_punkt(Path(download_dir))
         return True
 
-    qa = ruler_data._ruler_module("qa_utils")
-    haystack = ruler_data._ruler_module("prepare_niah").get_haystack  # lm-eval caches what it downloaded
+    qa = ruler_data.ruler_module("qa_utils")
+    haystack = ruler_data.ruler_module("prepare_niah").get_haystack  # lm-eval caches what it downloaded
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     monkeypatch.setattr(nltk, "download", download)
     monkeypatch.setattr(qa, "download_json", lambda url: calls.append(url) or {"data": [], "url": url})
@@ -74,7 +74,7 @@ def test_what_each_task_downloads(task, sources):
 
 def test_the_essay_list_is_lm_evals():
     """ESSAY_HAYSTACK names exactly the RULER niah generators of lm-eval that read the essay haystack."""
-    niah = ruler_data._ruler_module("niah_utils")
+    niah = ruler_data.ruler_module("niah_utils")
     for task, (module, func, _, _) in ruler_data.RULER_TASKS.items():
         if module != "niah_utils":
             continue
@@ -85,7 +85,7 @@ def test_the_essay_list_is_lm_evals():
 def test_fetch_writes_what_the_tasks_read(stand_in_sources, tmp_path):
     out = tmp_path / "data"
     lines: list[str] = []
-    manifest = data.fetch(["ruler_filled", "ruler_qa_squad_filled", "longbench_v2_cot", "keytoken_nll"], out,
+    manifest = data_fetch.fetch(["ruler_filled", "ruler_qa_squad_filled", "longbench_v2_cot", "keytoken_nll"], out,
                           log=lines.append)
     assert set(manifest["sources"]) == {"essays", "punkt_tab", "squad", "longbench_v2"}
     for entry in manifest["sources"].values():
@@ -93,7 +93,7 @@ def test_fetch_writes_what_the_tasks_read(stand_in_sources, tmp_path):
     essay_file = out / "paul_graham_essays.txt"
     assert manifest["sources"]["essays"]["sha256"] == hashlib.sha256(essay_file.read_bytes()).hexdigest()
     # the fetched file splits into the very haystack lm-eval's get_haystack builds from the same source
-    assert ruler_data.essay_haystack(essay_file) == ruler_data._ruler_module("prepare_niah").get_haystack("essay")
+    assert ruler_data.essay_haystack(essay_file) == ruler_data.ruler_module("prepare_niah").get_haystack("essay")
     squad_url = data._qa_url("read_squad")
     assert json.loads((out / "squad.json").read_text())["url"] == squad_url
     assert [i["_id"] for i in json.loads((out / "longbench_v2.json").read_text())] == \
@@ -102,7 +102,7 @@ def test_fetch_writes_what_the_tasks_read(stand_in_sources, tmp_path):
     assert any("keytoken_nll: downloads nothing" in line for line in lines)
     # a second fetch keeps what is there
     calls = len(stand_in_sources["calls"])
-    data.fetch(["ruler_filled"], out, log=lines.append)
+    data_fetch.fetch(["ruler_filled"], out, log=lines.append)
     assert len(stand_in_sources["calls"]) == calls
 
 
@@ -119,7 +119,7 @@ def test_offline_preflight_names_the_fetch_command_and_the_local_option(no_punkt
 
 def test_offline_preflight_passes_with_a_data_folder(no_punkt, stand_in_sources, monkeypatch, tmp_path):
     out = tmp_path / "data"
-    data.fetch(["ruler_filled", "longbench_v2_cot"], out, log=lambda line: None)
+    data_fetch.fetch(["ruler_filled", "longbench_v2_cot"], out, log=lambda line: None)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     data.preflight(["ruler_filled", "longbench_v2_cot"], {"data_dir": str(out)})
     monkeypatch.setenv(data.DATA_ENV, str(out))
@@ -198,7 +198,7 @@ def test_lm_eval_offline_refuses_before_the_model_then_runs_from_fetched_data(
     assert "Traceback" not in log and "Initializing ridgefill model" not in log, log[-3000:]
 
     folder = tmp_path / "data"
-    data.fetch(["ruler_filled"], folder, log=lambda line: None)  # the stand-in sources, no network
+    data_fetch.fetch(["ruler_filled"], folder, log=lambda line: None)  # the stand-in sources, no network
     os.environ.pop(data.DATA_ENV, None)
     proc, log, out = _lm_eval(th, tiny_llama, tmp_path, "with", {**meta, "data_dir": str(folder)}, env)
     assert proc.returncode == 0, log[-3000:]

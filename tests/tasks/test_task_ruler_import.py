@@ -21,7 +21,7 @@ nltk.download = lambda *args, **kwargs: calls.append(args) or False
 sys.path.insert(0, sys.argv[2])
 from tasks import ruler_data
 started = time.monotonic()
-niah = ruler_data._ruler_module("niah_utils")
+niah = ruler_data.ruler_module("niah_utils")
 print(json.dumps({"calls": calls, "seconds": time.monotonic() - started, "has": hasattr(niah, "get_haystack")}))
 """
 
