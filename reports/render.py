@@ -161,7 +161,7 @@ def build_view(summary: dict[str, Any]) -> dict[str, Any]:
     colours = {arm["name"]: PALETTE[i % len(PALETTE)] for i, arm in enumerate(summary["arms"])}
     return {
         "ledger_head": None, "metrics": {"points": "none", "tasks": "none", "losses": "none"}, "standalone": False,
-        "measures": [], "strata_rule": "",
+        "measures": [], "strata_rule": "", "cross_model": [], "notes": [],
         **summary,
         "charts": {
             "forest": forest_plot(summary["forest"], margin=summary["margin"], colours=colours)

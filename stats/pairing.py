@@ -2,7 +2,8 @@
 
 Every arm is compared with the reference on the same inputs. Items pair by task,
 filter, metric and document (doc_id, with the same doc_hash); an item pairs only if
-both arms were given the same prompt (the same prompt_hash). Anything else is
+both arms were given the same prompt and target (the same prompt_hash and
+target_hash). Anything else is
 refused with a message naming the task and the document: a difference in the
 prompt (another chat template, few-shot draw or truncation) would be measured
 as a difference between the arms.
@@ -38,13 +39,13 @@ def pair_arms(items: pd.DataFrame, arm: str, ref: str) -> pd.DataFrame:
     a = items[items["arm"] == arm]
     r = items[items["arm"] == ref]
     merged = a.merge(r, on=PAIR_KEYS, how="inner", suffixes=("_arm", "_ref"))
-    for column, what in (("doc_hash", "documents"), ("prompt_hash", "prompts")):
+    for column, what in (("doc_hash", "documents"), ("prompt_hash", "prompts"), ("target_hash", "targets")):
         row = _first_mismatch(merged, column)
         if row is not None:
             raise PairingError(
                 f"task {row['task']!r}, doc {row['doc_id']}: the {what} differ between arm {arm!r} "
                 f"and reference {ref!r} ({str(row[f'{column}_arm'])[:16]} vs {str(row[f'{column}_ref'])[:16]}); "
-                "items are paired only when both arms saw the same document and prompt"
+                "items are paired only when both arms saw the same document, prompt and target"
             )
     out = merged[PAIR_KEYS].copy()
     for column in _SHARED:

@@ -49,7 +49,7 @@ from rf_eval.stats.measures import default_metrics, missing_note, missing_reason
 __all__ = ["ArmRun", "EmptyMetricError", "ITEM_COLUMNS", "RunFormatError", "Runs", "load_runs"]
 
 ITEM_COLUMNS = (
-    "arm", "task", "filter", "doc_id", "metric", "primary", "doc_hash", "prompt_hash", "higher_is_better",
+    "arm", "task", "filter", "doc_id", "metric", "primary", "doc_hash", "prompt_hash", "target_hash", "higher_is_better",
     "unit", "score", "length", "domain", "subtask", "prefill_seconds", "speedup_ceiling",
 )  # fmt: skip
 RULER_SCORE = "score"
@@ -78,11 +78,17 @@ class ArmRun:
     started: datetime
     results_files: tuple[str, ...]
     config_hashes: frozenset[str]
+    #: the per-sample logs its items were read from
+    samples_files: tuple[str, ...] = ()
     task_started: dict[str, datetime] = field(default_factory=dict)
     #: ledger heads ({path, hash, count}) the arm's runs recorded (`config.rf_eval.ledger`)
     ledger_heads: tuple[dict[str, Any], ...] = ()
     #: the engine floor its adapter measured at start (`rf_eval.engine_floor`), None when not recorded
     engine_floor: dict[str, Any] | None = None
+    #: what identifies its model: `pretrained`, `num_parameters`, `weights_sha256` (None where not recorded)
+    model_identity: dict[str, Any] = field(default_factory=dict)
+    #: per task, the config fields of `rf_eval.stats.comparable.PROTOCOL_FIELDS` its run recorded
+    task_protocol: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def model_args_text(self) -> str:
@@ -272,6 +278,7 @@ def _sample_rows(
             "doc_id": sample["doc_id"],
             "doc_hash": str(sample.get("doc_hash") or ""),
             "prompt_hash": str(sample.get("prompt_hash") or ""),
+            "target_hash": str(sample.get("target_hash") or ""),
             "length": _doc_length(doc),
             "domain": str(domain) if isinstance(domain, (str, int)) else None,
             "subtask": _subtask(sample, doc),
@@ -318,6 +325,33 @@ def _config_hashes(files: Sequence[_ResultsFile]) -> frozenset[str]:
     return frozenset(file_sha256(p) for p in candidates if p.stat().st_size <= MAX_HASHED_BYTES)
 
 
+def _model_identity(name: str, files: Sequence[_ResultsFile]) -> dict[str, Any]:
+    """The arm's model as its results record it; one arm's runs on two different weights are refused."""
+    seen: dict[str, Path] = {}
+    identity: dict[str, Any] = {}
+    for rf in files:
+        config = rf.data.get("config") or {}
+        info = config.get("rf_eval") if isinstance(config.get("rf_eval"), dict) else {}
+        weights = info.get("weights_sha256")
+        if weights:
+            seen.setdefault(str(weights), rf.path)
+        identity = {"pretrained": rf.model_args.get("pretrained"), "num_parameters": config.get("model_num_parameters"),
+                    "weights_sha256": weights or identity.get("weights_sha256")}
+    if len(seen) > 1:
+        (a, pa), (b, pb) = list(seen.items())[:2]
+        raise RunFormatError(f"arm {name}: its runs were made on different weights with the same model_args "
+                             f"({pa}: fingerprint {a[:12]}..., {pb}: {b[:12]}...); keep the runs of one model only")
+    return identity
+
+
+def _task_protocol(rf: _ResultsFile, task: str) -> dict[str, Any]:
+    from rf_eval.stats.comparable import PROTOCOL_FIELDS
+
+    config = rf.data["configs"].get(task) or {}
+    return {name: (rf.data.get("versions") or {}).get(task) if name == "version" else config.get(name)
+            for name in PROTOCOL_FIELDS}
+
+
 def _ledger_head(rf: _ResultsFile) -> dict[str, Any] | None:
     info = (rf.data.get("config") or {}).get("rf_eval")
     head = info.get("ledger") if isinstance(info, dict) else None
@@ -362,12 +396,14 @@ def load_runs(
     for key, name in zip(arm_keys, names):
         used = [(task, rf) for (k, task), rf in chosen.items() if k == key]
         n_rows = len(rows)
+        samples_files: list[str] = []
         for task, rf in used:
             samples = rf.path.parent / f"samples_{task}_{rf.date_id}.jsonl"
             if not samples.is_file():
                 notes.append(f"{name}: no per-sample log for {task} in {rf.path.parent} (use --log_samples)")
                 continue
             requested = (metrics or {}).get(task, ())
+            samples_files.append(str(samples))
             try:
                 found: list[str] = []
                 rows += [{"arm": name, **row} for row in _sample_rows(rf, task, samples, requested, found)]
@@ -388,9 +424,12 @@ def load_runs(
                 started=datetime.fromtimestamp(min(rf.started for rf in files), tz=timezone.utc),
                 results_files=tuple(str(rf.path) for rf in files),
                 config_hashes=_config_hashes(files),
+                samples_files=tuple(samples_files),
                 task_started={t: datetime.fromtimestamp(rf.started, tz=timezone.utc) for t, rf in used},
                 ledger_heads=tuple(h for h in (_ledger_head(rf) for rf in files) if h is not None),
                 engine_floor=_engine_floor(files),
+                model_identity=_model_identity(name, files),
+                task_protocol={t: _task_protocol(rf, t) for t, rf in used},
             )
         )
     if not rows:

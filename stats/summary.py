@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rf_eval.stats.comparable import check_comparable
 from rf_eval.stats.contrasts import loss_contrast, own_measure, points_contrast
 from rf_eval.stats.controls import control_margin
 from rf_eval.stats.ledger import LedgerEntry
@@ -261,8 +262,13 @@ def study_summary(
     seed: int = 0,
     ledger: Sequence[LedgerEntry] | None = None,
     controls: Mapping[str, Sequence[str]] | None = None,
+    cross_model: bool = False,
 ) -> dict[str, Any]:
-    """Compare every arm of `runs` with `reference`; see the module docstring."""
+    """Compare every arm of `runs` with `reference`; see the module docstring.
+
+    Arms on other weights or another task protocol than the reference are
+    refused (`rf_eval.stats.comparable`) unless `cross_model`, which labels them.
+    """
     names = [a.name for a in runs.arms]
     for name, where in [(reference, "")] + [(n, " (in --control)") for s, c in (controls or {}).items() for n in (s, *c)]:
         if name not in names:
@@ -270,6 +276,7 @@ def study_summary(
     if len(names) < 2:
         raise ValueError(f"a report compares arms, and the runs given hold one arm ({', '.join(names)}); "
                          "give the lm-eval output folders of at least two arms")
+    labels = check_comparable(runs, reference, cross_model=cross_model)
     opts = {"confidence": confidence, "n_resamples": n_resamples, "seed": seed}
     study = _Study(runs, reference, margin, opts, None if ledger is None else list(ledger))
     tasks, losses, forest = study.tasks()
@@ -281,7 +288,7 @@ def study_summary(
                          f"different tasks or documents ({ran})")
     overall = study.overall()
     lengths = study.by_length()
-    notes = study.notes()
+    notes = labels + study.notes()
     if not lengths["lengths"]:
         notes.append("no item recorded a length (doc max_length or a RULER length metric): no per-length tables")
     return {
@@ -289,7 +296,7 @@ def study_summary(
         "arms": study.arms(), "tasks": tasks, "overall": overall, "measures": measures, "losses": losses, **lengths,
         "forest": forest + [{"group": r["arm"], "label": "overall", **r} for r in overall],
         "speed": study.speed(), "controls": study.controls(controls or {}),
-        "has_ledger": ledger is not None, "ledger_head": None, "notes": notes, "strata_rule": RULE,
+        "has_ledger": ledger is not None, "ledger_head": None, "notes": notes, "cross_model": labels, "strata_rule": RULE,
         "metrics": _metrics_used(tasks, losses),
     }  # fmt: skip
 

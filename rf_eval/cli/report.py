@@ -14,9 +14,12 @@ Nothing is reported silently wrong: a task whose primary metric has no value
 on any item (e.g. a `*_filled` task whose tail covers every needle) stops the
 report (exit 2) unless `--allow-empty` leaves it out; every table's caption
 names the metric it shows; runs with no items in common with the reference,
-or a single arm, stop it too. With `--ledger`, the head each run recorded
-(`$RF_EVAL_LEDGER`) must still be in the ledger, and the report records the
-head it saw. `--latex` writes a fragment to `\\input` (`--latex-standalone`:
+or a single arm, stop it too, and so do arms run on other weights or another
+task protocol than the reference (`rf_eval.stats.comparable`) unless
+`--cross-model` asks for that comparison, which every output then labels. With `--ledger`, the head each run recorded
+(`$RF_EVAL_LEDGER`) must still be in the ledger, every result file the ledger
+recorded must be unchanged, the results and samples files read are recorded
+in it (`rf_eval.stats.ledger_results`), and the report records the head it saw. `--latex` writes a fragment to `\\input` (`--latex-standalone`:
 a whole document).
 """
 
@@ -41,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-empty", dest="allow_empty", action="store_true",
                         help="leave out (with a note) tasks whose primary metric has no value on any item, "
                              "instead of failing")
+    parser.add_argument("--cross-model", dest="cross_model", action="store_true",
+                        help="compare arms run on other weights or another task protocol than the reference "
+                             "(refused otherwise); every output then labels those comparisons")
     parser.add_argument("--markdown", metavar="FILE", help="also write Markdown tables")
     parser.add_argument("--json", metavar="FILE",
                         help="also write every figure of the report as JSON (what the tables are rendered from)")
@@ -125,6 +131,7 @@ def check_distinct_outputs(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from rf_eval.reports.render import write_reports
     from rf_eval.stats.ledger import LedgerError, ledger_head, verify_ledger
+    from rf_eval.stats.ledger_results import check_results, record_results
     from rf_eval.stats.pairing import PairingError
     from rf_eval.stats.runs import RunFormatError, load_runs
     from rf_eval.stats.summary import study_summary
@@ -139,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         ledger = verify_ledger(args.ledger) if args.ledger else None
         if ledger is not None:
             check_recorded_heads(runs, ledger)
+            check_results(args.ledger, ledger)
         summary = study_summary(
             runs,
             args.reference,
@@ -148,15 +156,18 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             ledger=ledger,
             controls=_mapping("--control", args.control),
+            cross_model=args.cross_model,
         )
     except LedgerError as err:
         raise UserError(f"ledger {args.ledger}: {err}") from None
     except (RunFormatError, PairingError, ValueError) as err:
         raise UserError(str(err)) from None
     summary["speed"] = list(summary["speed"]) + ttft_speed_rows(args.ttft)
-    if args.ledger:
-        from pathlib import Path
-
+    if ledger is not None:
+        files = [f for arm in runs.arms for f in (*arm.results_files, *arm.samples_files)]
+        entry = record_results(args.ledger, ledger, files, arms=[arm.name for arm in runs.arms])
+        if entry is not None:
+            print(f"ledger {args.ledger}: entry {entry.index} records the sha256 of {len(entry.files)} result files")
         head = ledger_head(args.ledger)
         summary["ledger_head"] = {"path": str(Path(args.ledger).resolve()), "hash": head.hash, "count": head.count}
     for path in write_reports(summary, html=args.html, latex=args.latex, markdown=args.markdown,

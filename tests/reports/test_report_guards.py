@@ -90,8 +90,9 @@ def test_report_checks_the_heads_runs_recorded_and_records_its_own(tmp_path, lme
     _with_ledger_head(b, ledger)
     assert _report(tmp_path, a, b, extra=["--ledger", str(ledger), "--latex", str(tmp_path / "t.tex")]) == 0
     head = ledger_head(ledger)
-    assert f"{head.hash}:2" in (tmp_path / "r.md").read_text()
-    assert f"{head.hash}:2" in (tmp_path / "r.html").read_text() and head.hash in (tmp_path / "t.tex").read_text()
+    assert head.count == 3  # the two claims and the results entry the report added for the files it read
+    assert f"{head.hash}:3" in (tmp_path / "r.md").read_text()
+    assert f"{head.hash}:3" in (tmp_path / "r.html").read_text() and head.hash in (tmp_path / "t.tex").read_text()
     ledger.write_text(ledger.read_text().splitlines(keepends=True)[0])  # the last entry deleted
     assert main(["ledger", "verify", "--ledger", str(ledger)]) == 0  # the chain alone looks intact...
     capsys.readouterr()
@@ -123,7 +124,10 @@ def test_latex_is_a_fragment_a_paper_inputs(tmp_path, lmeval_format):
 
 
 # (report arguments after the run folders, the runs ({a}, {b}: two arms of task t; {c}: another task;
-#  {f1}, {f2}: two arms of a filled task with no filled item), message fragment, exit code)
+#  {f1}, {f2}: two arms of a filled task with no filled item; {w}, {w2}: arm ridge on other weights,
+#  fingerprinted; {p}: on another pretrained; {n}: with another parameter count; {g}: other generation
+#  settings; {v}: another task version; {m}: another metric list; {t}: other targets; {x}: exact's run of
+#  another task on other weights), message fragment, exit code)
 BAD_REPORT = [
     (["{tmp}/missing"], [], "no such folder or lm-eval results file", 2),
     (["{tmp}/empty"], [], "no lm-eval results_*.json found", 2),
@@ -141,7 +145,35 @@ BAD_REPORT = [
     (["{a}", "{b}"], ["--ttft", "{tmp}/none.json"], "none.json: cannot read it", 2),
     (["{a}", "{b}"], ["--markdown", "{tmp}/r.html"], "--html and --markdown both name", 2),
     (["{a}", "{b}"], ["--latex", "{tmp}/t.tex", "--json", "{tmp}/t.tex"], "--latex and --json both name", 2),
+    (["{w}", "{w2}"], [], "arm 'ridge' cannot be paired with the reference 'exact': weights fingerprint 222222222222", 2),
+    (["{a}", "{p}"], [], "model (pretrained) '/models/tuned' vs '/models/tiny'", 2),
+    (["{a}", "{n}"], [], "number of parameters 2000 vs 1000", 2),
+    (["{a}", "{g}"], [], "task t: generation_kwargs {'max_gen_toks': 64} vs None", 2),
+    (["{a}", "{v}"], [], "task t: version 2.0 vs 1.0", 2),
+    (["{a}", "{m}"], [], "task t: metric_list", 2),
+    (["{a}", "{t}"], [], "the targets differ between arm 'ridge' and reference 'exact'", 2),
+    (["{w}", "{x}", "{w2}"], [], "arm exact: its runs were made on different weights with the same model_args", 2),
+    (["{a}", "{p}"], ["--cross-model", "--reference", "nope"], "no arm named 'nope'", 2),
 ]  # fmt: skip
+
+
+def _other_runs(fmt, tmp_path: Path) -> None:
+    """The runs of BAD_REPORT that differ from the reference {a} in what pairing must not ignore."""
+    later = {"started": 1.8e9}
+    for folder, arm, weights, started in (("w", "exact", "1" * 64, 1.79e9), ("w2", "ridge", "2" * 64, 1.8e9),
+                                          ("x", "exact", "3" * 64, 1.81e9)):
+        fmt.accuracy_run(tmp_path / folder, arm, {"t2" if folder == "x" else "t": [True, False, True]}, started=started,
+                         config_extra={"rf_eval": {"weights_sha256": weights}})
+    fmt.accuracy_run(tmp_path / "p", "ridge", {"t": [True, True, True]}, model_args={"pretrained": "/models/tuned"},
+                     **later)
+    fmt.accuracy_run(tmp_path / "n", "ridge", {"t": [True, True, True]}, config_extra={"model_num_parameters": 2000},
+                     **later)
+    fmt.accuracy_run(tmp_path / "g", "ridge", {"t": [True, True, True]},
+                     task_extra={"generation_kwargs": {"max_gen_toks": 64}}, **later)
+    fmt.accuracy_run(tmp_path / "v", "ridge", {"t": [True, True, True]}, version=2.0, **later)
+    fmt.accuracy_run(tmp_path / "m", "ridge", {"t": [True, True, True]},
+                     task_extra={"metric_list": [{"metric": "acc", "aggregation": "median"}]}, **later)
+    fmt.accuracy_run(tmp_path / "t", "ridge", {"t": [True, True, True]}, target_suffix="0", **later)
 
 
 @pytest.mark.parametrize("runs, extra, message, code", BAD_REPORT)
@@ -151,12 +183,50 @@ def test_report_bad_inputs(tmp_path, lmeval_format, capsys, runs, extra, message
     lmeval_format.accuracy_run(tmp_path / "c", "ridge", {"other": [True, True]}, started=1.8e9)
     filled_run(lmeval_format, tmp_path / "f1", "exact", [True, False], filled=False)
     filled_run(lmeval_format, tmp_path / "f2", "ridge", [True, True], filled=False, started=1.8e9)
+    _other_runs(lmeval_format, tmp_path)
     (tmp_path / "empty").mkdir()
     (tmp_path / "a.txt").write_text("not json")
-    values = {"tmp": str(tmp_path), **{k: str(tmp_path / k) for k in ("a", "b", "c", "f1", "f2")}}
+    values = {"tmp": str(tmp_path), **{k: str(tmp_path / k) for k in ("a", "b", "c", "f1", "f2", "w", "w2", "p", "n",
+                                                                        "g", "v", "m", "t", "x")}}
     argv = [a.format(**values) for a in runs + extra]
     if "--reference" not in argv:
         argv += ["--reference", "exact"]
+    if "{a}" in runs and "{n}" in runs:  # the reference records its parameter count too
+        data = json.loads(next((tmp_path / "a").rglob("results_*.json")).read_text())
+        assert "model_num_parameters" not in data["config"]
+        lmeval_format.accuracy_run(tmp_path / "a", "exact", {"t": [True, False, True]},
+                                   config_extra={"model_num_parameters": 1000})
     assert main(["report", *argv, "--html", str(tmp_path / "r.html"), "--resamples", "100"]) == code
     assert message in capsys.readouterr().err
     assert not (tmp_path / "r.html").exists()
+
+
+def test_cross_model_compares_other_weights_and_labels_every_output(tmp_path, lmeval_format):
+    """#24 item 1: the comparison refused above runs when asked for, and every output format says so."""
+    lmeval_format.accuracy_run(tmp_path / "a", "exact", {"t": [True, False, True, True]})
+    lmeval_format.accuracy_run(tmp_path / "p", "ridge", {"t": [True, True, True]},
+                               model_args={"pretrained": "/models/tuned"}, started=1.8e9)
+    extra = ["--cross-model", "--latex", str(tmp_path / "r.tex"), "--json", str(tmp_path / "r.json")]
+    assert _report(tmp_path, tmp_path / "a", tmp_path / "p", extra=extra) == 0
+    label = "cross-model comparison: ridge vs exact differ in model (pretrained) '/models/tuned' vs '/models/tiny'"
+    summary = json.loads((tmp_path / "r.json").read_text())
+    assert summary["cross_model"] == [label]
+    html, md, tex = ((tmp_path / f"r.{ext}").read_text() for ext in ("html", "md", "tex"))
+    assert 'id="cross-model"' in html and "Cross-model comparison" in html
+    assert "**Cross-model comparison**" in md and "/models/tuned" in md
+    assert r"\textbf{Cross-model comparison}" in tex and r"\item cross-model comparison: ridge vs exact" in tex
+    # the partial pairing (3 of exact's 4 items have a partner) is stated in every format
+    left_out = "ridge vs exact: 1 items without a partner left out"
+    assert left_out in summary["notes"] and left_out in html and left_out in md and f"% note: {left_out}" in tex
+
+
+def test_arms_of_one_model_recorded_two_ways_still_pair(tmp_path, lmeval_format):
+    """The hf reference records no fingerprint: the same `pretrained` pairs with a fingerprinted arm; two
+    fingerprinted arms pair when the fingerprints agree, whatever path each loaded the weights from."""
+    lmeval_format.accuracy_run(tmp_path / "a", "exact", {"t": [True, False, True]})
+    lmeval_format.accuracy_run(tmp_path / "r", "ridge", {"t": [True, True, True]}, started=1.8e9,
+                               config_extra={"rf_eval": {"weights_sha256": "4" * 64}})
+    assert _report(tmp_path, tmp_path / "a", tmp_path / "r") == 0
+    lmeval_format.accuracy_run(tmp_path / "a2", "exact", {"t": [True, False, True]}, model_args={"pretrained": "/copy"},
+                               config_extra={"rf_eval": {"weights_sha256": "4" * 64}})
+    assert _report(tmp_path, tmp_path / "a2", tmp_path / "r") == 0

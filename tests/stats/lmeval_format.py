@@ -54,10 +54,15 @@ def write_run(
     model: str = "hf",
     higher_is_better: Mapping[str, Mapping[str, bool]] | None = None,
     started: float = 1_790_000_000.0,
+    config_extra: Mapping[str, Any] | None = None,
+    task_extra: Mapping[str, Any] | None = None,
+    version: float = 1.0,
 ) -> Path:
     """Write one run: `tasks` maps a task name to its sample lines (see `sample_line`).
 
     Returns the results file. The model folder is named from `pretrained` like lm-eval does.
+    `config_extra` joins the results' `config` (what the model's get_model_info adds),
+    `task_extra` every task's config; `version` is every task's version.
     """
     date_id = datetime.fromtimestamp(started, tz=timezone.utc).isoformat().replace(":", "-").replace("+00-00", "")
     name = str(model_args.get("pretrained", "model"))
@@ -72,7 +77,8 @@ def write_run(
             "task": task,
             "output_type": "generate_until",
             "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": hib[task][m]} for m in metrics],
-            "metadata": {"version": 1.0},
+            "metadata": {"version": version},
+            **(task_extra or {}),
         }
         results[task] = {"alias": task, **{f"{m},none": 0.0 for m in metrics}}
         with open(folder / f"samples_{task}_{date_id}.jsonl", "w", encoding="utf-8") as fh:
@@ -82,11 +88,12 @@ def write_run(
         "results": results,
         "group_subtasks": {},
         "configs": configs,
-        "versions": {t: 1.0 for t in tasks},
+        "versions": {t: version for t in tasks},
         "n-shot": {t: 0 for t in tasks},
         "higher_is_better": hib,
         "n-samples": {t: {"original": len(s), "effective": len(s)} for t, s in tasks.items()},
-        "config": {"model": model, "model_args": dict(model_args), "batch_size": 1, "random_seed": 0},
+        "config": {"model": model, "model_args": dict(model_args), "batch_size": 1, "random_seed": 0,
+                   **(config_extra or {})},
         "git_hash": None,
         "date": started,
         "task_hashes": {},
@@ -111,11 +118,15 @@ def accuracy_run(
     timings: Sequence[float] | None = None,
     ceiling: float | None = None,
     prompt_suffix: str = "",
+    target_suffix: str = "",
+    model_args: Mapping[str, Any] | None = None,
+    **run_extra: Any,
 ) -> Path:
     """A run of RULER-style tasks (metrics named by length, -1 elsewhere) or plain `acc` tasks.
 
     `correct[task][i]` is item i's outcome; with `lengths`, item i has length
-    lengths[i % len(lengths)] and RULER's per-length metrics.
+    lengths[i % len(lengths)] and RULER's per-length metrics. `model_args` join
+    the arm's; `run_extra` goes to `write_run` (config_extra, task_extra, version).
     """
     tasks = {}
     for task, outcomes in correct.items():
@@ -135,11 +146,10 @@ def accuracy_run(
             if ceiling is not None:
                 extra["speedup_ceiling"] = ceiling
             prompt = f"{doc['input']}\nWhat is the number?{prompt_suffix}"
-            lines.append(sample_line(i, doc, prompt, doc["outputs"][0], metrics, extra=extra))
+            lines.append(sample_line(i, doc, prompt, doc["outputs"][0] + target_suffix, metrics, extra=extra))
         tasks[task] = lines
-    return write_run(
-        out, model_args={"pretrained": "/models/tiny", "fill": arm, "split": 12}, tasks=tasks, started=started
-    )
+    args = {"pretrained": "/models/tiny", "fill": arm, "split": 12, **(model_args or {})}
+    return write_run(out, model_args=args, tasks=tasks, started=started, **run_extra)
 
 
 def pooled_ruler_run(
