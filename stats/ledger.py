@@ -13,6 +13,12 @@ index) and pass it to `verify_ledger(expect=...)`. Runs record it: the lm-eval
 adapters put the head of the ledger named by `$RF_EVAL_LEDGER` in their
 results (`config.rf_eval.ledger`), and `rf-eval report --ledger` checks every
 run's recorded head against the ledger and records the head it saw.
+
+A second kind of entry, `kind: "results"`, records the sha256 of per-item
+result files after their runs (`rf_eval.stats.ledger_results`: a report with
+`--ledger` adds one for the files it reads), so that an edit to a samples
+file after it was registered fails `rf-eval ledger verify`. Claim entries have
+no `kind` field (the ledger format before results entries existed).
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 __all__ = [
-    "GENESIS", "LEDGER_ENV", "Head", "LedgerEntry", "LedgerError", "append_entry", "check_head", "file_sha256",
+    "GENESIS", "LEDGER_ENV", "RESULTS", "Head", "LedgerEntry", "LedgerError", "append_entry", "append_record",
+    "check_head", "file_sha256",
     "ledger_from_env", "ledger_head", "parse_head", "verify_ledger", "verify_ledger_bytes",
 ]  # fmt: skip
 
@@ -35,6 +42,8 @@ GENESIS = "0" * 64
 #: the environment variable naming the ledger whose head runs record
 LEDGER_ENV = "RF_EVAL_LEDGER"
 _FIELDS = ("arms", "claim", "configs", "hash", "index", "prediction", "prev", "time")
+_RESULTS_FIELDS = ("arms", "files", "hash", "index", "kind", "prev", "time")
+RESULTS = "results"
 
 
 class LedgerError(ValueError):
@@ -43,7 +52,9 @@ class LedgerError(ValueError):
 
 @dataclass(frozen=True)
 class LedgerEntry:
-    """One registered claim. `configs` holds (path as given, sha256) pairs."""
+    """One registered claim (`configs` holds (path as given, sha256) pairs), or, with `kind` "results",
+    the result files of runs (`files`: (path, sha256) pairs, paths relative to the ledger's folder
+    where they lie under it)."""
 
     index: int
     time: datetime
@@ -53,6 +64,8 @@ class LedgerEntry:
     arms: tuple[str, ...]
     prev: str
     hash: str
+    kind: str = "claim"
+    files: tuple[tuple[str, str], ...] = ()
 
     def config_hashes(self) -> frozenset[str]:
         return frozenset(digest for _, digest in self.configs)
@@ -81,8 +94,9 @@ def _parse_line(number: int, line: str, prev: str) -> LedgerEntry:
         record = json.loads(line)
     except json.JSONDecodeError as err:
         raise LedgerError(f"{where}: not valid JSON ({err.msg})") from None
-    if not isinstance(record, dict) or tuple(sorted(record)) != _FIELDS:
-        raise LedgerError(f"{where}: fields differ from {', '.join(_FIELDS)}")
+    fields = _RESULTS_FIELDS if isinstance(record, dict) and record.get("kind") == RESULTS else _FIELDS
+    if not isinstance(record, dict) or tuple(sorted(record)) != fields:
+        raise LedgerError(f"{where}: fields differ from {', '.join(fields)}")
     if _canonical(record) != line:
         raise LedgerError(f"{where}: bytes differ from the entry's canonical form (edited)")
     if record["index"] != number - 1:
@@ -93,18 +107,21 @@ def _parse_line(number: int, line: str, prev: str) -> LedgerEntry:
         raise LedgerError(f"{where}: entry hash does not match its content (edited)")
     try:
         when = datetime.fromisoformat(record["time"])
-        configs = tuple((str(c["path"]), str(c["sha256"])) for c in record["configs"])
+        configs = tuple((str(c["path"]), str(c["sha256"])) for c in record.get("configs", ()))
+        files = tuple((str(c["path"]), str(c["sha256"])) for c in record.get("files", ()))
     except (TypeError, ValueError, KeyError):
-        raise LedgerError(f"{where}: malformed time or config list") from None
+        raise LedgerError(f"{where}: malformed time, config or file list") from None
     return LedgerEntry(
         index=record["index"],
         time=when,
-        claim=record["claim"],
-        prediction=record["prediction"],
+        claim=record.get("claim", ""),
+        prediction=record.get("prediction", ""),
         configs=configs,
         arms=tuple(record["arms"]),
         prev=record["prev"],
         hash=record["hash"],
+        kind=record.get("kind", "claim"),
+        files=files,
     )
 
 
@@ -227,18 +244,19 @@ def append_entry(
         if not Path(cfg).is_file():
             raise LedgerError(f"config file not found: {cfg}")
         hashed.append({"path": str(cfg), "sha256": file_sha256(cfg)})
+    record = {"arms": list(arms), "claim": claim, "configs": hashed, "prediction": prediction}
+    return append_record(path, entries, record, now)
+
+
+def append_record(path: str | Path, entries: Sequence[LedgerEntry], record: dict, now: datetime | None = None
+                  ) -> LedgerEntry:
+    """Chain `record` (an entry's own fields) after the verified `entries` of the ledger at `path` and append it."""
+    path = Path(path)
     when = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
     if entries and when < entries[-1].time:
         raise LedgerError("the clock is behind the last entry's time")
-    record = {
-        "arms": list(arms),
-        "claim": claim,
-        "configs": hashed,
-        "index": len(entries),
-        "prediction": prediction,
-        "prev": entries[-1].hash if entries else GENESIS,
-        "time": when.isoformat(timespec="microseconds"),
-    }
+    record = {**record, "index": len(entries), "prev": entries[-1].hash if entries else GENESIS,
+              "time": when.isoformat(timespec="microseconds")}
     record["hash"] = _entry_hash(record)
     line = _canonical(record) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)

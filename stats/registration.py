@@ -5,7 +5,8 @@ of a file that configured the arm's run (a file named in its model_args, or a
 file kept beside its results). The comparison is "registered" when such an
 entry is older than the run's start (of the task's run for a per-task
 comparison; of the earliest of the arm's runs for a pooled one), "follow-up" when the only covering
-entries came after it, and "not registered" when none covers it.
+entries came after it, and "not registered" when none covers it. Results
+entries (the sha256 of result files, recorded after the runs) register nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class Registration:
 def registration(entries: Sequence[LedgerEntry], arm: ArmRun, task: str | None = None) -> Registration:
     """The registration status of `arm`'s run (of one `task`, or of all) against verified `entries`."""
     started = arm.task_started.get(task, arm.started) if task is not None else arm.started
-    covering = [e for e in entries if arm.name in e.arms or e.config_hashes() & arm.config_hashes]
+    covering = [e for e in entries if e.kind == "claim" and (arm.name in e.arms or e.config_hashes() & arm.config_hashes)]
     before = [e for e in covering if e.time < started]
     chosen = before[0] if before else (covering[0] if covering else None)
     if chosen is None:

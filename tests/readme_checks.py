@@ -117,8 +117,10 @@ def check_gpu_runs(root: Path, ran: Ran, values: dict) -> None:
     out = root / "runs"
     state = json.loads((out / "study.json").read_text())
     assert list(state["arms"]) == ["exact", "identity", "ridge"] and (out / "report.html").is_file()
-    (entry,) = verify_ledger(root / "ledger.jsonl")  # the study's claim, registered before any arm ran
-    assert list(entry.arms) == ["exact", "identity", "ridge"]
+    # the study's claim, registered before any arm ran, then its report's record of the result files
+    entry, results_entry = verify_ledger(root / "ledger.jsonl")
+    assert list(entry.arms) == ["exact", "identity", "ridge"] and entry.kind == "claim"
+    assert results_entry.kind == "results" and any("samples_" in path for path, _ in results_entry.files)
     for fill in ("exact", "identity", "ridge"):
         done = json.loads((out / "arms" / fill / "done.json").read_text())
         assert entry.time < datetime.fromisoformat(done["started"])
@@ -173,4 +175,4 @@ def check_reports(root: Path, ran: Ran, values: dict) -> None:
         assert re.search(rf"^\| {arm} \|.*\| registered \|$", md, re.M), md[:3000]
     assert "follow-up" not in md and "not registered" not in md
     assert "fill=ridge,tail=128" in md  # the ttft speed rows joined the report
-    assert "1 entries, chain intact" in ran.output
+    assert re.search(r"2 entries, chain intact; \d+ recorded result files unchanged", ran.output), ran.output[-2000:]

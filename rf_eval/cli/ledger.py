@@ -7,6 +7,8 @@ chain: it fails on an edited byte, reordered entries and entries deleted from
 the middle or start. Deleting entries from the *end* leaves a valid shorter
 chain: only `--expect-head HASH[:COUNT]` (a head recorded earlier: printed by
 `add` and `verify`, stored in runs' results and in reports) detects it.
+`verify` also re-hashes every result file a report recorded in the ledger
+(`rf_eval.stats.ledger_results`) and names one that was edited or removed.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rf_eval.stats.ledger import LedgerError, append_entry, parse_head, verify_ledger
+    from rf_eval.stats.ledger_results import check_results
 
     try:
         if args.action == "add":
@@ -48,9 +51,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
         expect = parse_head(args.expect_head) if args.expect_head else None
         entries = verify_ledger(args.ledger, head=args.head, expect=expect)
+        checked = check_results(args.ledger, entries)
     except LedgerError as err:
         raise UserError(f"{args.ledger}: {err}") from None
     head = f"{entries[-1].hash}:{len(entries)}" if entries else "(empty)"
     held = f"; holds the expected head {expect}" if expect is not None else ""
-    print(f"{args.ledger}: {len(entries)} entries, chain intact{held}; head {head}")
+    files = f"; {checked} recorded result files unchanged" if checked else ""
+    print(f"{args.ledger}: {len(entries)} entries, chain intact{held}{files}; head {head}")
     return 0
