@@ -65,6 +65,32 @@ _NOT_RESULTS = {"device", "batch_size", "max_batch_size", "parallelize", "device
                 "max_cpu_memory", "offload_folder"}
 
 
+#: what the arm's fingerprint records of its inputs' contents, beside its settings (name in a warning)
+_CONTENTS = {"weights": "weights", "weights_sha256": "weights", "maps_sha256": "maps", "maps_metadata": "maps",
+             "source_weights_sha256": "weights"}
+
+
+def stale_contents(stored: str, fingerprint: dict[str, Any]) -> list[str] | None:
+    """What changed between a cache's recorded arm and this arm when only their inputs' contents differ
+    (weights or maps changed in place: the cache is stale), else None (another arm's settings)."""
+    try:
+        old = json.loads(stored)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(old, dict):
+        return None
+    new = json.loads(json.dumps(fingerprint, sort_keys=True, default=str))
+
+    def settings(fp: dict[str, Any]) -> dict[str, Any]:
+        arm = {k: v for k, v in (fp.get("arm") or {}).items() if k not in _CONTENTS}
+        return {**{k: v for k, v in fp.items() if k not in _CONTENTS}, "arm": arm}
+
+    if settings(old) != settings(new):
+        return None
+    pairs = [(old, new), (old.get("arm") or {}, new.get("arm") or {})]
+    return sorted({_CONTENTS[k] for a, b in pairs for k in _CONTENTS if a.get(k) != b.get(k)})
+
+
 class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
     """Shared by `--model ridgefill` and `--model rarecache`; see the module docstring."""
 
@@ -180,20 +206,28 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
         return {**super().get_model_info(), "rf_eval_version": rf_eval.__version__, "rf_eval": info}
 
     def set_cache_hook(self, cache_hook) -> None:
-        """Refuse a --use_cache database written by another arm (its keys are request args only)."""
+        """Refuse a --use_cache database written by another arm (its keys are request args only); empty one
+        written by this arm on other weights or maps (`stale_contents`: refit in place), so it reruns."""
         super().set_cache_hook(cache_hook)
         db = cache_hook.dbdict
         if db is None:
             return
-        mine = json.dumps(self.arm_fingerprint(), sort_keys=True, default=str)
+        fingerprint = self.arm_fingerprint()
+        mine = json.dumps(fingerprint, sort_keys=True, default=str)
         stored = db.get(ARM_KEY)
         if stored is None and len(db) > 0:
             raise ModelArgsError("the --use_cache database holds results of another model; give this arm its own path")
         if stored is not None and stored != mine:
-            raise ModelArgsError(
-                f"the --use_cache database holds results of another arm ({stored}); this arm is {mine}. "
-                "Give each arm its own --use_cache path."
-            )
+            changed = stale_contents(stored, fingerprint)
+            if changed is None:
+                raise ModelArgsError(
+                    f"the --use_cache database holds results of another arm ({stored}); this arm is {mine}. "
+                    "Give each arm its own --use_cache path."
+                )
+            log.warning("the --use_cache database %s holds this arm's results from other %s: its %d entries are "
+                        "dropped and recomputed", getattr(db, "filename", ""), " and ".join(changed), len(db) - 1)
+            db.clear()
+            stored = None
         if stored is None:
             db[ARM_KEY] = mine
             db.commit()

@@ -119,29 +119,67 @@ def test_int8_maps_with_their_scales_load(fitted, tmp_path):
     assert torch.isfinite(load_maps(good).A[4]).all()
 
 
-def test_use_cache_refuses_a_database_of_weights_changed_in_place(tiny_model_dir, tmp_path, one_torch_thread):
-    """Case 4: the arm fingerprint held the path, not the weights: a cache of old weights was served."""
+def test_use_cache_empties_a_database_of_weights_changed_in_place(tiny_model_dir, tmp_path, one_torch_thread, caplog):
+    """Case 4 (and #24 item 8): the arm fingerprint holds the weights, not only their path; a cache of old
+    weights at the same path is dropped, so its results are computed again instead of served."""
     from lm_eval.api.model import CachingLM
     from transformers import AutoModelForCausalLM
 
-    from rf_eval.model_adapters.config import ModelArgsError
+    from rf_eval.model_adapters.prefill_lm import ARM_KEY
     from rf_eval.model_adapters.ridgefill import RidgeFillLM
 
     folder = tmp_path / "model"
     shutil.copytree(tiny_model_dir("llama"), folder)
     db = str(tmp_path / "cache" / "rf.db")
     first = RidgeFillLM(pretrained=str(folder), fill="identity", tail=8, device="cpu")
-    CachingLM(first, db)
+    cached = CachingLM(first, db)
     assert first.arm_fingerprint()["weights"] == weights_fingerprint(first.model)
-    again = RidgeFillLM(pretrained=str(folder), fill="identity", tail=8, device="cpu")
-    CachingLM(again, db)  # the same weights: the database is this arm's
+    cached.dbdict["a request"] = "its result"
+    cached.dbdict.close()
+    again = CachingLM(RidgeFillLM(pretrained=str(folder), fill="identity", tail=8, device="cpu"), db)
+    assert again.dbdict["a request"] == "its result"  # the same weights: the database is this arm's
+    again.dbdict.close()
     model = AutoModelForCausalLM.from_pretrained(folder)
     with torch.no_grad():
         model.model.layers[1].mlp.down_proj.weight.mul_(0.5)
     model.save_pretrained(folder)  # the weights change in place, at the same path
     changed = RidgeFillLM(pretrained=str(folder), fill="identity", tail=8, device="cpu")
-    with pytest.raises(ModelArgsError, match="holds results of another arm"):
-        CachingLM(changed, db)
+    with caplog.at_level(logging.WARNING):
+        stale = CachingLM(changed, db)
+    assert list(stale.dbdict.keys()) == [ARM_KEY] and "a request" not in stale.dbdict
+    assert "holds this arm's results from other weights: its 1 entries are dropped" in caplog.text
+
+
+def test_use_cache_reruns_after_maps_are_refitted_in_place(fitted, tiny_model_dir, tmp_path, one_torch_thread,
+                                                            caplog):
+    """#24 item 8: maps refitted under a finished study used to make the rerun fail on its request cache."""
+    from lm_eval.api.model import CachingLM
+
+    from rf_eval.model_adapters.config import ModelArgsError
+    from rf_eval.model_adapters.prefill_lm import ARM_KEY
+    from rf_eval.model_adapters.ridgefill import RidgeFillLM
+
+    maps = tmp_path / "maps"
+    shutil.copytree(fitted, maps)
+    db = str(tmp_path / "cache.db")
+
+    def arm(**extra):
+        return RidgeFillLM(pretrained=tiny_model_dir("llama"), fill="ridge", split=3, tail=4, maps=str(maps),
+                           device="cpu", **extra)
+
+    cached = CachingLM(arm(), db)
+    cached.dbdict["a request"] = "its result"
+    cached.dbdict.close()
+    for path in maps.glob("*.safetensors"):  # refit in place: same file names, other maps
+        _edit(path, path, lambda t: [v.mul_(0.9) for v in t.values() if v.is_floating_point()])
+    with caplog.at_level(logging.WARNING):
+        stale = CachingLM(arm(), db)
+    assert list(stale.dbdict.keys()) == [ARM_KEY]
+    assert "from other maps: its 1 entries are dropped and recomputed" in caplog.text
+    stale.dbdict["another"] = "result"
+    stale.dbdict.close()
+    with pytest.raises(ModelArgsError, match="holds results of another arm"):  # other settings: still refused
+        CachingLM(arm(chunk_size=64), db)
 
 
 def test_the_adapter_refuses_maps_of_other_weights_after_loading_them(fitted, tiny_model_dir, tmp_path,
