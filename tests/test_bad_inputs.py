@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from rf_eval.cli import main
 from rf_eval.fields import ArmError
@@ -59,6 +60,10 @@ BAD_FIT = [
     (["--model", "{model}"], "fit needs --model and --splits", 2),
     (["--from-sums", "{tmp}"], "--from-sums needs --lambdas", 2),
     (["--from-sums", "{tmp}", "--lambdas", "0.1"], "no saved sums (sums_split*.safetensors)", 2),
+    (["--from-sums", "{tmp}/nowhere", "--lambdas", "0.1"], "--from-sums {tmp}/nowhere: no saved sums", 2),
+    (["--from-sums", "{othersums}", "--lambdas", "0.1", "--model", "{model}"],
+     "sums_split3.safetensors was captured from another model than --model", 2),
+    (["--from-sums", "{badsums}", "--lambdas", "0.1", "--model", "{model}"], "not a readable sums file", 2),
     (["--model", "{model}", "--splits", "3", "99"], "--splits: split 99 is outside 1..5 for this 6-layer model", 2),
     (["--model", "{model}", "--splits", "0"], "--splits: split 0 is outside 1..5", 2),
     (["--model", "{model}", "--splits", "3", "--out", "{file}/maps"], "--out {file}/maps: cannot write in {file}", 2),
@@ -87,8 +92,15 @@ def test_fit_bad_inputs_fail_before_the_model_loads(tiny_model_dir, tmp_path, ca
     out = tmp_path / "out"
     (tmp_path / "bad.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n{"text": "three"\n')
     (tmp_path / "notext.jsonl").write_text('{"text": "one"}\n{"body": "two"}\n')
+    for name, header in (("othersums", {"config_hash": "f" * 64, "split": "3"}), ("badsums", None)):
+        (tmp_path / name).mkdir()
+        if header is None:
+            (tmp_path / name / "sums_split3.safetensors").write_bytes(b"\xff" * 12)
+        else:
+            save_file({"mean_x": torch.zeros(2)}, str(tmp_path / name / "sums_split3.safetensors"), metadata=header)
     values = {"model": tiny_model_dir("llama"), "file": str(cal), "full": str(full), "tmp": str(tmp_path),
-              "badjsonl": str(tmp_path / "bad.jsonl"), "notext": str(tmp_path / "notext.jsonl")}
+              "badjsonl": str(tmp_path / "bad.jsonl"), "notext": str(tmp_path / "notext.jsonl"),
+              "othersums": str(tmp_path / "othersums"), "badsums": str(tmp_path / "badsums")}
     argv = [a.format(**values) for a in args]
     if "--out" not in argv:
         argv += ["--out", str(out)]
@@ -129,6 +141,14 @@ BAD_LEDGER = [
     (["add", "--ledger", "{ledger}", "--claim", " ", "--prediction", "p", "--config", "{cfg}"], None,
      "an entry needs a claim and a prediction", 2),
     (["add", "--ledger", "{ledger}", "--claim", "c", "--prediction", "p", "--config", "{cfg}"], "edit", "line 1", 2),
+    (["verify", "--ledger", "{ledger}"], "results-edit", "result.jsonl: edited after ledger entry 2 recorded it", 2),
+    (["verify", "--ledger", "{ledger}"], "results-gone", "result.jsonl: the result file that ledger entry 2 recorded is gone", 2),
+    (["verify", "--ledger", "{ledger}", "--expect-head", "{zero}:x"], None, "COUNT must be a whole number", 2),
+    (["verify", "--ledger", "{ledger}"], "fields", "line 1: fields differ from arms, claim, configs", 2),
+    (["verify", "--ledger", "{ledger}"], "garbage", "line 3: not valid JSON", 2),
+    (["verify", "--ledger", "{ledger}"], "nonascii", "not ASCII (a canonical ledger is ASCII)", 2),
+    (["verify", "--ledger", "{ledger}"], "unterminated", "the last line does not end with a newline", 2),
+    (["verify", "--ledger", "{ledger}"], "reorder", "line 1: index 1 out of order", 2),
 ]  # fmt: skip
 
 
@@ -142,10 +162,26 @@ def test_ledger_bad_inputs(tmp_path, capsys, args, change, message, code):
     append_entry(ledger, claim="c0", prediction="p0", configs=[cfg])
     append_entry(ledger, claim="c1", prediction="p1", configs=[cfg])
     head = ledger_head(ledger)
-    if change == "edit":
-        ledger.write_text(ledger.read_text().replace("c0", "cX"))
-    elif change == "truncate":
-        ledger.write_text(ledger.read_text().splitlines(keepends=True)[0])
+    if change and change.startswith("results"):
+        from rf_eval.stats.ledger import verify_ledger
+        from rf_eval.stats.ledger_results import record_results
+
+        result = tmp_path / "result.jsonl"
+        result.write_text('{"doc_id": 0, "acc": 1.0}\n')
+        record_results(ledger, verify_ledger(ledger), [result])
+        result.unlink() if change == "results-gone" else result.write_text('{"doc_id": 0, "acc": 0.0}\n')
+    lines = ledger.read_text().splitlines(keepends=True)
+    edits = {
+        "edit": lambda: ledger.write_text("".join(lines).replace("c0", "cX")),
+        "truncate": lambda: ledger.write_text(lines[0]),
+        "fields": lambda: ledger.write_text(lines[0].replace('"arms"', '"army"') + lines[1]),
+        "garbage": lambda: ledger.write_text("".join(lines) + "not json\n"),
+        "nonascii": lambda: ledger.write_bytes("".join(lines).replace("c0", "c\u00e9").encode()),
+        "unterminated": lambda: ledger.write_text("".join(lines).rstrip("\n")),
+        "reorder": lambda: ledger.write_text(lines[1] + lines[0]),
+    }
+    if change in edits:
+        edits[change]()
     values = {"tmp": str(tmp_path), "ledger": str(ledger), "cfg": str(cfg), "head": str(head), "zero": "0" * 64}
     assert main(["ledger", *[a.format(**values) for a in args]]) == code
     assert message in capsys.readouterr().err

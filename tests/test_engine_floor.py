@@ -130,16 +130,32 @@ def test_check_equivalence_fails_on_a_perturbed_late_layer(tiny_model_dir, tmp_p
     assert partial["bitwise"] is False and partial["first_diff"] == "layer 4 keys" and partial["max_abs"] > 0
 
 
-@pytest.mark.parametrize("lengths, says", [
-    (["12", "9000"], "--lengths 9000: each length must be in 2..8192 (the model's max_position_embeddings)"),
-    (["1"], "--lengths 1: each length must be in 2..8192"),
-])
-def test_check_equivalence_refuses_lengths_the_model_has_no_positions_for(tiny_model_dir, capsys, lengths, says):
+# (arguments after --model, or in place of it with {model} filled in; what the one-line refusal says)
+BAD_CHECK_EQUIVALENCE = [
+    (["--lengths", "12", "9000"], "--lengths 9000: each length must be in 2..8192 (the model's max_position_embeddings)"),
+    (["--lengths", "1"], "--lengths 1: each length must be in 2..8192"),
+    (["--split", "6"], "--split: split 6 is outside 1..5 for this 6-layer model"),
+    (["--split", "0"], "--split: split 0 is outside 1..5"),
+    (["--fills", "exact", "swiftkv"], "--fills swiftkv: not a fill; valid fills: exact, nofill, identity, ridge"),
+    (["--maps", "./no-maps"], "--maps ./no-maps: no such file or folder"),
+    (["--dtype", "fp9"], "--dtype: unknown dtype 'fp9'; valid: auto"),
+    (["--device", "gpu9"], "--device: device 'gpu9' is not a device name"),
+    (["--model", "./no-model"], "--model: model './no-model': no such local folder"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args, says", BAD_CHECK_EQUIVALENCE)
+def test_check_equivalence_bad_inputs_fail_before_the_weights_load(tiny_model_dir, capsys, args, says):
     from rf_eval.cli import main
 
-    assert main(["check-equivalence", "--model", tiny_model_dir("llama"), "--lengths", *lengths, "--device", "cpu"]) == 2
+    argv = ["--model", tiny_model_dir("llama"), "--device", "cpu"]
+    for option in ("--model", "--device"):
+        if option in args:
+            del argv[argv.index(option):argv.index(option) + 2]
+    capsys.readouterr()  # building the tiny model writes its own progress
+    assert main(["check-equivalence", *argv, *args]) == 2
     err = capsys.readouterr().err
-    assert says in err and "Loading weights" not in err
+    assert says in err and "Loading weights" not in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])

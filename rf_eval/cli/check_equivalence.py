@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 
@@ -89,6 +90,45 @@ def check_lengths(model: str, lengths: list[int]) -> None:
         raise UserError(f"--lengths {' '.join(map(str, bad))}: each length must be in 2..{upto}")
 
 
+def check_inputs(args: argparse.Namespace) -> None:
+    """What the in-process check can refuse before the weights load: the model folder, device, dtype, maps,
+    fills, lengths and split (the last two against the model's config)."""
+    from rf_eval.devices import check_device, check_model_source, parse_dtype
+    from rf_eval.engine.plan import FILL_SOURCES
+
+    for option, check in (("--model", lambda: check_model_source(args.model)),
+                          ("--device", lambda: check_device(args.device)),
+                          ("--dtype", lambda: parse_dtype(args.dtype, check_device(args.device)))):
+        try:
+            check()
+        except ValueError as err:
+            raise UserError(f"{option}: {err}") from None
+    if args.maps and not Path(args.maps).expanduser().exists():
+        raise UserError(f"--maps {args.maps}: no such file or folder (give the folder `rf-eval fit` wrote)")
+    unknown = [f for f in args.fills if f not in FILL_SOURCES]
+    if unknown:
+        raise UserError(f"--fills {' '.join(unknown)}: not a fill; valid fills: {', '.join(FILL_SOURCES)}")
+    check_lengths(args.model, args.lengths)
+    if args.split is not None:
+        check_split(args.model, args.split)
+
+
+def check_split(model: str, split: int) -> None:
+    """--split in 1..L-1 of the model's L layers (from its config)."""
+    from transformers import AutoConfig
+
+    from rf_eval.ridgefill.fitting import check_splits
+
+    try:
+        layers = AutoConfig.from_pretrained(model).get_text_config().num_hidden_layers
+    except (OSError, ValueError):
+        return  # the model's own loading says why
+    try:
+        check_splits([split], layers)
+    except ValueError as err:
+        raise UserError(f"--split: {err}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     if args.base_url:
         return run_servers(args)
@@ -99,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     from rf_eval.ridgefill.api import RidgeFill
     from rf_eval.ridgefill.maps import identity_fill
 
-    check_lengths(args.model, args.lengths)
+    check_inputs(args)
     try:
         rf = RidgeFill.from_pretrained(args.model, maps=args.maps, split=args.split, device=args.device,
                                        dtype=args.dtype, fill="ridge" if args.maps else "exact")

@@ -101,6 +101,39 @@ def check_inputs(args: argparse.Namespace) -> None:
         raise UserError(f"--{'device' if 'device' in str(err).split(':')[0] else 'model'}: {err}") from None
     if args.model and args.splits:
         check_splits(args.model, args.splits)
+    if args.from_sums:
+        if not args.lambdas:
+            raise UserError("--from-sums needs --lambdas")
+        check_sums(args.from_sums, args.model)
+
+
+def check_sums(folder: str, model: str | None) -> None:
+    """--from-sums holds saved sums, captured from a model of --model's config (read from the file headers and
+    the model's config; the weights fingerprint is compared once the weights load)."""
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    from rf_eval.ridgefill.maps import config_hash
+
+    files = sorted(Path(folder).glob("sums_split*.safetensors"))
+    if not Path(folder).is_dir() or not files:
+        raise UserError(f"--from-sums {folder}: no saved sums (sums_split*.safetensors) there; "
+                        "`rf-eval fit` writes them beside the maps it fits")
+    if not model:
+        return
+    try:
+        expected = config_hash(AutoConfig.from_pretrained(model))
+    except (OSError, ValueError):
+        return  # left to the model's own loading, which says why
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                captured = (f.metadata() or {}).get("config_hash")
+        except Exception as err:  # safetensors raises its own error types for a damaged header
+            raise UserError(f"--from-sums {file}: not a readable sums file ({err})") from None
+        if captured not in (None, "", expected):
+            raise UserError(f"--from-sums {file} was captured from another model than --model {model} "
+                            f"(config hash {captured[:12]}..., the model's {expected[:12]}...)")
 
 
 def check_splits(model: str, splits: list[int]) -> None:
@@ -154,8 +187,6 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(staging, ignore_errors=True)  # a killed fit's leftovers
     try:
         if args.from_sums:
-            if not args.lambdas:
-                raise UserError("--from-sums needs --lambdas")
             model = tokenizer = None
             if args.model:
                 model, tokenizer = load_model(args)

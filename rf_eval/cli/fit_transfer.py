@@ -37,23 +37,54 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace the maps file --out already holds")
 
 
+def check_inputs(args: argparse.Namespace) -> None:
+    """What can be refused before a tokenizer or weights load: the numbers, --out, both model folders, the
+    device and dtype, and --k against the source model's layers (from its config)."""
+    from transformers import AutoConfig
+
+    from rf_eval.devices import check_device, check_model_source, parse_dtype
+    from rf_eval.rarecache.maps import FILENAME
+
+    if args.k < 1 or args.rank < 0 or args.stride < 1 or not args.lam > 0:
+        raise UserError("need --k >= 1, --rank >= 0, --stride >= 1 and --lambda > 0")
+    if args.max_tokens < 2:
+        raise UserError(f"--max-tokens {args.max_tokens}: a document needs at least 2 tokens")
+    out = Path(args.out)
+    if out.is_file():
+        raise UserError(f"--out {args.out} is a file; give a folder for {FILENAME}")
+    if (out / FILENAME).exists() and not args.overwrite:
+        raise UserError(f"--out {args.out} already holds {FILENAME}; choose a new folder, or pass --overwrite "
+                        "to replace it")
+    for option, check in (("--source", lambda: check_model_source(args.source)),
+                          ("--target", lambda: check_model_source(args.target)),
+                          ("--device", lambda: check_device(args.device)),
+                          ("--sums-device", lambda: check_device(args.sums_device) if args.sums_device else None),
+                          ("--dtype", lambda: parse_dtype(args.dtype, check_device(args.device)))):
+        try:
+            check()
+        except ValueError as err:
+            raise UserError(f"{option}: {err}") from None
+    try:
+        layers = AutoConfig.from_pretrained(args.source, trust_remote_code=args.trust_remote_code
+                                            ).get_text_config().num_hidden_layers
+    except (OSError, ValueError):
+        return  # the model's own loading says why
+    if args.k > layers:
+        raise UserError(f"--k {args.k}: must be in 1..{layers} (the source's layer count)")
+
+
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rf_eval.cli.fit import init_distributed
     from rf_eval.devices import default_device, parse_dtype
     from rf_eval.rarecache.fit import fit_transfer
-    from rf_eval.rarecache.maps import FILENAME, check_tokenizers
+    from rf_eval.rarecache.maps import check_tokenizers
     from rf_eval.ridgefill.calibration import CalibrationError, check_nonempty
 
     remote = dict(trust_remote_code=args.trust_remote_code)
+    check_inputs(args)
     try:
-        if args.k < 1 or args.rank < 0 or args.stride < 1 or not args.lam > 0:
-            raise UserError("need --k >= 1, --rank >= 0, --stride >= 1 and --lambda > 0")
-        existing = Path(args.out) / FILENAME
-        if existing.exists() and not args.overwrite:
-            raise UserError(f"--out {args.out} already holds {FILENAME}; choose a new folder, or pass --overwrite "
-                            "to replace it")
         check_nonempty(args.calibration)
         source_tok = AutoTokenizer.from_pretrained(args.source, **remote)
         target_tok = AutoTokenizer.from_pretrained(args.target, **remote)

@@ -186,7 +186,7 @@ def test_different_tokenizers_are_refused(fitted, calibration, tmp_path, capsys)
     with pytest.raises(TokenizerMismatch, match="share a tokenizer"):
         fit_transfer(f["source"], f["target"], AutoTokenizer.from_pretrained(other), f["tokenizer"], calibration)
     code = main(["fit-transfer", "--source", str(other), "--target", f["target_dir"], "--calibration",
-                 *calibration, "--out", str(tmp_path / "m"), "--device", "cpu", "--no-progress"])
+                 *calibration, "--k", "2", "--out", str(tmp_path / "m"), "--device", "cpu", "--no-progress"])
     assert code == 2 and "share a tokenizer" in capsys.readouterr().err
 
 
