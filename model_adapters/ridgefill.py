@@ -18,9 +18,9 @@ model_args of the arm (a `rf_eval.ridgefill.arm_spec.RidgeFillArm`, checked with
 against the model's config before the weights load; a key that looks like a
 typo of a known one is refused):
   pretrained   HF folder or hub id; `demo` or absent: the embedded demo model (rf_eval.demo.study)
-  fill         exact | nofill | identity | ridge (required, except with the demo model, where it
-               defaults to ridge with the demo's own maps, fitted on first use)
-  maps     folder or file written by `rf-eval fit` (required for fill=ridge)
+  fill         exact (the fill off) or a fill method (`rf-eval fills` lists them; required, except
+               with the demo model, where it defaults to ridge with the demo's own maps, fitted on first use)
+  maps     folder or file of fitted maps (required for a fill method that reads maps: ridge)
   split    first filled layer (default: the maps' split, else L/2)
   tail     last prompt rows kept exact (default 4096, the paper's; the demo model: 512)
   chunk_size  lower layers run in chunks of this many rows (memory)

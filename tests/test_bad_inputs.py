@@ -18,7 +18,7 @@ from rf_eval.ridgefill.maps import MapError
 
 # (RidgeFill keyword arguments, error type, message fragment)
 BAD_API = [
-    ({"fill": "rigde"}, ArmError, "fill='rigde' is not valid; valid fills: exact, nofill, identity, ridge"),
+    ({"fill": "rigde"}, ArmError, "fill='rigde' is not valid; valid fills: exact, identity, nofill, ridge"),
     ({"fill": "identity", "tail": 0}, ArmError, "tail must be >= 1"),
     ({"fill": "identity", "split": 6}, ArmError, "split=6 is outside 1..5 for this 6-layer model"),
     ({"fill": "ridge"}, ArmError, "fill=ridge needs maps="),
@@ -27,7 +27,7 @@ BAD_API = [
     ({"fill": "identity", "selector": "attention(layers=4)", "split": 3}, ArmError,
      "no attention layer among layers [4] lies below split 3"),
     ({"fill": "identity", "selector": "random(of=probe)", "split": 2}, ArmError, "lies below split 2"),
-    ({"fill": "exact", "splice": "keys"}, ArmError, "they need fill=identity or ridge"),
+    ({"fill": "exact", "splice": "keys"}, ArmError, "they need a fill from predicted inputs (identity, ridge)"),
     ({"fill": "identity", "tial": 3}, ArmError, "'tial'"),
     ({"fill": "identity", "allow_other_weights": "perhaps"}, ArmError, "allow_other_weights='perhaps'"),
     ({"fill": "ridge", "maps": "/no/such/maps"}, MapError, "map path /no/such/maps does not exist"),

@@ -38,8 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--maps", default=None, help="maps folder or file (checked against the model)")
     p.add_argument("--split", type=int, default=None)
     p.add_argument("--lengths", type=int, nargs="+", default=[64, 512])
-    p.add_argument("--fills", nargs="+", default=["exact", "nofill", "identity", "ridge"],
-                   help="fills to check with the tail covering the whole prompt")
+    p.add_argument("--fills", nargs="+", default=None, metavar="FILL",
+                   help="fills to check with the tail covering the whole prompt (default: every fill)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
@@ -94,7 +94,7 @@ def check_inputs(args: argparse.Namespace) -> None:
     """What the in-process check can refuse before the weights load: the model folder, device, dtype, maps,
     fills, lengths and split (the last two against the model's config)."""
     from rf_eval.devices import check_device, check_model_source, parse_dtype
-    from rf_eval.engine.plan import FILL_SOURCES
+    from rf_eval.fills import arm_fills
 
     for option, check in (("--model", lambda: check_model_source(args.model)),
                           ("--device", lambda: check_device(args.device)),
@@ -105,9 +105,10 @@ def check_inputs(args: argparse.Namespace) -> None:
             raise UserError(f"{option}: {err}") from None
     if args.maps and not Path(args.maps).expanduser().exists():
         raise UserError(f"--maps {args.maps}: no such file or folder (give the folder `rf-eval fit` wrote)")
-    unknown = [f for f in args.fills if f not in FILL_SOURCES]
+    args.fills = list(arm_fills()) if args.fills is None else args.fills
+    unknown = [f for f in args.fills if f not in arm_fills()]
     if unknown:
-        raise UserError(f"--fills {' '.join(unknown)}: not a fill; valid fills: {', '.join(FILL_SOURCES)}")
+        raise UserError(f"--fills {' '.join(unknown)}: not a fill; valid fills: {', '.join(arm_fills())}")
     check_lengths(args.model, args.lengths)
     if args.split is not None:
         check_split(args.model, args.split)
@@ -137,16 +138,18 @@ def run(args: argparse.Namespace) -> int:
     from rf_eval.engine import Plan, partial_path_floors, plain_prefill, prefill
     from rf_eval.families import family_class_for
     from rf_eval.ridgefill.api import RidgeFill
-    from rf_eval.ridgefill.maps import identity_fill
+    from rf_eval.fills import FILL_OFF, fill_method
 
     check_inputs(args)
     try:
         rf = RidgeFill.from_pretrained(args.model, maps=args.maps, split=args.split, device=args.device,
-                                       dtype=args.dtype, fill="ridge" if args.maps else "exact")
+                                       dtype=args.dtype, fill=FILL_OFF)
     except ValueError as err:
         raise UserError(str(err)) from err
-    fill_fns = {"identity": identity_fill, "ridge": rf.fill_fn}
-    fills = [f for f in args.fills if f != "ridge" or args.maps]
+    param = next(rf.model.parameters())
+    # the fills to check: those that read maps only when --maps gives them
+    fills = [f for f in args.fills if f == FILL_OFF or args.maps or not fill_method(f).needs_maps]
+    fill_fns = {f: fill_method(f).fill_fn(rf.maps, param.dtype, rf.device) for f in fills if f != FILL_OFF}
     gen = torch.Generator().manual_seed(args.seed)
     family = family_class_for(rf.model.config).__module__.rsplit(".", 1)[-1]
     where = {"family": family, "dtype": str(next(rf.model.parameters()).dtype).removeprefix("torch."),
@@ -156,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         ids = torch.randint(0, rf.model.config.vocab_size, (1, n), generator=gen).to(rf.device)
         ref = plain_prefill(rf.model, ids)
         # fill switched off: the exact fill at the shortest tail, and every fill with the tail covering the prompt
-        plans = [Plan(rf.plan.split, tail=1, fill="exact")] + [Plan(rf.plan.split, tail=n, fill=f) for f in fills]
+        plans = [Plan(rf.plan.split, tail=1, fill=FILL_OFF)] + [Plan(rf.plan.split, tail=n, fill=f) for f in fills]
         for plan in plans:
             diff = compare(prefill(rf.model, ids, plan, fill=fill_fns.get(plan.fill)), ref)
             failures += diff is not None

@@ -18,8 +18,11 @@ from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="HF model folder or id")
-    p.add_argument("--maps", help="maps folder or file (fill ridge); omit with --fill identity")
-    p.add_argument("--fill", default="ridge", choices=("ridge", "identity"), help="the fill the arm uses")
+    from rf_eval.fills.ridge import Ridge
+    from rf_eval.ridgefill.arm_spec import predicting_fills
+
+    p.add_argument("--maps", help="maps folder or file (for a fill that reads maps); omit for one that does not")
+    p.add_argument("--fill", default=Ridge.name, choices=predicting_fills(), help="the fill the arm uses")
     p.add_argument("--split", type=int, help="split layer (default: the maps' split)")
     p.add_argument("--calibration", nargs="+", required=True,
                    help="prompts kept apart from the maps' calibration text (text files or JSONL 'text')")
@@ -38,15 +41,18 @@ def run(args: argparse.Namespace) -> int:
     from rf_eval.cli.fit import load_model
     from rf_eval.ridgefill.calibration import CalibrationError, check_nonempty, sha256_of_files
     from rf_eval.ridgefill.fitting import tokenized
-    from rf_eval.ridgefill.maps import identity_fill, load_maps
+    from rf_eval.ridgefill.maps import load_maps
     from rf_eval.ridgefill.state_correction import fit_delta, save_table, table_metadata
 
     if args.every < 1:
         raise UserError("--every must be >= 1")
-    if args.fill == "ridge" and not args.maps:
-        raise UserError("--fill ridge needs --maps")
-    if args.fill == "identity" and args.split is None:
-        raise UserError("--fill identity needs --split")
+    from rf_eval.fills import fill_method
+
+    method = fill_method(args.fill)
+    if method.needs_maps and not args.maps:
+        raise UserError(f"--fill {args.fill} needs --maps")
+    if not method.needs_maps and args.split is None:
+        raise UserError(f"--fill {args.fill} needs --split")
     try:
         check_nonempty(args.calibration)
         args.trust_remote_code = False
@@ -56,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
             maps.check_model(model.config)
         split = maps.split if maps is not None else args.split
         param = next(model.parameters())
-        fill = maps.fill_fn(param.dtype, param.device) if args.fill == "ridge" else identity_fill
+        fill = method.fill_fn(maps, param.dtype, param.device)
         docs = tokenized(tokenizer, args.calibration, param.device, args.max_tokens, "state correction",
                          not args.no_progress)
         delta, states = fit_delta(model, docs, split, fill, every=args.every, map_split=args.map_split)

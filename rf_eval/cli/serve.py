@@ -25,7 +25,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model folder or hub id (the adapter's `pretrained`)")
     p.add_argument("--tokenizer", default=None, help="another tokenizer folder or id")
     arm = p.add_argument_group("arm (the server's own; a request may override any of these)")
-    arm.add_argument("--fill", default="exact", help="exact | nofill | identity | ridge (default exact: fill off)")
+    from rf_eval.fills import FILL_OFF, arm_fills
+
+    arm.add_argument("--fill", default=FILL_OFF,
+                     help=f"{' | '.join(arm_fills())} (default {FILL_OFF}: fill off; `rf-eval fills` lists the methods)")
     arm.add_argument("--maps", default=None, help="maps folder or file written by `rf-eval fit` (loaded once)")
     arm.add_argument("--split", type=int, default=None, help="first filled layer (default: the maps' split, else L/2)")
     arm.add_argument("--tail", type=int, default=None, help="last prompt rows kept exact (default 4096)")

@@ -162,9 +162,11 @@ def demo_defaults(args: dict) -> dict:
     args = dict(args)
     model_dir = Path(resolve_pretrained(args.get("pretrained"), log=lm_log))
     args["pretrained"] = str(model_dir)
-    args.setdefault("fill", "ridge")
+    from rf_eval.fills.ridge import Ridge
+
+    args.setdefault("fill", Ridge.name)
     args.setdefault("tail", settings(quick=False).tail)
-    if args["fill"] == "ridge" and args.get("maps") is None:
+    if args["fill"] == Ridge.name and args.get("maps") is None:
         args["maps"] = str(demo_maps(model_dir, settings(quick=False)))
         args.setdefault("split", SPLIT)
         lm_log.info("pretrained=demo: using the demo model's maps for split %d at %s", SPLIT, args["maps"])

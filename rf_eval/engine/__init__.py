@@ -57,13 +57,15 @@ from rf_eval.engine.floor import (
 )
 from rf_eval.engine.layers import late_layers, run_layer, run_layers
 from rf_eval.engine.lower import decoder_layers, new_cache, num_layers, run_lower_layers
-from rf_eval.engine.plan import FILL_SOURCES, PLAN_FILLS, FillFn, KVFillFn, LayerInputs, Plan, PrefillResult
+from rf_eval.fills import FILL_OFF
+from rf_eval.fills.identity import Identity
+from rf_eval.engine.plan import MAPPED, FillFn, KVFillFn, LayerInputs, Plan, PrefillResult
 from rf_eval.engine.rowfill import AttentionRows, RowFill
 from rf_eval.engine.step import LayerStep, Rows
 from rf_eval.families import execution_device, family_for
 
 __all__ = [
-    "FILL_SOURCES", "PLAN_FILLS", "PREFIX_QUERY_CHUNK", "AttentionRows", "Corrected", "FillFn", "KVFillFn",
+    "MAPPED", "PREFIX_QUERY_CHUNK", "AttentionRows", "Corrected", "FillFn", "KVFillFn",
     "Floor", "LateLayerHooks", "LayerInputs", "LayerStep", "LayerView", "MappedKV", "NoFill", "Plan", "Precomputed",
     "PredictedInput", "PrefillContext", "PrefillResult", "QueryChunks", "RowFill", "Rows", "SelectFn", "Selection",
     "attend_exact_rows", "compare_results", "decoder_layers", "engine_floor", "exact_row_set",
@@ -101,7 +103,7 @@ def runs_plain(plan: Plan, n: int, selects: bool) -> bool:
     That is when no row is filled (fill exact, or the tail covers the prompt),
     the lower layers run in one pass, and no selector may lengthen the tail.
     """
-    return (plan.fill == "exact" or plan.tail >= n) and plan.chunk_size is None and not selects
+    return (plan.fill == FILL_OFF or plan.tail >= n) and plan.chunk_size is None and not selects
 
 
 def exact_row_set(n: int, plan: Plan, selected: torch.Tensor | None, device: torch.device | str | None) -> torch.Tensor:
@@ -147,7 +149,7 @@ def prefill(
     n = input_ids.shape[1]
     if runs_plain(plan, n, select is not None):
         return plain_prefill(model, input_ids)
-    no_filled_rows = plan.fill == "exact" or plan.tail >= n
+    no_filled_rows = plan.fill == FILL_OFF or plan.tail >= n
 
     family = family_for(model.config)
     t0 = time.perf_counter()
@@ -185,7 +187,7 @@ def prefill(
 @torch.no_grad()
 def partial_every_row_exact(model: nn.Module, input_ids: torch.Tensor, split: int) -> PrefillResult:
     """`prefill` forced onto its partial path: tail 1, every prefix row selected exact (`floor`)."""
-    plan = Plan(split, tail=1, fill="identity")
+    plan = Plan(split, tail=1, fill=Identity.name)  # any fill from predicted inputs: every row is exact
     return prefill(model, input_ids, plan, fill=PredictedInput(None), select=every_prefix_row)
 
 

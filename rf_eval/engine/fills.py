@@ -270,18 +270,18 @@ class Corrected(RowFill):
 
 
 def row_fill_for(plan: Plan, fill: FillFn | RowFill | None, hooks: LateLayerHooks | None = None) -> RowFill:
-    """The strategy for `plan`: `fill` itself if it is one, else the plan's fill from a fill function.
+    """The strategy for `plan`: `fill` itself if it is one, else what the plan's fill method
+    (`rf_eval.fills`) builds from the fill function `fill`.
 
     `hooks` wrap it (`Corrected`).
     """
+    from rf_eval.engine.plan import MAPPED
+    from rf_eval.fills import fill_method
+
     if isinstance(fill, RowFill):
         strategy = fill
-    elif plan.fill == "mapped":
-        raise ValueError("fill 'mapped' needs its mapped keys and values: pass fill=MappedKV(...)")
-    elif plan.fill == "nofill":
-        strategy = NoFill()
-    elif plan.fill in ("identity", "ridge") and fill is None:
-        raise ValueError(f"fill {plan.fill!r} needs a fill function (maps for 'ridge')")
+    elif plan.fill == MAPPED:
+        raise ValueError(f"fill {MAPPED!r} needs its mapped keys and values: pass fill=MappedKV(...)")
     else:
-        strategy = PredictedInput(fill)
+        strategy = fill_method(plan.fill).row_fill(fill)
     return strategy if hooks is None else Corrected(strategy, hooks)

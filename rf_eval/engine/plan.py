@@ -8,16 +8,14 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-#: The fills a RidgeFill arm names (paper section 2.1, table 3).
-FILL_SOURCES = ("exact", "nofill", "identity", "ridge")
 #: Whether layer S's filled rows read the fill's own map at S (x̂_S = A_S x_S + b_S) when an arm does not
 #: say. False: layer S reads x_S, which the lower layers computed exactly, so any map there can only add
 #: error (a ridge map of x_S on itself is a shrunk identity). The paper's released files carry a map for
 #: layer S and its MAC counts charge it (section 2.2 "Size and cost", section 2.5); `map_split=True`
 #: reproduces that accounting. The one place this default is stated: arms, fits and the cost model read it.
 DEFAULT_MAP_SPLIT = False
-#: Every fill a Plan may carry: RidgeFill's, plus `mapped` (RaReCache's mapped K/V, given as a `MappedKV`).
-PLAN_FILLS = (*FILL_SOURCES, "mapped")
+#: The fill of a RaReCache plan: keys and values mapped from another model's cache (given as a `MappedKV`).
+MAPPED = "mapped"
 
 # A fill function maps (late layer index, split states of the filled rows) to that layer's predicted input.
 FillFn = Callable[[int, torch.Tensor], torch.Tensor]
@@ -30,7 +28,8 @@ class Plan:
     """How to prefill one prompt.
 
     split: first late layer S (1..L-1; 0 for a mapped-K/V fill). tail: count of
-    last prompt rows kept exact in every layer. fill: one of PLAN_FILLS.
+    last prompt rows kept exact in every layer. fill: `exact` (the fill off), a
+    registered fill method (`rf_eval.fills`) or `mapped` (RaReCache).
     chunk_size: run the lower layers in chunks of this many rows (None: one
     pass; bitwise equal to the plain model). query_chunk: exact-row queries per
     attention call in the late layers (bounds the mask's memory). map_split
@@ -47,8 +46,11 @@ class Plan:
     map_split: bool = DEFAULT_MAP_SPLIT
 
     def __post_init__(self):
-        if self.fill not in PLAN_FILLS:
-            raise ValueError(f"unknown fill {self.fill!r}; valid fills: {', '.join(PLAN_FILLS)}")
+        if self.fill != MAPPED:
+            from rf_eval.fills import FILL_OFF, fill_method
+
+            if self.fill != FILL_OFF:
+                fill_method(self.fill)  # a ValueError naming the valid fills
         if self.tail < 1:
             raise ValueError(f"tail must be >= 1 (the last prompt row is always exact), got {self.tail}")
         if self.chunk_size is not None and self.chunk_size < 1:

@@ -15,7 +15,7 @@ from rf_eval.engine import Plan, PrefillResult
 from rf_eval.method import check_prompt, generate, input_device
 from rf_eval.ridgefill.arm import Arm
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
-from rf_eval.ridgefill.maps import RidgeMaps, identity_fill, load_arm_maps
+from rf_eval.ridgefill.maps import RidgeMaps, load_arm_maps
 from rf_eval.weights import weights_fingerprint
 
 
@@ -59,12 +59,9 @@ class RidgeFill:
         resources = {"unigram": spec.unigram} if spec.unigram else {}
         self.arm = Arm(model, tokenizer, spec, resources=resources)
         self.selector = self.arm.selector
-        if spec.fill == "ridge":
-            self._fill = maps.fill_fn(next(model.parameters()).dtype, input_device(model))
-        elif spec.fill == "identity":
-            self._fill = identity_fill
-        else:
-            self._fill = None
+        method = spec.method
+        self._fill = None if method is None else method.fill_fn(maps, next(model.parameters()).dtype,
+                                                                 input_device(model))
 
     @classmethod
     def from_pretrained(

@@ -8,7 +8,7 @@ Parts (each named, with parameters, recorded by `describe()`):
 - cost_match: the compute-matched `nofill` control (paper section 3.3): the
   tail is lengthened, per prompt length N, to the longest tail whose MAC
   count (`rf_eval.ridgefill.cost`) does not exceed the matched arm's. The matched arm
-  is a fill (identity | ridge) with `tail` (default: this arm's tail),
+  is a fill with filled rows (identity, ridge, ...) with `tail` (default: this arm's tail),
   `exact_share` (exact prefix rows as a share of N, e.g. 0.1 for the
   attention selector's rows) or `exact_rows` (a count), and `probe_rows`.
 """
@@ -25,6 +25,8 @@ from torch import nn
 from rf_eval import engine
 from rf_eval.engine import Plan, PrefillResult
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
+from rf_eval.fills import fill_method, registered_fills
+from rf_eval.fills.ridge import Ridge
 from rf_eval.ridgefill.corrections import build_hooks
 from rf_eval.ridgefill.cost import cost_matched_tail, prefill_macs
 from rf_eval.selectors.base import Request, Selector
@@ -35,15 +37,16 @@ from rf_eval.spec import check_params, parse_spec
 class CostMatch:
     """The arm whose MAC count a `nofill` control's tail is matched to."""
 
-    fill: str = "ridge"
+    fill: str = Ridge.name
     tail: int | None = None
     exact_share: float = 0.0
     exact_rows: int | None = None
     probe_rows: int = 0
 
     def __post_init__(self):
-        if self.fill not in ("identity", "ridge"):
-            raise ValueError(f"cost_match fill must be identity or ridge, got {self.fill!r}")
+        fills = [n for n in registered_fills() if not fill_method(n).absent]
+        if self.fill not in fills:
+            raise ValueError(f"cost_match fill must be a fill with filled rows ({', '.join(fills)}), got {self.fill!r}")
         if self.tail is not None and not (isinstance(self.tail, int) and self.tail >= 1):
             raise ValueError(f"cost_match tail must be an integer >= 1, got {self.tail!r}")
         if not (isinstance(self.exact_share, (int, float)) and 0 <= self.exact_share <= 1):

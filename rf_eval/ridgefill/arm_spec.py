@@ -28,20 +28,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, FILL_SOURCES
+from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.fields import ArmError, build
+from rf_eval.fills import FILL_OFF, arm_fills, fill_method
 
-FILLS_THAT_PREDICT = ("identity", "ridge")
 SPLICES = ("keys", "values", "both")
 #: The exact tail's length when an arm does not name one.
 DEFAULT_TAIL = 4096  # the paper's tail (its sections 2.6 and 9); the rf-eval tasks share it
+
+
+def predicting_fills() -> list[str]:
+    """The fills from predicted inputs (corrections, splices and the probe apply to them)."""
+    from rf_eval.fills import registered_fills
+
+    return [n for n in registered_fills() if fill_method(n).supports_corrections]
+
+
+def absent_fills() -> list[str]:
+    """The fills whose filled rows are absent from late layers (cost_match controls)."""
+    from rf_eval.fills import registered_fills
+
+    return [n for n in registered_fills() if fill_method(n).absent]
 
 
 @dataclass(frozen=True, kw_only=True)
 class RidgeFillArm:
     """One RidgeFill arm; see the module docstring. Spec strings use the grammar of `rf_eval.spec`."""
 
-    fill: str = "exact"
+    fill: str = FILL_OFF
     split: int | None = None  # None: the maps' split, else L // 2 (set by `resolve`)
     tail: int = DEFAULT_TAIL
     chunk_size: int | None = None
@@ -56,8 +70,8 @@ class RidgeFillArm:
     allow_other_weights: bool = False
 
     def __post_init__(self) -> None:
-        if self.fill not in FILL_SOURCES:
-            raise ArmError(f"fill={self.fill!r} is not valid; valid fills: {', '.join(FILL_SOURCES)}")
+        if self.fill not in arm_fills():
+            raise ArmError(f"fill={self.fill!r} is not valid; valid fills: {', '.join(arm_fills())}")
         if self.tail < 1:
             raise ArmError(f"tail must be >= 1 (the last prompt row is always exact), got {self.tail}")
         for name in ("split", "chunk_size"):
@@ -70,11 +84,12 @@ class RidgeFillArm:
             raise ArmError(f"unigram={self.unigram!r}: no such file")
         parts = _parse_parts(self)
         object.__setattr__(self, "_parts", parts)
-        if (parts["corrections"] or self.splice) and self.fill not in FILLS_THAT_PREDICT:
-            raise ArmError(f"corrections and splice change filled rows: they need fill=identity or ridge, "
-                           f"not fill={self.fill}")
-        if parts["cost_match"] is not None and self.fill != "nofill":
-            raise ArmError(f"cost_match lengthens a nofill arm's tail: it needs fill=nofill, not fill={self.fill}")
+        if (parts["corrections"] or self.splice) and not (self.method and self.method.supports_corrections):
+            raise ArmError(f"corrections and splice change filled rows: they need a fill from predicted inputs "
+                           f"({', '.join(predicting_fills())}), not fill={self.fill}")
+        if parts["cost_match"] is not None and not (self.method and self.method.absent):
+            raise ArmError(f"cost_match lengthens the tail of an arm without filled rows: it needs fill="
+                           f"{' or '.join(absent_fills())}, not fill={self.fill}")
 
     @classmethod
     def from_fields(cls, values: dict[str, Any], *, what: str = "arm") -> RidgeFillArm:
@@ -102,7 +117,12 @@ class RidgeFillArm:
     @property
     def fills_rows(self) -> bool:
         """False for the exact arm (whose every prompt runs the plain model)."""
-        return self.fill != "exact"
+        return self.fill != FILL_OFF
+
+    @property
+    def method(self) -> Any:
+        """The arm's fill method (`rf_eval.fills`), None for the exact arm."""
+        return None if self.fill == FILL_OFF else fill_method(self.fill)
 
     # -- rules that need the model ------------------------------------------------------
     def resolve(self, model_config: Any, maps: Any = None, weights: str | None = None) -> RidgeFillArm:
@@ -125,14 +145,8 @@ class RidgeFillArm:
             if weights is not None:
                 maps.check_weights(weights, allow_other_weights=self.allow_other_weights)
             split = maps.split
-        from rf_eval.families import sliding_window
-
-        if self.fill == "nofill" and sliding_window(model_config) is not None:
-            raise ArmError("fill=nofill leaves late layers with fewer rows than the prompt, which this model's "
-                           "sliding-window layers cannot decode from (their masks assume every row); use a fill, "
-                           "or a longer tail (tail >= the prompt) for the exact arm")
-        if self.fill == "ridge" and maps is None:
-            raise ArmError("fill=ridge needs maps= (a folder or file written by `rf-eval fit`)")
+        if self.method is not None:
+            self.method.check(model_config, maps)
         if split is None:
             split = n_layers // 2
         if not 1 <= split <= n_layers - 1:

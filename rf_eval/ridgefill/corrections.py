@@ -113,10 +113,13 @@ class TerminalState:
             raise ValueError(f"{self.path} was fitted for another model (config hash differs)")
         if int(meta["split"]) != plan.split:
             raise ValueError(f"{self.path} was fitted at split {meta['split']}, this arm runs split {plan.split}")
-        if meta.get("fill") != plan.fill or (plan.fill == "ridge" and meta.get("maps_sha256") != maps_sha):
+        from rf_eval.fills import fill_method
+
+        with_maps = fill_method(plan.fill).needs_maps
+        if meta.get("fill") != plan.fill or (with_maps and meta.get("maps_sha256") != maps_sha):
             raise ValueError(f"{self.path} was fitted for fill {meta.get('fill')!r} with other maps than this arm's")
         fitted_split_map = meta.get("map_split", "false") == "true"  # files before the field: layer S read x_S
-        if plan.fill == "ridge" and fitted_split_map != bool(getattr(plan, "map_split", True)):
+        if with_maps and fitted_split_map != bool(getattr(plan, "map_split", True)):
             raise ValueError(f"{self.path} was fitted with map_split={str(fitted_split_map).lower()}, this arm "
                              f"runs map_split={str(plan.map_split).lower()} (refit with `rf-eval "
                              "fit-state-correction`, or set map_split to match)")

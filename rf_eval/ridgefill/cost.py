@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
-
-FILLS_WITH_MAPS = ("ridge",)
+from rf_eval.fills import FILL_OFF, fill_method
+from rf_eval.fills.nofill import NoFill
 
 
 def ceiling_r(L: int, S: int, T: int, N: int) -> float:
@@ -122,7 +122,7 @@ def prefill_macs(
     split: int | None = None,
     tail: int = 0,
     exact_rows: int = 0,
-    fill: str = "exact",
+    fill: str = FILL_OFF,
     probe_rows: int = 0,
     map_split: bool = DEFAULT_MAP_SPLIT,
 ) -> int:
@@ -132,9 +132,8 @@ def prefill_macs(
     """
     costs = layer_costs(config)
     L = len(costs)
-    d = config.hidden_size
-    total = d * config.vocab_size  # last row's logits
-    if fill == "exact" or split is None or tail >= N:
+    total = config.hidden_size * config.vocab_size  # last row's logits
+    if fill == FILL_OFF or split is None or tail >= N:
         for c in costs:
             total += N * (c.write + c.rest) + c.attn_per_key * _causal_pairs(0, N, c.window)
         return total
@@ -145,6 +144,7 @@ def prefill_macs(
     E = min(max(exact_rows, 0), prefix)
     filled = prefix - E
     first_map = split if map_split else split + 1
+    method = fill_method(fill)
     for i, c in enumerate(costs):
         if i < split:
             total += N * (c.write + c.rest) + c.attn_per_key * _causal_pairs(0, N, c.window)
@@ -152,14 +152,12 @@ def prefill_macs(
         w = N if c.window is None else c.window
         exact_n = T + E
         total += exact_n * (c.write + c.rest)
-        if fill == "nofill":
+        total += filled * method.filled_row_macs(config, c, mapped=i >= first_map)
+        if method.absent:
             # exact rows attend only to exact rows: tail over (E + its own causal part), selected among themselves
             total += c.attn_per_key * (min(T * E + _causal_pairs(0, T), T * w) + _causal_pairs(0, E, c.window))
         else:
-            total += filled * c.write
             total += c.attn_per_key * (_causal_pairs(prefix, N, c.window) + E * min(prefix // 2 + 1, w))
-            if fill in FILLS_WITH_MAPS and i >= first_map:
-                total += filled * d * d
         if probe_rows:
             total += probe_rows * (c.write + c.rest) + c.attn_per_key * probe_rows * min(N, w)
     return total
@@ -170,13 +168,13 @@ def speedup_ceiling(config, N: int, **arm) -> float:
     return prefill_macs(config, N) / prefill_macs(config, N, **arm)
 
 
-def cost_matched_tail(config, N: int, split: int, target_macs: int) -> int:
-    """The longest nofill tail whose MAC count does not exceed `target_macs` (the paper's
+def cost_matched_tail(config, N: int, split: int, target_macs: int, fill: str = NoFill.name) -> int:
+    """The longest tail of a `fill` arm (nofill) whose MAC count does not exceed `target_macs` (the paper's
     compute-matched `nofill` control, section 3.3)."""
     lo, hi = 1, N
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if prefill_macs(config, N, split=split, tail=mid, fill="nofill") <= target_macs:
+        if prefill_macs(config, N, split=split, tail=mid, fill=fill) <= target_macs:
             lo = mid
         else:
             hi = mid - 1

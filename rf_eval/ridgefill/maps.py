@@ -136,9 +136,8 @@ class RidgeMaps:
         def fill(layer: int, x_split: torch.Tensor) -> torch.Tensor:
             if weights[layer].device != x_split.device:  # a model placed across devices: follow the layer's input
                 weights[layer], biases[layer] = weights[layer].to(x_split.device), biases[layer].to(x_split.device)
-            return torch.addmm(biases[layer], x_split.reshape(-1, x_split.shape[-1]), weights[layer]).view(
-                *x_split.shape[:-1], -1
-            )
+            out = torch.addmm(biases[layer], x_split.reshape(-1, x_split.shape[-1]), weights[layer])
+            return out.view(*x_split.shape[:-1], weights[layer].shape[1])  # also no filled row: (1, 0, d)
 
         return fill
 

@@ -79,8 +79,12 @@ def probe_sweep(req: Request, rows: int) -> tuple[torch.Tensor, Precomputed | No
     when no prefix row lies before the probe rows).
     """
     ctx = req.ctx
-    if req.plan.fill not in ("identity", "ridge") or req.fill is None:
-        raise ValueError("the probe reads a filled cache: it needs fill='identity' or 'ridge'")
+    from rf_eval.fills import FILL_OFF, fill_method
+    from rf_eval.ridgefill.arm_spec import predicting_fills
+
+    if req.plan.fill == FILL_OFF or not fill_method(req.plan.fill).supports_corrections or req.fill is None:
+        raise ValueError(f"the probe reads a filled cache: it needs a fill from predicted inputs "
+                         f"({', '.join(predicting_fills())})")
     n = req.n
     p0 = max(n - rows, 0)
     filled = torch.arange(min(req.prefix_end, p0))

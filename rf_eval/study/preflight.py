@@ -10,6 +10,7 @@ import difflib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from rf_eval.study.runner import model_args
 from rf_eval.study.spec import Study, StudyError
@@ -49,8 +50,9 @@ def unknown_tasks(study: Study) -> list[str]:
 
 def check_arm_args(study: Study, arm) -> None:
     """An rf-eval arm's model_args, checked as its adapter checks them before loading anything (keys, fill,
-    selector, corrections, tail; a StudyError naming the arm). Maps and the model's layer count are checked
-    by the arm's own run: a study's `fit:` block writes its maps only later."""
+    selector, corrections, tail; a StudyError naming the arm), its split against the model's layer count
+    (from its config) and the maps, model and source paths it names. Maps a study's `fit:` block writes
+    are checked by the arm's own run: they exist only later."""
     from rf_eval.errors import UserError
 
     if arm.model == "ridgefill":
@@ -68,10 +70,44 @@ def check_arm_args(study: Study, arm) -> None:
     from rf_eval.model_adapters.config import take_model_args
 
     try:
-        mine, _ = take_model_args(model_args(study, arm, study.maps or "<maps>"), OWN_KEYS, needed, model=arm.model)
-        ArmSpec.from_fields({k: v for k, v in mine.items() if k in ArmSpec.fields()}, what="args")
-    except UserError as err:
+        args = model_args(study, arm, study.maps or "<maps>")
+        mine, _ = take_model_args(args, OWN_KEYS, needed, model=arm.model)
+        spec = ArmSpec.from_fields({k: v for k, v in mine.items() if k in ArmSpec.fields()}, what="args")
+        check_paths(args)
+        check_split(args["pretrained"], getattr(spec, "split", None))
+    except (UserError, ValueError) as err:
         raise StudyError(f"{study.path.name}: arms.{arm.name}: {err}") from None
+
+
+def check_paths(args: dict) -> None:
+    """The model and source folders an arm names, and its maps unless the study's `fit:` block writes them
+    (`<maps>`, the placeholder `check_arm_args` puts there)."""
+    from rf_eval.devices import check_model_source
+
+    for key in ("pretrained", "source"):
+        if args.get(key):
+            check_model_source(str(args[key]))
+    maps = args.get("maps")
+    if maps and maps != "<maps>":
+        if not Path(str(maps)).expanduser().exists():
+            raise ValueError(f"maps={maps}: no such file or folder (fit them with `rf-eval fit`, or give the "
+                             "study a `fit:` block)")
+
+
+def check_split(pretrained: str, split: int | None) -> None:
+    """A split in 1..L-1 of the model's L layers, read from its config; a config not readable here is left
+    to the arm's own run, which says why."""
+    if split is None:
+        return
+    from transformers import AutoConfig
+
+    from rf_eval.ridgefill.fitting import check_splits
+
+    try:
+        layers = AutoConfig.from_pretrained(pretrained).get_text_config().num_hidden_layers
+    except (OSError, ValueError):
+        return
+    check_splits([split], layers)
 
 
 def check_study(study: Study) -> None:

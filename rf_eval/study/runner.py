@@ -50,11 +50,17 @@ def maps_sha256(folder: str | None) -> str:
     return digest.hexdigest()
 
 
+def _reads_maps(fill: Any) -> bool:
+    from rf_eval.fills import arm_fills, fill_method
+
+    return fill in arm_fills()[1:] and fill_method(fill).needs_maps
+
+
 def model_args(study: Study, arm: Arm, maps: str | None) -> dict[str, Any]:
     """The arm's model_args: the study's model, then the arm's own (the study's maps for a ridge arm)."""
     if arm.model in ADAPTERS:
         args = {"pretrained": study.pretrained, **study.model_args, **arm.args}
-        if arm.model == "ridgefill" and args.get("fill") == "ridge" and "maps" not in args and maps:
+        if arm.model == "ridgefill" and _reads_maps(args.get("fill")) and "maps" not in args and maps:
             args["maps"] = maps
         return args
     return dict(arm.args)  # an API model: its own arguments only
@@ -216,13 +222,15 @@ def arm_costs(study: Study, arm: Arm) -> dict[int, float]:
         config = AutoConfig.from_pretrained(study.pretrained)
     except OSError:
         return {}
-    fill = arm.args.get("fill", "exact")
+    from rf_eval.fills import FILL_OFF
+
+    fill = arm.args.get("fill", FILL_OFF)
     split = int(arm.args.get("split", config.num_hidden_layers // 2))
     tail = int(arm.args.get("tail", DEFAULT_TAIL))
     out = {}
     for n in study.lengths:
-        exact = prefill_macs(config, n, split=split, tail=n, fill="exact")
-        out[n] = 1.0 if fill == "exact" else prefill_macs(config, n, split=split, tail=min(tail, n), fill=fill) / exact
+        exact = prefill_macs(config, n, split=split, tail=n)
+        out[n] = 1.0 if fill == FILL_OFF else prefill_macs(config, n, split=split, tail=min(tail, n), fill=fill) / exact
     return out
 
 

@@ -171,7 +171,9 @@ def load_study(path: str | Path) -> Study:
         model = spec.get("model", "ridgefill")
         args = dict(spec.get("args") or {})
         if model == "ridgefill" and "fill" not in args:
-            raise StudyError(f"{where}: a ridgefill arm needs args.fill (exact | nofill | identity | ridge) "
+            from rf_eval.fills import arm_fills
+
+            raise StudyError(f"{where}: a ridgefill arm needs args.fill ({' | '.join(arm_fills())}) "
                              f"({_line(arm_nodes[arm_name])})")
         arms[str(arm_name)] = Arm(str(arm_name), model, args)
     if not arms:

@@ -103,6 +103,11 @@ def test_a_study_whose_tasks_cannot_build_refuses_before_the_fit(tasks, message,
     (("fill: nofill, tail: 8", "fill: nofill, tail: 8, selector: attentoin"), "arms.nofill: selector='attentoin'"),
     (("fill: nofill, tail: 8", "fill: nofill, tail: 8, rho: 0.2"), "arms.nofill: model_args rho=0.2 is a key of --model rarecache"),
     (("fill: identity, tail: 4", "fill: identity, tail: -4"), "arms.identity: tail must be >= 1"),
+    (("fill: identity, tail: 4, split: 3", "fill: identity, tail: 4, split: 9"),
+     "arms.identity: split 9 is outside 1..5 for this 6-layer model"),
+    (("fill: identity, tail: 4", "fill: ridge, tail: 4, maps: ./no-maps"), "arms.identity: maps=./no-maps: no such file"),
+    (("fill: nofill, tail: 8", "fill: nofill, tail: 8, pretrained: ./no-model"),
+     "arms.nofill: model './no-model': no such local folder"),
 ])
 def test_a_bad_setting_in_a_later_arm_refuses_the_study_before_the_fit(edit, message, tiny_model_dir, adapter_task,
                                                                       tmp_path, capsys):

@@ -1,0 +1,20 @@
+"""A generated table between two markers of a README (`rf-eval families --readme`, `rf-eval fills --readme`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def replace_block(text: str, begin: str, end: str, body: str, what: str) -> str:
+    """`text` with the block between `begin` and `end` replaced by `body` (ValueError naming `what` without them)."""
+    if begin not in text or end not in text:
+        raise ValueError(f"the README has no {what} markers ({begin!r} ... {end!r})")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}{end}{tail}"
