@@ -89,7 +89,8 @@ def parse_ridgefill_args(args: dict[str, Any]) -> tuple[RidgeFillSettings, dict[
     from rf_eval.ridgefill.maps import load_arm_maps
 
     demo = str(args.get("pretrained") or "demo").strip().lower() == "demo"
-    mine, hf = take_model_args(args, OWN_KEYS, ("fill",), defaults=demo_defaults, model="ridgefill")
+    needed = () if args.get("preset") not in (None, "") else ("fill",)  # a preset sets the fill
+    mine, hf = take_model_args(args, OWN_KEYS, needed, defaults=demo_defaults, model="ridgefill")
     try:
         arm = RidgeFillArm.from_fields({k: v for k, v in mine.items() if k in RidgeFillArm.fields()},
                                        what="model_args")

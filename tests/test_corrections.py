@@ -210,5 +210,5 @@ def test_cost_matched_nofill_tail(tiny_model):
     assert prefill_macs(model.config, N, split=3, tail=tail + 1, fill="nofill") > target
     assert result.exact_rows.tolist() == list(range(N - tail, N))
     assert rf.provenance()["cost_match"]["exact_share"] == 0.1
-    with pytest.raises(ValueError, match="lengthens a nofill arm"):
+    with pytest.raises(ValueError, match="lengthens the tail of an arm without filled rows: it needs fill=nofill"):
         RidgeFill(model, tok, split=3, tail=TAIL, fill="identity", cost_match="ridge")

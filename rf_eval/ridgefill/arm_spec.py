@@ -14,7 +14,8 @@ Arms (RidgeFill paper, table 3 and section 3.3): `fill` exact | nofill |
 identity | ridge; `split` S; `tail` T; optional exact prefix rows from a
 `selector` (section 2.4), `corrections` (section 2.3), a `splice` (section
 6.6) and, on a `nofill` control, `cost_match` (the tail lengthened to the
-MAC cost of the named arm). `map_split` (default false,
+MAC cost of the named arm), or a `preset` that sets fill, tail and split
+together (`rf_eval.ridgefill.presets`: `pop`). `map_split` (default false,
 `rf_eval.engine.plan.DEFAULT_MAP_SPLIT`): filled rows of layer S read x_S,
 which is exact; true: they read x̂_S = A_S x_S + b_S, as the paper's released
 maps and MAC counts have it (section 2.2 "Size and cost"); identity is the
@@ -68,8 +69,12 @@ class RidgeFillArm:
     map_split: bool = DEFAULT_MAP_SPLIT  # True: layer S's filled rows read the map's x̂_S (paper's release), not x_S
     #: use maps fitted on other weights (a deliberate transfer); by default `resolve` refuses them
     allow_other_weights: bool = False
+    #: a published configuration that sets fill, tail and split (`rf_eval.ridgefill.presets`)
+    preset: str | None = None
 
     def __post_init__(self) -> None:
+        if self.preset is not None:
+            self._apply_preset()
         if self.fill not in arm_fills():
             raise ArmError(f"fill={self.fill!r} is not valid; valid fills: {', '.join(arm_fills())}")
         if self.tail < 1:
@@ -91,9 +96,30 @@ class RidgeFillArm:
             raise ArmError(f"cost_match lengthens the tail of an arm without filled rows: it needs fill="
                            f"{' or '.join(absent_fills())}, not fill={self.fill}")
 
+    def _apply_preset(self) -> None:
+        from rf_eval.ridgefill.presets import preset
+
+        try:
+            chosen = preset(self.preset)
+        except ValueError as err:
+            raise ArmError(str(err)) from None
+        # (the split is the preset's rule of the model's depth: `resolve` checks a given one against it)
+        given = [f for f, default in (("fill", FILL_OFF), ("tail", DEFAULT_TAIL))
+                 if getattr(self, f) not in (default, getattr(chosen, f))]
+        if given:
+            raise ArmError(f"preset={self.preset} sets fill, tail and split; leave out {', '.join(given)}")
+        object.__setattr__(self, "fill", chosen.fill)
+        object.__setattr__(self, "tail", chosen.tail)
+
     @classmethod
     def from_fields(cls, values: dict[str, Any], *, what: str = "arm") -> RidgeFillArm:
         """The spec from loose values (strings from model_args or a request, or typed Python values)."""
+        from rf_eval.ridgefill.presets import PRESET_FIELDS
+
+        if values.get("preset") not in (None, ""):
+            given = [k for k in PRESET_FIELDS if k in values]
+            if given:
+                raise ArmError(f"preset={values['preset']} sets fill, tail and split; leave out {', '.join(given)}")
         return build(cls, values, what=what)
 
     @classmethod
@@ -147,6 +173,13 @@ class RidgeFillArm:
             split = maps.split
         if self.method is not None:
             self.method.check(model_config, maps)
+        if self.preset is not None:
+            from rf_eval.ridgefill.presets import preset
+
+            own = preset(self.preset).split(n_layers)
+            if split not in (None, own):
+                raise ArmError(f"preset={self.preset} splits this {n_layers}-layer model at {own}, not {split}")
+            split = own
         if split is None:
             split = n_layers // 2
         if not 1 <= split <= n_layers - 1:
@@ -184,6 +217,7 @@ class RidgeFillArm:
             "corrections": [c.describe() for c in self.correction_objs],
             "splice": self.splice,
             "cost_match": self.cost_match_obj.describe() if self.cost_match_obj else None,
+            **({"preset": self.preset} if self.preset else {}),
         }
 
 

@@ -59,7 +59,7 @@ def check_arm_args(study: Study, arm) -> None:
         from rf_eval.model_adapters.ridgefill import OWN_KEYS
         from rf_eval.ridgefill.arm_spec import RidgeFillArm as ArmSpec
 
-        needed: tuple[str, ...] = ("fill",)
+        needed: tuple[str, ...] = () if arm.args.get("preset") else ("fill",)
     elif arm.model == "rarecache":
         from rf_eval.model_adapters.rarecache import OWN_KEYS
         from rf_eval.rarecache.arm_spec import RaReCacheArm as ArmSpec

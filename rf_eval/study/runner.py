@@ -22,6 +22,8 @@ reference result re-runs its dependants.
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import shlex
@@ -210,27 +212,33 @@ def plan_text(study: Study, out: Path, launcher: Any) -> str:
 
 
 def arm_costs(study: Study, arm: Arm) -> dict[int, float]:
-    """The MAC model's cost of a ridgefill arm relative to exact prefill (paper section 2.5); {} where unknown."""
+    """The MAC model's cost of a ridgefill arm relative to exact prefill (paper section 2.5); {} where unknown.
+
+    The arm is resolved as its run resolves it (defaults, a preset's split), without maps: a split the maps
+    would set must be given in the arm."""
     if arm.model != "ridgefill" or not study.lengths:
         return {}
     from transformers import AutoConfig
 
-    from rf_eval.ridgefill.arm_spec import DEFAULT_TAIL
+    from rf_eval.errors import UserError
+    from rf_eval.ridgefill.arm_spec import RidgeFillArm
     from rf_eval.ridgefill.cost import prefill_macs
 
     try:
         config = AutoConfig.from_pretrained(study.pretrained)
     except OSError:
         return {}
-    from rf_eval.fills import FILL_OFF
-
-    fill = arm.args.get("fill", FILL_OFF)
-    split = int(arm.args.get("split", config.num_hidden_layers // 2))
-    tail = int(arm.args.get("tail", DEFAULT_TAIL))
+    fields = {k: v for k, v in {**study.model_args, **arm.args}.items() if k in RidgeFillArm.fields()}
+    spec = RidgeFillArm.from_fields(fields, what="args")
+    try:
+        spec = spec.resolve(config)
+    except (ValueError, UserError):  # needs its maps (fill=ridge): the split the arm names, else L/2
+        spec = dataclasses.replace(spec, split=spec.split or config.num_hidden_layers // 2)
     out = {}
     for n in study.lengths:
-        exact = prefill_macs(config, n, split=split, tail=n)
-        out[n] = 1.0 if fill == FILL_OFF else prefill_macs(config, n, split=split, tail=min(tail, n), fill=fill) / exact
+        exact = prefill_macs(config, n)
+        out[n] = 1.0 if not spec.fills_rows else prefill_macs(
+            config, n, split=spec.split, tail=min(spec.tail, n), fill=spec.fill, map_split=spec.map_split) / exact
     return out
 
 

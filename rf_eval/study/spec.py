@@ -170,7 +170,7 @@ def load_study(path: str | Path) -> Study:
         _check(where, spec, _key_nodes(arm_nodes[arm_name]), _ARM, arm_nodes[arm_name])
         model = spec.get("model", "ridgefill")
         args = dict(spec.get("args") or {})
-        if model == "ridgefill" and "fill" not in args:
+        if model == "ridgefill" and "fill" not in args and "preset" not in args:
             from rf_eval.fills import arm_fills
 
             raise StudyError(f"{where}: a ridgefill arm needs args.fill ({' | '.join(arm_fills())}) "

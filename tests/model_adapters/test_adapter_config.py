@@ -43,7 +43,11 @@ def test_values_are_typed_and_lm_eval_flags_merge(tiny_model_dir):
         ("fill=identity,corrections=rescale(c=4)", "corrections='rescale(c=4)': unknown correction"),
         ("fill=identity,splice=queries", "splice='queries' is not valid; valid splices: keys"),
         ("fill=nofill,splice=keys", "they need a fill from predicted inputs (identity, ridge), not fill=nofill"),
-        ("fill=identity,cost_match=ridge", "cost_match lengthens a nofill arm's tail"),
+        ("fill=identity,cost_match=ridge", "cost_match lengthens the tail of an arm without filled rows: it needs "
+                                           "fill=nofill, not fill=identity"),
+        ("preset=pop,tail=8", "preset=pop sets fill, tail and split; leave out tail"),
+        ("preset=pop,fill=ridge,split=2", "preset=pop sets fill, tail and split; leave out fill, split"),
+        ("preset=popp", "preset='popp' is not valid; valid presets: pop"),
         ("fill=identity,split=6", "split=6 is outside 1..5 for this 6-layer model"),
         ("fill=exact,pretrained=/no/such/model", "pretrained='/no/such/model'"),
         ("fill=identity,selector=probe,split=3", "selector='probe': no attention layer among layers [3, 7, 11, 15] "
