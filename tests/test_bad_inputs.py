@@ -18,7 +18,7 @@ from rf_eval.ridgefill.maps import MapError
 
 # (RidgeFill keyword arguments, error type, message fragment)
 BAD_API = [
-    ({"fill": "rigde"}, ArmError, "fill='rigde' is not valid; valid fills: exact, identity, nofill, ridge"),
+    ({"fill": "rigde"}, ArmError, "fill='rigde' is not valid; valid fills: exact, identity, kv_ridge, nofill, ridge"),
     ({"fill": "identity", "tail": 0}, ArmError, "tail must be >= 1"),
     ({"fill": "identity", "split": 6}, ArmError, "split=6 is outside 1..5 for this 6-layer model"),
     ({"fill": "ridge"}, ArmError, "fill=ridge needs maps="),

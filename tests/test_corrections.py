@@ -191,7 +191,7 @@ def test_terminal_state_refuses_a_table_for_another_fill(tiny_model, tmp_path):
         RidgeFill(model, tok, split=3, tail=TAIL, fill="identity", corrections=f"terminal_state(path={path})")
     with pytest.raises(ValueError, match="unknown correction 'state'; valid corrections: value_rescale"):
         RidgeFill(model, tok, split=3, tail=TAIL, fill="identity", corrections="state")
-    with pytest.raises(ValueError, match="predicted inputs (identity, ridge), not fill=nofill"):
+    with pytest.raises(ValueError, match=r"predicted inputs \(identity, ridge\), not fill=nofill"):
         RidgeFill(model, tok, split=3, tail=TAIL, fill="nofill", splice="both")
 
 

@@ -204,7 +204,7 @@ def test_bad_plans_are_refused(tiny_model):
         prefill(model, ids, Plan(split=6, tail=4, fill="identity"), fill=identity_fill)
     with pytest.raises(ValueError, match="split 0 is outside 1..5"):
         prefill(model, ids, Plan(split=0, tail=4, fill="nofill"))
-    with pytest.raises(ValueError, match="unknown fill 'magic'; valid fills: exact, identity, nofill, ridge"):
+    with pytest.raises(ValueError, match="unknown fill 'magic'; valid fills: exact, identity, kv_ridge, nofill, ridge"):
         Plan(split=3, tail=4, fill="magic")
     with pytest.raises(ValueError, match="needs a fill function"):
         prefill(model, ids, Plan(split=3, tail=4, fill="ridge"))

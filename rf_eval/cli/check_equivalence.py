@@ -137,8 +137,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("give --model (in-process check) or two --base-url (across servers)")
     from rf_eval.engine import Plan, partial_path_floors, plain_prefill, prefill
     from rf_eval.families import family_class_for
-    from rf_eval.ridgefill.api import RidgeFill
     from rf_eval.fills import FILL_OFF, fill_method
+    from rf_eval.ridgefill.api import RidgeFill
 
     check_inputs(args)
     try:

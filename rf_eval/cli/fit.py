@@ -26,6 +26,8 @@ from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="HF model folder or id (required unless --from-sums with one lambda)")
     p.add_argument("--splits", type=int, nargs="+", help="split layers S (one capture pass serves all)")
+    p.add_argument("--fill", default=None, metavar="FILL",
+                   help="the fill method the maps serve (default ridge; `rf-eval fills` lists those with maps)")
     p.add_argument("--calibration", nargs="+", default=[], help="plain-text files or JSONL with a 'text' field")
     p.add_argument("--heldout", nargs="+", default=[], help="held-out documents for choosing lambda")
     p.add_argument("--lambdas", type=float, nargs="+", default=None,
@@ -101,10 +103,38 @@ def check_inputs(args: argparse.Namespace) -> None:
         raise UserError(f"--{'device' if 'device' in str(err).split(':')[0] else 'model'}: {err}") from None
     if args.model and args.splits:
         check_splits(args.model, args.splits)
+    check_fill(args)
     if args.from_sums:
         if not args.lambdas:
             raise UserError("--from-sums needs --lambdas")
         check_sums(args.from_sums, args.model)
+
+
+def check_fill(args: argparse.Namespace) -> None:
+    """--fill names a fill method with maps to fit, for a model it can be fitted on (from its config)."""
+    from rf_eval.fills.ridge import Ridge
+    from rf_eval.ridgefill.fitting import fit_target
+
+    args.fill = args.fill or Ridge.name
+    if args.from_sums and args.fill != Ridge.name:
+        raise UserError("--fill: --from-sums refits the fill its sums were captured for; leave --fill out")
+    try:
+        fit_target(args.fill)
+    except ValueError as err:
+        raise UserError(f"--fill: {err}") from None
+    if args.model:
+        from transformers import AutoConfig
+
+        from rf_eval.fills import fill_method
+
+        try:
+            config = AutoConfig.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
+        except (OSError, ValueError):
+            return
+        try:
+            fill_method(args.fill).check_fit(config)
+        except ValueError as err:
+            raise UserError(f"--fill {args.fill}: {err}") from None
 
 
 def check_sums(folder: str, model: str | None) -> None:
@@ -211,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
                               heldout=args.heldout, lambdas=args.lambdas, out=staging,
                               max_tokens=args.max_tokens, progress=not args.no_progress,
                               map_split=args.map_split, sums_device=args.sums_device,
-                              heldout_memory=args.heldout_memory)
+                              heldout_memory=args.heldout_memory, fill=args.fill)
     except (ValueError, CalibrationError) as err:
         shutil.rmtree(staging, ignore_errors=True)
         raise UserError(str(err)) from err

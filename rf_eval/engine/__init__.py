@@ -57,15 +57,13 @@ from rf_eval.engine.floor import (
 )
 from rf_eval.engine.layers import late_layers, run_layer, run_layers
 from rf_eval.engine.lower import decoder_layers, new_cache, num_layers, run_lower_layers
-from rf_eval.fills import FILL_OFF
-from rf_eval.fills.identity import Identity
-from rf_eval.engine.plan import MAPPED, FillFn, KVFillFn, LayerInputs, Plan, PrefillResult
+from rf_eval.engine.plan import FILL_OFF, MAPPED, FillFn, KVFillFn, LayerInputs, Plan, PrefillResult
 from rf_eval.engine.rowfill import AttentionRows, RowFill
 from rf_eval.engine.step import LayerStep, Rows
 from rf_eval.families import execution_device, family_for
 
 __all__ = [
-    "MAPPED", "PREFIX_QUERY_CHUNK", "AttentionRows", "Corrected", "FillFn", "KVFillFn",
+    "FILL_OFF", "MAPPED", "PREFIX_QUERY_CHUNK", "AttentionRows", "Corrected", "FillFn", "KVFillFn",
     "Floor", "LateLayerHooks", "LayerInputs", "LayerStep", "LayerView", "MappedKV", "NoFill", "Plan", "Precomputed",
     "PredictedInput", "PrefillContext", "PrefillResult", "QueryChunks", "RowFill", "Rows", "SelectFn", "Selection",
     "attend_exact_rows", "compare_results", "decoder_layers", "engine_floor", "exact_row_set",
@@ -187,6 +185,8 @@ def prefill(
 @torch.no_grad()
 def partial_every_row_exact(model: nn.Module, input_ids: torch.Tensor, split: int) -> PrefillResult:
     """`prefill` forced onto its partial path: tail 1, every prefix row selected exact (`floor`)."""
+    from rf_eval.fills.identity import Identity
+
     plan = Plan(split, tail=1, fill=Identity.name)  # any fill from predicted inputs: every row is exact
     return prefill(model, input_ids, plan, fill=PredictedInput(None), select=every_prefix_row)
 

@@ -175,6 +175,33 @@ class MappedKV(RowFill):
         raise ValueError("a cache-to-cache fill needs attention layers; this model has recurrent layers")
 
 
+class PredictedKV(RowFill):
+    """Filled rows' late-layer keys and values from `kv_map(layer, x_S rows)`: [keys before RoPE; values]
+    per row (`rf_eval.ridgefill.targets`), the keys then rotated at their own positions (kv_ridge).
+
+    Layer S's filled rows write the layer's own projections of x_S, which is exact (with `plan.map_split`,
+    the map's). Attention layers only.
+    """
+
+    def __init__(self, kv_map: FillFn):
+        self.kv_map = kv_map
+
+    def attention(self, step: LayerStep, index: int, x_exact: torch.Tensor) -> AttentionRows:
+        layer = step.layers[index]
+        cos, sin = step.rope_at(index, "filled")
+        if index == step.plan.split and not step.plan.map_split:
+            k, v = step.family.kv(layer.self_attn, step.family.input_norm(layer, step.x_filled), cos, sin)
+        else:
+            flat = self.kv_map(index, step.x_filled)
+            heads = flat.shape[-1] // (2 * layer.self_attn.head_dim)
+            k, v = (t.reshape(*flat.shape[:2], heads, -1).transpose(1, 2) for t in flat.chunk(2, dim=-1))
+            k = step.family.rotate(k, cos, sin)
+        return exact_rows_beside(step, index, x_exact, (k, v))
+
+    def recurrent(self, step: LayerStep, index: int, x_exact: torch.Tensor) -> torch.Tensor:
+        raise ValueError("a fill of keys and values needs attention layers; this model has Gated DeltaNet layers")
+
+
 class Precomputed(RowFill):
     """K/V that `source` gives filled rows 0..rows-1, computed before the late layers ran (the probe's sweep).
 
@@ -275,13 +302,16 @@ def row_fill_for(plan: Plan, fill: FillFn | RowFill | None, hooks: LateLayerHook
 
     `hooks` wrap it (`Corrected`).
     """
-    from rf_eval.engine.plan import MAPPED
-    from rf_eval.fills import fill_method
+    from rf_eval.engine.plan import FILL_OFF, MAPPED
 
     if isinstance(fill, RowFill):
         strategy = fill
     elif plan.fill == MAPPED:
         raise ValueError(f"fill {MAPPED!r} needs its mapped keys and values: pass fill=MappedKV(...)")
+    elif plan.fill == FILL_OFF:
+        strategy = PredictedInput(fill)  # no filled row reads it
     else:
+        from rf_eval.fills import fill_method
+
         strategy = fill_method(plan.fill).row_fill(fill)
     return strategy if hooks is None else Corrected(strategy, hooks)

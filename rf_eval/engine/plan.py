@@ -14,6 +14,8 @@ from transformers import DynamicCache
 #: layer S and its MAC counts charge it (section 2.2 "Size and cost", section 2.5); `map_split=True`
 #: reproduces that accounting. The one place this default is stated: arms, fits and the cost model read it.
 DEFAULT_MAP_SPLIT = False
+#: The fill switched off: every prompt runs the plain model (not a fill method: `rf_eval.fills` holds those).
+FILL_OFF = "exact"
 #: The fill of a RaReCache plan: keys and values mapped from another model's cache (given as a `MappedKV`).
 MAPPED = "mapped"
 
@@ -40,17 +42,16 @@ class Plan:
 
     split: int
     tail: int
-    fill: str = "exact"
+    fill: str = FILL_OFF
     chunk_size: int | None = None
     query_chunk: int = 4096
     map_split: bool = DEFAULT_MAP_SPLIT
 
     def __post_init__(self):
-        if self.fill != MAPPED:
-            from rf_eval.fills import FILL_OFF, fill_method
+        if self.fill not in (MAPPED, FILL_OFF):
+            from rf_eval.fills import fill_method
 
-            if self.fill != FILL_OFF:
-                fill_method(self.fill)  # a ValueError naming the valid fills
+            fill_method(self.fill)  # a ValueError naming the valid fills
         if self.tail < 1:
             raise ValueError(f"tail must be >= 1 (the last prompt row is always exact), got {self.tail}")
         if self.chunk_size is not None and self.chunk_size < 1:

@@ -22,6 +22,7 @@ import pkgutil
 from functools import cache
 from importlib.metadata import entry_points
 
+from rf_eval.engine.plan import FILL_OFF  # the arm with the fill off: every prompt runs the plain model
 from rf_eval.fills.base import STRATEGIES, FillMethod
 
 __all__ = ["FILL_OFF", "ENTRY_POINTS", "FILL_PATH_ENV", "FillMethod", "arm_fills", "fill_method", "register_fill",
@@ -29,8 +30,6 @@ __all__ = ["FILL_OFF", "ENTRY_POINTS", "FILL_PATH_ENV", "FillMethod", "arm_fills
 
 FILL_PATH_ENV = "RF_EVAL_FILL_PATH"
 ENTRY_POINTS = "rf_eval.fills"
-#: the arm with the fill off: every prompt runs the plain model
-FILL_OFF = "exact"
 _NOT_FILLS = frozenset({"base"})
 _added: dict[str, type[FillMethod]] = {}
 

@@ -20,7 +20,10 @@ and asks the arm's fill method for the rest. A method is one class with:
   `cost_match`, the study plan, the server's ceilings all read it);
 - `check(model_config, maps)`: the method's own rules for a model (an
   `ArmError` naming what to change);
-- `fit_command`: the `rf-eval` command that fits its maps, if it has one.
+- `fit_command`: the `rf-eval` command that fits its maps, if it has one, and
+  `fit_target`: what `rf-eval fit --fill NAME` regresses each late layer's rows
+  on (`rf_eval.ridgefill.targets`: the layer's input, or its keys and values),
+  with `check_fit(config)` refusing a model it cannot be fitted on.
 
 Corrections, splices and the attention probe change or read predicted rows,
 so they apply to `"inputs"` methods only (`supports_corrections`).
@@ -43,6 +46,7 @@ class FillMethod:
     strategy: ClassVar[str] = "inputs"
     needs_maps: ClassVar[bool] = False
     fit_command: ClassVar[str | None] = None
+    fit_target: ClassVar[str | None] = None
     #: where the method is defined (a paper section), for `rf-eval fills`
     source: ClassVar[str] = ""
     #: what a filled row costs in a late layer, in words, for `rf-eval fills` (default: by strategy)
@@ -83,6 +87,9 @@ class FillMethod:
         """MACs one filled row costs in one late layer (`layer`: a `rf_eval.ridgefill.cost.LayerCost`;
         `mapped`: the layer reads the method's map, not x_S). Default: the layer's K/V or state update."""
         return 0 if self.strategy == "absent" else layer.write
+
+    def check_fit(self, model_config: Any) -> None:
+        """Refuse (ValueError) a model this method's maps cannot be fitted on; default: any model."""
 
     def check(self, model_config: Any, maps: Any) -> None:
         """The method's own rules for a model and its maps (raise `rf_eval.fields.ArmError`)."""

@@ -18,6 +18,7 @@ from rf_eval.engine import decoder_layers
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.families import Family, family_for
 from rf_eval.ridgefill.ridge import RidgeSums
+from rf_eval.ridgefill.targets import check_target, kv_rows, target_rows
 
 Hook = Callable[[int, torch.Tensor, dict], None]
 
@@ -50,24 +51,28 @@ def capture_sums(
     documents: Iterable[torch.Tensor],
     splits: Sequence[int],
     device: torch.device | str | None = None,
+    target: str = "inputs",
 ) -> dict[int, RidgeSums]:
     """Ridge sums for every split from one pass per document (each a 1 x n LongTensor).
 
     `device`: where the fp64 sums live (default: the model's); the fp32
-    products are taken where the activations are (`RidgeSums`).
+    products are taken where the activations are (`RidgeSums`). `target`: what
+    each late layer's rows are regressed on (`rf_eval.ridgefill.targets`).
     """
-    n_layers = len(decoder_layers(model))
+    check_target(target)
+    layers = decoder_layers(model)
+    family = family_for(model.config)
     d = model.config.hidden_size
     device = device or next(model.parameters()).device
-    sums = {s: RidgeSums(split=s, d_in=d, layers=list(range(s, n_layers)), device=device) for s in splits}
+    sums = {s: RidgeSums(split=s, d_in=d, layers=list(range(s, len(layers))), device=device) for s in splits}
 
     def hook(index: int, x: torch.Tensor, _kwargs: dict) -> None:
-        rows = x[0]
+        y = target_rows(family, layers[index], x, target)
         for split, acc in sums.items():
             if index == split:
-                acc.start_document(rows)
+                acc.start_document(x[0])
             if index >= split:
-                acc.add_layer(index, rows)
+                acc.add_layer(index, y)
 
     for input_ids in documents:
         run_with_layer_hooks(model, input_ids, min(splits), hook)
@@ -98,6 +103,7 @@ def heldout_cosines(
     split: int,
     candidates: dict[float, tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]],
     map_split: bool = DEFAULT_MAP_SPLIT,
+    target: str = "inputs",
 ) -> dict[float, tuple[float, int]]:
     """Per lambda: (sum of row cosines, row count) between cache writes from predicted and true inputs.
 
@@ -105,8 +111,10 @@ def heldout_cosines(
     `map_split` layer S's filled rows read A_S x_S + b_S, so layer S is scored
     like every other late layer; without it (the default) the engine feeds
     layer S the true split state, every lambda would score 1 there, and it is
-    skipped.
+    skipped. With `target` kv the maps predict the keys (before RoPE) and values
+    themselves, compared with the layer's own.
     """
+    check_target(target)
     family = family_for(model.config)
     layers = decoder_layers(model)
     totals = {lam: [0.0, 0] for lam in candidates}
@@ -117,11 +125,13 @@ def heldout_cosines(
             state["x"] = x
             if not map_split:
                 return
-        true_writes = cache_writes(family, layers[index], x, kwargs).float()
+        layer = layers[index]
+        kv = target == "kv"
+        true_writes = (kv_rows(family, layer, x) if kv else cache_writes(family, layer, x, kwargs)).float()
         for lam, (A, b) in candidates.items():
             a = A[index].to(device=x.device, dtype=x.dtype)
             pred = state["x"] @ a.T + b[index].to(device=x.device, dtype=x.dtype)
-            writes = cache_writes(family, layers[index], pred, kwargs).float()
+            writes = (pred[0] if kv else cache_writes(family, layer, pred, kwargs)).float()
             cos = torch.nn.functional.cosine_similarity(writes, true_writes, dim=-1)
             totals[lam][0] += float(cos.double().sum())
             totals[lam][1] += cos.numel()

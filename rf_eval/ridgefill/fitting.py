@@ -23,6 +23,7 @@ import rf_eval
 from rf_eval.devices import all_reduce, rank_and_world
 from rf_eval.engine import num_layers
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
+from rf_eval.fills.ridge import Ridge
 from rf_eval.ridgefill.calibration import check_disjoint, check_nonempty, iter_documents, sha256_of_files
 from rf_eval.ridgefill.capture import capture_sums, heldout_cosines
 from rf_eval.ridgefill.fit_memory import (
@@ -52,6 +53,20 @@ class FitResult:
     scores: dict[int, dict[float, float]]
     rows: int
     sums_device: str = ""  # where the fp64 sums were kept, and why (`choose_sums_device`)
+
+
+def fit_target(fill: str, model: nn.Module | None = None) -> str:
+    """What the maps of fill method `fill` regress on (its `fit_target`); ValueError for a method that fits
+    nothing, or for a model it cannot be fitted on (`FillMethod.check_fit`)."""
+    from rf_eval.fills import fill_method, registered_fills
+
+    method = fill_method(fill)
+    if method.fit_target is None:
+        fitted = [n for n in registered_fills() if fill_method(n).fit_target is not None]
+        raise ValueError(f"fill {fill!r} has no maps to fit; fills with maps: {', '.join(fitted)}")
+    if model is not None:
+        method.check_fit(model.config)
+    return method.fit_target
 
 
 def check_lambdas(lambdas: Sequence[float] | None, have_heldout: bool) -> tuple[float, ...]:
@@ -98,6 +113,7 @@ def choose_lambda(
     progress: bool,
     map_split: bool = DEFAULT_MAP_SPLIT,
     heldout_memory: str | float | None = "auto",
+    target: str = "inputs",
 ) -> tuple[float, dict[float, float], Maps]:
     """Pick the lambda with the best mean cache-write cosine on held-out documents (section 2.2).
 
@@ -127,7 +143,7 @@ def choose_lambda(
         solved = {lam: sums.solve(lam) for lam in chunk}
         desc = f"held-out (split {sums.split}, pass {i + 1}/{len(passes)})"
         docs = tokenized(tokenizer, heldout, device, max_tokens, desc, progress)
-        raw = heldout_cosines(model, docs, sums.split, solved, map_split)
+        raw = heldout_cosines(model, docs, sums.split, solved, map_split, target)
         totals = torch.tensor([[raw[lam][0], raw[lam][1]] for lam in chunk], dtype=torch.float64)
         if rank_and_world()[1] > 1:
             all_reduce(totals)
@@ -172,6 +188,7 @@ def fit_maps(
     map_split: bool = DEFAULT_MAP_SPLIT,
     sums_device: str = "auto",
     heldout_memory: str | float = "auto",
+    fill: str = Ridge.name,
 ) -> FitResult:
     """One capture pass for every split, solves, lambda choice, and the map files in `out`.
 
@@ -182,7 +199,10 @@ def fit_maps(
     `map_split`: the arms these maps serve read layer S's map (the paper's
     release; default `DEFAULT_MAP_SPLIT`, no: layer S reads x_S), so the held-out
     lambda choice scores layer S too; the files record it (`map_split` metadata).
+    `fill`: the fill method the maps serve (`rf_eval.fills`); its `fit_target`
+    says what each late layer's rows are regressed on (`rf_eval.ridgefill.targets`).
     """
+    target = fit_target(fill, model)
     splits = check_splits(splits, num_layers(model))
     lambdas = check_lambdas(lambdas, bool(heldout))
     parse_heldout_memory(heldout_memory)  # bad values fail before the capture
@@ -200,7 +220,7 @@ def fit_maps(
     t0 = time.perf_counter()
     unigram = UnigramCounter(max(model.config.vocab_size, len(tokenizer)))  # for the protected-token selector
     docs = unigram.wrap(tokenized(tokenizer, calibration, device, max_tokens, "capture", progress))
-    all_sums = capture_sums(model, docs, splits, device=where)
+    all_sums = capture_sums(model, docs, splits, device=where, target=target)
     for sums in all_sums.values():
         sums.all_reduce()
     unigram.all_reduce()
@@ -214,13 +234,15 @@ def fit_maps(
         "max_tokens": str(max_tokens),
         "map_split": str(bool(map_split)).lower(),
         "rf_eval_version": rf_eval.__version__,
+        "fill": fill,
+        "target": target,
     }
     result = FitResult(paths={}, chosen={}, scores={}, rows=0, sums_device=why)
     for split, sums in all_sums.items():
         if sums.count == 0:
             raise ValueError("the calibration documents produced no rows (all shorter than 2 tokens?)")
         best, scores, maps = choose_lambda(model, tokenizer, sums, lambdas, heldout, max_tokens, progress,
-                                           map_split, heldout_memory)
+                                           map_split, heldout_memory, target)
         result.chosen[split], result.scores[split], result.rows = best, scores, sums.count
         if rank == 0:
             out.mkdir(parents=True, exist_ok=True)
@@ -268,7 +290,7 @@ def refit_from_sums(
         keep = {k: v for k, v in meta.items() if k not in ("split", "count", "layers")}
         keep["map_split"] = str(bool(map_split)).lower()
         best, scores, maps = choose_lambda(model, tokenizer, sums, lambdas, heldout, max_tokens, progress,
-                                           map_split, heldout_memory)
+                                           map_split, heldout_memory, meta.get("target", "inputs"))
         result.chosen[sums.split], result.scores[sums.split], result.rows = best, scores, sums.count
         result.paths[sums.split] = _write_maps(sums, maps, best, scores, keep, out)
     return result

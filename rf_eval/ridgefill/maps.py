@@ -105,11 +105,18 @@ class RidgeMaps:
         if self.layers != expected:
             raise MapError(f"maps hold layers {self.layers}, expected {expected} for split {self.split}")
         d = int(config.hidden_size)
+        if self.metadata.get("target", "inputs") == "kv":  # keys and values (`rf_eval.ridgefill.targets`)
+            from rf_eval.ridgefill.targets import kv_width
+
+            d_out, what = kv_width(config), f"2 x kv heads x head dim {kv_width(config)}, hidden size {d}"
+        else:
+            d_out, what = d, f"hidden size {d}"
         for layer in self.layers:
-            for name, tensor, shape in ((f"A.{layer}", self.A[layer], (d, d)), (f"b.{layer}", self.b[layer], (d,))):
+            for name, tensor, shape in ((f"A.{layer}", self.A[layer], (d_out, d)), (f"b.{layer}", self.b[layer],
+                                                                                     (d_out,))):
                 if tuple(tensor.shape) != shape:
                     raise MapError(f"{self.where()}: {name} has shape {tuple(tensor.shape)}, expected {shape} "
-                                   f"(hidden size {d})")
+                                   f"({what})")
 
     def where(self) -> str:
         return str(self.path) if self.path is not None else "maps"

@@ -23,7 +23,6 @@ reference result re-runs its dependants.
 from __future__ import annotations
 
 import dataclasses
-
 import hashlib
 import json
 import shlex

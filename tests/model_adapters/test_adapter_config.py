@@ -32,7 +32,7 @@ def test_values_are_typed_and_lm_eval_flags_merge(tiny_model_dir):
         ("fill=exact,selector_args=x", "unknown model_args key(s): 'selector_args' (did you mean 'selector'?)"),
         ("tail=3", "missing required model_args key(s): fill"),
         ("fill=ridge", "fill=ridge needs maps="),
-        ("fill=rigde", "fill='rigde' is not valid; valid fills: exact, identity, nofill, ridge"),
+        ("fill=rigde", "fill='rigde' is not valid; valid fills: exact, identity, kv_ridge, nofill, ridge"),
         ("fill=exact,tail=0", "tail must be >= 1"),
         ("fill=exact,tail=abc", "tail='abc' has the wrong type; expected int"),
         ("fill=exact,dtype=float8", "dtype='float8' is not valid"),

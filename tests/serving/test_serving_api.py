@@ -44,7 +44,7 @@ def test_unknown_arm_is_a_clear_400_and_the_server_keeps_serving(exact_server):
     url = exact_server.url
     cases = [
         (url + "/v1/completions", {"rf_arm": {"fil": "identity"}}, ["'fil'", "valid fields: fill, split, tail"]),
-        (url + "/v1/completions", {"rf_arm": {"fill": "bogus"}}, ["'bogus'", "valid fills: exact, identity, nofill, ridge"]),
+        (url + "/v1/completions", {"rf_arm": {"fill": "bogus"}}, ["'bogus'", "valid fills: exact, identity, kv_ridge, nofill, ridge"]),
         (url + "/v1/completions", {"rf_arm": "fill=identity;tail=0"}, ["tail must be >= 1"]),
         (url + "/v1/completions", {"rf_arm": {"fill": "ridge"}}, ["fill=ridge needs maps="]),
         (url + "/arm/fill=nope/v1/completions", {}, ["'nope'", "valid fills"]),

@@ -1,0 +1,71 @@
+"""`kv_ridge`: late layers' keys and values written directly from x_S by closed-form ridge maps.
+
+The KV-projector design RidgeFill's section 1 contrasts with (predict the
+cache writes, not the layer input), fitted the way RidgeFill fits: one
+capture pass, the same running sums, a ridge map per late attention layer
+from x_S to its keys before RoPE (after k-norm) and its values, lambda chosen
+by the held-out cache-write cosine (`rf-eval fit --fill kv_ridge`;
+`rf_eval.ridgefill.targets`). It puts the paper's design choice to a test:
+ridge against kv_ridge at equal split, tail and rows.
+
+Filled rows' keys are rotated at their own positions with the layer's RoPE;
+layer S's filled rows write the layer's own projections of x_S, which is
+exact (with `map_split`, the map's). Exact rows run every layer over them.
+Attention layers only: a model with Gated DeltaNet layers is refused. A
+projector trained elsewhere loads the same way: a map file whose tensors
+`A.<layer>` (2 x kv_heads x head_dim, d) and `b.<layer>` give [keys; values]
+= A x_S + b, with metadata `target` "kv" (`rf_eval.ridgefill.maps`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rf_eval.fills.base import FillMethod
+from rf_eval.ridgefill.targets import kv_width
+
+
+class KvRidge(FillMethod):
+    name = "kv_ridge"
+    summary = "late layers' keys and values written from x_S by ridge maps (a closed-form K/V projector)"
+    strategy = "kv"
+    needs_maps = True
+    fit_command = "fit --fill kv_ridge"
+    fit_target = "kv"
+    source = "RidgeFill §1 (the K/V-projector design), fitted as §2.2"
+    cost = "the map [K; V] = A_l x_S (2 x kv width x d) where the layer reads it, else the K/V projections"
+
+    def fill_fn(self, maps: Any, dtype: torch.dtype, device: torch.device) -> Any:
+        return maps.fill_fn(dtype, device)
+
+    def row_fill(self, fill_fn: Any) -> Any:
+        from rf_eval.engine.fills import PredictedKV
+
+        if fill_fn is None:
+            raise ValueError(f"fill {self.name!r} needs its maps")
+        return PredictedKV(fill_fn)
+
+    def filled_row_macs(self, config: Any, layer: Any, mapped: bool) -> int:
+        return config.hidden_size * kv_width(config) if mapped else layer.write
+
+    def check_fit(self, model_config: Any) -> None:
+        from rf_eval.families import family_class_for
+
+        if family_class_for(model_config).linear_attention:
+            raise ValueError(f"fill {self.name} writes attention keys and values; this model's Gated DeltaNet "
+                             "layers have none (use fill=ridge)")
+
+    def check(self, model_config: Any, maps: Any) -> None:
+        from rf_eval.fields import ArmError
+
+        super().check(model_config, maps)
+        try:
+            self.check_fit(model_config)
+        except ValueError as err:
+            raise ArmError(str(err)) from None
+        target = (maps.metadata or {}).get("target", "inputs")
+        if target != self.fit_target:
+            raise ArmError(f"fill={self.name} reads maps of keys and values (`rf-eval {self.fit_command}`); "
+                           f"{maps.where()} holds maps of late layers' {target}")

@@ -1,0 +1,44 @@
+"""What a closed-form fit regresses each late layer's rows on: the layer's input, or its keys and values.
+
+`inputs` (ridge, RidgeFill paper section 2.2): x_l, the hidden state entering
+late layer l; the layer's own norm and projections then write its cache.
+`kv` (kv_ridge, the K/V-projector design the paper's section 1 contrasts with):
+the keys before RoPE (after k-norm) and the values of an attention layer, flattened
+per row as [k heads x D, v heads x D]; the engine rotates the predicted keys at
+their own positions. RoPE rotates a key and its prediction alike, by an orthogonal
+map, so the held-out cosine of section 2.2 is the same before or after it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rf_eval.families import Family
+
+TARGETS = ("inputs", "kv")
+
+
+def check_target(target: str) -> str:
+    if target not in TARGETS:
+        raise ValueError(f"target {target!r} is not one of {', '.join(TARGETS)}")
+    return target
+
+
+def kv_rows(family: Family, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """An attention layer's pre-RoPE keys and values for input x (1, n, d), as (n, 2 * kv_heads * D)."""
+    k, v = family.project_kv(layer.self_attn, family.input_norm(layer, x))
+    n = x.shape[1]
+    return torch.cat([k.transpose(1, 2).reshape(n, -1), v.transpose(1, 2).reshape(n, -1)], -1)
+
+
+def target_rows(family: Family, layer: nn.Module, x: torch.Tensor, target: str) -> torch.Tensor:
+    """What the fit regresses on for late layer `layer` with input x (1, n, d): (n, d_out)."""
+    return x[0] if target == "inputs" else kv_rows(family, layer, x)
+
+
+def kv_width(config) -> int:
+    """2 * kv_heads * head_dim of a model config (the width of a `kv` target)."""
+    heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    return 2 * heads * head_dim
