@@ -8,6 +8,7 @@ and filled-region needles of lm-eval's niah_single_1. identity and nofill are me
 
     python benchmarks/demo_sweep.py --out sweep.json            # every candidate, both sizes
     python benchmarks/demo_sweep.py --candidates c24-chat-grid --needles 8
+    python benchmarks/demo_sweep.py --candidates demo --fills ridge kv_ridge   # fill methods side by side
 
 Prints one Markdown table per size; the closing notes of the demo's settings quote it.
 """
@@ -65,22 +66,22 @@ SIZES = {
 }
 
 
-def fit(model, tokenizer, candidate: Candidate, folder: Path, split: int) -> Path:
+def fit(model, tokenizer, candidate: Candidate, folder: Path, split: int, fill: str = "ridge") -> Path:
     from rf_eval.demo.study import fit_demo_maps
 
-    if candidate.name == "demo":  # the demo's own maps, from its cache (fitted there on first use)
+    if candidate.name == "demo" and fill == "ridge":  # the demo's own maps, from its cache (fitted on first use)
         from rf_eval.demo.model import demo_model_dir
         from rf_eval.demo.study import demo_maps, settings
 
         return demo_maps(demo_model_dir(), settings(quick=True), progress=False)
 
-    out = folder / candidate.name
+    out = folder / (candidate.name if fill == "ridge" else f"{candidate.name}-{fill}")
     if not (out / f"ridgefill_split{split}.safetensors").is_file():
         t0 = time.perf_counter()
         fit_demo_maps(model, tokenizer, out, calibration_docs=candidate.calibration_docs,
                       heldout_docs=4, chat_copies=candidate.chat_copies, lambdas=candidate.lambdas, split=split,
-                      progress=False)
-        print(f"  fitted {candidate.name} in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+                      progress=False, fill=fill)
+        print(f"  fitted {candidate.name} ({fill}) in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
     return out
 
 
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--maps-dir", type=Path, default=Path("/tmp/rf-eval-demo-sweep"))
     p.add_argument("--out", type=Path, default=None, help="write every figure as JSON here")
     p.add_argument("--map-split", action="store_true", help="also measure each candidate with map_split=true")
+    p.add_argument("--fills", nargs="+", default=["ridge"], metavar="FILL",
+                   help="fill methods with maps to fit and measure per candidate (default ridge; e.g. kv_ridge)")
     args = p.parse_args(argv)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -105,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = demo_model_dir()
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32").eval()
-    maps = {name: fit(model, tok, CANDIDATES[name], args.maps_dir, SPLIT) for name in args.candidates}
+    maps = {(fill, name): fit(model, tok, CANDIDATES[name], args.maps_dir, SPLIT, fill)
+            for name in args.candidates for fill in args.fills}
     results: dict = {}
     for size in args.sizes:
         lengths, tail, n_docs, (lo, hi), score, key_context = SIZES[size]
@@ -117,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         exact = RidgeFill(model, tok, fill="exact", split=SPLIT, tail=tail)
         arms = {"identity": RidgeFill(model, tok, fill="identity", split=SPLIT, tail=tail),
                 "nofill": RidgeFill(model, tok, fill="nofill", split=SPLIT, tail=tail)}
-        for name, path in maps.items():
-            arms[f"ridge {name}"] = RidgeFill(model, tok, fill="ridge", maps=path, tail=tail)
-            if args.map_split:
+        for (fill, name), path in maps.items():
+            arms[f"{fill} {name}"] = RidgeFill(model, tok, fill=fill, maps=path, tail=tail)
+            if args.map_split and fill == "ridge":
                 arms[f"ridge {name} map_split"] = RidgeFill(model, tok, fill="ridge", maps=path, tail=tail,
                                                             map_split=True)
         t0 = time.perf_counter()
@@ -135,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in arms:
             print(f"| {name} | {sum(hits[name])}/{len(samples)} | {report.dnll_key[name]:+.4f} | "
                   f"{report.dnll_novel[name]:+.4f} | {report.kl[name]:.4f} |", flush=True)
-        if args.map_split and "demo" in maps:
+        if args.map_split and ("ridge", "demo") in maps:
             print("\n" + quality.map_at_s_sentence(report, "ridge demo", "ridge demo map_split"))
     if args.out:
         args.out.write_text(json.dumps({"candidates": {n: CANDIDATES[n].__dict__ for n in args.candidates},

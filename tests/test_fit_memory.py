@@ -191,9 +191,9 @@ def fit_in_passes(model, tok, calibration, heldout, out, budget_gib, monkeypatch
         alive.append(weakref.ref(A[self.layers[0]]))
         return A, b
 
-    def counted(model_, docs, split, candidates, map_split=False):
+    def counted(model_, docs, split, candidates, map_split=False, target="inputs"):
         passes.append((tuple(candidates), sum(ref() is not None for ref in alive)))
-        return heldout_cosines(model_, docs, split, candidates, map_split)
+        return heldout_cosines(model_, docs, split, candidates, map_split, target)
 
     monkeypatch.setattr(RidgeSums, "solve", solve_and_track)
     monkeypatch.setattr(fitting, "heldout_cosines", counted)

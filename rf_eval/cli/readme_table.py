@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import argparse
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -18,3 +20,19 @@ def replace_block(text: str, begin: str, end: str, body: str, what: str) -> str:
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     return f"{head}{begin}\n{body}{end}{tail}"
+
+
+def add_readme_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--readme", default=None, help="rewrite the table between this file's markers")
+
+
+def print_or_rewrite(args: argparse.Namespace, table: Callable[[], str], with_table: Callable[[str], str],
+                     what: str) -> int:
+    """Print the table, or (`--readme FILE`) rewrite it in place in FILE."""
+    if args.readme is None:
+        print(table(), end="")
+        return 0
+    path = Path(args.readme)
+    path.write_text(with_table(path.read_text()))
+    print(f"wrote the {what} to {path}")
+    return 0

@@ -83,14 +83,17 @@ def settings(quick: bool) -> DemoSettings:
 
 
 def fit_demo_maps(model, tokenizer, out: Path, *, calibration_docs: int, heldout_docs: int, chat_copies: bool,
-                  lambdas: tuple[float, ...], split: int = SPLIT, progress: bool = True) -> Path:
+                  lambdas: tuple[float, ...], split: int = SPLIT, progress: bool = True, fill: str | None = None
+                  ) -> Path:
     """Fit maps for `split` on the demo corpus into `out` (its text in `out/corpus`); returns `out`.
 
     With `chat_copies`, every calibration document is also captured as one chat turn in the model's chat
     template, as the paper's Flash-Next maps add chat-formatted copies (appendix G): the demo's prompts
-    are chat turns. Several `lambdas`: chosen on the held-out documents (section 2.2).
+    are chat turns. Several `lambdas`: chosen on the held-out documents (section 2.2). `fill`: the fill
+    method the maps serve (default ridge; `benchmarks/demo_sweep.py --fills` fits kv_ridge's too).
     """
     from rf_eval.demo.corpus import write_demo_corpus
+    from rf_eval.fills.ridge import Ridge
     from rf_eval.ridgefill.fitting import fit_maps
 
     corpus = out / "corpus"
@@ -103,7 +106,7 @@ def fit_demo_maps(model, tokenizer, out: Path, *, calibration_docs: int, heldout
         calibration.append(_chat_copies(tokenizer, corpus / "calibration.jsonl", corpus / "calibration_chat.jsonl"))
     heldout = [corpus / "heldout.jsonl"] if len(lambdas) > 1 else []
     fit_maps(model, tokenizer, splits=[split], calibration=calibration, heldout=heldout, lambdas=list(lambdas),
-             out=out, progress=progress)
+             out=out, progress=progress, fill=fill or Ridge.name)
     return out
 
 

@@ -70,7 +70,13 @@ def resolve(base: RidgeFillArm, fields: Mapping[str, Any], model_config: Any, ma
     unknown = [k for k in fields if k not in valid]
     if unknown:
         raise ArmError(f"unknown rf_arm field(s) {', '.join(map(repr, unknown))}; valid fields: {', '.join(valid)}")
+    from rf_eval.ridgefill.presets import PRESET_FIELDS
+
     merged = {k: v for k, v in dataclasses.asdict(base).items() if v is not None}
+    if fields.get("preset"):  # a request's preset replaces the server's fill, tail and split
+        merged = {k: v for k, v in merged.items() if k not in PRESET_FIELDS}
+    elif any(k in fields for k in PRESET_FIELDS):  # a request's own fill, tail or split leaves the server's preset
+        merged.pop("preset", None)
     merged.update(fields)
     try:
         return RidgeFillArm.from_fields(merged, what="rf_arm").resolve(model_config, maps)

@@ -38,6 +38,11 @@ def test_arm_spec_and_resolution():
         resolve(base, {"split": 7}, config)
     with pytest.raises(ArmError, match="pretrained"):
         resolve(base, {"pretrained": "other"}, config)
+    # a request's preset replaces the server's fill, tail and split; its own tail leaves a server's preset
+    pop = resolve(base, {"preset": "pop"}, config)
+    assert (pop.fill, pop.tail, pop.split, pop.preset) == ("identity", 1, 4, "pop")
+    left = resolve(pop, {"tail": "8"}, config)
+    assert (left.fill, left.tail, left.preset) == ("identity", 8, None)
 
 
 def test_unknown_arm_is_a_clear_400_and_the_server_keeps_serving(exact_server):
