@@ -111,9 +111,12 @@ def check_python_api(root: Path, ran: Ran, values: dict) -> None:
 def check_gpu_runs(root: Path, ran: Ran, values: dict) -> None:
     from datetime import datetime
 
+    from rf_eval.fills import arm_fills
     from rf_eval.stats.ledger import verify_ledger
 
-    assert "FAIL" not in ran.output and len(re.findall(r"^OK +N=(256|1024) ", ran.output, re.M)) == 10
+    # per length: the exact fill at tail 1, then every registered fill with the tail covering the prompt
+    checks = re.findall(r"^OK +N=(256|1024) ", ran.output, re.M)
+    assert "FAIL" not in ran.output and len(checks) == 2 * (1 + len(arm_fills())), ran.output
     out = root / "runs"
     state = json.loads((out / "study.json").read_text())
     assert list(state["arms"]) == ["exact", "identity", "ridge"] and (out / "report.html").is_file()

@@ -30,7 +30,10 @@ something else.
 The "Two commands" block is not run (it installs packages): its parts are
 checked against .ci/run and tests/demo/test_demo.py. The "Adding a model family"
 block is the shipped rf_eval/families/mistral.py, word for word, which the
-registry finds by itself and which is checked on a tiny Mistral model.
+registry finds by itself and which is checked on a tiny Mistral model. The
+"Adding a fill method" module is saved as written and run through `lm_eval` by
+tests/model_adapters/test_adapter_fill_plugin.py, which runs its command line
+as the README gives it (checked here) on a tiny model.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ LIMIT = Sub("--log_samples", "--log_samples --limit 2", "time: 2 samples")
 class Step:
     section: str
     lang: str
-    kind: str  # "run": run by test_readme_block; "ci", "family": checked by their own tests
+    kind: str  # "run": run by test_readme_block; "ci", "family", "fill": checked by their own tests
     subs: tuple[Sub, ...] = ()
     timeout: float = 300.0
     check: str = ""  # name of its check function in tests/readme_checks.py
@@ -110,6 +113,8 @@ STEPS = (
     ), 400, "check_serving"),
     Step("Reports and the run ledger", "bash", "run", (), 180, "check_reports"),
     Step("Adding a model family", "python", "family"),
+    Step("Adding a fill method", "python", "fill"),
+    Step("Adding a fill method", "bash", "fill"),
 )
 RUN_STEPS = [s for s in STEPS if s.kind == "run"]
 PLACEHOLDERS = {"llama": "/m/llama", "source": "/m/source", "target": "/m/target", "port_a": "1", "port_b": "2"}
@@ -155,6 +160,20 @@ def test_adding_a_model_family(one_torch_thread):
     """The README's family module is the shipped rf_eval/families/mistral.py, found with no list to edit,
     and runs a tiny Mistral."""
     readme_checks.check_family_block(blocks_by_section()["Adding a model family"])
+
+
+def test_adding_a_fill_method_runs_what_the_plugin_test_runs():
+    """The fill module is the one the plugin test saves and runs; the command line beside it sets the
+    variable that test sets, to the folder it saves the module into, and names the module's fill."""
+    sections = [b for b in readme_blocks() if b.section == "Adding a fill method"]
+    code, command = (b.text for b in sections)
+    name = re.search(r'^    name = "(\w+)"', code, re.M).group(1)
+    assert command.startswith("RF_EVAL_FILL_PATH=fills lm_eval --model ridgefill ")
+    assert f",fill={name}," in command
+    source = (TESTS / "model_adapters" / "test_adapter_fill_plugin.py").read_text()
+    for used in ('split("## Adding a fill method", 1)', 're.search(r"```python\\n(.*?)```", section, re.S)',
+                 'fills = tmp_path / "fills"', 'setenv("RF_EVAL_FILL_PATH", str(fills))'):
+        assert used in source, used
 
 
 # ---------------------------------------------------------------------------------------------- the runs

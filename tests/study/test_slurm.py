@@ -19,7 +19,7 @@ from rf_eval.study.spec import StudyError, load_study
 
 STUDY = """\
 model:
-  pretrained: /m
+  pretrained: {model}
 tasks: [{tasks}]
 {maps}
 arms:
@@ -49,8 +49,12 @@ def fake_slurm(tmp_path, monkeypatch) -> Path:
 
 
 def write(tmp_path: Path, tasks: str, maps: str) -> Path:
+    """The study, naming a model folder that exists (the study's pre-flight refuses a missing one); no
+    job runs here, so the folder stays empty."""
+    model = tmp_path / "m"
+    model.mkdir(exist_ok=True)
     path = tmp_path / "study.yaml"
-    path.write_text(STUDY.format(tasks=tasks, maps=maps))
+    path.write_text(STUDY.format(tasks=tasks, maps=maps, model=model))
     return path
 
 
