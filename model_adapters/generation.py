@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from rf_eval.method import empty_result, generation_cache, sampling_seed
+from rf_eval.method import empty_result, generation_cache, method_forward, sampling_seed
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,15 @@ class GenerationMixin:
         """Generate after `prompt` over an engine-prefilled cache; returns (new tokens, stop strings).
 
         `state` (multi-turn) carries the cache between calls ({"result": PrefillResult});
-        the tokens of `prompt` not yet in the cache are then run by the stock model.
+        the tokens of `prompt` not yet in the cache are then run by the stock model (the
+        method's: `rf_eval.method.method_forward`).
         """
+        with method_forward(method):
+            return self._generate_tokens(method, prompt, gen_kwargs, state)
+
+    def _generate_tokens(
+        self, method: Any, prompt: list[int], gen_kwargs: dict, state: dict | None
+    ) -> tuple[list[int], list[str]]:
         from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
         from lm_eval.models.utils_hf import stop_sequences_criteria
 

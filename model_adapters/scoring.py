@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from rf_eval.method import method_forward
+
 
 class ScoringMixin:
     def score_continuations(self, method: Any, prompt: list[int], conts: list[list[int]]) -> list[torch.Tensor]:
@@ -26,6 +28,10 @@ class ScoringMixin:
         the cache itself). A plain prompt runs with its continuation as one stock
         forward, as `hf` does.
         """
+        with method_forward(method):
+            return self._score_continuations(method, prompt, conts)
+
+    def _score_continuations(self, method: Any, prompt: list[int], conts: list[list[int]]) -> list[torch.Tensor]:
         if method.is_plain(len(prompt)):
             return self._score_plain(prompt, conts)
         result = method.prefill(self.ids_tensor(prompt))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -79,6 +80,19 @@ def check_prompt(input_ids: Any, model: Any) -> torch.Tensor:
     return input_ids.long()
 
 
+def method_forward(method: PrefillMethod) -> AbstractContextManager:
+    """Where a shell runs the model for `method` (its prefill, the stock forward of plain prompts and of
+    decoded tokens): the base forward for the exact arm beside a fill that replaced the model's forward
+    (`rf_eval.fills.base.ReplacedForward`), else the model as it is."""
+    from rf_eval.fills.base import replaced_forward
+
+    replaced = replaced_forward(method.model)
+    plan = getattr(method, "plan", None)
+    if replaced is None or getattr(plan, "fill", None) == replaced.fill:
+        return nullcontext()
+    return replaced.paused()
+
+
 def generation_cache(method: PrefillMethod, prompt: list[int]) -> PrefillResult | None:
     """The cache `generate` continues from for `prompt`, or None when it should prefill the prompt itself.
 
@@ -94,10 +108,11 @@ def generation_cache(method: PrefillMethod, prompt: list[int]) -> PrefillResult 
 def generate(method: PrefillMethod, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     """`model.generate` (its own keyword arguments) over the method's cache of the prompt (`generation_cache`)."""
     input_ids = input_ids.to(input_device(method.model))
-    result = generation_cache(method, input_ids[0].tolist())
-    if result is None:
-        return method.model.generate(input_ids, **kwargs)
-    return method.model.generate(input_ids, cache=result.cache, **kwargs)
+    with method_forward(method):
+        result = generation_cache(method, input_ids[0].tolist())
+        if result is None:
+            return method.model.generate(input_ids, **kwargs)
+        return method.model.generate(input_ids, cache=result.cache, **kwargs)
 
 
 def empty_result(model: Any) -> PrefillResult:

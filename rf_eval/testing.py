@@ -166,3 +166,40 @@ def with_chat_template(model_dir: str | Path, out_dir: str | Path, template: str
     tok.chat_template = template
     tok.save_pretrained(out)
     return out
+
+
+def make_tiny_swiftkv(out_dir: str | Path, family: str = "llama", num_key_value_layers: int = 3,
+                      key_value_group_size: int = 1, seed: int = 0, like_own: bool = False) -> Path:
+    """A tiny SwiftKV checkpoint in Snowflake's layout (`rf_eval.swiftkv`): the tiny model of `family`
+    (llama or qwen2) plus SwiftKV's tensors, seeded N(0, 0.08) with norm_swiftkv near one; with
+    `like_own`, each late layer's SwiftKV projections are its own q/k/v projections and norm_swiftkv is
+    all ones (what the identity fill computes, written as SwiftKV)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rf_eval.swiftkv import MODEL_TYPES
+
+    base_dir = make_tiny_model(family, out_dir, seed=seed)
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model_type = next(t for t, of in MODEL_TYPES.items() if of == base.config.model_type)
+    fields = {k: v for k, v in base.config.to_dict().items() if k not in ("model_type", "architectures")}
+    config = AutoConfig.for_model(model_type, **fields, num_key_value_layers=num_key_value_layers,
+                                  key_value_group_size=key_value_group_size)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
+    assert not unexpected and all("_swiftkv" in name for name in missing), (missing, unexpected)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed + 1000)
+        for name, param in model.named_parameters():
+            if "_swiftkv" not in name:
+                continue
+            if like_own:
+                own = name.replace("_swiftkv", "") if "norm_swiftkv" not in name else None
+                param.copy_(model.get_parameter(own) if own else torch.ones_like(param))
+            elif "norm_swiftkv" in name:
+                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+            else:
+                param.normal_(0.0, 0.08)
+    model.generation_config = base.generation_config
+    model.save_pretrained(base_dir)
+    return Path(base_dir)

@@ -138,7 +138,7 @@ def test_the_registry_refuses_a_bad_fill_method(cls, message):
     with pytest.raises((TypeError, ValueError)) as err:
         register_fill(cls)
     assert message in str(err.value)
-    assert registered_fills() == ("identity", "kv_ridge", "nofill", "ridge")
+    assert registered_fills() == ("identity", "kv_ridge", "nofill", "ridge", "swiftkv", "swiftkv_released")
 
 
 def test_entry_points_add_fill_methods(monkeypatch):

@@ -104,9 +104,73 @@ def test_maps_of_one_target_are_refused_by_the_other_fill(tiny_model, kv_maps, t
         RidgeFill(model, tok, fill="kv_ridge", maps=tmp_path / "ridge")
 
 
+@pytest.fixture(scope="module")
+def hybrid_maps(tiny_model, tmp_path_factory):
+    model, tok = tiny_model("qwen3_5")
+    out = tmp_path_factory.mktemp("kv_hybrid")
+    files = []
+    for i, text in enumerate(TEXTS):
+        files.append(out / f"cal{i}.txt")
+        files[-1].write_text(text)
+    fit_maps(model, tok, splits=[SPLIT], calibration=[str(f) for f in files], lambdas=[LAM], out=out / "maps",
+             progress=False, fill="kv_ridge")
+    return load_maps(out / "maps", SPLIT), files
+
+
+def test_a_gated_deltanet_layers_map_predicts_its_normed_input(tiny_model, hybrid_maps):
+    """On a hybrid model each Gated DeltaNet layer's map is the ridge solve of its normed input (what its
+    stock mixer reads) on x_S, from the stock forward's hidden states; attention layers keep K/V maps."""
+    model, tok = tiny_model("qwen3_5")
+    maps, files = hybrid_maps
+    types = model.config.get_text_config().layer_types
+    recurrent = [layer for layer in maps.layers if types[layer] == "linear_attention"]
+    assert recurrent and len(recurrent) < len(maps.layers)
+    xs, ys = [], {layer: [] for layer in recurrent}
+    with torch.no_grad():
+        for f in files:
+            ids = tok(f.read_text(), return_tensors="pt").input_ids
+            hidden = model(ids, output_hidden_states=True).hidden_states
+            xs.append(hidden[SPLIT][0].double())
+            for layer in recurrent:
+                ys[layer].append(model.model.layers[layer].input_layernorm(hidden[layer])[0].double())
+    x = torch.cat(xs)
+    xc = x - x.mean(0)
+    gram = xc.T @ xc
+    ridged = gram + LAM * torch.trace(gram) / x.shape[1] * torch.eye(x.shape[1], dtype=torch.float64)
+    for layer in recurrent:  # (attention layers' K/V maps: the llama test above)
+        y = torch.cat(ys[layer])
+        a_t = torch.linalg.solve(ridged, xc.T @ (y - y.mean(0)))
+        torch.testing.assert_close(maps.A[layer].double(), a_t.T, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(maps.b[layer].double(), y.mean(0) - x.mean(0) @ a_t, rtol=1e-4, atol=1e-5)
+
+
+def test_on_a_hybrid_model_the_kv_strategy_with_the_layers_own_writes_is_the_identity_fill(tiny_model, hybrid_maps):
+    """A K/V map that returns what the identity fill writes (the layers' own K/V of x_S; a Gated DeltaNet
+    layer's own norm of x_S) makes the K/V strategy compute the identity fill: its scan of Gated DeltaNet
+    layers is checked against the predicted-input strategy's, through the engine and with fitted maps."""
+    from rf_eval.engine import PredictedKV
+    from rf_eval.families import family_for
+    from rf_eval.ridgefill.targets import kv_rows
+
+    model, tok = tiny_model("qwen3_5")
+    family, layers = family_for(model.config), model.model.layers
+    n, tail = 36, 5
+    ids = torch.randint(0, 250, (1, n), generator=torch.Generator().manual_seed(3))
+
+    def own_writes(layer, x):
+        if family.is_recurrent(layers[layer]):
+            return family.input_norm(layers[layer], x)
+        return kv_rows(family, layers[layer], x)[None]
+
+    plan = Plan(SPLIT, tail=tail, fill="kv_ridge")
+    got = prefill(model, ids, plan, fill=PredictedKV(own_writes))
+    identity = prefill(model, ids, Plan(SPLIT, tail=tail, fill="identity"), fill=lambda layer, x: x)
+    assert (got.logits - identity.logits).abs().max() < 1e-5
+    fitted = RidgeFill(model, tok, fill="kv_ridge", maps=hybrid_maps[0], tail=tail).prefill(ids)
+    assert torch.isfinite(fitted.logits).all() and (fitted.logits - identity.logits).abs().max() > 1e-4
+
+
 @pytest.mark.parametrize("args, message", [
-    (["--fill", "kv_ridge", "--model", "{hybrid}"], "--fill kv_ridge: fill kv_ridge writes attention keys and values; "
-                                                    "this model's Gated DeltaNet layers have none"),
     (["--fill", "nofill", "--model", "{llama}"], "--fill: fill 'nofill' has no maps to fit; fills with maps: kv_ridge, ridge"),
     (["--fill", "kv_rdige", "--model", "{llama}"], "--fill: unknown fill 'kv_rdige'"),
 ])  # fmt: skip
@@ -132,3 +196,18 @@ def test_the_cost_model_charges_the_kv_map_in_place_of_the_projections(tiny_mode
     identity = prefill_macs(config, n, split=SPLIT, tail=tail, fill="identity")
     assert kv - identity == (n - tail) * (mapped_layers * config.hidden_size * kv_width - writes)
     assert not fill_method("kv_ridge").supports_corrections
+
+
+def test_lambda_is_chosen_on_held_out_text_over_attention_and_gated_deltanet_layers(tiny_model, tmp_path):
+    """The held-out cosine scores a Gated DeltaNet layer's predicted normed input by the state-update
+    projections it drives, beside attention layers' keys and values; a tiny lambda fits the calibration text
+    more closely than a huge one, and held-out text that repeats it says so."""
+    model, tok = tiny_model("qwen3_5")
+    cal, held = tmp_path / "cal.txt", tmp_path / "held.txt"
+    cal.write_text(TEXTS[0] + TEXTS[1])
+    held.write_text(TEXTS[1])
+    result = fit_maps(model, tok, splits=[SPLIT], calibration=[str(cal)], heldout=[str(held)], lambdas=[1e-3, 1e3],
+                      out=tmp_path / "maps", progress=False, fill="kv_ridge")
+    scores = result.scores[SPLIT]
+    assert all(0.0 < s <= 1.0 + 1e-6 for s in scores.values()) and scores[1e-3] > scores[1e3]
+    assert result.chosen[SPLIT] == 1e-3

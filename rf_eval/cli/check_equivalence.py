@@ -6,6 +6,9 @@ of the last row's logits and every cache tensor (RidgeFill paper sections
 
 - `OK`/`FAIL` lines: the fill switched off (exact fill, or the tail covering
   the prompt); these dispatch to the plain forward, so they check the dispatch.
+  A fill whose rules refuse the model or --maps prints a `SKIP` line saying
+  why. A fill that makes the model's forward its own (`swiftkv_released` on a
+  SwiftKV checkpoint) is checked last, against that forward.
 - `PASS`/`FAIL` line: the partial path itself (lower layers, a selector that
   makes every prefix row exact, late layers: `engine.partial_every_row_exact`),
   expected bitwise; a failure names the first tensor that differs.
@@ -130,6 +133,20 @@ def check_split(model: str, split: int) -> None:
         raise UserError(f"--split: {err}") from None
 
 
+def runnable(fill: str, rf) -> bool:
+    """True when fill `fill` may run on the checked model with its --maps; else prints why not."""
+    from rf_eval.fields import ArmError
+    from rf_eval.fills import fill_method
+
+    method = fill_method(fill)
+    try:
+        method.check(rf.model.config, rf.maps)
+    except ArmError as err:
+        print(f"SKIP fill={fill}: {err}")
+        return False
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     if args.base_url:
         return run_servers(args)
@@ -146,27 +163,38 @@ def run(args: argparse.Namespace) -> int:
                                        dtype=args.dtype, fill=FILL_OFF)
     except ValueError as err:
         raise UserError(str(err)) from err
-    param = next(rf.model.parameters())
-    # the fills to check: those that read maps only when --maps gives them
-    fills = [f for f in args.fills if f == FILL_OFF or args.maps or not fill_method(f).needs_maps]
-    fill_fns = {f: fill_method(f).fill_fn(rf.maps, param.dtype, rf.device) for f in fills if f != FILL_OFF}
+    # the fills to check: those whose own rules accept this model and --maps
+    fills = [f for f in args.fills if f == FILL_OFF or runnable(f, rf)]
+    later = [f for f in fills if f != FILL_OFF and fill_method(f).replaces_forward]
+    for fill in later[1:]:
+        print(f"SKIP fill={fill}: it replaces the model's forward, as fill={later[0]} (checked) does; check it alone "
+              f"(--fills {fill})")
+        fills.remove(fill)
+    later = later[:1]
+    fill_fns = {f: fill_method(f).bind(rf.model, rf.maps) for f in fills if f != FILL_OFF and f not in later}
     gen = torch.Generator().manual_seed(args.seed)
     family = family_class_for(rf.model.config).__module__.rsplit(".", 1)[-1]
     where = {"family": family, "dtype": str(next(rf.model.parameters()).dtype).removeprefix("torch."),
              "split": rf.plan.split}
-    failures, records = 0, []
+    failures, records, prompts = 0, [], []
+
+    def dispatch(ids: torch.Tensor, plan: Plan, ref) -> None:
+        nonlocal failures
+        diff = compare(prefill(rf.model, ids, plan, fill=fill_fns.get(plan.fill)), ref)
+        failures += diff is not None
+        status = "OK  " if diff is None else "FAIL"
+        print(f"{status} N={ids.shape[1]} fill={plan.fill} tail={plan.tail}: {diff or 'bitwise equal'}")
+        records.append({**where, "length": ids.shape[1], "check": "plain dispatch", "fill": plan.fill,
+                        "tail": plan.tail, "bitwise": diff is None, "diff": diff})
+
     for n in args.lengths:
         ids = torch.randint(0, rf.model.config.vocab_size, (1, n), generator=gen).to(rf.device)
+        prompts.append(ids)
         ref = plain_prefill(rf.model, ids)
         # fill switched off: the exact fill at the shortest tail, and every fill with the tail covering the prompt
-        plans = [Plan(rf.plan.split, tail=1, fill=FILL_OFF)] + [Plan(rf.plan.split, tail=n, fill=f) for f in fills]
-        for plan in plans:
-            diff = compare(prefill(rf.model, ids, plan, fill=fill_fns.get(plan.fill)), ref)
-            failures += diff is not None
-            status = "OK  " if diff is None else "FAIL"
-            print(f"{status} N={n} fill={plan.fill} tail={plan.tail}: {diff or 'bitwise equal'}")
-            records.append({**where, "length": n, "check": "plain dispatch", "fill": plan.fill, "tail": plan.tail,
-                            "bitwise": diff is None, "diff": diff})
+        for plan in [Plan(rf.plan.split, tail=1, fill=FILL_OFF)] + [
+                Plan(rf.plan.split, tail=n, fill=f) for f in fills if f not in later]:
+            dispatch(ids, plan, ref)
         partial, kernel = partial_path_floors(rf.model, ids, rf.plan.split)
         failures += not partial.bitwise
         print(f"{'PASS' if partial.bitwise else 'FAIL'} N={n} partial path, every row exact "
@@ -174,6 +202,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"NOTE N={n} filled-row kernel, every row exact: {describe(kernel)}")
         records.append({**where, "length": n, "check": "partial path, every row exact", **partial.as_dict()})
         records.append({**where, "length": n, "check": "filled-row kernel, every row exact", **kernel.as_dict()})
+    for fill in later:  # a fill that makes the model's forward its own: checked against that forward, last
+        fill_fns[fill] = fill_method(fill).bind(rf.model, rf.maps)
+        for ids in prompts:
+            dispatch(ids, Plan(rf.plan.split, tail=ids.shape[1], fill=fill), plain_prefill(rf.model, ids))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"failures": failures, "comparisons": records}, f, indent=1)

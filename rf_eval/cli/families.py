@@ -90,14 +90,19 @@ def _row(model_type: str, name: str) -> tuple[str, ...]:
     window = _window(model_type)
     facts = [window, "gated attention" if cls.gated_attention else "", "MoE MLP" if cls.moe_mlp else "",
              "linear attention (Gated DeltaNet)" if cls.linear_attention else "", *cls.traits]
-    from rf_eval.fills import arm_fills
+    from rf_eval.fills import FILL_OFF, arm_fills, fill_method
+    from rf_eval.swiftkv import MODEL_TYPES as SWIFTKV_TYPES
 
-    fills = [*arm_fills(), *_mapped(model_type)]
+    config = _default_config(model_type)
+    fills = [*(f for f in arm_fills() if f == FILL_OFF or fill_method(f).runs_on(config)), *_mapped(model_type)]
     corrections = (["splice (attention layers)", "value/key rescale", "terminal state"] if cls.linear_attention
                    else ["splice", "value/key rescale"])
-    tests = ["test_engine", "model_adapters/test_adapter_families"]
-    tests += ["rarecache/test_rarecache_prefill"] if _maps_tiny_model(cls) else []
-    tests += ["test_families (sliding window)"] if window else []
+    if model_type in SWIFTKV_TYPES:  # its base model type's tests run the same classes
+        tests = ["test_swiftkv"]
+    else:
+        tests = ["test_engine", "model_adapters/test_adapter_families"]
+        tests += ["rarecache/test_rarecache_prefill"] if _maps_tiny_model(cls) else []
+        tests += ["test_families (sliding window)"] if window else []
     return (f"`{model_type}`", name, ", ".join(f for f in facts if f) or "-", ", ".join(fills),
             ", ".join(corrections), ", ".join(tests))
 

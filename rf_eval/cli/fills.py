@@ -27,7 +27,7 @@ def rows() -> list[tuple[str, ...]]:
     for name in registered_fills():
         method = fill_method(name)
         maps = f"yes (`rf-eval {method.fit_command}`)" if method.needs_maps and method.fit_command else (
-            "yes" if method.needs_maps else "no")
+            "yes" if method.needs_maps else f"no: {method.weights}" if method.weights else "no")
         out.append((f"`{name}`", method.summary, maps, "yes" if method.supports_corrections else "no", method.cost_text,
                     method.source or "-"))
     return out

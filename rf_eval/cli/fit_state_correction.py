@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
             maps.check_model(model.config)
         split = maps.split if maps is not None else args.split
         param = next(model.parameters())
-        fill = method.fill_fn(maps, param.dtype, param.device)
+        fill = method.bind(model, maps)
         docs = tokenized(tokenizer, args.calibration, param.device, args.max_tokens, "state correction",
                          not args.no_progress)
         delta, states = fit_delta(model, docs, split, fill, every=args.every, map_split=args.map_split)

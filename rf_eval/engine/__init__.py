@@ -37,12 +37,14 @@ from rf_eval.engine.attention import PREFIX_QUERY_CHUNK, QueryChunks, attend_exa
 from rf_eval.engine.context import PrefillContext, SelectFn, Selection
 from rf_eval.engine.fills import (
     Corrected,
+    EveryRowKV,
     LateLayerHooks,
     LayerView,
     MappedKV,
     NoFill,
     Precomputed,
     PredictedInput,
+    PredictedKV,
     exact_rows_beside,
     row_fill_for,
 )
@@ -63,9 +65,9 @@ from rf_eval.engine.step import LayerStep, Rows
 from rf_eval.families import execution_device, family_for
 
 __all__ = [
-    "FILL_OFF", "MAPPED", "PREFIX_QUERY_CHUNK", "AttentionRows", "Corrected", "FillFn", "KVFillFn",
+    "FILL_OFF", "MAPPED", "PREFIX_QUERY_CHUNK", "AttentionRows", "Corrected", "EveryRowKV", "FillFn", "KVFillFn",
     "Floor", "LateLayerHooks", "LayerInputs", "LayerStep", "LayerView", "MappedKV", "NoFill", "Plan", "Precomputed",
-    "PredictedInput", "PrefillContext", "PrefillResult", "QueryChunks", "RowFill", "Rows", "SelectFn", "Selection",
+    "PredictedInput", "PredictedKV", "PrefillContext", "PrefillResult", "QueryChunks", "RowFill", "Rows", "SelectFn", "Selection",
     "attend_exact_rows", "compare_results", "decoder_layers", "engine_floor", "exact_row_set",
     "exact_rows_beside", "execution_device", "extend", "family_for", "filled_kernel_every_row_exact",
     "late_layers", "named_cache_tensors", "new_cache", "num_layers", "partial_every_row_exact",

@@ -126,3 +126,14 @@ __all__ = [
     "FAMILY_PATH_ENV", "Family", "execution_device", "family_class", "family_class_for", "family_for",
     "registered_families", "sliding_window", "supported_model_types",
 ]  # fmt: skip
+
+
+def _register_checkpoint_types() -> None:
+    """Checkpoint layouts `transformers` lacks, read with its own classes (`rf_eval.swiftkv`), registered
+    with `AutoConfig` wherever a model is loaded: everything that loads one imports this package first."""
+    from rf_eval.swiftkv import register_checkpoint_types
+
+    register_checkpoint_types()
+
+
+_register_checkpoint_types()

@@ -27,15 +27,61 @@ and asks the arm's fill method for the rest. A method is one class with:
 
 Corrections, splices and the attention probe change or read predicted rows,
 so they apply to `"inputs"` methods only (`supports_corrections`).
+
+A method whose weights live in the checkpoint (SwiftKV's projections) reads
+them from the loaded model: `bind(model, maps)` gives the fill function
+(default: `fill_fn` at the model's dtype and input device), `default_split`
+and `check_split` state its own split rules, and `selects_rows` False refuses
+row selectors. A method may make the model's own forward its own (for the
+prompt and decoded tokens alike): the model then carries a `ReplacedForward`,
+`check_model_forward` refuses any arm on it but that fill's and the exact
+arm, and the exact arm's calls run the base forward.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import torch
 
 STRATEGIES = ("inputs", "absent", "kv")
+#: the attribute of a model whose own forward a fill method replaced (a `ReplacedForward`)
+FORWARD_MARK = "_rf_eval_forward"
+
+
+class ReplacedForward:
+    """What a fill method that makes the model's own forward its own leaves on the model: the fill's
+    name, and a switch its hooks read, so the exact arm beside it (the reference of the same weights)
+    runs the base forward while `paused`."""
+
+    def __init__(self, fill: str):
+        self.fill, self.active = fill, True
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        before, self.active = self.active, False
+        try:
+            yield
+        finally:
+            self.active = before
+
+
+def replaced_forward(model: Any) -> ReplacedForward | None:
+    """The fill that replaced the model's forward, if any."""
+    return getattr(model, FORWARD_MARK, None)
+
+
+def check_model_forward(model: Any, fill: str) -> None:
+    """Refuse (ValueError) an arm of fill `fill` on a model whose forward another fill method replaced;
+    the exact arm runs beside it (its calls pause the replacement: `rf_eval.method.method_forward`)."""
+    from rf_eval.engine.plan import FILL_OFF
+
+    replaced = replaced_forward(model)
+    if replaced is not None and fill not in (replaced.fill, FILL_OFF):
+        raise ValueError(f"this model's forward was made fill={replaced.fill}'s (an arm of that fill was built on "
+                         f"it); fill={fill} needs the model loaded again")
 
 
 class FillMethod:
@@ -51,6 +97,12 @@ class FillMethod:
     source: ClassVar[str] = ""
     #: what a filled row costs in a late layer, in words, for `rf-eval fills` (default: by strategy)
     cost: ClassVar[str] = ""
+    #: what the method reads beyond the model's own layers when it needs no maps (for `rf-eval fills`)
+    weights: ClassVar[str] = ""
+    #: False: the method has no exact prefix rows to select (a row selector is refused)
+    selects_rows: ClassVar[bool] = True
+    #: True: `bind` makes the model's own forward the method's (`FORWARD_MARK`)
+    replaces_forward: ClassVar[bool] = False
 
     @property
     def cost_text(self) -> str:
@@ -71,6 +123,19 @@ class FillMethod:
         """The predicted-input function (late layer, split states) -> input for "inputs" methods, else None."""
         return None
 
+    def bind(self, model: Any, maps: Any) -> Any:
+        """The fill function for one loaded model (default: `fill_fn` at its dtype and input device)."""
+        from rf_eval.method import input_device
+
+        return self.fill_fn(maps, next(model.parameters()).dtype, input_device(model))
+
+    def default_split(self, model_config: Any) -> int | None:
+        """The split an arm of this method takes when neither it nor its maps give one (None: L // 2)."""
+        return None
+
+    def check_split(self, model_config: Any, split: int) -> None:
+        """Refuse (`rf_eval.fields.ArmError`) a split this method cannot run at; default: any."""
+
     def row_fill(self, fill_fn: Any) -> Any:
         """The engine's row-fill strategy (`rf_eval.engine.rowfill.RowFill`) from `fill_fn`."""
         from rf_eval.engine.fills import NoFill, PredictedInput
@@ -87,6 +152,15 @@ class FillMethod:
         """MACs one filled row costs in one late layer (`layer`: a `rf_eval.ridgefill.cost.LayerCost`;
         `mapped`: the layer reads the method's map, not x_S). Default: the layer's K/V or state update."""
         return 0 if self.strategy == "absent" else layer.write
+
+    def runs_on(self, model_config: Any) -> bool:
+        """Whether the method can run on models of this config at all (the README's families table);
+        default: wherever its maps can be fitted (`check_fit`)."""
+        try:
+            self.check_fit(model_config)
+        except ValueError:
+            return False
+        return True
 
     def check_fit(self, model_config: Any) -> None:
         """Refuse (ValueError) a model this method's maps cannot be fitted on; default: any model."""

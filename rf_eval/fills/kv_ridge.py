@@ -11,8 +11,10 @@ ridge against kv_ridge at equal split, tail and rows.
 Filled rows' keys are rotated at their own positions with the layer's RoPE;
 layer S's filled rows write the layer's own projections of x_S, which is
 exact (with `map_split`, the map's). Exact rows run every layer over them.
-Attention layers only: a model with Gated DeltaNet layers is refused. A
-projector trained elsewhere loads the same way: a map file whose tensors
+A Gated DeltaNet layer caches no keys and values: its map predicts what its
+stock mixer reads, the normed input, and the mixer scans that for the filled
+rows (`rf_eval.ridgefill.targets`). A projector trained elsewhere loads the
+same way: a map file whose tensors
 `A.<layer>` (2 x kv_heads x head_dim, d) and `b.<layer>` give [keys; values]
 = A x_S + b, with metadata `target` "kv" (`rf_eval.ridgefill.maps`).
 """
@@ -35,7 +37,8 @@ class KvRidge(FillMethod):
     fit_command = "fit --fill kv_ridge"
     fit_target = "kv"
     source = "RidgeFill §1 (the K/V-projector design), fitted as §2.2"
-    cost = "the map [K; V] = A_l x_S (2 x kv width x d) where the layer reads it, else the K/V projections"
+    cost = ("the map [K; V] = A_l x_S (2 x kv width x d) where the layer reads it, else the K/V projections "
+            "(Gated DeltaNet: the map to its normed input, d x d, and the state update)")
 
     def fill_fn(self, maps: Any, dtype: torch.dtype, device: torch.device) -> Any:
         return maps.fill_fn(dtype, device)
@@ -48,23 +51,16 @@ class KvRidge(FillMethod):
         return PredictedKV(fill_fn)
 
     def filled_row_macs(self, config: Any, layer: Any, mapped: bool) -> int:
-        return config.hidden_size * kv_width(config) if mapped else layer.write
-
-    def check_fit(self, model_config: Any) -> None:
-        from rf_eval.families import family_class_for
-
-        if family_class_for(model_config).linear_attention:
-            raise ValueError(f"fill {self.name} writes attention keys and values; this model's Gated DeltaNet "
-                             "layers have none (use fill=ridge)")
+        if not mapped:
+            return layer.write
+        if layer.kind == "recurrent":  # the map to the normed input (d x d), then the layer's state update
+            return config.hidden_size**2 + layer.write
+        return config.hidden_size * kv_width(config)
 
     def check(self, model_config: Any, maps: Any) -> None:
         from rf_eval.fields import ArmError
 
         super().check(model_config, maps)
-        try:
-            self.check_fit(model_config)
-        except ValueError as err:
-            raise ArmError(str(err)) from None
         target = (maps.metadata or {}).get("target", "inputs")
         if target != self.fit_target:
             raise ArmError(f"fill={self.name} reads maps of keys and values (`rf-eval {self.fit_command}`); "

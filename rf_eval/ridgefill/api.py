@@ -12,7 +12,9 @@ from torch import nn
 from rf_eval import engine
 from rf_eval.devices import default_device, parse_dtype
 from rf_eval.engine import Plan, PrefillResult
-from rf_eval.method import check_prompt, generate, input_device
+from rf_eval.fields import ArmError
+from rf_eval.fills.base import check_model_forward
+from rf_eval.method import check_prompt, generate, input_device, method_forward
 from rf_eval.ridgefill.arm import Arm
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.ridgefill.maps import RidgeMaps, load_arm_maps
@@ -60,8 +62,11 @@ class RidgeFill:
         self.arm = Arm(model, tokenizer, spec, resources=resources)
         self.selector = self.arm.selector
         method = spec.method
-        self._fill = None if method is None else method.fill_fn(maps, next(model.parameters()).dtype,
-                                                                 input_device(model))
+        try:
+            check_model_forward(model, spec.fill)
+            self._fill = None if method is None else method.bind(model, maps)
+        except ValueError as err:
+            raise ArmError(str(err)) from None
 
     @classmethod
     def from_pretrained(
@@ -136,7 +141,8 @@ class RidgeFill:
         plan = self.plan_for(input_ids.shape[1] + k)
         if k:
             plan = dataclasses.replace(plan, tail=max(plan.tail - k, 1))
-        return self.arm.prefill(input_ids, plan, self._fill)
+        with method_forward(self):
+            return self.arm.prefill(input_ids, plan, self._fill)
 
     def extend(self, result: PrefillResult, tokens: torch.Tensor) -> torch.Tensor:
         """Run the stock model over `tokens` (1 x k) after the prompt; returns their logits (1, k, V).
@@ -145,7 +151,8 @@ class RidgeFill:
         decoding steps. Caches whose late layers hold fewer rows (nofill) are
         extended one token at a time, since the stock mask assumes equal lengths.
         """
-        return engine.extend(self.model, result, tokens.to(self.device))
+        with method_forward(self):
+            return engine.extend(self.model, result, tokens.to(self.device))
 
     def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         """`model.generate` over an engine-prefilled cache; kwargs are generate's own."""

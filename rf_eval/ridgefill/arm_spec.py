@@ -92,6 +92,8 @@ class RidgeFillArm:
         if (parts["corrections"] or self.splice) and not (self.method and self.method.supports_corrections):
             raise ArmError(f"corrections and splice change filled rows: they need a fill from predicted inputs "
                            f"({', '.join(predicting_fills())}), not fill={self.fill}")
+        if parts["selector"] is not None and self.method is not None and not self.method.selects_rows:
+            raise ArmError(f"fill={self.fill} has no exact prefix rows to select: leave out selector=")
         if parts["cost_match"] is not None and not (self.method and self.method.absent):
             raise ArmError(f"cost_match lengthens the tail of an arm without filled rows: it needs fill="
                            f"{' or '.join(absent_fills())}, not fill={self.fill}")
@@ -180,10 +182,14 @@ class RidgeFillArm:
             if split not in (None, own):
                 raise ArmError(f"preset={self.preset} splits this {n_layers}-layer model at {own}, not {split}")
             split = own
+        if split is None and self.method is not None:
+            split = self.method.default_split(model_config)
         if split is None:
             split = n_layers // 2
         if not 1 <= split <= n_layers - 1:
             raise ArmError(f"split={split} is outside 1..{n_layers - 1} for this {n_layers}-layer model")
+        if self.method is not None:
+            self.method.check_split(model_config, split)
         unigram = self.unigram
         beside = getattr(maps, "path", None)
         if unigram is None and beside is not None and (Path(beside).parent / "unigram.safetensors").is_file():

@@ -87,12 +87,16 @@ def cache_writes(family: Family, layer: nn.Module, x: torch.Tensor, kwargs: dict
     Attention: the keys (after k-norm and RoPE) and values it caches.
     Gated DeltaNet: the projections that drive its state update (q, k, v, beta, gate inputs).
     """
-    h = family.input_norm(layer, x)
+    return normed_writes(family, layer, family.input_norm(layer, x), kwargs)
+
+
+def normed_writes(family: Family, layer: nn.Module, h: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    """`cache_writes` from the layer's normed input h (1, n, d)."""
     if family.is_recurrent(layer):
         return torch.cat(family.delta_inputs(layer.linear_attn, h), -1)[0]
     cos, sin = kwargs["position_embeddings"]
     k, v = family.kv(layer.self_attn, h, cos, sin)
-    n = x.shape[1]
+    n = h.shape[1]
     return torch.cat([k.transpose(1, 2).reshape(n, -1), v.transpose(1, 2).reshape(n, -1)], -1)
 
 
@@ -112,7 +116,8 @@ def heldout_cosines(
     like every other late layer; without it (the default) the engine feeds
     layer S the true split state, every lambda would score 1 there, and it is
     skipped. With `target` kv the maps predict the keys (before RoPE) and values
-    themselves, compared with the layer's own.
+    themselves, compared with the layer's own; a Gated DeltaNet layer's map
+    predicts its normed input, scored by the state-update projections it drives.
     """
     check_target(target)
     family = family_for(model.config)
@@ -126,12 +131,17 @@ def heldout_cosines(
             if not map_split:
                 return
         layer = layers[index]
-        kv = target == "kv"
+        kv = target == "kv" and not family.is_recurrent(layer)  # the map gives the writes themselves
         true_writes = (kv_rows(family, layer, x) if kv else cache_writes(family, layer, x, kwargs)).float()
         for lam, (A, b) in candidates.items():
             a = A[index].to(device=x.device, dtype=x.dtype)
             pred = state["x"] @ a.T + b[index].to(device=x.device, dtype=x.dtype)
-            writes = (pred[0] if kv else cache_writes(family, layer, pred, kwargs)).float()
+            if kv:
+                writes = pred[0].float()
+            elif target == "kv":  # a Gated DeltaNet layer's normed input
+                writes = normed_writes(family, layer, pred, kwargs).float()
+            else:
+                writes = cache_writes(family, layer, pred, kwargs).float()
             cos = torch.nn.functional.cosine_similarity(writes, true_writes, dim=-1)
             totals[lam][0] += float(cos.double().sum())
             totals[lam][1] += cos.numel()

@@ -50,6 +50,7 @@ class LayerCost:
     rest: int  # per row: everything else an exact row computes (queries, output, MLP, ...)
     attn_per_key: int  # per (query, key) pair: scores + weighted values (attention layers)
     window: int | None = None  # a sliding-window layer's window (None: full causal attention)
+    index: int = 0  # the layer's index in the model
 
 
 def _mlp_macs(config, layer_index: int, moe: bool) -> int:
@@ -88,12 +89,12 @@ def layer_costs(config) -> list[LayerCost]:
             state = 3 * nv * config.linear_key_head_dim * config.linear_value_head_dim
             write = d * (2 * kd + vd) + 2 * d * nv + conv + state
             rest = d * vd + vd * d + mlp  # output gate projection, out_proj, MLP
-            costs.append(LayerCost("recurrent", write, rest, 0))
+            costs.append(LayerCost("recurrent", write, rest, 0, index=i))
         else:
             write = 2 * d * kv_heads * head_dim
             q = d * heads * head_dim * (2 if gated else 1)
             rest = q + heads * head_dim * d + mlp
-            costs.append(LayerCost("attention", write, rest, 2 * heads * head_dim, windows[i]))
+            costs.append(LayerCost("attention", write, rest, 2 * heads * head_dim, windows[i], index=i))
     return costs
 
 

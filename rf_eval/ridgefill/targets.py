@@ -5,7 +5,9 @@ late layer l; the layer's own norm and projections then write its cache.
 `kv` (kv_ridge, the K/V-projector design the paper's section 1 contrasts with):
 the keys before RoPE (after k-norm) and the values of an attention layer, flattened
 per row as [k heads x D, v heads x D]; the engine rotates the predicted keys at
-their own positions. RoPE rotates a key and its prediction alike, by an orthogonal
+their own positions. A Gated DeltaNet layer has no keys and values to cache: its
+`kv` target is what its stock mixer reads, the normed input (d wide), from which
+the mixer computes the filled rows' state update. RoPE rotates a key and its prediction alike, by an orthogonal
 map, so the held-out cosine of section 2.2 is the same before or after it.
 """
 
@@ -34,7 +36,17 @@ def kv_rows(family: Family, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def target_rows(family: Family, layer: nn.Module, x: torch.Tensor, target: str) -> torch.Tensor:
     """What the fit regresses on for late layer `layer` with input x (1, n, d): (n, d_out)."""
-    return x[0] if target == "inputs" else kv_rows(family, layer, x)
+    if target == "inputs":
+        return x[0]
+    return family.input_norm(layer, x)[0] if family.is_recurrent(layer) else kv_rows(family, layer, x)
+
+
+def target_width(config, layer: int, target: str) -> int:
+    """d_out of layer `layer`'s map for `target`: d, or for `kv` an attention layer's 2 x kv heads x D."""
+    types = getattr(config, "layer_types", None)
+    if target == "inputs" or (types is not None and types[layer] == "linear_attention"):
+        return int(config.hidden_size)
+    return kv_width(config)
 
 
 def kv_width(config) -> int:

@@ -79,9 +79,16 @@ def resolve(base: RidgeFillArm, fields: Mapping[str, Any], model_config: Any, ma
         merged.pop("preset", None)
     merged.update(fields)
     try:
-        return RidgeFillArm.from_fields(merged, what="rf_arm").resolve(model_config, maps)
+        arm = RidgeFillArm.from_fields(merged, what="rf_arm").resolve(model_config, maps)
     except (ArmError, MapError) as err:
         raise ArmError(f"rf_arm: {err}") from None
+    if arm.fill != base.fill:
+        for changed in (arm, base):
+            if changed.method is not None and changed.method.replaces_forward:
+                raise ArmError(f"rf_arm: fill={changed.fill} makes the model's own forward its own, so a server "
+                               f"serves it alone: start one with fill={changed.fill} (this one serves "
+                               f"fill={base.fill})")
+    return arm
 
 
 def key(arm: RidgeFillArm) -> str:

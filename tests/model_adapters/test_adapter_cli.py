@@ -64,7 +64,7 @@ def test_bad_model_args_exit_2_with_one_line_through_the_lm_eval_command(tiny_mo
     proc = run_lm_eval(["--model", "ridgefill", "--model_args", f"pretrained={tiny_model_dir('llama')},fill=rigde",
                         "--tasks", TASK, "--include_path", str(adapter_task), "--device", "cpu"], tmp_path)
     assert proc.returncode == 2
-    assert _one_line(proc.stderr) == ["rf-eval: fill='rigde' is not valid; valid fills: exact, identity, kv_ridge, nofill, ridge"]
+    assert _one_line(proc.stderr) == ["rf-eval: fill='rigde' is not valid; valid fills: exact, identity, kv_ridge, nofill, ridge, swiftkv, swiftkv_released"]
 
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA exists here: device=cuda is valid")
