@@ -42,8 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rf_eval.study.launch import make_launcher
-    from rf_eval.study.preflight import check_study
-    from rf_eval.study.runner import plan_text, run_study, status_text
+    from rf_eval.study.plan import plan_text
+    from rf_eval.study.preflight import build_task_data, check_study
+    from rf_eval.study.runner import run_study, status_text
     from rf_eval.study.spec import StudyError, load_study
 
     if args.action == "status":
@@ -62,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
                                      slurm_cluster=args.slurm_cluster, detach=args.detach)
         except ValueError as err:
             raise UserError(str(err)) from None
+        builds = build_task_data(study)  # the samples, before the claims are registered
+        print(f"[data] {', '.join(study.tasks)}: built ({builds} data setting{'s' if builds > 1 else ''})", flush=True)
         return run_study(study, out, launcher, ledger=Path(args.ledger) if args.ledger else None,
                          follow_up=args.follow_up, report=not args.no_report)
     except StudyError as err:

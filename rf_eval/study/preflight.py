@@ -2,11 +2,13 @@
 rf-eval arm's model_args as its adapter checks them, every task name is one lm-eval knows (rf-eval's tasks and the study's `include_path` included), and every arm's
 tasks can get their data here (`rf_eval.tasks.data.preflight`). A study that would fail in its third arm
 for a misspelled task, or after fitting maps for minutes for a missing essay haystack, fails here in one
-message instead."""
+message instead. Before `study run` registers anything it also builds the tasks' data (`build_task_data`),
+so a generator that fails does too."""
 
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -129,3 +131,36 @@ def check_study(study: Study) -> None:
             preflight(study.tasks, metadata)
         except TaskDataMissing as err:
             raise StudyError(f"arm {arm.name}: {err}") from None
+
+
+def build_task_data(study: Study) -> int:
+    """Build the study's tasks, their samples included, as each arm's lm_eval will; returns the builds run.
+
+    Once per distinct data setting: the study's metadata with an arm's model and tokenizer (lm-eval hands
+    the model_args to the tasks, and RULER sizes its samples with the tokenizer), so a study of arms of one
+    model builds once. A generator that fails (a tokenizer that does not load, a docs file it cannot read,
+    a RULER setting it refuses) is a StudyError naming the arm, before anything is registered or fitted.
+    The arms build their own copies again: lm-eval keeps no samples between processes.
+    """
+    from lm_eval.tasks import TaskManager
+
+    from rf_eval.errors import UserError
+
+    built: set[str] = set()
+    for arm in study.arms.values():
+        args = model_args(study, arm, study.maps)
+        metadata = {**args, **study.metadata}
+        key = json.dumps([args.get("pretrained"), args.get("tokenizer"), study.metadata], sort_keys=True, default=str)
+        if key in built:
+            continue
+        built.add(key)
+        with _task_index_cache():
+            manager = TaskManager(include_path=study.include_path, metadata=metadata)
+            try:
+                manager.load(list(study.tasks))
+            except UserError as err:
+                raise StudyError(f"arm {arm.name}: building the data of {', '.join(study.tasks)}: {err}") from None
+            except Exception as err:  # lm-eval's and the generators' own errors, of many types
+                raise StudyError(f"arm {arm.name}: building the data of {', '.join(study.tasks)} failed: "
+                                 f"{type(err).__name__}: {err}") from None
+    return len(built)

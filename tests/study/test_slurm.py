@@ -21,6 +21,8 @@ STUDY = """\
 model:
   pretrained: {model}
 tasks: [{tasks}]
+lengths: [512]
+metadata: {{docs: {docs}}}
 {maps}
 arms:
   exact: {{args: {{fill: exact}}}}
@@ -48,13 +50,17 @@ def fake_slurm(tmp_path, monkeypatch) -> Path:
     return bin_dir
 
 
-def write(tmp_path: Path, tasks: str, maps: str) -> Path:
-    """The study, naming a model folder that exists (the study's pre-flight refuses a missing one); no
-    job runs here, so the folder stays empty."""
-    model = tmp_path / "m"
-    model.mkdir(exist_ok=True)
+def write(tmp_path: Path, tasks: str, maps: str, model: str | None = None) -> Path:
+    """The study of `model` (a tiny model folder: `study run` builds the tasks' data with its tokenizer
+    before it submits anything), or of an empty folder where nothing is built; no job runs here."""
+    if model is None:
+        model = tmp_path / "m"
+        model.mkdir(exist_ok=True)
+    docs = tmp_path / "docs"
+    docs.mkdir(exist_ok=True)
+    (docs / "a.txt").write_text("the river ran by the old mill and the miller sang " * 40)
     path = tmp_path / "study.yaml"
-    path.write_text(STUDY.format(tasks=tasks, maps=maps, model=model))
+    path.write_text(STUDY.format(tasks=tasks, maps=maps, model=model, docs=docs))
     return path
 
 
@@ -63,8 +69,10 @@ def sbatch_flags(out: Path, job: str) -> dict[str, str]:
     return dict(re.findall(r"^#SBATCH --([\w-]+)=(.*)$", text, re.M))
 
 
-def test_the_study_is_submitted_as_jobs_that_each_wait_for_the_ones_they_need(fake_slurm, tmp_path, capsys):
-    study = write(tmp_path, "niah_single_1_filled, keytoken_nll", "fit: {calibration: [cal.jsonl], split: 2}")
+def test_the_study_is_submitted_as_jobs_that_each_wait_for_the_ones_they_need(fake_slurm, tmp_path, capsys,
+                                                                             tiny_model_dir):
+    study = write(tmp_path, "niah_single_1_filled, keytoken_nll", "fit: {calibration: [cal.jsonl], split: 2}",
+                  tiny_model_dir("llama"))
     out = tmp_path / "out"
     assert cli(["study", "run", str(study), "--out", str(out), "--launcher", "slurm", "--partition", "gpu",
                 "--gpus", "2", "--detach"]) == 0
@@ -84,8 +92,8 @@ def test_the_study_is_submitted_as_jobs_that_each_wait_for_the_ones_they_need(fa
 
 
 def test_without_a_fit_or_shared_key_tokens_the_arms_are_one_array_and_done_arms_are_not_submitted_again(
-        fake_slurm, tmp_path, capsys):
-    study_path = write(tmp_path, "niah_single_1_filled", f"maps: {tmp_path}")
+        fake_slurm, tmp_path, capsys, tiny_model_dir):
+    study_path = write(tmp_path, "niah_single_1_filled", f"maps: {tmp_path}", tiny_model_dir("llama"))
     out = tmp_path / "out"
     run = ["study", "run", str(study_path), "--out", str(out), "--launcher", "slurm", "--detach", "--parallel", "2"]
     assert cli(run) == 0

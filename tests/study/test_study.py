@@ -98,6 +98,24 @@ def test_a_study_whose_tasks_cannot_build_refuses_before_the_fit(tasks, message,
     assert not (tmp_path / "out").exists()  # no claims registered, no maps fitted, no arm run
 
 
+def test_study_run_builds_the_tasks_data_before_it_registers_anything(tiny_model_dir, adapter_task, tmp_path,
+                                                                       capsys):
+    """keytoken_nll with no `docs` passes the data check (no path to test) but cannot build its samples:
+    `study run` builds them first and stops before a claim is registered or a map fitted; `plan` builds
+    nothing."""
+    (tmp_path / "cal.jsonl").write_text('{"text": "calibration text"}\n')
+    text = STUDY.replace("margin: 5.0", "margin: 5.0\nfit: {{calibration: [cal.jsonl], split: 3}}").replace(
+        "metadata: {{docs: {docs}, ", "metadata: {{")
+    path = write_study(tmp_path, tiny_model_dir("llama"), adapter_task, text)
+    assert cli(["study", "plan", str(path), "--out", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    assert cli(["study", "run", str(path), "--out", str(tmp_path / "out")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rf-eval study: error:")]
+    assert len(errors) == 1 and "arm exact: building the data of" in errors[0], errors
+    assert "keytoken_nll reads long documents from a local folder" in errors[0]
+    assert not (tmp_path / "out").exists()  # no claims registered, no maps fitted, no arm run
+
+
 @pytest.mark.parametrize("edit, message", [
     (("fill: identity, tail: 4", "fill: identty, tail: 4"), "arms.identity: fill='identty' is not valid; valid fills"),
     (("fill: nofill, tail: 8", "fill: nofill, tail: 8, selector: attentoin"), "arms.nofill: selector='attentoin'"),
