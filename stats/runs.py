@@ -43,8 +43,8 @@ from typing import Any
 import pandas as pd
 
 from rf_eval.stats.arms import name_arms, parse_model_args
-from rf_eval.stats.ledger import file_sha256
 from rf_eval.stats.measures import default_metrics, missing_note, missing_reason
+from rf_eval.stats.provenance import config_hashes, engine_floor, ledger_head, model_identity, task_protocol
 
 __all__ = ["ArmRun", "EmptyMetricError", "ITEM_COLUMNS", "RunFormatError", "Runs", "load_runs"]
 
@@ -56,8 +56,6 @@ RULER_SCORE = "score"
 LENGTH_KEYS = ("max_length", "max_seq_length", "context_length", "length")
 TIMING_KEYS = ("prefill_seconds", "speedup_ceiling")
 SUBTASK_KEY = "ruler_task"
-#: Files hashed for registration matching: model_args paths and small non-lm-eval files in a run folder.
-MAX_HASHED_BYTES = 64 * 2**20
 
 
 class RunFormatError(ValueError):
@@ -299,65 +297,6 @@ def _sample_rows(
             yield {**row, "metric": metric, "primary": i == 0, "score": value}
 
 
-def _engine_floor(files: Sequence[_ResultsFile]) -> dict[str, Any] | None:
-    """The latest `config.rf_eval.engine_floor` among an arm's results files (None: none recorded)."""
-    for rf in sorted(files, key=lambda f: f.started, reverse=True):
-        info = (rf.data.get("config") or {}).get("rf_eval")
-        if isinstance(info, dict) and isinstance(info.get("engine_floor"), dict):
-            return info["engine_floor"]
-    return None
-
-
-def _config_hashes(files: Sequence[_ResultsFile]) -> frozenset[str]:
-    """Hashes of files an arm's runs point at: model_args paths and stray files beside results."""
-    candidates: set[Path] = set()
-    for rf in files:
-        for value in rf.model_args.values():
-            for base in (Path.cwd(), rf.path.parent):
-                try:
-                    if value and (base / value).is_file():
-                        candidates.add((base / value).resolve())
-                except OSError:  # not a path (too long, bad characters)
-                    pass
-        for p in rf.path.parent.iterdir():
-            if p.is_file() and not p.name.startswith(("results_", "samples_")):
-                candidates.add(p.resolve())
-    return frozenset(file_sha256(p) for p in candidates if p.stat().st_size <= MAX_HASHED_BYTES)
-
-
-def _model_identity(name: str, files: Sequence[_ResultsFile]) -> dict[str, Any]:
-    """The arm's model as its results record it; one arm's runs on two different weights are refused."""
-    seen: dict[str, Path] = {}
-    identity: dict[str, Any] = {}
-    for rf in files:
-        config = rf.data.get("config") or {}
-        info = config.get("rf_eval") if isinstance(config.get("rf_eval"), dict) else {}
-        weights = info.get("weights_sha256")
-        if weights:
-            seen.setdefault(str(weights), rf.path)
-        identity = {"pretrained": rf.model_args.get("pretrained"), "num_parameters": config.get("model_num_parameters"),
-                    "weights_sha256": weights or identity.get("weights_sha256")}
-    if len(seen) > 1:
-        (a, pa), (b, pb) = list(seen.items())[:2]
-        raise RunFormatError(f"arm {name}: its runs were made on different weights with the same model_args "
-                             f"({pa}: fingerprint {a[:12]}..., {pb}: {b[:12]}...); keep the runs of one model only")
-    return identity
-
-
-def _task_protocol(rf: _ResultsFile, task: str) -> dict[str, Any]:
-    from rf_eval.stats.comparable import PROTOCOL_FIELDS
-
-    config = rf.data["configs"].get(task) or {}
-    return {name: (rf.data.get("versions") or {}).get(task) if name == "version" else config.get(name)
-            for name in PROTOCOL_FIELDS}
-
-
-def _ledger_head(rf: _ResultsFile) -> dict[str, Any] | None:
-    info = (rf.data.get("config") or {}).get("rf_eval")
-    head = info.get("ledger") if isinstance(info, dict) else None
-    return {**head, "results": str(rf.path)} if isinstance(head, dict) and head.get("hash") else None
-
-
 def _to_points(items: pd.DataFrame) -> pd.DataFrame:
     """Accuracy-like metrics (higher is better, all in [0, 1] over every arm) to points."""
     items = items.copy()
@@ -423,13 +362,13 @@ def load_runs(
                 model_args=json.loads(key[1]),
                 started=datetime.fromtimestamp(min(rf.started for rf in files), tz=timezone.utc),
                 results_files=tuple(str(rf.path) for rf in files),
-                config_hashes=_config_hashes(files),
+                config_hashes=config_hashes(files),
                 samples_files=tuple(samples_files),
                 task_started={t: datetime.fromtimestamp(rf.started, tz=timezone.utc) for t, rf in used},
-                ledger_heads=tuple(h for h in (_ledger_head(rf) for rf in files) if h is not None),
-                engine_floor=_engine_floor(files),
-                model_identity=_model_identity(name, files),
-                task_protocol={t: _task_protocol(rf, t) for t, rf in used},
+                ledger_heads=tuple(h for h in (ledger_head(rf) for rf in files) if h is not None),
+                engine_floor=engine_floor(files),
+                model_identity=model_identity(name, files),
+                task_protocol={t: task_protocol(rf, t) for t, rf in used},
             )
         )
     if not rows:

@@ -48,7 +48,7 @@ def test_the_pop_arm_is_the_identity_arm_it_names(tiny_model):
 
 
 def test_the_study_plan_costs_the_preset_at_its_own_split_and_tail(tmp_path):
-    from rf_eval.study.runner import arm_costs
+    from rf_eval.study.plan import arm_costs
     from rf_eval.study.spec import Arm
 
     config = LlamaConfig(num_hidden_layers=32, hidden_size=256, intermediate_size=512, num_attention_heads=4,

@@ -1,0 +1,59 @@
+"""`rf-eval study plan`: each arm's exact lm_eval command and its MAC-model cost, without running anything."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from pathlib import Path
+from typing import Any
+
+from rf_eval.study.runner import KEY_REFERENCE_PLACEHOLDER, KEY_TASK, dependants, lm_eval_command
+from rf_eval.study.spec import Arm, Study
+
+
+def plan_text(study: Study, out: Path, launcher: Any) -> str:
+    """Each arm's exact command and its MAC-model cost against exact prefill at each length."""
+    lines = [f"study {study.path.name} (sha256 {study.sha256[:12]}...): {len(study.arms)} arms, "
+             f"tasks {', '.join(study.tasks)}, lengths {', '.join(map(str, study.lengths)) or '(task default)'}"]
+    waiting = dependants(study)
+    if waiting:
+        lines.append(f"{study.reference} runs first: the other arms read its {KEY_TASK} key tokens")
+    for arm in study.arms.values():
+        key_reference = KEY_REFERENCE_PLACEHOLDER if arm.name in waiting else None
+        argv = launcher.argv(lm_eval_command(study, arm, out, study.maps or "<maps from fit>", key_reference))
+        lines.append(f"\n[{arm.name}] {shlex.join(argv)}")
+        costs = arm_costs(study, arm)
+        if costs:
+            lines.append("  MAC cost / exact: " + ", ".join(f"N={n}: {c:.3f}" for n, c in costs.items()))
+    return "\n".join(lines)
+
+
+def arm_costs(study: Study, arm: Arm) -> dict[int, float]:
+    """The MAC model's cost of a ridgefill arm relative to exact prefill (paper section 2.5); {} where unknown.
+
+    The arm is resolved as its run resolves it (defaults, a preset's split), without maps: a split the maps
+    would set must be given in the arm."""
+    if arm.model != "ridgefill" or not study.lengths:
+        return {}
+    from transformers import AutoConfig
+
+    from rf_eval.errors import UserError
+    from rf_eval.ridgefill.arm_spec import RidgeFillArm
+    from rf_eval.ridgefill.cost import prefill_macs
+
+    try:
+        config = AutoConfig.from_pretrained(study.pretrained)
+    except OSError:
+        return {}
+    fields = {k: v for k, v in {**study.model_args, **arm.args}.items() if k in RidgeFillArm.fields()}
+    spec = RidgeFillArm.from_fields(fields, what="args")
+    try:
+        spec = spec.resolve(config)
+    except (ValueError, UserError):  # needs its maps (fill=ridge): the split the arm names, else L/2
+        spec = dataclasses.replace(spec, split=spec.split or config.num_hidden_layers // 2)
+    out = {}
+    for n in study.lengths:
+        exact = prefill_macs(config, n)
+        out[n] = 1.0 if not spec.fills_rows else prefill_macs(
+            config, n, split=spec.split, tail=min(spec.tail, n), fill=spec.fill, map_split=spec.map_split) / exact
+    return out
