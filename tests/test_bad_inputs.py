@@ -38,6 +38,8 @@ BAD_API = [
     ({"fill": "nofill", "cost_match": "ridge(exact_share=5)"}, ArmError, "exact_share must be a share of the prompt in [0, 1]"),
     ({"fill": "nofill", "cost_match": "ridge(exact_rows=-3)"}, ArmError, "exact_rows must be an integer >= 0"),
     ({"fill": "nofill", "cost_match": "ridge(probe_rows=-1)"}, ArmError, "probe_rows must be an integer >= 0"),
+    ({"fill": "identity", "maps_device": "gpu"}, ArmError, "maps_device='gpu' is not valid; valid: model, cpu"),
+    ({"fill": "identity", "maps_device": "cpu"}, ArmError, "maps_device=cpu places maps: fill=identity reads none"),
 ]  # fmt: skip
 
 

@@ -77,6 +77,41 @@ def test_ridge_arm_uses_maps_and_differs_from_identity(fitted, tiny_model):
     assert torch.equal(full_tail.logits, exact.logits)
 
 
+def test_fit_int8_writes_the_release_format_and_its_fill_is_within_the_quantization_error(
+        fitted, tiny_model_dir, corpus, tmp_path, capsys):
+    """`rf-eval fit --int8` stores each A.{l} as int8 with one scale per 128 weights of a row; per output,
+    the fill differs from the fp32 maps' by at most sum over the row's groups of scale/2 x |x| (each
+    weight is rounded to the nearest multiple of its scale), and a refit from the sums writes fp32 again."""
+    from safetensors import safe_open
+
+    model_dir = tiny_model_dir("qwen3")
+    args = ["fit", "--model", model_dir, "--splits", "4", "--calibration", corpus[0], "--lambdas", "1e-3",
+            "--device", "cpu", "--no-progress"]
+    assert main([*args, "--out", str(tmp_path / "fp32")]) == 0
+    assert main([*args, "--out", str(tmp_path / "int8"), "--int8"]) == 0
+    capsys.readouterr()
+    file = tmp_path / "int8" / "ridgefill_split4.safetensors"
+    with safe_open(str(file), "pt") as f:
+        assert f.metadata()["storage"] == "int8"
+        assert f.get_tensor("A.5").dtype == torch.int8 and f.get_tensor("b.5").dtype == torch.float32
+        scales = {layer: f.get_tensor(f"A.{layer}.scales") for layer in (4, 5)}
+    full, packed = load_maps(tmp_path / "fp32", 4), load_maps(tmp_path / "int8", 4)
+    x = torch.randn(1, 7, full.A[5].shape[1], generator=torch.Generator().manual_seed(0))
+    exact_fill, int8_fill = full.fill_fn(torch.float32, "cpu"), packed.fill_fn(torch.float32, "cpu")
+    for layer in (4, 5):
+        d, count = x.shape[-1], scales[layer].shape[1]  # the tiny model's 64 inputs are one (padded) group
+        groups = torch.nn.functional.pad(x.abs()[0], (0, count * 128 - d)).reshape(7, count, 128).sum(-1)
+        bound = groups @ (scales[layer] / 2).T + 1e-5
+        diff = (int8_fill(layer, x) - exact_fill(layer, x)).abs()[0]
+        assert (diff <= bound).all() and diff.max() > 0
+    model = RidgeFill.from_pretrained(model_dir, maps=tmp_path / "int8", fill="ridge", tail=8, device="cpu")
+    assert model.provenance()["maps_metadata"]["storage"] == "int8"
+    assert main(["fit", "--from-sums", str(tmp_path / "int8"), "--lambdas", "1e-3", "--out", str(tmp_path / "again"),
+                 "--no-progress"]) == 0
+    again = load_maps(tmp_path / "again", 4)
+    assert again.metadata["storage"] == "float32" and torch.equal(again.A[5], full.A[5])
+
+
 def test_int8_release_format_loads(fitted, tmp_path):
     out, _ = fitted
     maps = load_maps(out, 4)
@@ -163,3 +198,25 @@ def test_two_gloo_processes_give_the_one_process_maps(tiny_model_dir, corpus, tm
     for layer in one.layers:
         torch.testing.assert_close(two.A[layer], one.A[layer], rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(two.b[layer], one.b[layer], rtol=1e-6, atol=1e-7)
+
+
+def test_maps_kept_in_host_memory_stream_one_layer_ahead_and_fill_bitwise_as_resident(fitted, tiny_model):
+    """maps_device=cpu: each layer's map reaches the device when its layer asks, the next one's copy already
+    issued (on CUDA a side stream overlaps it with the layer), and the prefill is the resident maps', bitwise."""
+    from rf_eval.ridgefill.maps import StreamedMaps
+
+    out, _ = fitted
+    model, tok = tiny_model("qwen3")
+    maps = load_maps(out, 2)
+    streamed = StreamedMaps(maps, torch.float32)
+    x = torch.randn(1, 5, model.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    resident = maps.fill_fn(torch.float32, "cpu")
+    for layer in maps.layers:
+        assert torch.equal(streamed.fill(layer, x), resident(layer, x))
+        upcoming = layer + 1 if layer + 1 in maps.layers else maps.layers[0]  # then the next prompt's first
+        assert list(streamed.ahead) == [upcoming]  # one map ahead, no more
+    ids = torch.randint(0, 250, (1, 40), generator=torch.Generator().manual_seed(2))
+    on_model = RidgeFill(model, tok, fill="ridge", maps=out, split=2, tail=6)
+    on_host = RidgeFill(model, tok, fill="ridge", maps=out, split=2, tail=6, maps_device="cpu")
+    assert torch.equal(on_host.prefill(ids).logits, on_model.prefill(ids).logits)
+    assert on_host.provenance()["maps_device"] == "cpu" and "maps_device" not in on_model.provenance()

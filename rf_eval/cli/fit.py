@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heldout-memory", dest="heldout_memory", default="auto", metavar="GIB",
                    help="GiB of maps one held-out lambda pass may hold: the grid is scored in passes that fit "
                         "(auto, default: half the available CPU memory, where the maps live)")
+    p.add_argument("--int8", action="store_true",
+                   help="store A in the paper's release format: int8 with one scale per 128 weights of each row "
+                        "(biases fp32; the sums stay fp64, so --from-sums can write fp32 maps again)")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--no-progress", action="store_true")
 
@@ -223,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
             result = refit_from_sums(args.from_sums, out=staging, lambdas=args.lambdas, model=model,
                                      tokenizer=tokenizer, heldout=args.heldout, max_tokens=args.max_tokens,
                                      progress=not args.no_progress, map_split=args.map_split,
-                                     heldout_memory=args.heldout_memory)
+                                     heldout_memory=args.heldout_memory, int8=args.int8)
         else:
             if not args.model or not args.splits:
                 raise UserError("fit needs --model and --splits (or --from-sums)")
@@ -241,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
                               heldout=args.heldout, lambdas=args.lambdas, out=staging,
                               max_tokens=args.max_tokens, progress=not args.no_progress,
                               map_split=args.map_split, sums_device=args.sums_device,
-                              heldout_memory=args.heldout_memory, fill=args.fill)
+                              heldout_memory=args.heldout_memory, fill=args.fill, int8=args.int8)
     except (ValueError, CalibrationError) as err:
         shutil.rmtree(staging, ignore_errors=True)
         raise UserError(str(err)) from err

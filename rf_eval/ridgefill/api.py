@@ -64,7 +64,8 @@ class RidgeFill:
         method = spec.method
         try:
             check_model_forward(model, spec.fill)
-            self._fill = None if method is None else method.bind(model, maps)
+            placed = maps.on_host() if maps is not None and spec.maps_device == "cpu" else maps
+            self._fill = None if method is None else method.bind(model, placed)
         except ValueError as err:
             raise ArmError(str(err)) from None
 

@@ -34,6 +34,7 @@ from rf_eval.fields import ArmError, build
 from rf_eval.fills import FILL_OFF, arm_fills, fill_method
 
 SPLICES = ("keys", "values", "both")
+MAPS_DEVICES = ("model", "cpu")
 #: The exact tail's length when an arm does not name one.
 DEFAULT_TAIL = 4096  # the paper's tail (its sections 2.6 and 9); the rf-eval tasks share it
 
@@ -69,6 +70,9 @@ class RidgeFillArm:
     map_split: bool = DEFAULT_MAP_SPLIT  # True: layer S's filled rows read the map's x̂_S (paper's release), not x_S
     #: use maps fitted on other weights (a deliberate transfer); by default `resolve` refuses them
     allow_other_weights: bool = False
+    #: where the maps live: "model" (on each layer's device) or "cpu" (host memory, each layer's map streamed
+    #: to its device ahead of use: `rf_eval.ridgefill.maps.StreamedMaps`)
+    maps_device: str = "model"
     #: a published configuration that sets fill, tail and split (`rf_eval.ridgefill.presets`)
     preset: str | None = None
 
@@ -83,6 +87,10 @@ class RidgeFillArm:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ArmError(f"{name} must be >= 1, got {value}")
+        if self.maps_device not in MAPS_DEVICES:
+            raise ArmError(f"maps_device={self.maps_device!r} is not valid; valid: {', '.join(MAPS_DEVICES)}")
+        if self.maps_device != "model" and not (self.method and self.method.needs_maps):
+            raise ArmError(f"maps_device={self.maps_device} places maps: fill={self.fill} reads none")
         if self.splice is not None and self.splice not in SPLICES:
             raise ArmError(f"splice={self.splice!r} is not valid; valid splices: {', '.join(SPLICES)}")
         if self.unigram is not None and not Path(self.unigram).is_file():
@@ -219,6 +227,7 @@ class RidgeFillArm:
             "tail": self.tail,
             "chunk_size": self.chunk_size,
             "map_split": self.map_split,
+            **({"maps_device": self.maps_device} if self.maps_device != "model" else {}),
             "selector": sel.describe() if hasattr(sel, "describe") else None,
             "corrections": [c.describe() for c in self.correction_objs],
             "splice": self.splice,

@@ -189,6 +189,7 @@ def fit_maps(
     sums_device: str = "auto",
     heldout_memory: str | float = "auto",
     fill: str = Ridge.name,
+    int8: bool = False,
 ) -> FitResult:
     """One capture pass for every split, solves, lambda choice, and the map files in `out`.
 
@@ -201,6 +202,8 @@ def fit_maps(
     lambda choice scores layer S too; the files record it (`map_split` metadata).
     `fill`: the fill method the maps serve (`rf_eval.fills`); its `fit_target`
     says what each late layer's rows are regressed on (`rf_eval.ridgefill.targets`).
+    `int8`: the map files store A in the paper's release format (int8, one scale per
+    128 weights of each row; `rf_eval.ridgefill.maps.quantize_int8`); the sums stay fp64.
     """
     target = fit_target(fill, model)
     splits = check_splits(splits, num_layers(model))
@@ -236,6 +239,7 @@ def fit_maps(
         "rf_eval_version": rf_eval.__version__,
         "fill": fill,
         "target": target,
+        "storage": "int8" if int8 else "float32",
     }
     result = FitResult(paths={}, chosen={}, scores={}, rows=0, sums_device=why)
     for split, sums in all_sums.items():
@@ -268,9 +272,10 @@ def refit_from_sums(
     progress: bool = True,
     map_split: bool = DEFAULT_MAP_SPLIT,
     heldout_memory: str | float = "auto",
+    int8: bool = False,
 ) -> FitResult:
-    """New solves from saved sums: a new lambda costs no capture pass (`map_split`, `heldout_memory` as in
-    `fit_maps`)."""
+    """New solves from saved sums: a new lambda costs no capture pass (`map_split`, `heldout_memory`, `int8`
+    as in `fit_maps`)."""
     sums_dir, out = Path(sums_dir), Path(out)
     files = sorted(sums_dir.glob("sums_split*.safetensors"))
     if not files:
@@ -289,6 +294,7 @@ def refit_from_sums(
                              f"{meta['weights_sha256'][:12]}..., --model {weights_fingerprint(model)[:12]}...)")
         keep = {k: v for k, v in meta.items() if k not in ("split", "count", "layers")}
         keep["map_split"] = str(bool(map_split)).lower()
+        keep["storage"] = "int8" if int8 else "float32"
         best, scores, maps = choose_lambda(model, tokenizer, sums, lambdas, heldout, max_tokens, progress,
                                            map_split, heldout_memory, meta.get("target", "inputs"))
         result.chosen[sums.split], result.scores[sums.split], result.rows = best, scores, sums.count

@@ -11,12 +11,14 @@ dequantized on load.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -26,6 +28,8 @@ log = logging.getLogger(__name__)
 
 FORMAT = "rf-eval-ridgefill-maps/1"
 INT8_GROUP = 128
+#: how a map file stores `A.{l}`: fp32, or the release's int8 with one scale per `INT8_GROUP` weights
+STORAGES = ("float32", "int8")
 
 # Config fields that fix the shapes and meaning of hidden states.
 _HASHED_FIELDS = (
@@ -68,6 +72,14 @@ class RidgeMaps:
     metadata: dict[str, str]
     #: the file the maps were read from (None for maps built in memory)
     path: Path | None = None
+    #: True: `fill_fn` keeps the maps in host memory and streams each layer's to its device (`on_host`)
+    host: bool = False
+
+    def on_host(self) -> RidgeMaps:
+        """These maps kept in host memory: `fill_fn` copies each layer's map to the device when the layer
+        asks, the next layer's copy issued ahead on a side stream (CUDA, from pinned memory) so it overlaps
+        this layer's work; the values are the resident maps', bitwise (the paper's streamed deployment)."""
+        return dataclasses.replace(self, host=True)
 
     @property
     def layers(self) -> list[int]:
@@ -77,11 +89,19 @@ class RidgeMaps:
         return self.metadata.get("file_sha256", "")
 
     def save(self, out_dir: str | Path) -> Path:
+        """Write the map file atomically; with metadata `storage` "int8", in the release format (`A.{l}` as
+        int8 with `A.{l}.scales`, `quantize_int8`; biases stay fp32)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
+        storage = self.metadata.get("storage", "float32")
+        if storage not in STORAGES:
+            raise ValueError(f"storage {storage!r} is not one of {', '.join(STORAGES)}")
         tensors = {}
         for layer in self.layers:
-            tensors[f"A.{layer}"] = self.A[layer].float().contiguous()
+            if storage == "int8":
+                tensors[f"A.{layer}"], tensors[f"A.{layer}.scales"] = quantize_int8(self.A[layer].float())
+            else:
+                tensors[f"A.{layer}"] = self.A[layer].float().contiguous()
             tensors[f"b.{layer}"] = self.b[layer].float().contiguous()
         meta = {k: str(v) for k, v in self.metadata.items() if k != "file_sha256"}
         meta.update(format=FORMAT, split=str(self.split))
@@ -135,7 +155,10 @@ class RidgeMaps:
             )
 
     def fill_fn(self, dtype: torch.dtype, device: torch.device | str):
-        """The engine's fill function: x̂_l = x_S A_l^T + b_l, in the model's dtype on its device."""
+        """The engine's fill function: x̂_l = x_S A_l^T + b_l, in the model's dtype on its device (with
+        `host`, streamed there layer by layer: `StreamedMaps`)."""
+        if self.host:
+            return StreamedMaps(self, dtype).fill
         weights = {layer: self.A[layer].to(device=device, dtype=dtype).t().contiguous() for layer in self.A}
         biases = {layer: self.b[layer].to(device=device, dtype=dtype) for layer in self.b}
 
@@ -146,6 +169,60 @@ class RidgeMaps:
             return out.view(*x_split.shape[:-1], weights[layer].shape[1])  # also no filled row: (1, 0, d)
 
         return fill
+
+
+class StreamedMaps:
+    """Maps in host memory, each layer's copied to the layer's device when the engine asks for it.
+
+    The copy of the next late layer's map (after the last layer, the first one's, for the next prompt) is
+    issued as soon as one layer's is taken: on CUDA from pinned memory on a side stream (the layer's own
+    stream waits for it only where it uses it), so the transfer overlaps the layer in between; elsewhere
+    the copy is synchronous. One layer's map (plus the next one in flight) is on the device at a time.
+    """
+
+    def __init__(self, maps: RidgeMaps, dtype: torch.dtype):
+        pin = torch.cuda.is_available()
+        self.layers = maps.layers
+        self.host = {layer: (self._pinned(maps.A[layer].to(dtype).t().contiguous(), pin),
+                             self._pinned(maps.b[layer].to(dtype).contiguous(), pin)) for layer in maps.layers}
+        self.ahead: dict[int, tuple[torch.Tensor, torch.Tensor, Any]] = {}
+        self._streams: dict[torch.device, Any] = {}
+
+    @staticmethod
+    def _pinned(t: torch.Tensor, pin: bool) -> torch.Tensor:
+        return t.pin_memory() if pin else t
+
+    def _copy(self, layer: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        weight, bias = self.host[layer]
+        if device.type != "cuda":
+            return weight.to(device), bias.to(device), None
+        stream = self._streams.setdefault(device, torch.cuda.Stream(device))
+        with torch.cuda.stream(stream):
+            copied = weight.to(device, non_blocking=True), bias.to(device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        return (*copied, event)
+
+    def take(self, layer: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s (A^T, b) on `device`, and the next layer's copy issued."""
+        weight, bias, event = self.ahead.pop(layer, None) or self._copy(layer, device)
+        if weight.device != device:  # prefetched to another layer's device (a model across devices)
+            weight, bias, event = self._copy(layer, device)
+        if event is not None:
+            current = torch.cuda.current_stream(device)
+            current.wait_event(event)
+            weight.record_stream(current)
+            bias.record_stream(current)
+        following = [later for later in self.layers if later > layer]
+        upcoming = following[0] if following else self.layers[0]  # after the last layer: the next prompt's first
+        if upcoming != layer and upcoming not in self.ahead:
+            self.ahead[upcoming] = self._copy(upcoming, device)
+        return weight, bias
+
+    def fill(self, layer: int, x_split: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.take(layer, x_split.device)
+        out = torch.addmm(bias, x_split.reshape(-1, x_split.shape[-1]), weight)
+        return out.view(*x_split.shape[:-1], weight.shape[1])
 
 
 def identity_fill(layer: int, x_split: torch.Tensor) -> torch.Tensor:
