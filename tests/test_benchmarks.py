@@ -127,3 +127,27 @@ def test_run_rewrites_both_tables(tmp_path):
     assert head.endswith(f"{tables.HEADLINE_END}\nafter\n") and "old headlines" not in head
     assert "[benchmarks/README.md](benchmarks/README.md)" in head  # the link, relative to the README
     assert head.count("| not in this run |") == 6  # the bootstrap suite carries no headline
+
+
+def test_the_gpu_benchmark_writes_every_field_at_toy_size(tmp_path):
+    """`benchmarks/gpu.py --tiny --device cpu`: the GPU command's fields and tables, at toy shapes (#28)."""
+    subprocess.run([sys.executable, str(BENCH / "gpu.py"), "--tiny", "--device", "cpu", "--out", str(tmp_path)],
+                   check=True, capture_output=True, text=True, timeout=600, cwd=BENCH)
+    report = json.loads((tmp_path / "gpu.json").read_text())
+    assert [b["N"] for b in report["lengths"]] == [256, 512] and report["skipped_lengths"] == []
+    for block in report["lengths"]:
+        assert set(block["seconds"]) == {"plain", "partial exact", "exact", "identity", "ridge", "ridge+rows",
+                                         "probe", "ridge streamed"}
+        assert all(t > 0 for t in block["seconds"].values())
+        assert set(block["arms"]) == {"identity", "ridge", "ridge+rows", "probe"}
+        for row in block["arms"].values():
+            assert row["mac_ceiling"] > 1.0 and row["speedup"] > 0
+            assert abs(row["of_mac_ceiling"] - row["speedup"] / row["mac_ceiling"]) < 1e-9
+        assert block["arms"]["ridge"]["mac_ceiling"] > block["arms"]["ridge+rows"]["mac_ceiling"]
+        assert block["peak_memory_gib"] == {"plain": None, "ridge": None, "ridge_over_plain": None}  # CUDA only
+        assert block["streamed_over_resident"] > 0 and block["capture_tokens_per_s"] > 0
+        assert 0 < block["exact_rows"]["probe"] <= block["N"]
+    floor = report["engine_floor"]
+    assert floor["decoded"] == 64 and 0 <= floor["greedy_flipped"] <= 64 and floor["max_abs"] < 1e-4
+    table = (tmp_path / "gpu.md").read_text()
+    assert table.count("| 256 |") == 5 and table.count("| 512 |") == 5 and "greedy tokens flipped" in table
