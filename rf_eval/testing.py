@@ -17,6 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rf_eval.families import family_class, registered_families
+from rf_eval.families._tiny import (  # the families' tiny shapes, re-exported for tests
+    TINY_HYBRID,
+    TINY_SHAPES,
+)
+
+__all__ = ["FAMILIES", "TINY_HYBRID", "TINY_SHAPES", "build_tokenizer", "make_tiny_model", "make_tiny_pair",
+           "make_tiny_swiftkv", "random_model", "tiny_config", "with_chat_template"]
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -40,30 +47,6 @@ THINKING_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
     "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
     "{% endif %}"
-)
-
-# Shapes shared by all families: small enough for fast CPU tests, large enough
-# that grouped-query attention, QK-norm and partial RoPE are all exercised.
-TINY_SHAPES: dict[str, Any] = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=6,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=8192,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=False,
-)
-# Shared by the hybrid families (Qwen3.5, Qwen3-Next) in their `tiny_settings`.
-TINY_HYBRID: dict[str, Any] = dict(
-    linear_conv_kernel_dim=4,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    # alternate Gated DeltaNet and gated attention so both sides of a split hold both kinds
-    layer_types=["linear_attention", "full_attention"] * 3,
 )
 
 

@@ -10,7 +10,7 @@ model, and every weight and function used here is the module's own.
 A family also describes itself, so that a new architecture is one module
 under rf_eval/families/ (found by `rf_eval.families.registered_families`,
 no list to edit): the `model_types` it serves, the tiny random test model
-(`tiny_config`: the shared shapes of `rf_eval.testing` plus `tiny_settings`)
+(`tiny_config`: the shared shapes of `rf_eval.families._tiny` plus `tiny_settings`)
 and the facts the MAC cost model (`rf_eval.ridgefill.cost`) branches on.
 """
 
@@ -43,7 +43,7 @@ class Family:
     model_types: ClassVar[tuple[str, ...]] = ()
     #: function `(q, k, cos, sin) -> (q_rot, k_rot)` from the model's modeling module
     apply_rope: ClassVar = None
-    #: config arguments of the tiny test model beyond `rf_eval.testing.TINY_SHAPES`
+    #: config arguments of the tiny test model beyond `rf_eval.families._tiny.TINY_SHAPES`
     tiny_settings: ClassVar[dict[str, Any]] = {}
     #: what the layers hold beyond Llama's, in a few words each (the README's families table)
     traits: ClassVar[tuple[str, ...]] = ()
@@ -61,7 +61,7 @@ class Family:
         """The config of this family's tiny random model (`overrides` replace shared shapes and settings)."""
         from transformers import AutoConfig
 
-        from rf_eval.testing import TINY_SHAPES
+        from rf_eval.families._tiny import TINY_SHAPES
 
         ids = dict(vocab_size=vocab_size, pad_token_id=vocab_size - 3, eos_token_id=vocab_size - 1)
         return AutoConfig.for_model(cls.model_types[0], **{**TINY_SHAPES, **ids, **cls.tiny_settings, **overrides})

@@ -5,8 +5,8 @@ import torch
 from torch import nn
 from transformers.models.qwen3_5 import modeling_qwen3_5
 
+from rf_eval.families._tiny import TINY_HYBRID
 from rf_eval.families.base import GatedAttentionFamily
-from rf_eval.testing import TINY_HYBRID
 
 
 class Qwen3_5(GatedAttentionFamily):

@@ -3,8 +3,8 @@ mixture-of-experts MLP and a shared expert in every layer."""
 
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
 
+from rf_eval.families._tiny import TINY_HYBRID
 from rf_eval.families.qwen3_5 import Qwen3_5
-from rf_eval.testing import TINY_HYBRID
 
 
 class Qwen3_5Moe(Qwen3_5):  # Qwen3.5's layers (and its Gated DeltaNet inputs), a MoE MLP

@@ -4,8 +4,8 @@ import torch
 from torch import nn
 from transformers.models.qwen3_next import modeling_qwen3_next
 
+from rf_eval.families._tiny import TINY_HYBRID
 from rf_eval.families.base import GatedAttentionFamily
-from rf_eval.testing import TINY_HYBRID
 
 
 class Qwen3Next(GatedAttentionFamily):
