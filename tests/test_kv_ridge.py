@@ -22,10 +22,9 @@ TEXTS = ["the cat sat on the mat and the dog ran to the red house by the river "
          "a quick brown fox jumps over the lazy dog while the bird sings in the tree " * 5]
 
 
-@pytest.fixture(scope="module")
-def kv_maps(tiny_model, tmp_path_factory):
-    model, tok = tiny_model("llama")
-    out = tmp_path_factory.mktemp("kv")
+def fit_kv(tiny_model, out, family: str):
+    """kv_ridge maps of a tiny model fitted at SPLIT on TEXTS (one file each): (maps folder, files)."""
+    model, tok = tiny_model(family)
     files = []
     for i, text in enumerate(TEXTS):
         files.append(out / f"cal{i}.txt")
@@ -33,6 +32,11 @@ def kv_maps(tiny_model, tmp_path_factory):
     fit_maps(model, tok, splits=[SPLIT], calibration=[str(f) for f in files], lambdas=[LAM], out=out / "maps",
              progress=False, fill="kv_ridge")
     return out / "maps", files
+
+
+@pytest.fixture(scope="module")
+def kv_maps(tiny_model, tmp_path_factory):
+    return fit_kv(tiny_model, tmp_path_factory.mktemp("kv"), "llama")
 
 
 def test_the_streaming_fit_equals_a_one_shot_least_squares_solve(tiny_model, kv_maps):
@@ -106,15 +110,8 @@ def test_maps_of_one_target_are_refused_by_the_other_fill(tiny_model, kv_maps, t
 
 @pytest.fixture(scope="module")
 def hybrid_maps(tiny_model, tmp_path_factory):
-    model, tok = tiny_model("qwen3_5")
-    out = tmp_path_factory.mktemp("kv_hybrid")
-    files = []
-    for i, text in enumerate(TEXTS):
-        files.append(out / f"cal{i}.txt")
-        files[-1].write_text(text)
-    fit_maps(model, tok, splits=[SPLIT], calibration=[str(f) for f in files], lambdas=[LAM], out=out / "maps",
-             progress=False, fill="kv_ridge")
-    return load_maps(out / "maps", SPLIT), files
+    folder, files = fit_kv(tiny_model, tmp_path_factory.mktemp("kv_hybrid"), "qwen3_5")
+    return load_maps(folder, SPLIT), files
 
 
 def test_a_gated_deltanet_layers_map_predicts_its_normed_input(tiny_model, hybrid_maps):
