@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from rf_eval.hashing import file_sha256
+
 __all__ = [
     "GENESIS", "LEDGER_ENV", "RESULTS", "Head", "LedgerEntry", "LedgerError", "append_entry", "append_record",
     "check_head", "file_sha256",
@@ -69,15 +71,6 @@ class LedgerEntry:
 
     def config_hashes(self) -> frozenset[str]:
         return frozenset(digest for _, digest in self.configs)
-
-
-def file_sha256(path: str | Path) -> str:
-    """sha256 of a file's bytes, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _canonical(record: dict) -> str:

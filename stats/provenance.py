@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rf_eval.stats.ledger import file_sha256
+from rf_eval.hashing import file_sha256
 
 #: files hashed for registration matching: model_args paths and small non-lm-eval files in a run folder
 MAX_HASHED_BYTES = 64 * 2**20

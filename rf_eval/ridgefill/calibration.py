@@ -51,14 +51,6 @@ def check_disjoint(calibration: Sequence[str | Path], heldout: Sequence[str | Pa
                                "the calibration files do not contain")
 
 
-def sha256_of_files(paths: Sequence[str | Path]) -> str:
-    """One digest over the files' bytes, in the order given."""
-    digest = hashlib.sha256()
-    for raw in paths:
-        digest.update(Path(raw).read_bytes())
-    return digest.hexdigest()
-
-
 def check_nonempty(paths: Sequence[str | Path]) -> None:
     """Fail before any model work if the inputs hold no document or a line that is not one: every line is
     read here (a bad line at the end would otherwise stop a capture hours in)."""

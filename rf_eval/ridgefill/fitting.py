@@ -24,7 +24,8 @@ from rf_eval.devices import all_reduce, rank_and_world
 from rf_eval.engine import num_layers
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.fills.ridge import Ridge
-from rf_eval.ridgefill.calibration import check_disjoint, check_nonempty, iter_documents, sha256_of_files
+from rf_eval.hashing import sha256_of_files
+from rf_eval.ridgefill.calibration import check_disjoint, check_nonempty, iter_documents
 from rf_eval.ridgefill.capture import capture_sums, heldout_cosines
 from rf_eval.ridgefill.fit_memory import (
     choose_sums_device,

@@ -41,13 +41,10 @@ def maps_sha256(folder: str | None) -> str:
     """sha256 over the map files of a maps folder (or one file), for fingerprints."""
     if folder is None:
         return ""
+    from rf_eval.hashing import named_files_sha256
+
     path = Path(folder)
-    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
-    digest = hashlib.sha256()
-    for f in files:
-        digest.update(f.name.encode())
-        digest.update(hashlib.sha256(f.read_bytes()).digest())
-    return digest.hexdigest()
+    return named_files_sha256(sorted(path.glob("*.safetensors")) if path.is_dir() else [path])
 
 
 def _reads_maps(fill: Any) -> bool:

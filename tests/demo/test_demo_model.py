@@ -9,6 +9,7 @@ import pytest
 
 from rf_eval.cli import main
 from rf_eval.demo import model as demo_model
+from rf_eval.hashing import file_sha256
 
 
 @pytest.fixture(scope="session")
@@ -139,7 +140,7 @@ def test_corrupted_cache_is_detected_and_converted_again(demo_cache, tmp_path):
     assert demo_model.demo_model_dir(copy_root) == copy
     assert demo_model.conversions == before + 1
     good = json.loads((path / demo_model.MANIFEST).read_text())["files"]["model.safetensors"]
-    assert demo_model.sha256_file(copy / "model.safetensors") == good
+    assert file_sha256(copy / "model.safetensors") == good
     shutil.rmtree(copy_root)
 
 
