@@ -159,12 +159,14 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
         filled-row attention kernel (`rf_eval.engine.floor`).
         """
         from rf_eval.engine import engine_floor
+        from rf_eval.method import method_forward
 
         n = min(FLOOR_PROBE_TOKENS, int(self.max_length))
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, int(self.model.config.vocab_size), (1, n), generator=gen).to(self.input_device)
         split = self.floor_split()
-        floor = engine_floor(self.model, ids, split)
+        with method_forward(self.exact):  # the stock model's floor (a fill that replaced the forward pauses)
+            floor = engine_floor(self.model, ids, split)
         log.info("engine floor (partial path, every row exact, %d tokens, split %d): %s", n, split, floor)
         return {**floor, "probe_tokens": n, "split": split}
 

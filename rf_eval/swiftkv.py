@@ -172,7 +172,7 @@ def use_released_forward(model: nn.Module, name: str) -> None:
 
     Forward hooks, so the module tree and the weights' fingerprint stay the
     checkpoint's: layer L's pre-hook keeps norm_swiftkv(x_L) of the rows it
-    runs; a late layer's `q_proj` answers with `q_proj_swiftkv` of its input,
+    runs, until the last layer has run; a late layer's `q_proj` answers with `q_proj_swiftkv` of its input,
     its `k_proj` / `v_proj` with its group's SwiftKV projections of the kept
     state (the stock projections still run and are discarded). The model then
     carries a `ReplacedForward` named `name`: the exact arm beside it pauses it.
@@ -204,7 +204,11 @@ def use_released_forward(model: nn.Module, name: str) -> None:
     def queries(projection: nn.Module):
         return lambda module, args, out: projection(args[0]) if switch.active else out
 
+    def forget(module: nn.Module, args: tuple, out: object) -> None:
+        kept["h"] = None  # a late projection outside this forward must not read this forward's state
+
     swift.layers[swift.first].register_forward_pre_hook(keep, with_kwargs=True)
+    swift.layers[-1].register_forward_hook(forget)
     for index in range(swift.first, len(swift.layers)):
         attn, lead = swift.layers[index].self_attn, swift.layers[swift.leader(index)].self_attn
         attn.q_proj.register_forward_hook(queries(attn.q_proj_swiftkv))

@@ -231,3 +231,14 @@ def test_a_server_of_one_fill_refuses_a_request_for_the_other_forward(checkpoint
     with pytest.raises(arms.ArmError, match=r"this one serves fill=swiftkv_released"):
         arms.resolve(released, {"fill": "exact"}, config)
     assert arms.resolve(released, {"tail": "8"}, config).tail == 8
+
+
+def test_a_late_projection_outside_the_models_forward_is_refused_not_fed_a_stale_state(checkpoints):
+    model = AutoModelForCausalLM.from_pretrained(checkpoints(), dtype=torch.float32).eval()
+    RidgeFill(model, fill="swiftkv_released", tail=TAIL)
+    ids = prompt()
+    plain_prefill(model, ids)  # a whole forward: layer 2 kept its state, the last layer let it go
+    attn = model.model.layers[3].self_attn
+    h = torch.zeros(1, N, model.config.hidden_size)
+    with pytest.raises(RuntimeError, match="ran outside the model's own forward"):
+        attn.k_proj(h)

@@ -15,7 +15,7 @@ def test_swiftkv_fills_run_through_lm_eval(adapter_task, tmp_path):
     model = make_tiny_swiftkv(tmp_path / "swiftkv", num_key_value_layers=2, key_value_group_size=2)
     common = ["--tasks", TASK, "--include_path", str(adapter_task), "--limit", "4", "--device", "cpu",
               "--log_samples"]
-    runs = {"swiftkv": "fill=swiftkv,tail=2", "released": "fill=swiftkv_released,tail=2",
+    runs = {"swiftkv": "fill=swiftkv,tail=2", "released": "fill=swiftkv_released,tail=2,reference=exact",
             "released_plain": "fill=swiftkv_released,tail=100000"}
     for name, args in runs.items():
         proc = run_lm_eval(["--model", "ridgefill", "--model_args", f"pretrained={model},{args}",
@@ -24,6 +24,7 @@ def test_swiftkv_fills_run_through_lm_eval(adapter_task, tmp_path):
     results = json.loads(next((tmp_path / "released").rglob("results_*.json")).read_text())
     info = results["config"]["rf_eval"]
     assert (info["fill"], info["split"], info["model_type"]) == ("swiftkv_released", 2, "llama_swiftkv")
+    assert info["engine_floor"]["bitwise"]  # measured on the base forward, which the released hooks leave alone
     got = {name: loglikelihoods(tmp_path / name) for name in runs}
     assert got["released"].keys() == got["released_plain"].keys() and len(got["released"]) >= 4
     # the tail only names rows filled: SwiftKV's forward gives every row's late K/V from x_L either way
