@@ -24,8 +24,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from rf_eval.cli import UserError
 from rf_eval.demo.cache_lock import building
+from rf_eval.errors import UserError
 from rf_eval.hashing import file_sha256
 
 logger = logging.getLogger(__name__)
