@@ -170,12 +170,13 @@ class SwiftKV:
 def use_released_forward(model: nn.Module, name: str) -> None:
     """Make the model's own forward SwiftKV's, for the prompt and every decoded token (idempotent).
 
-    Forward hooks, so the module tree and the weights' fingerprint stay the
-    checkpoint's: layer L's pre-hook keeps norm_swiftkv(x_L) of the rows it
-    runs, until the last layer has run; a late layer's `q_proj` answers with `q_proj_swiftkv` of its input,
-    its `k_proj` / `v_proj` with its group's SwiftKV projections of the kept
-    state (the stock projections still run and are discarded). The model then
-    carries a `ReplacedForward` named `name`: the exact arm beside it pauses it.
+    The module tree and the weights' fingerprint stay the checkpoint's: layer
+    L's pre-hook keeps norm_swiftkv(x_L) of the rows it runs, until the last
+    layer has run; a late layer's `q_proj` forwards to `q_proj_swiftkv`, its
+    `k_proj` / `v_proj` to its group's SwiftKV projections of the kept state
+    (their `forward` wrapped in place: the stock projections do not run). The
+    model then carries a `ReplacedForward` named `name`: the exact arm beside
+    it pauses it, and the wrapped projections are the stock ones again.
     """
     from rf_eval.fills.base import FORWARD_MARK, ReplacedForward, replaced_forward
 
@@ -190,19 +191,22 @@ def use_released_forward(model: nn.Module, name: str) -> None:
     def keep(module: nn.Module, args: tuple, kwargs: dict) -> None:
         kept["h"] = swift.normed(args[0] if args else kwargs["hidden_states"]) if switch.active else None
 
-    def from_kept(projection: nn.Module, what: str):
-        def hook(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+    def from_kept(module: nn.Module, projection: nn.Module, what: str) -> None:
+        own = module.forward
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
             if not switch.active:
-                return out
+                return own(x)
             h = kept["h"]
-            if h is None or h.shape[:-1] != args[0].shape[:-1]:
+            if h is None or h.shape[:-1] != x.shape[:-1]:
                 raise RuntimeError(f"a late layer's {what} ran outside the model's own forward; under fill={name} "
                                    f"its keys and values come from the state entering layer {swift.first}")
             return projection(h)
-        return hook
+        module.forward = forward
 
-    def queries(projection: nn.Module):
-        return lambda module, args, out: projection(args[0]) if switch.active else out
+    def queries(module: nn.Module, projection: nn.Module) -> None:
+        own = module.forward
+        module.forward = lambda x: projection(x) if switch.active else own(x)
 
     def forget(module: nn.Module, args: tuple, out: object) -> None:
         kept["h"] = None  # a late projection outside this forward must not read this forward's state
@@ -211,7 +215,7 @@ def use_released_forward(model: nn.Module, name: str) -> None:
     swift.layers[-1].register_forward_hook(forget)
     for index in range(swift.first, len(swift.layers)):
         attn, lead = swift.layers[index].self_attn, swift.layers[swift.leader(index)].self_attn
-        attn.q_proj.register_forward_hook(queries(attn.q_proj_swiftkv))
-        attn.k_proj.register_forward_hook(from_kept(lead.k_proj_swiftkv, "k_proj"))
-        attn.v_proj.register_forward_hook(from_kept(lead.v_proj_swiftkv, "v_proj"))
+        queries(attn.q_proj, attn.q_proj_swiftkv)
+        from_kept(attn.k_proj, lead.k_proj_swiftkv, "k_proj")
+        from_kept(attn.v_proj, lead.v_proj_swiftkv, "v_proj")
     setattr(model, FORWARD_MARK, switch)

@@ -4,9 +4,10 @@ SwiftKV as its authors define it (`rf_eval.swiftkv`): from layer L =
 `num_key_value_layers` on, every row's keys and values, for the prompt and
 for every decoded token, are its group's `k/v_proj_swiftkv(norm_swiftkv(x_L))`
 and its queries `q_proj_swiftkv` of the layer's own normed input. Binding an
-arm makes the model's own forward SwiftKV's (forward hooks; the weights'
-fingerprint stays the checkpoint's), so decoding and plain prompts run it
-too, and the model serves this fill only.
+arm makes the model's own forward SwiftKV's (its late projections wrapped
+in place; the weights' fingerprint stays the checkpoint's), so decoding and
+plain prompts run it too; the model then serves this fill, and the exact
+arm beside it runs the base forward (`rf_eval.method.method_forward`).
 
 The split is L. In the engine the exact rows (the tail) run the late layers
 over keys and values that every row takes from x_L, so a prompt's logits do
