@@ -208,3 +208,25 @@ def test_lambda_is_chosen_on_held_out_text_over_attention_and_gated_deltanet_lay
     scores = result.scores[SPLIT]
     assert all(0.0 < s <= 1.0 + 1e-6 for s in scores.values()) and scores[1e-3] > scores[1e3]
     assert result.chosen[SPLIT] == 1e-3
+
+
+def test_a_projector_trained_elsewhere_loads_from_the_documented_format(tiny_model, tmp_path):
+    """The README's recipe: RidgeMaps with target kv and the model's config hash, saved, read by maps=;
+    the filled rows' keys and values are then the file's A x_S + b (checked at the last layer's values)."""
+    from rf_eval.ridgefill.maps import RidgeMaps, config_hash
+
+    model, tok = tiny_model("llama")
+    d, width = model.config.hidden_size, 2 * model.config.num_key_value_heads * 16
+    g = torch.Generator().manual_seed(5)
+    layers = range(SPLIT, model.config.num_hidden_layers)
+    A = {layer: 0.1 * torch.randn(width, d, generator=g) for layer in layers}
+    b = {layer: 0.1 * torch.randn(width, generator=g) for layer in layers}
+    RidgeMaps(SPLIT, A, b, {"target": "kv", "config_hash": config_hash(model.config)}).save(tmp_path / "mine")
+    n, tail = 30, 4
+    ids = torch.randint(0, 250, (1, n), generator=torch.Generator().manual_seed(6))
+    got = RidgeFill(model, tok, fill="kv_ridge", maps=tmp_path / "mine", tail=tail).prefill(ids)
+    with torch.no_grad():
+        x_split = model(ids, output_hidden_states=True).hidden_states[SPLIT][0, : n - tail]
+    last = model.config.num_hidden_layers - 1
+    values = (x_split @ A[last].T + b[last])[:, width // 2:].reshape(n - tail, -1, 16).transpose(0, 1)
+    torch.testing.assert_close(got.cache.layers[last].values[0, :, : n - tail], values, rtol=1e-4, atol=1e-5)
