@@ -26,14 +26,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rf_eval.stats.provenance import PROTOCOL_FIELDS
 from rf_eval.stats.runs import ArmRun, Runs
 
 __all__ = ["PROTOCOL_FIELDS", "NotComparableError", "check_comparable", "differences"]
-
-#: task config fields that change how a document is scored without changing its prompt
-PROTOCOL_FIELDS = ("output_type", "metric_list", "generation_kwargs", "filter_list", "process_results", "repeats",
-                   "num_fewshot", "version")  # fmt: skip
-
 
 class NotComparableError(ValueError):
     """An arm ran on other weights, or another task protocol, than the reference."""

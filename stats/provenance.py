@@ -11,6 +11,19 @@ from typing import Any
 
 from rf_eval.hashing import file_sha256
 
+#: task config fields that change how a document is scored without changing its prompt (`rf_eval.stats.comparable`)
+PROTOCOL_FIELDS = ("output_type", "metric_list", "generation_kwargs", "filter_list", "process_results", "repeats",
+                   "num_fewshot", "version")  # fmt: skip
+
+
+class RunFormatError(ValueError):
+    """A path holds no lm-eval output, or the output is not in the expected format."""
+
+
+class EmptyMetricError(RunFormatError):
+    """A task's primary metric has no value on any item (e.g. no RULER item was filled)."""
+
+
 #: files hashed for registration matching: model_args paths and small non-lm-eval files in a run folder
 MAX_HASHED_BYTES = 64 * 2**20
 
@@ -55,16 +68,12 @@ def model_identity(name: str, files: Sequence[Any]) -> dict[str, Any]:
                     "weights_sha256": weights or identity.get("weights_sha256")}
     if len(seen) > 1:
         (a, pa), (b, pb) = list(seen.items())[:2]
-        from rf_eval.stats.runs import RunFormatError
-
         raise RunFormatError(f"arm {name}: its runs were made on different weights with the same model_args "
                              f"({pa}: fingerprint {a[:12]}..., {pb}: {b[:12]}...); keep the runs of one model only")
     return identity
 
 
 def task_protocol(rf: Any, task: str) -> dict[str, Any]:
-    from rf_eval.stats.comparable import PROTOCOL_FIELDS
-
     config = rf.data["configs"].get(task) or {}
     return {name: (rf.data.get("versions") or {}).get(task) if name == "version" else config.get(name)
             for name in PROTOCOL_FIELDS}

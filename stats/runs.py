@@ -44,7 +44,15 @@ import pandas as pd
 
 from rf_eval.stats.arms import name_arms, parse_model_args
 from rf_eval.stats.measures import default_metrics, missing_note, missing_reason
-from rf_eval.stats.provenance import config_hashes, engine_floor, ledger_head, model_identity, task_protocol
+from rf_eval.stats.provenance import (
+    EmptyMetricError,
+    RunFormatError,
+    config_hashes,
+    engine_floor,
+    ledger_head,
+    model_identity,
+    task_protocol,
+)
 
 __all__ = ["ArmRun", "EmptyMetricError", "ITEM_COLUMNS", "RunFormatError", "Runs", "load_runs"]
 
@@ -56,14 +64,6 @@ RULER_SCORE = "score"
 LENGTH_KEYS = ("max_length", "max_seq_length", "context_length", "length")
 TIMING_KEYS = ("prefill_seconds", "speedup_ceiling")
 SUBTASK_KEY = "ruler_task"
-
-
-class RunFormatError(ValueError):
-    """A path holds no lm-eval output, or the output is not in the expected format."""
-
-
-class EmptyMetricError(RunFormatError):
-    """A task's primary metric has no value on any item (e.g. no RULER item was filled)."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class ArmRun:
     engine_floor: dict[str, Any] | None = None
     #: what identifies its model: `pretrained`, `num_parameters`, `weights_sha256` (None where not recorded)
     model_identity: dict[str, Any] = field(default_factory=dict)
-    #: per task, the config fields of `rf_eval.stats.comparable.PROTOCOL_FIELDS` its run recorded
+    #: per task, the config fields of `rf_eval.stats.provenance.PROTOCOL_FIELDS` its run recorded
     task_protocol: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
