@@ -97,5 +97,7 @@ def key(arm: RidgeFillArm) -> str:
 
 
 def describe(arm: RidgeFillArm) -> dict[str, Any]:
-    """The arm's fields (None values, and allow_other_weights when off, dropped)."""
-    return {k: v for k in arm_fields() if (v := getattr(arm, k)) is not None and (k, v) != ("allow_other_weights", False)}
+    """The arm's fields (None values, and allow_other_weights off and maps_device model, the defaults that
+    change nothing a client sees, dropped)."""
+    quiet = {("allow_other_weights", False), ("maps_device", "model")}
+    return {k: v for k in arm_fields() if (v := getattr(arm, k)) is not None and (k, v) not in quiet}
