@@ -13,12 +13,16 @@ from pathlib import Path
 CHUNK = 1 << 22
 
 
-def _digest(path: str | Path) -> hashlib._Hash:
-    digest = hashlib.sha256()
+def _feed(digest: hashlib._Hash, path: str | Path) -> hashlib._Hash:
+    """`digest` updated with a file's bytes, read in chunks."""
     with open(path, "rb") as fh:
         while chunk := fh.read(CHUNK):
             digest.update(chunk)
     return digest
+
+
+def _digest(path: str | Path) -> hashlib._Hash:
+    return _feed(hashlib.sha256(), path)
 
 
 def file_sha256(path: str | Path) -> str:
@@ -41,7 +45,5 @@ def sha256_of_files(paths: Sequence[str | Path]) -> str:
     """One digest over the files' bytes, in the order given."""
     digest = hashlib.sha256()
     for raw in paths:
-        with open(raw, "rb") as fh:
-            while chunk := fh.read(CHUNK):
-                digest.update(chunk)
+        _feed(digest, raw)
     return digest.hexdigest()

@@ -188,6 +188,10 @@ class PredictedKV(RowFill):
     def __init__(self, kv_map: FillFn, own_at_split: bool = True):
         self.kv_map, self.own_at_split = kv_map, own_at_split
 
+    def own_at(self, step: LayerStep, index: int) -> bool:
+        """Whether layer `index`'s filled rows take the layer's own projections of x_S (exact) over the map."""
+        return index == step.plan.split and self.own_at_split and not step.plan.map_split
+
     def mapped(self, step: LayerStep, index: int, x_rows: torch.Tensor, rows: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `index`'s rotated keys and values for `rows` ("filled", "keys") whose split states are x_rows."""
         flat = self.kv_map(index, x_rows)
@@ -197,7 +201,7 @@ class PredictedKV(RowFill):
 
     def attention(self, step: LayerStep, index: int, x_exact: torch.Tensor) -> AttentionRows:
         layer = step.layers[index]
-        if index == step.plan.split and self.own_at_split and not step.plan.map_split:
+        if self.own_at(step, index):
             h = step.family.input_norm(layer, step.x_filled)
             k, v = step.family.kv(layer.self_attn, h, *step.rope_at(index, "filled"))
         else:
@@ -209,7 +213,7 @@ class PredictedKV(RowFill):
         `kv_map` (at layer S with `own_at_split`, the layer's own norm of x_S); the exact rows' outputs."""
         layer = step.layers[index]
         h = torch.empty_like(step.inputs.x_split)
-        if index == step.plan.split and self.own_at_split and not step.plan.map_split:
+        if self.own_at(step, index):
             h[:, step.rows.filled] = step.family.input_norm(layer, step.x_filled)
         else:
             h[:, step.rows.filled] = self.kv_map(index, step.x_filled).to(h)

@@ -165,8 +165,7 @@ class RidgeMaps:
         def fill(layer: int, x_split: torch.Tensor) -> torch.Tensor:
             if weights[layer].device != x_split.device:  # a model placed across devices: follow the layer's input
                 weights[layer], biases[layer] = weights[layer].to(x_split.device), biases[layer].to(x_split.device)
-            out = torch.addmm(biases[layer], x_split.reshape(-1, x_split.shape[-1]), weights[layer])
-            return out.view(*x_split.shape[:-1], weights[layer].shape[1])  # also no filled row: (1, 0, d)
+            return affine(x_split, weights[layer], biases[layer])
 
         return fill
 
@@ -196,7 +195,9 @@ class StreamedMaps:
         weight, bias = self.host[layer]
         if device.type != "cuda":
             return weight.to(device), bias.to(device), None
-        stream = self._streams.setdefault(device, torch.cuda.Stream(device))
+        if device not in self._streams:  # one side stream per device, made once
+            self._streams[device] = torch.cuda.Stream(device)
+        stream = self._streams[device]
         with torch.cuda.stream(stream):
             copied = weight.to(device, non_blocking=True), bias.to(device, non_blocking=True)
             event = torch.cuda.Event()
@@ -220,9 +221,12 @@ class StreamedMaps:
         return weight, bias
 
     def fill(self, layer: int, x_split: torch.Tensor) -> torch.Tensor:
-        weight, bias = self.take(layer, x_split.device)
-        out = torch.addmm(bias, x_split.reshape(-1, x_split.shape[-1]), weight)
-        return out.view(*x_split.shape[:-1], weight.shape[1])
+        return affine(x_split, *self.take(layer, x_split.device))
+
+
+def affine(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """x A^T + b for rows x (..., d_in), given A^T (d_in, d_out); also for no rows: (1, 0, d_out)."""
+    return torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight_t).view(*x.shape[:-1], weight_t.shape[1])
 
 
 def identity_fill(layer: int, x_split: torch.Tensor) -> torch.Tensor:
