@@ -67,15 +67,17 @@ SIZES = {
 
 
 def fit(model, tokenizer, candidate: Candidate, folder: Path, split: int, fill: str = "ridge") -> Path:
-    from rf_eval.demo.study import fit_demo_maps
+    from rf_eval.demo.study import SPLIT, fit_demo_maps
 
-    if candidate.name == "demo" and fill == "ridge":  # the demo's own maps, from its cache (fitted on first use)
+    if candidate.name == "demo" and fill == "ridge" and split == SPLIT:  # the demo's own maps, cached
         from rf_eval.demo.model import demo_model_dir
         from rf_eval.demo.study import demo_maps, settings
 
         return demo_maps(demo_model_dir(), settings(quick=True), progress=False)
 
     out = folder / (candidate.name if fill == "ridge" else f"{candidate.name}-{fill}")
+    if split != SPLIT:
+        out = out.with_name(f"{out.name}-s{split}")
     if not (out / f"ridgefill_split{split}.safetensors").is_file():
         t0 = time.perf_counter()
         fit_demo_maps(model, tokenizer, out, calibration_docs=candidate.calibration_docs,
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--maps-dir", type=Path, default=Path("/tmp/rf-eval-demo-sweep"))
     p.add_argument("--out", type=Path, default=None, help="write every figure as JSON here")
     p.add_argument("--map-split", action="store_true", help="also measure each candidate with map_split=true")
+    p.add_argument("--split", type=int, default=None, help="the split to fit and measure at (default the demo's)")
     p.add_argument("--fills", nargs="+", default=["ridge"], metavar="FILL",
                    help="fill methods with maps to fit and measure per candidate (default ridge; e.g. kv_ridge)")
     args = p.parse_args(argv)
@@ -108,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = demo_model_dir()
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32").eval()
-    maps = {(fill, name): fit(model, tok, CANDIDATES[name], args.maps_dir, SPLIT, fill)
+    split = SPLIT if args.split is None else args.split
+    maps = {(fill, name): fit(model, tok, CANDIDATES[name], args.maps_dir, split, fill)
             for name in args.candidates for fill in args.fills}
     results: dict = {}
     for size in args.sizes:
@@ -118,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         docs = [tok(json.loads(line)["text"], return_tensors="pt").input_ids
                 for line in (folder / "evaluation.jsonl").read_text().splitlines()]
         samples = quality.needle_samples(tok, str(model_dir), lengths, args.needles, tail)
-        exact = RidgeFill(model, tok, fill="exact", split=SPLIT, tail=tail)
-        arms = {"identity": RidgeFill(model, tok, fill="identity", split=SPLIT, tail=tail),
-                "nofill": RidgeFill(model, tok, fill="nofill", split=SPLIT, tail=tail)}
+        exact = RidgeFill(model, tok, fill="exact", split=split, tail=tail)
+        arms = {"identity": RidgeFill(model, tok, fill="identity", split=split, tail=tail),
+                "nofill": RidgeFill(model, tok, fill="nofill", split=split, tail=tail)}
         for (fill, name), path in maps.items():
             arms[f"{fill} {name}"] = RidgeFill(model, tok, fill=fill, maps=path, tail=tail)
             if args.map_split and fill == "ridge":
@@ -131,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         hits = {name: quality.needle_hits(arm, tok, samples) for name, arm in {"exact": exact, **arms}.items()}
         results[size] = {"loss": report.as_dict(), "needles": {k: sum(v) for k, v in hits.items()},
                          "needle_samples": len(samples), "seconds": time.perf_counter() - t0}
-        print(f"\n### {size}: lengths {list(lengths)}, tail {tail}, {len(samples)} filled needles, {n_docs} "
-              f"documents ({report.n_key} key, {report.n_novel} novel tokens)\n")
+        print(f"\n### {size}, split {split}: lengths {list(lengths)}, tail {tail}, {len(samples)} filled needles, "
+              f"{n_docs} documents ({report.n_key} key, {report.n_novel} novel tokens)\n")
         print("| arm | needles | key-token ΔNLL | novel-token ΔNLL | KL |")
         print("|---|---:|---:|---:|---:|")
         print(f"| exact | {sum(hits['exact'])}/{len(samples)} | | | |")

@@ -68,6 +68,17 @@ def adapter_keys() -> dict[str, tuple[str, ...]]:
     return {"ridgefill": ridgefill.OWN_KEYS, "rarecache": rarecache.OWN_KEYS}
 
 
+def adapter_class(name: str) -> type:
+    """The rf-eval lm-eval adapter named `name` (ridgefill, rarecache), or a ModelArgsError naming both."""
+    from rf_eval.model_adapters.rarecache import RaReCacheLM
+    from rf_eval.model_adapters.ridgefill import RidgeFillLM
+
+    adapters = {"ridgefill": RidgeFillLM, "rarecache": RaReCacheLM}
+    if name not in adapters:
+        raise ModelArgsError(f"method={name!r} is not an rf-eval method; valid methods: {', '.join(adapters)}")
+    return adapters[name]
+
+
 def split_model_args(args: dict[str, Any], own: Iterable[str], model: str | None = None
                      ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the adapter's own keys, the keys for `HFLM`); a near-miss of a known key, or a key only another

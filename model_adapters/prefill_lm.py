@@ -122,6 +122,19 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
         """(the arm's method, the exact method) over `self.model`."""
         raise NotImplementedError
 
+    def arm_with(self, fields: dict[str, Any]) -> Any:
+        """The adapter's arm with `fields` applied and checked (an `ArmError` naming a bad one): the arm of a
+        served request (`rf_eval.serving.arms`)."""
+        raise NotImplementedError
+
+    def method_for(self, arm: Any) -> Any:
+        """The method of `arm` (one `arm_with` made) over this adapter's models; its own for its own arm."""
+        raise NotImplementedError
+
+    def arm_fields(self) -> tuple[str, ...]:
+        """The fields `arm_with` takes: the arm spec's."""
+        return type(self.settings.arm).fields()
+
     def arm_info(self) -> dict[str, Any]:
         return {**self.method.provenance(), "reference": self.settings.reference,
                 "chat_template": self.chat_template_record()}

@@ -110,6 +110,16 @@ class RaReCacheLM(PrefillLM):
         method = RaReCache(self.model, source.to(self.input_device).eval(), None, maps=s.maps_obj, arm=s.arm)
         return method, RidgeFill(self.model, self.tokenizer, fill="exact")
 
+    def arm_with(self, fields: dict[str, Any]) -> RaReCacheArm:
+        return self.settings.arm.updated(fields, what="rf_arm")
+
+    def method_for(self, arm: RaReCacheArm) -> Any:
+        from rf_eval.rarecache.api import RaReCache
+
+        if arm == self.settings.arm:
+            return self.method
+        return RaReCache(self.model, self.method.source, None, maps=self.settings.maps_obj, arm=arm)
+
     def arm_info(self) -> dict[str, Any]:
         info = super().arm_info()
         info.update(selectors=[info["selector"]], corrections=[], splices=[], maps_path=self.settings.maps,

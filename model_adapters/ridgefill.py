@@ -134,6 +134,16 @@ class RidgeFillLM(PrefillLM):
         exact = RidgeFill(self.model, self.tokenizer, split=method.plan.split, tail=method.plan.tail, fill="exact")
         return method, exact
 
+    def arm_with(self, fields: dict[str, Any]) -> RidgeFillArm:
+        return self.settings.arm.updated(fields, self.model.config, self.settings.maps_obj, what="rf_arm")
+
+    def method_for(self, arm: RidgeFillArm) -> Any:
+        from rf_eval.ridgefill.api import RidgeFill
+
+        if arm == self.settings.arm:
+            return self.method
+        return RidgeFill(self.model, self.tokenizer, arm=arm, maps=self.settings.maps_obj)
+
     def run_facts(self) -> dict[str, Any]:
         """The base facts plus the arm's tail (the filled region's edge) and, for the embedded
         demo model, the task lengths its context fits."""

@@ -35,8 +35,28 @@ class PrefillMethod(Protocol):
 
     model: Any  # the `transformers` model whose cache the method writes (RaReCache: the target)
 
-    def prefill(self, input_ids: torch.Tensor, *, for_generation: bool = False) -> PrefillResult:
-        """The cache of a 1 x N prompt (for_generation: a prompt minus its last token) and its last row's logits."""
+    @property
+    def device(self) -> torch.device:
+        """Where prompt ids go (`input_device` of the model)."""
+        ...
+
+    def prefill(self, input_ids: torch.Tensor, *, for_generation: bool = False, held_back: int = 0) -> PrefillResult:
+        """The cache of a 1 x N prompt and its last row's logits.
+
+        for_generation: `input_ids` is a prompt minus its last token, which
+        `generate` runs. held_back (k < `exact_tail` of the whole prompt): the
+        prompt minus its last k tokens, which the caller runs with `extend`;
+        every row keeps the class it has in a prefill of the whole prompt.
+        """
+        ...
+
+    def exact_tail(self, n: int) -> int:
+        """How many of an n-token prompt's last rows run the stock model in every layer whatever the prompt
+        (so `held_back` may hold back all but one of them)."""
+        ...
+
+    def speedup_ceilings(self, n: int) -> dict[str, float]:
+        """The method's compute-bound speedup ceilings on an n-token prompt, by name (1.0 for a plain one)."""
         ...
 
     def extend(self, result: PrefillResult, tokens: torch.Tensor) -> torch.Tensor:

@@ -65,9 +65,9 @@ def test_the_default_reads_x_s_and_model_args_parse_it():
         RidgeFillArm.from_fields({"map_split": "maybe"})
     # the served arm and lm-eval's model_args take it as any other arm field
     from rf_eval.model_adapters.ridgefill import OWN_KEYS
-    from rf_eval.serving.arms import arm_fields, as_fields
+    from rf_eval.serving.arms import as_fields
 
-    assert "map_split" in arm_fields() and "map_split" in OWN_KEYS
+    assert "map_split" in RidgeFillArm.fields() and "map_split" in OWN_KEYS
     assert RidgeFillArm.from_fields(as_fields("fill=identity;map_split=false")).map_split is False
 
 

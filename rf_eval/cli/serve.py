@@ -1,10 +1,13 @@
 """`rf-eval serve --model DIR [arm options] [--host 127.0.0.1 --port N]`: the reference backend behind
 an OpenAI-compatible server (completions, chat completions, streaming).
 
-The arm options are the `ridgefill` adapter's model_args (checked by its
-parser); they set the server's own arm. A request may run another arm on the
-same server start with the body field `rf_arm` (e.g. `{"fill": "identity",
-"tail": 256}`) or the URL prefix `/arm/fill=identity;tail=256/v1/...`.
+The server is an lm-eval adapter built from model_args: `--model ridgefill`'s
+by default, `--model rarecache`'s with `--model-args method=rarecache,source=...,maps=...`
+(HFLM loads the models; the adapter checks its arm, renders chat prompts and
+tokenizes). The arm options (or model_args) set the server's own arm. A
+request may run another arm of the same method on the same server start with
+the body field `rf_arm` (e.g. `{"fill": "identity", "tail": 256}`, or
+`{"rho": 0.5}` for RaReCache) or the URL prefix `/arm/fill=identity;tail=256/v1/...`.
 Requests are logged as JSON lines (arm, prompt length, prefill and prompt
 time) to --request-log, or to stdout. The port is bound before the model
 loads (a port in use fails at once); a bad request is a 400 naming the field;
@@ -22,19 +25,22 @@ from rf_eval.cli import UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="model folder or hub id (the adapter's `pretrained`)")
+    p.add_argument("--model", default=None,
+                   help="model folder or hub id (the adapter's `pretrained`; or pretrained= in --model-args)")
     p.add_argument("--tokenizer", default=None, help="another tokenizer folder or id")
     arm = p.add_argument_group("arm (the server's own; a request may override any of these)")
     from rf_eval.fills import FILL_OFF, arm_fills
 
-    arm.add_argument("--fill", default=FILL_OFF,
-                     help=f"{' | '.join(arm_fills())} (default {FILL_OFF}: fill off; `rf-eval fills` lists the methods)")
+    arm.add_argument("--fill", default=None,
+                     help=f"{' | '.join(arm_fills())} (RidgeFill; default {FILL_OFF}: fill off; `rf-eval fills` "
+                          "lists the methods)")
     arm.add_argument("--maps", default=None, help="maps folder or file written by `rf-eval fit` (loaded once)")
     arm.add_argument("--split", type=int, default=None, help="first filled layer (default: the maps' split, else L/2)")
     arm.add_argument("--tail", type=int, default=None, help="last prompt rows kept exact (default 4096)")
     arm.add_argument("--chunk-size", type=int, default=None, help="lower layers run in chunks of this many rows")
     arm.add_argument("--model-args", default=None, metavar="K=V,...",
-                     help="any other `ridgefill` model_args (as for lm_eval --model_args)")
+                     help="any other model_args of the method's adapter (as for lm_eval --model_args); "
+                          "method=rarecache serves RaReCache (pretrained=TARGET,source=...,maps=...)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--max-length", type=int, default=None, help="prompt + generation limit (default: the model's)")
@@ -46,21 +52,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-log", default=None, metavar="FILE", help="append request records (JSONL) here")
 
 
-def config_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    """The server's (settings, hf args), parsed and checked by `--model ridgefill`'s own model_args parser."""
+def model_args_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The server's model_args: --model-args with the flags over them (a RidgeFill server's fill defaults to
+    exact), checked by the adapter's own parser before anything loads (a UserError naming the key)."""
     from lm_eval.utils import simple_parse_args_string
 
-    from rf_eval.model_adapters.config import ModelArgsError
-    from rf_eval.model_adapters.ridgefill import parse_ridgefill_args
+    from rf_eval.fills import FILL_OFF
+    from rf_eval.model_adapters.config import ModelArgsError, adapter_class
 
     given = {"pretrained": args.model, "tokenizer": args.tokenizer, "fill": args.fill, "maps": args.maps,
              "split": args.split, "tail": args.tail, "chunk_size": args.chunk_size, "device": args.device,
              "dtype": args.dtype, "max_length": args.max_length, "trust_remote_code": args.trust_remote_code or None}
     merged = {**simple_parse_args_string(args.model_args or ""), **{k: v for k, v in given.items() if v is not None}}
+    if not merged.get("pretrained"):
+        raise UserError("rf-eval serve needs a model: --model DIR (or pretrained=DIR in --model-args)")
+    method = str(merged.get("method") or "ridgefill")
+    if method == "ridgefill" and "preset" not in merged:
+        merged.setdefault("fill", FILL_OFF)
     try:
-        return parse_ridgefill_args(merged)
+        adapter_class(method).parse({k: v for k, v in merged.items() if k != "method"})
     except ModelArgsError as err:
         raise UserError(str(err)) from None
+    return merged
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,19 +83,21 @@ def run(args: argparse.Namespace) -> int:
         from rf_eval.serving.app import RequestLog, create_app
     except ImportError as err:
         raise UserError(f"rf-eval serve needs the serve extra ({err.name} is missing): pip install 'rf-eval[serve]'") from None
+    from rf_eval.model_adapters.config import ModelArgsError
     from rf_eval.serving.backend import Backend
 
-    settings, hf_args = config_from_args(args)
+    model_args = model_args_from(args)
     sock = bind(args.host, args.port)  # a port in use fails now, not after the model has loaded
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(max(1, args.threads))
     try:
-        backend = Backend(settings, hf_args, served_name=args.served_model_name)
+        backend = Backend.from_model_args(model_args, served_name=args.served_model_name)
     except (ValueError, OSError) as err:  # bad model_args, maps or model folder
         sock.close()
-        raise UserError(f"cannot load {args.model!r}: {err}") from None
+        what = "" if isinstance(err, ModelArgsError) else f"cannot load {model_args['pretrained']!r}: "
+        raise UserError(f"{what}{err}") from None
     app = create_app(backend, RequestLog(args.request_log, None if args.request_log else sys.stdout))
     print(f"rf-eval serve: {backend.served_name} on http://{args.host}:{args.port}/v1 "
           f"(arm {backend.default_arm.info})", file=sys.stderr, flush=True)

@@ -133,9 +133,27 @@ class RaReCache:
             return layer_budget(self.rho, num_layers(self.target)) >= num_layers(self.target)
         return budget(self.rho, n) >= n
 
+    def exact_tail(self, n: int) -> int:
+        """The last prompt row only (every row for a plain prompt): the others are chosen per prompt."""
+        return n if self.is_plain(n) else 1
+
+    def speedup_ceilings(self, n: int) -> dict[str, float]:
+        """On an n-token prompt: `ceiling`, eq. 11 (`rf_eval.rarecache.cost.ceiling_for`; its row selectors)."""
+        from rf_eval.rarecache.cost import ceiling_for
+
+        if self.is_plain(n):
+            return {"ceiling": 1.0}
+        if self.selector == "layer-prefix":  # eq. 11 counts recomputed rows, not layers
+            return {}
+        return {"ceiling": ceiling_for(self.target, self.maps, n, self.rho)}
+
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, *, for_generation: bool = False) -> PrefillResult:
-        """Prefill a 1 x N prompt (or a prompt minus its last token, `for_generation`)."""
+    def prefill(self, input_ids: torch.Tensor, *, for_generation: bool = False, held_back: int = 0) -> PrefillResult:
+        """Prefill a 1 x N prompt (or a prompt minus its last token, `for_generation`). `held_back` must be 0:
+        which rows are exact depends on the whole prompt (`exact_tail` is 1)."""
+        if held_back:
+            raise ValueError(f"held_back={held_back}: RaReCache chooses its exact rows from the whole prompt, "
+                             "so none can be held back")
         ids = check_prompt(input_ids, self.target).to(self.device)
         n = ids.shape[1]
         if self.selector == "layer-prefix":
@@ -156,7 +174,8 @@ class RaReCache:
         if self.selector == "rank":
             rows = top_rows(mapped.score[:free], pick)
         elif self.selector == "random":
-            rows = random_rows(free, pick, self.seed, ids)
+            rows = random_rows(free, pick, self.seed, ids[:, :free])  # the candidates' tokens: a generation
+            # prefill (the prompt minus its last token) draws the rows a full prefill draws
         elif self.selector == "attention":
             rows = top_rows(received[:free], pick)
         elif self.selector == "oracle-attention":

@@ -37,3 +37,8 @@ class RaReCacheArm:
     @classmethod
     def fields(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))
+
+    def updated(self, fields: dict[str, Any], *, what: str = "arm") -> RaReCacheArm:
+        """This arm with `fields` applied (a served request's arm)."""
+        merged = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        return RaReCacheArm.from_fields({**merged, **fields}, what=what)

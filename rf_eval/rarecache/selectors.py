@@ -7,7 +7,8 @@ ceil(rho * L) layers.
 
 - `rank`: rank disagreement (eq. 2 / eq. 9), the method.
 - `random`: uniform positions, seeded per prompt (sha256 of the seed and the
-  prompt's tokens), so a result never depends on request order.
+  candidate rows' tokens, every prompt token but the last), so a result never
+  depends on request order, and a generation prefill draws a full one's rows.
 - `attention`: attention *received* from the last 32 prompt queries,
   summed over heads, queries and the last quarter of the **source**'s layers
   (deployable: the source prefilled anyway).

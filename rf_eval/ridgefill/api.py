@@ -145,6 +145,26 @@ class RidgeFill:
         with method_forward(self):
             return self.arm.prefill(input_ids, plan, self._fill)
 
+    def exact_tail(self, n: int) -> int:
+        """The plan's tail rows of an n-token prompt (all n for a plain one)."""
+        return n if self.is_plain(n) else min(self.plan_for(n).tail, n)
+
+    def speedup_ceilings(self, n: int) -> dict[str, float]:
+        """On an n-token prompt: `ceiling`, 1/r of layer passes, and `mac_ceiling`, the MAC model's (where it
+        knows the family; `rf_eval.ridgefill.cost`)."""
+        from rf_eval.ridgefill.cost import ceiling_r, speedup_ceiling
+
+        if self.is_plain(n):
+            return {"ceiling": 1.0, "mac_ceiling": 1.0}
+        plan = self.plan_for(n)
+        out = {"ceiling": 1.0 / ceiling_r(len(engine.decoder_layers(self.model)), plan.split, plan.tail, n)}
+        try:
+            out["mac_ceiling"] = speedup_ceiling(self.model.config, n, split=plan.split, tail=plan.tail,
+                                                 fill=plan.fill, map_split=plan.map_split)
+        except (ValueError, AttributeError, TypeError):  # a family the MAC model does not know
+            pass
+        return out
+
     def extend(self, result: PrefillResult, tokens: torch.Tensor) -> torch.Tensor:
         """Run the stock model over `tokens` (1 x k) after the prompt; returns their logits (1, k, V).
 

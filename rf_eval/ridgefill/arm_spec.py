@@ -136,6 +136,23 @@ class RidgeFillArm:
     def fields(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))
 
+    def updated(self, fields: dict[str, Any], model_config: Any, maps: Any = None, *, what: str = "arm"
+                ) -> RidgeFillArm:
+        """This (resolved) arm with `fields` applied and resolved again: a served request's arm.
+
+        A `preset` among the fields replaces this arm's fill, tail and split; a
+        fill, tail or split among them leaves this arm's preset.
+        """
+        from rf_eval.ridgefill.presets import PRESET_FIELDS
+
+        merged = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        if fields.get("preset"):
+            merged = {k: v for k, v in merged.items() if k not in PRESET_FIELDS}
+        elif any(k in fields for k in PRESET_FIELDS):
+            merged.pop("preset", None)
+        merged.update(fields)
+        return RidgeFillArm.from_fields(merged, what=what).resolve(model_config, maps)
+
     # -- the parsed parts ---------------------------------------------------------------
     @property
     def selector_obj(self) -> Any:

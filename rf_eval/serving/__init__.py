@@ -5,8 +5,11 @@ Install: `pip install 'rf-eval[serve]'` (FastAPI, uvicorn, and lm-eval's API-mod
 1. The reference backend behind an OpenAI-compatible API (`rf-eval serve`)::
 
        rf-eval serve --model MODEL [--fill ridge --maps MAPS --tail 4096] --port 8000
+       rf-eval serve --model TARGET --model-args method=rarecache,source=SOURCE,maps=MAPS,rho=0.3
 
-   The arm options are the `ridgefill` adapter's model_args (same parser).
+   The server is the method's lm-eval adapter (`ridgefill`, or `rarecache`
+   with `method=rarecache`), built from the same model_args by the same code
+   (`rf_eval.serving.backend`).
    Each request may run another arm on the same server start: body field
    `"rf_arm": {"fill": "identity", "tail": 256}`, or the URL prefix
    `/arm/fill=identity;tail=256/v1/completions` for clients that cannot add

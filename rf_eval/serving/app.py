@@ -31,7 +31,7 @@ from lm_eval.models.utils import postprocess_generated_text
 from starlette.concurrency import run_in_threadpool
 
 from rf_eval.serving import protocol
-from rf_eval.serving.arms import ArmError, arm_fields, as_fields, parse_spec
+from rf_eval.serving.arms import ArmError, as_fields, parse_spec
 from rf_eval.serving.backend import Arm, Backend, Generation
 from rf_eval.serving.protocol import Parsed, RequestError
 
@@ -65,9 +65,9 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
     def arm_for(req: Parsed, path_spec: str | None) -> tuple[Arm, str]:
         fields, source = {}, "server"
         if path_spec:
-            fields, source = parse_spec(path_spec), "path"
+            fields, source = parse_spec(path_spec, backend.arm_fields), "path"
         if req.arm_fields is not None:
-            fields, source = {**fields, **as_fields(req.arm_fields)}, "body"
+            fields, source = {**fields, **as_fields(req.arm_fields, backend.arm_fields)}, "body"
         return backend.arm(fields), source
 
     async def handle(request: Request, chat: bool, path_spec: str | None = None):
@@ -142,9 +142,10 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
 
     @app.get("/rf/info")
     async def info():
-        return {"model": backend.settings.pretrained, "served_name": backend.served_name, "layers": backend.n_layers,
+        return {"model": backend.settings.pretrained, "method": backend.lm.method_name,
+                "served_name": backend.served_name, "layers": backend.n_layers,
                 "max_model_len": backend.max_length, "default_arm": backend.default_arm.info,
-                "arm_fields": list(arm_fields()), "maps": backend.settings.maps,
+                "arm_fields": list(backend.arm_fields), "maps": backend.settings.maps,
                 "rf_chat_template": backend.chat_template}
 
     async def json_body(request: Request) -> Any:

@@ -1,14 +1,16 @@
-"""The model behind `rf-eval serve`: one loaded model, one `RidgeFill` method per arm, one request at a time.
+"""The model behind `rf-eval serve`: one lm-eval adapter, one prefill method per arm, one request at a time.
 
-The server's settings are `--model ridgefill`'s model_args, parsed by the
-adapter's own parser; each arm is a `RidgeFillArm` and its method is used
-only through the prefill-method protocol (`rf_eval.method`), with the rules
-the adapter uses: plain prompts run the stock model, a generation prompt is
-prefilled by `generation_cache`, sampled requests are seeded by
-`sampling_seed`. So a server request and a `--model ridgefill` request with
-the same arm and prompt tokens generate the same tokens. Chat messages are
-rendered by the adapters' rule too (`rf_eval.chat`: thinking off where the
-template has the switch), and `chat_template` records it as they do.
+The server is an lm-eval adapter (`--model ridgefill` or `--model rarecache`,
+a `PrefillLM`, built from the same model_args): HFLM loads the model and
+tokenizer, the adapter parses and checks its arm, renders chat prompts
+(`rf_eval.chat`: thinking off where the template has the switch) and
+tokenizes generation prompts, so the server cannot drift from the adapter.
+Each request's arm comes from the adapter (`arm_with`, `method_for`), and
+its method is used only through the prefill-method protocol
+(`rf_eval.method`), with the rules the adapter uses: plain prompts run the
+stock model, a generation prompt is prefilled by `generation_cache`, sampled
+requests are seeded by `sampling_seed`. So a server request and an adapter
+request with the same arm and prompt tokens generate the same tokens.
 """
 
 from __future__ import annotations
@@ -25,9 +27,8 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from rf_eval import chat
-from rf_eval.method import PrefillMethod, generation_cache, sampling_seed
-from rf_eval.ridgefill.arm_spec import RidgeFillArm
+from rf_eval.engine import decoder_layers
+from rf_eval.method import PrefillMethod, generation_cache, method_forward, sampling_seed
 from rf_eval.serving import arms
 from rf_eval.serving.scoring import TokenScore, token_score
 
@@ -38,8 +39,8 @@ MAX_ENGINES = 16  # arms kept built (least recently used dropped)
 class Arm:
     """A resolved arm: its spec, its method and what responses report about it."""
 
-    spec: RidgeFillArm
-    method: PrefillMethod  # rf_eval.ridgefill.api.RidgeFill
+    spec: Any  # the adapter's arm spec (RidgeFillArm, RaReCacheArm)
+    method: PrefillMethod
     info: dict[str, Any]
 
 
@@ -85,35 +86,34 @@ class _TokenStreamer(BaseStreamer):
 
 
 class Backend:
-    """Loads the model once (with `--model ridgefill`'s model_args) and runs one request at a time."""
+    """Serves one lm-eval adapter's model (`PrefillLM`), one request at a time."""
 
-    def __init__(self, settings: Any, hf_args: dict[str, Any], served_name: str | None = None):
-        """`settings, hf_args`: what `rf_eval.model_adapters.ridgefill.parse_ridgefill_args` returns."""
-        from lm_eval.models.utils import configure_pad_token, resolve_max_length
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        self.settings, self.hf_args = settings, hf_args
-        remote = {k: hf_args[k] for k in ("revision", "trust_remote_code") if hf_args.get(k) is not None}
-        self.model = AutoModelForCausalLM.from_pretrained(
-            settings.pretrained, dtype=hf_args.get("dtype", "auto"), **remote
-        ).to(hf_args["device"]).eval()
-        self.tokenizer = configure_pad_token(
-            AutoTokenizer.from_pretrained(hf_args.get("tokenizer") or settings.pretrained, **remote),
-            model_config=self.model.config,
-        )
-        self.add_bos_token = hf_args.get("add_bos_token")
-        # the adapters' rule (`rf_eval.chat`): thinking off where the template has the switch, unless asked
-        template = getattr(self.tokenizer, "chat_template", None)
-        self.chat_template_args, thinking_default = chat.template_args(hf_args, template)
-        self.chat_template = chat.record(self.tokenizer, self.chat_template_args, thinking_default)
-        self.n_layers = len(self.model.model.layers)
-        self.max_length = int(hf_args.get("max_length") or resolve_max_length(self.model.config, self.tokenizer))
-        self.served_name = served_name or settings.pretrained.rstrip("/").rsplit("/", 1)[-1]
+    def __init__(self, lm: Any, served_name: str | None = None):
+        self.lm, self.settings = lm, lm.settings
+        self.model, self.tokenizer = lm.model, lm.tokenizer
+        self.chat_template = lm.chat_template_record()
+        self.n_layers = len(decoder_layers(self.model))
+        self.max_length = int(lm.max_length)
+        self.served_name = served_name or self.settings.pretrained.rstrip("/").rsplit("/", 1)[-1]
         self.lock = threading.Lock()  # the model: one request at a time
         self._arms_lock = threading.Lock()
         self._arms: OrderedDict[str, Arm] = OrderedDict()  # by resolved arm
         self._asked: dict[str, Arm] = {}  # by the fields a request gave
         self.default_arm = self.arm({})
+
+    @classmethod
+    def from_model_args(cls, model_args: dict[str, Any], served_name: str | None = None) -> Backend:
+        """The adapter named by `method` (default ridgefill) built from the rest of `model_args`."""
+        from rf_eval.model_adapters.config import adapter_class
+
+        name = str(model_args.get("method") or "ridgefill")
+        args = {k: v for k, v in model_args.items() if k != "method"}
+        return cls(adapter_class(name)(**args), served_name)
+
+    @property
+    def arm_fields(self) -> tuple[str, ...]:
+        """The fields a request's arm may set (the adapter's arm spec's)."""
+        return self.lm.arm_fields()
 
     # ---- arms
 
@@ -123,10 +123,11 @@ class Backend:
         with self._arms_lock:
             if asked in self._asked:  # resolved before: no second check
                 return self._asked[asked]
-        spec = arms.resolve(self.settings.arm, fields, self.model.config, self.settings.maps_obj)
+        spec = arms.resolve(self.settings.arm, fields, self.lm.arm_with, self.arm_fields)
         key = arms.key(spec)
         with self._arms_lock:
-            arm = self._arms.get(key) or self._build(spec)
+            arm = self._arms.get(key) or Arm(spec, self.lm.method_for(spec),
+                                             {**arms.describe(spec), "layers": self.n_layers})
             self._arms[key] = arm
             self._arms.move_to_end(key)
             while len(self._arms) > MAX_ENGINES:
@@ -136,43 +137,20 @@ class Backend:
             self._asked[asked] = arm
             return arm
 
-    def _build(self, spec: RidgeFillArm) -> Arm:
-        from rf_eval.ridgefill.api import RidgeFill
-
-        method = RidgeFill(self.model, self.tokenizer, arm=spec, maps=self.settings.maps_obj)
-        return Arm(spec, method, {**arms.describe(spec), "layers": self.n_layers})
-
     def ceilings(self, arm: Arm, n: int) -> dict[str, float]:
-        """Speedup ceilings of `arm` on an n-token prompt: 1/r (layer passes) and the MAC model's."""
-        from rf_eval.ridgefill.cost import ceiling_r, speedup_ceiling
-
-        if arm.method.is_plain(n):
-            return {"ceiling": 1.0, "mac_ceiling": 1.0}
-        plan = arm.method.plan_for(n)
-        out = {"ceiling": 1.0 / ceiling_r(self.n_layers, plan.split, plan.tail, n)}
-        try:
-            out["mac_ceiling"] = speedup_ceiling(self.model.config, n, split=plan.split, tail=plan.tail, fill=plan.fill,
-                                             map_split=plan.map_split)
-        except (ValueError, AttributeError, TypeError):  # a family the MAC model does not know
-            pass
-        return out
+        """Speedup ceilings of `arm` on an n-token prompt (the method's own: RidgeFill's 1/r and MAC model,
+        RaReCache's eq. 11)."""
+        return arm.method.speedup_ceilings(n)
 
     # ---- text
 
     def encode(self, text: str) -> list[int]:
-        """A prompt string tokenized as `hf` (and so `--model ridgefill`) tokenizes a generation prompt."""
-        from lm_eval.models.utils import has_bos_prefix
-
-        special: dict[str, Any] = {}
-        if has_bos_prefix(text, getattr(self.tokenizer, "bos_token", None)):
-            special["add_special_tokens"] = False
-        elif self.add_bos_token is not None:
-            special["add_special_tokens"] = self.add_bos_token
-        return list(self.tokenizer(text, **special)["input_ids"])
+        """A prompt string tokenized as the adapter (`hf`'s generate_until) tokenizes a generation prompt."""
+        return self.lm.encode_prompt(text)
 
     def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        """The messages as `--model ridgefill` renders them (`rf_eval.chat`: the same rule and code)."""
-        return chat.render(self.tokenizer, self.chat_template_args, messages)
+        """The messages as the adapter renders them (lm-eval's `apply_chat_template`, `rf_eval.chat`'s rule)."""
+        return self.lm.apply_chat_template(messages)
 
     def decode(self, tokens: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
@@ -213,7 +191,6 @@ class Backend:
     ) -> Generation:
         """Generate after `ids` under `arm`; `on_token` sees each token as it is made."""
         from lm_eval.models.utils import postprocess_generated_text
-        from lm_eval.models.utils_hf import stop_sequences_criteria
 
         self.check_length(len(ids), params.max_tokens)
         t_wait = time.perf_counter()
@@ -223,45 +200,16 @@ class Backend:
                 return Generation([], "", "length", [] if params.logprobs is not None else None,
                                   {"queue_seconds": t0 - t_wait, "prefill_seconds": 0.0, "prompt_seconds": 0.0,
                                    "decode_seconds": 0.0, "total_seconds": 0.0})
-            prompt = torch.tensor([ids], device=arm.method.device)
-            cached = generation_cache(arm.method, ids)
-            if cached is None:  # no filled rows: the stock generation (the prompt runs inside generate)
-                inputs: dict[str, Any] = {"attention_mask": torch.ones_like(prompt)}
-            else:
-                inputs = {"cache": cached.cache}
-            t1 = time.perf_counter()
             first: list[float] = []
-            stop = list(params.stop)
-            criteria = stop_sequences_criteria(self.tokenizer, stop, len(ids), 1) if stop else None
-            if cancel is not None:
-                criteria = criteria or StoppingCriteriaList()
-                criteria.append(_Cancelled(cancel))
-            kwargs: dict[str, Any] = {"do_sample": False}
-            if params.temperature > 0:
-                kwargs = {"do_sample": True, "temperature": params.temperature}
-                if params.top_p is not None:
-                    kwargs["top_p"] = params.top_p
-                if params.top_k is not None:
-                    kwargs["top_k"] = max(params.top_k, 0)  # vLLM's -1 (no cut) is transformers' 0
-                seed = params.seed if params.seed is not None else self.settings.seed
-                if seed is not None:  # the adapter's rule: (seed, prompt tokens)
-                    torch.manual_seed(sampling_seed(seed, ids))
-            out = self.model.generate(
-                input_ids=prompt,
-                **inputs,
-                max_length=len(ids) + params.max_tokens,
-                stopping_criteria=criteria,
-                pad_token_id=self.tokenizer.pad_token_id,
-                use_cache=True,
-                streamer=_TokenStreamer(on_token, lambda: first.append(time.perf_counter())),
-                return_dict_in_generate=True,
-                output_logits=params.logprobs is not None,
-                **kwargs,
-            )
+            with method_forward(arm.method):  # the method's forward (a fill that replaced it: the base's)
+                cached = generation_cache(arm.method, ids)
+                t1 = time.perf_counter()
+                out = self._run_generate(ids, cached, params, on_token, cancel,
+                                         lambda: first.append(time.perf_counter()))
             t2 = time.perf_counter()
         tokens = out.sequences[0, len(ids) :].tolist()
         raw = self.decode(tokens)
-        text = postprocess_generated_text(raw, stop=stop, think_end_token=None)
+        text = postprocess_generated_text(raw, stop=list(params.stop), think_end_token=None)
         eos = self.model.generation_config.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
         stopped = len(text) < len(raw) or len(tokens) < params.max_tokens or bool(tokens and tokens[-1] in eos_ids)
@@ -271,19 +219,56 @@ class Backend:
         t_first = first[0] if first else t2
         timings = {
             "queue_seconds": t0 - t_wait,
-            "prefill_seconds": t1 - t0 if "cache" in inputs else t_first - t0,  # engine: all but the last row
+            "prefill_seconds": t1 - t0 if cached is not None else t_first - t0,  # engine: all but the last row
             "prompt_seconds": t_first - t0,  # to the first generated token (the whole prompt)
             "decode_seconds": t2 - t_first,
             "total_seconds": t2 - t0,
         }
         return Generation(tokens, text, "stop" if stopped else "length", scores, timings)
 
+    def _run_generate(self, ids: list[int], cached: Any, params: GenParams, on_token: Callable[[int], None] | None,
+                      cancel: threading.Event | None, on_first: Callable[[], None]) -> Any:
+        """`model.generate` after `ids`: over the method's cache of them (`cached`), or, for a plain prompt
+        (None), with the prompt run inside generate, as the stock generation."""
+        from lm_eval.models.utils_hf import stop_sequences_criteria
+
+        prompt = torch.tensor([ids], device=self.lm.input_device)
+        inputs: dict[str, Any] = ({"attention_mask": torch.ones_like(prompt)} if cached is None
+                                  else {"cache": cached.cache})
+        stop = list(params.stop)
+        criteria = stop_sequences_criteria(self.tokenizer, stop, len(ids), 1) if stop else None
+        if cancel is not None:
+            criteria = criteria or StoppingCriteriaList()
+            criteria.append(_Cancelled(cancel))
+        kwargs: dict[str, Any] = {"do_sample": False}
+        if params.temperature > 0:
+            kwargs = {"do_sample": True, "temperature": params.temperature}
+            if params.top_p is not None:
+                kwargs["top_p"] = params.top_p
+            if params.top_k is not None:
+                kwargs["top_k"] = max(params.top_k, 0)  # vLLM's -1 (no cut) is transformers' 0
+            seed = params.seed if params.seed is not None else self.settings.seed
+            if seed is not None:  # the adapter's rule: (seed, prompt tokens)
+                torch.manual_seed(sampling_seed(seed, ids))
+        return self.model.generate(
+            input_ids=prompt,
+            **inputs,
+            max_length=len(ids) + params.max_tokens,
+            stopping_criteria=criteria,
+            pad_token_id=self.tokenizer.pad_token_id,
+            use_cache=True,
+            streamer=_TokenStreamer(on_token, on_first),
+            return_dict_in_generate=True,
+            output_logits=params.logprobs is not None,
+            **kwargs,
+        )
+
     def score_prompt(self, ids: list[int], arm: Arm, k: int) -> list[TokenScore]:
         """Log-probabilities of the prompt's own tokens under `arm`; see `scoring.score_prompt`."""
         from rf_eval.serving.scoring import score_prompt
 
         self.check_length(len(ids), 0)
-        with self.lock:
+        with self.lock, method_forward(arm.method):
             return score_prompt(self.model, arm.method, ids, k)
 
 

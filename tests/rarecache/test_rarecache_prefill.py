@@ -119,7 +119,7 @@ def test_layer_prefix_recomputes_the_first_layers_for_every_row(fitted, prompt):
     assert rc.provenance()["budget"].startswith("layer-prefix")
 
 
-@pytest.mark.parametrize("selector", ["rank", "layer-prefix", "oracle-l2"])
+@pytest.mark.parametrize("selector", ["rank", "random", "layer-prefix", "oracle-l2"])
 def test_generation_prefill_gives_rows_the_same_classes(fitted, prompt, selector):
     """prefill(ids[:-1], for_generation) = the full-prompt prefill's cache without its last row."""
     rc = make(fitted, "qwen3", rho=0.3, selector=selector)

@@ -8,7 +8,8 @@ import urllib.request
 import pytest
 from serving_helpers import post, post_stream
 
-from rf_eval.serving.arms import ArmError, arm_fields, parse_spec, resolve
+from rf_eval.serving.arms import ArmError, parse_spec
+from rf_eval.serving.arms import resolve as resolve_fields
 
 PROMPT = "The harbor ledger lists copper, lanterns and candles. " * 6 + "The ledger lists"
 
@@ -26,9 +27,14 @@ def test_arm_spec_and_resolution():
 
     assert parse_spec("fill=identity;tail=64") == {"fill": "identity", "tail": "64"}
     assert parse_spec('{"fill": "nofill", "tail": 8}') == {"fill": "nofill", "tail": 8}
-    assert set(arm_fields()) >= {"fill", "split", "tail", "chunk_size"}
-    assert not {"pretrained", "maps", "device", "reference"} & set(arm_fields())
+    fields = RidgeFillArm.fields()  # what a RidgeFill server's requests may set (`RidgeFillLM.arm_fields`)
+    assert set(fields) >= {"fill", "split", "tail", "chunk_size"}
+    assert not {"pretrained", "maps", "device", "reference"} & set(fields)
     config = LlamaConfig(num_hidden_layers=6)
+
+    def resolve(base, given, config):  # as `RidgeFillLM.arm_with` applies a request's fields
+        return resolve_fields(base, given, lambda f: base.updated(f, config, what="rf_arm"), fields)
+
     base = RidgeFillArm(fill="exact", tail=512).resolve(config)
     arm = resolve(base, {"fill": "identity", "tail": "64"}, config)
     assert (arm.fill, arm.tail, arm.split) == ("identity", 64, 3)

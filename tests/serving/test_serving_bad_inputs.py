@@ -110,3 +110,26 @@ def test_probe_with_a_maps_folder_serves(serve_model_dir, serve_env, tmp_path):
         assert str(out["rf_arm"]["selector"]).startswith("probe"), out["rf_arm"]
     finally:
         served.stop()
+
+
+# (arguments after `rf-eval serve`, message fragment): refused before any port is bound or weights load
+BAD_STARTS = [
+    ([], "needs a model: --model DIR"),
+    (["--model", "{model}", "--model-args", "method=nope"], "method='nope' is not an rf-eval method; valid methods: "
+                                                            "ridgefill, rarecache"),
+    (["--model", "{model}", "--model-args", "method=rarecache"], "source"),
+    (["--model", "{model}", "--fill", "identity", "--model-args", "method=rarecache,source={model},maps={model}"],
+     "fill"),
+    (["--model", "{model}", "--model-args", "rho=0.3"], "rho"),
+    (["--model", "{model}", "--fill", "bogus"], "valid fills"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args, fragment", BAD_STARTS)
+def test_bad_server_arguments_fail_before_loading(serve_model_dir, capsys, args, fragment):
+    from rf_eval.cli import main
+
+    code = main(["serve", *(a.format(model=serve_model_dir) for a in args), "--port", "9"])
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err, err
+    assert "Loading weights" not in err

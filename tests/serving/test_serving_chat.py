@@ -107,13 +107,13 @@ def test_served_chat_prompts_and_answers_are_the_adapters_item_by_item(thinking_
 ])
 def test_server_and_adapter_render_alike_under_every_setting(thinking_dir, serve_model_dir, switch, model_args):
     """The server's backend, configured by the same model_args, renders, tokenizes and records as the adapter."""
-    from rf_eval.model_adapters.ridgefill import RidgeFillLM, parse_ridgefill_args
+    from rf_eval.model_adapters.ridgefill import RidgeFillLM
     from rf_eval.serving.backend import Backend
 
     folder = thinking_dir if switch else serve_model_dir
     given = {"pretrained": folder, "fill": "exact", "device": "cpu", **model_args}
     lm = RidgeFillLM(**given)
-    backend = Backend(*parse_ridgefill_args(dict(given)))
+    backend = Backend.from_model_args(dict(given))  # a second adapter of its own, as `rf-eval serve` builds
     for messages in CHATS:
         text = lm.apply_chat_template(messages)
         assert backend.render_chat(messages) == text and backend.encode(text) == lm.encode_prompt(text)
