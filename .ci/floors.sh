@@ -27,12 +27,12 @@ extras=demo,serve,cluster,test
 # report from lm-eval's own output, the server (fastapi, uvicorn, jinja2), a Slurm study (submitit),
 # and the packaging checks (entry points, the startup hook).
 TESTS=(
-  "tests/test_engine_floor.py::test_partial_path_with_every_row_exact_is_the_stock_model[llama-float32]"
-  "tests/test_engine_floor.py::test_partial_path_with_every_row_exact_is_the_stock_model[qwen3_5-float32]"
-  "tests/test_engine_floor.py::test_check_equivalence_runs_the_partial_path[llama-float32]"
-  "tests/test_engine_floor.py::test_check_equivalence_runs_the_partial_path[qwen3_5-float32]"
-  "tests/test_engine.py::test_filled_prefill_is_the_stock_forward_with_predicted_inputs[llama]"
-  "tests/test_engine.py::test_filled_prefill_is_the_stock_forward_with_predicted_inputs[qwen3_5]"
+  "tests/engine/test_engine_floor.py::test_partial_path_with_every_row_exact_is_the_stock_model[llama-float32]"
+  "tests/engine/test_engine_floor.py::test_partial_path_with_every_row_exact_is_the_stock_model[qwen3_5-float32]"
+  "tests/engine/test_engine_floor.py::test_check_equivalence_runs_the_partial_path[llama-float32]"
+  "tests/engine/test_engine_floor.py::test_check_equivalence_runs_the_partial_path[qwen3_5-float32]"
+  "tests/engine/test_engine.py::test_filled_prefill_is_the_stock_forward_with_predicted_inputs[llama]"
+  "tests/engine/test_engine.py::test_filled_prefill_is_the_stock_forward_with_predicted_inputs[qwen3_5]"
   "tests/model_adapters/test_adapter_cli.py::test_exact_arm_matches_lm_eval_hf"
   "tests/reports/test_report.py::test_report_names_arms_from_model_args_and_pairs_items"
   "tests/serving/test_serving_api.py::test_unknown_arm_is_a_clear_400_and_the_server_keeps_serving"

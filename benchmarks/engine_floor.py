@@ -5,7 +5,7 @@
 For each family's tiny random model (fp32 and bf16, a 40-token prompt, split
 3): the partial path with every row exact against the stock forward (bitwise
 expected), and the filled-row kernel (masked SDPA over the key rows) against
-it, as max |delta| / KL. tests/test_engine_floor.py asserts the same bounds.
+it, as max |delta| / KL. tests/engine/test_engine_floor.py asserts the same bounds.
 """
 
 from __future__ import annotations

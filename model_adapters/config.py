@@ -62,21 +62,13 @@ def merge_lm_eval_flags(args: dict[str, Any], flags: dict[str, Any] | None) -> d
 
 
 def adapter_keys() -> dict[str, tuple[str, ...]]:
-    """Each rf-eval adapter's own model_args keys, by lm-eval model name."""
-    from rf_eval.model_adapters import rarecache, ridgefill
+    """Each rf-eval adapter's own model_args keys, by lm-eval model name: the settings it reads beside its arm
+    spec's fields."""
+    from rf_eval.rarecache.arm_spec import RaReCacheArm
+    from rf_eval.ridgefill.arm_spec import RidgeFillArm
 
-    return {"ridgefill": ridgefill.OWN_KEYS, "rarecache": rarecache.OWN_KEYS}
-
-
-def adapter_class(name: str) -> type:
-    """The rf-eval lm-eval adapter named `name` (ridgefill, rarecache), or a ModelArgsError naming both."""
-    from rf_eval.model_adapters.rarecache import RaReCacheLM
-    from rf_eval.model_adapters.ridgefill import RidgeFillLM
-
-    adapters = {"ridgefill": RidgeFillLM, "rarecache": RaReCacheLM}
-    if name not in adapters:
-        raise ModelArgsError(f"method={name!r} is not an rf-eval method; valid methods: {', '.join(adapters)}")
-    return adapters[name]
+    return {"ridgefill": ("pretrained", "maps", "reference", "seed", *RidgeFillArm.fields()),
+            "rarecache": ("pretrained", "source", "maps", "reference", *RaReCacheArm.fields())}
 
 
 def split_model_args(args: dict[str, Any], own: Iterable[str], model: str | None = None

@@ -49,16 +49,15 @@ from lm_eval.api.model import hash_args
 from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
-from rf_eval import chat, run_context
+from rf_eval import run_context
 from rf_eval.method import input_device
 from rf_eval.model_adapters.config import ModelArgsError, merge_lm_eval_flags
 from rf_eval.model_adapters.generation import GenerationMixin
+from rf_eval.model_adapters.run_records import ChatRendering, ledger_head, measure_engine_floor
 from rf_eval.model_adapters.scoring import ScoringMixin
 
 log = logging.getLogger(__name__)
 
-#: tokens of the probe prompt the engine floor is measured on (seeded ids, `measure_engine_floor`)
-FLOOR_PROBE_TOKENS = 64
 ARM_KEY = "rf-eval:arm"  # where the adapter records its arm in a --use_cache database
 #: `hf` keys that never change a result (left out of the --use_cache arm fingerprint)
 _NOT_RESULTS = {"device", "batch_size", "max_batch_size", "parallelize", "device_map", "max_memory_per_gpu",
@@ -97,20 +96,20 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
     method_name: ClassVar[str] = ""  # the lm-eval model name (`run_context` tells the tasks which adapter runs)
 
     def __init__(self, pretrained: str | None = None, **model_args: Any) -> None:
-        from rf_eval.stats.ledger import LedgerError, ledger_from_env
-
         settings, hf_args = self.parse({"pretrained": pretrained, **model_args})
-        try:  # the head of $RF_EVAL_LEDGER this run saw, read (and verified) before the weights load
-            self.ledger_head = ledger_from_env()
-        except LedgerError as err:
-            raise ModelArgsError(f"$RF_EVAL_LEDGER: {err}") from err
+        self.ledger_head = ledger_head()  # read (and verified) before the weights load
         self.settings = settings
         self._hf_args = hf_args
         super().__init__(pretrained=settings.pretrained, backend="causal", **hf_args)
-        self.thinking_default = self._thinking_off_by_default(hf_args)
+        self.chat = ChatRendering.for_run(hf_args, self.tokenizer)
+        self.chat_template_args = self.chat.args  # what HFLM's apply_chat_template renders with
+        if self.chat.thinking_default:
+            self.enable_thinking = False
         self.method, self.exact = self.build_method()
         run_context.publish(self, self.run_facts())
-        self.engine_floor = self.measure_engine_floor() if settings.reference == "exact" else None
+        self.engine_floor = (measure_engine_floor(self.model, self.exact, self.floor_split(), self.max_length,
+                                                  self.input_device)
+                             if settings.reference == "exact" else None)
 
     # ---- what a subclass provides -------------------------------------------------
     @classmethod
@@ -137,7 +136,7 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
 
     def arm_info(self) -> dict[str, Any]:
         return {**self.method.provenance(), "reference": self.settings.reference,
-                "chat_template": self.chat_template_record()}
+                "chat_template": self.chat.record()}
 
     def run_facts(self) -> dict[str, Any]:
         """What the tasks scoring this run read (`rf_eval.run_context`); a subclass adds its arm's tail."""
@@ -145,43 +144,10 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
         return {"adapter": self.method_name, "pretrained": self.settings.pretrained,
                 "tokenizer": tokenizer if isinstance(tokenizer, str) else self.settings.pretrained}
 
-    # ---- chat template --------------------------------------------------------------
-    def _thinking_off_by_default(self, hf_args: dict[str, Any]) -> bool:
-        """Render chat prompts by `rf_eval.chat`'s rule (thinking off where the template can); True if it did."""
-        self.chat_template_args, off = chat.template_args(hf_args, getattr(self.tokenizer, "chat_template", None))
-        if off:
-            self.enable_thinking = False
-            log.info("the chat template has an enable_thinking switch: rendering with enable_thinking=False "
-                     "(the paper's protocols; pass enable_thinking=True to think)")
-        return off
-
-    def chat_template_record(self) -> dict[str, Any] | None:
-        """What chat prompts are rendered with (`rf_eval.chat.record`)."""
-        return chat.record(self.tokenizer, self.chat_template_args, self.thinking_default)
-
     def floor_split(self) -> int:
         """The split the engine floor is measured at: the arm's (at least 1: a fill from split states)."""
         plan = getattr(self.method, "plan", None)
         return max(int(getattr(plan, "split", 1)), 1)
-
-    def measure_engine_floor(self) -> dict[str, Any]:
-        """`rf_eval.engine.engine_floor` on a seeded probe prompt: the floor under this arm's differences.
-
-        `{bitwise, max_abs, kl, first_diff, why, filled_kernel: {...}, probe_tokens, split}`: the
-        partial path with every row exact against the stock model, and the
-        filled-row attention kernel (`rf_eval.engine.floor`).
-        """
-        from rf_eval.engine import engine_floor
-        from rf_eval.method import method_forward
-
-        n = min(FLOOR_PROBE_TOKENS, int(self.max_length))
-        gen = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, int(self.model.config.vocab_size), (1, n), generator=gen).to(self.input_device)
-        split = self.floor_split()
-        with method_forward(self.exact):  # the stock model's floor (a fill that replaced the forward pauses)
-            floor = engine_floor(self.model, ids, split)
-        log.info("engine floor (partial path, every row exact, %d tokens, split %d): %s", n, split, floor)
-        return {**floor, "probe_tokens": n, "split": split}
 
     # ---- construction -------------------------------------------------------------
     @classmethod

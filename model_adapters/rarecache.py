@@ -16,12 +16,13 @@ model_args (unknown, missing or contradictory keys fail before any model loads):
   source (required)      the source model; must share the target's tokenizer
   maps (required)        folder or file written by `rf-eval fit-transfer` for this pair
   rho                    recompute budget in [0, 1] (default 0.3)
-  selector               rank (default) | random | attention | oracle-attention | oracle-l2 |
-                         layer-prefix. The oracle-* selectors read the target's own prefill
+  selector               rank (default) | random-positions | source-attention | oracle-attention |
+                         oracle-l2 | layer-prefix (`rf_eval.selectors.mapped_cache`; RidgeFill's
+                         `random` and `attention` mean other things). The oracle-* selectors read the target's own prefill
                          (CacheBlend-like l2 error; the target's attention): analysis only,
                          and flagged `oracle: true` in the results' config. layer-prefix is
                          the DroidSpeak-like baseline: ceil(rho * L) first layers recomputed.
-  seed                   the random selector's seed (default 0); also seeds sampled generation
+  seed                   random-positions' seed (default 0); also seeds sampled generation
   reference              as for `ridgefill`
   every other key        as for lm-eval's `hf` model (an `HFLM` subclass: revision, dtype,
                          parallelize, enable_thinking, ...); the source loads with the target's
@@ -43,12 +44,18 @@ import lm_eval.models  # noqa: F401  (lm-eval's own models first: its registry i
 from lm_eval.api.registry import register_model
 
 from rf_eval.fields import ArmError
-from rf_eval.model_adapters.config import AdapterSettings, ModelArgsError, model_config, take_model_args
+from rf_eval.model_adapters.config import (
+    AdapterSettings,
+    ModelArgsError,
+    adapter_keys,
+    model_config,
+    take_model_args,
+)
 from rf_eval.model_adapters.prefill_lm import PrefillLM
 from rf_eval.rarecache.arm_spec import RaReCacheArm
 from rf_eval.ridgefill.maps import MapError
 
-OWN_KEYS = ("pretrained", "source", "maps", "reference", *RaReCacheArm.fields())
+OWN_KEYS = adapter_keys()["rarecache"]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -65,12 +65,18 @@ import lm_eval.models  # noqa: F401  (lm-eval's own models first: its registry i
 from lm_eval.api.registry import register_model
 
 from rf_eval.fields import ArmError
-from rf_eval.model_adapters.config import AdapterSettings, ModelArgsError, model_config, take_model_args
+from rf_eval.model_adapters.config import (
+    AdapterSettings,
+    ModelArgsError,
+    adapter_keys,
+    model_config,
+    take_model_args,
+)
 from rf_eval.model_adapters.prefill_lm import PrefillLM
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.ridgefill.maps import MapError
 
-OWN_KEYS = ("pretrained", "maps", "reference", "seed", *RidgeFillArm.fields())
+OWN_KEYS = adapter_keys()["ridgefill"]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,7 +20,7 @@ puts a small finder on `sys.meta_path`. When lm-eval itself later imports
 - `lm_eval.tasks._index`: with `RF_EVAL_TASK_INDEX_CACHE` set, the task index
   is read from a disk cache while no YAML file changed (`rf_eval.task_index_cache`);
 - `lm_eval.evaluator`: `simple_evaluate` first checks that rf-eval's tasks can
-  get their data, before it loads the model (`rf_eval.tasks.data.preflight`);
+  get their data, before it loads the model (`rf_eval.tasks.data_needs.preflight`);
 - `lm_eval._cli.harness`: under the `lm_eval` command an rf-eval `UserError`
   (bad model_args, missing data) prints as one line with exit status 2
   (`rf_eval.errors.one_line`).
@@ -93,7 +93,7 @@ def _cache_task_index(module) -> None:
 
 
 def _check_data_first(module) -> None:
-    from rf_eval.tasks.data import check_before_model
+    from rf_eval.tasks.data_needs import check_before_model
 
     check_before_model(module)
 

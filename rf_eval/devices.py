@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -81,3 +83,12 @@ def all_reduce(t: torch.Tensor, op=None) -> None:
             _GLOO[ranks] = dist.new_group(list(ranks), backend="gloo")
         kwargs["group"] = _GLOO[ranks]
     dist.all_reduce(t, **kwargs)
+
+
+def input_device(model: Any) -> torch.device:
+    """Where a model's input ids go: its input embedding's device, or for a model placed by
+    accelerate (device_map, CPU/disk offload) the embedding's execution device."""
+    embedding = model.get_input_embeddings()
+    hook = getattr(embedding, "_hf_hook", None)
+    device = getattr(hook, "execution_device", None)
+    return torch.device(device) if device is not None else embedding.weight.device

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from rf_eval.devices import input_device
 from rf_eval.engine import PrefillResult, new_cache
 
 
@@ -72,13 +74,21 @@ class PrefillMethod(Protocol):
         ...
 
 
-def input_device(model: Any) -> torch.device:
-    """Where a model's input ids go: its input embedding's device, or for a model placed by
-    accelerate (device_map, CPU/disk offload) the embedding's execution device."""
-    embedding = model.get_input_embeddings()
-    hook = getattr(embedding, "_hf_hook", None)
-    device = getattr(hook, "execution_device", None)
-    return torch.device(device) if device is not None else embedding.weight.device
+def model_identity(model: Any, weights_sha256: str, maps: Any = None,
+                   unrecorded: tuple[str, ...] = ("file_sha256",)) -> dict[str, Any]:
+    """The identity every method's provenance records in one schema, beside its settings: the model whose
+    cache it writes (`model_type`, `model_name`, `weights_sha256`: `rf_eval.weights.weights_fingerprint`) and,
+    with maps, `maps_sha256` and `maps_metadata` (less the `unrecorded` keys). What `stats` compares arms by
+    (`stats.comparable`)."""
+    info: dict[str, Any] = {
+        "model_type": model.config.model_type,
+        "model_name": getattr(model.config, "_name_or_path", ""),
+        "weights_sha256": weights_sha256,
+    }
+    if maps is not None:
+        info["maps_sha256"] = maps.sha256()
+        info["maps_metadata"] = {k: v for k, v in maps.metadata.items() if k not in unrecorded}
+    return info
 
 
 def check_prompt(input_ids: Any, model: Any) -> torch.Tensor:
@@ -91,13 +101,35 @@ def check_prompt(input_ids: Any, model: Any) -> torch.Tensor:
         raise ValueError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
     if input_ids.shape[1] == 0:
         raise ValueError("input_ids is empty: a prompt needs at least one token")
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    if vocab is not None and input_ids.device.type != "meta":
-        low, high = int(input_ids.min()), int(input_ids.max())
-        if low < 0 or high >= vocab:
-            bad = low if low < 0 else high
-            raise ValueError(f"token id {bad} is outside the model's vocabulary 0..{vocab - 1}")
+    if input_ids.device.type != "meta":
+        check_token_ids(input_ids, model)
     return input_ids.long()
+
+
+def vocabulary_rows(model: Any) -> int | None:
+    """Token ids the model can read, 0..rows-1: its input embedding's rows (a padded embedding may hold more
+    than `config.vocab_size`), else `config.vocab_size`; None when it says neither."""
+    embed = getattr(model, "get_input_embeddings", None)
+    weight = getattr(embed(), "weight", None) if callable(embed) else None
+    if weight is not None:
+        return int(weight.shape[0])
+    return getattr(getattr(model, "config", None), "vocab_size", None)
+
+
+def check_token_ids(ids: Sequence[int] | torch.Tensor, model: Any) -> None:
+    """The vocabulary rule, for the methods and the server: every id names a row of the model's embedding
+    (else the model fails deep inside); a ValueError naming an id that does not (a tensor's lowest or
+    highest)."""
+    rows = vocabulary_rows(model)
+    if rows is None or len(ids) == 0:
+        return
+    if isinstance(ids, torch.Tensor):
+        low, high = int(ids.min()), int(ids.max())
+        bad = low if low < 0 else high if high >= rows else None
+    else:
+        bad = next((t for t in ids if not 0 <= t < rows), None)
+    if bad is not None:
+        raise ValueError(f"token id {bad} is outside the model's vocabulary 0..{rows - 1}")
 
 
 def method_forward(method: PrefillMethod) -> AbstractContextManager:

@@ -25,12 +25,8 @@ that fails, and lm-eval builds its tasks only after loading the model.
 
 from __future__ import annotations
 
-import inspect
-import json
 import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,30 +45,17 @@ class TaskDataMissing(UserError):
 
 @dataclass(frozen=True)
 class Source:
-    """One piece of downloaded data: where it lands in a data folder and how it is fetched there."""
+    """One piece of downloaded data: where it lands in a data folder (its fetcher: `data_fetch.FETCHERS`)."""
 
     name: str
     what: str  # in words, for messages
     path: str  # file or folder inside the data folder
     option: str | None  # the metadata key naming a local copy instead
     host: str  # where it downloads from
-    fetch: Callable[[Path], None]  # writes `path` under the given folder
     cached: Callable[[], bool] = lambda: False  # offline: whether the tasks' own download finds it cached
 
 
-# ---- fetchers: the tasks' own download functions, their results written to files
-
-
-def _ruler(name: str):
-    from rf_eval.tasks.ruler_data import ruler_module
-
-    return ruler_module(name)
-
-
-def _fetch_essays(folder: Path) -> None:
-    words = _ruler("prepare_niah").get_haystack(type_haystack="essay")
-    # one text file that `ruler_data.essay_haystack` splits back into exactly these words
-    write_text(folder / "paul_graham_essays.txt", " ".join(words))
+# ---- the pieces
 
 
 def _essays_cached() -> bool:
@@ -83,20 +66,6 @@ def _essays_cached() -> bool:
     except Exception:  # not in the datasets cache (offline), or any hub error
         return False
     return True
-
-
-def _fetch_punkt(folder: Path) -> None:
-    import nltk
-
-    target = folder / "nltk_data"
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-nltk-", dir=folder))
-    try:
-        if not nltk.download("punkt_tab", download_dir=str(tmp), quiet=True, raise_on_error=True):
-            raise OSError("nltk could not download punkt_tab")
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _punkt_installed() -> bool:
@@ -110,26 +79,6 @@ def _punkt_installed() -> bool:
     return True
 
 
-def _qa_url(reader: str) -> str:
-    """The URL lm-eval's RULER QA reader downloads (its `url` default)."""
-    return inspect.signature(getattr(_ruler("qa_utils"), reader)).parameters["url"].default
-
-
-def _fetch_qa(reader: str, name: str) -> Callable[[Path], None]:
-    def fetch(folder: Path) -> None:
-        data = _ruler("qa_utils").download_json(_qa_url(reader))
-        write_text(folder / name, json.dumps(data))
-
-    return fetch
-
-
-def _fetch_longbench(folder: Path) -> None:
-    import datasets
-
-    items = datasets.load_dataset(LONGBENCH_DATASET, split="train").to_list()
-    write_text(folder / "longbench_v2.json", json.dumps(items, ensure_ascii=False))
-
-
 def write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -138,87 +87,12 @@ def write_text(path: Path, text: str) -> None:
 
 SOURCES: dict[str, Source] = {s.name: s for s in (
     Source("essays", "the Paul Graham essays (RULER's essay haystack)", "paul_graham_essays.txt",
-           "essay_haystack", "huggingface.co", _fetch_essays, _essays_cached),
-    Source("punkt_tab", "nltk's punkt_tab sentence model", "nltk_data", None, "raw.githubusercontent.com",
-           _fetch_punkt),
-    Source("squad", "SQuAD v2's dev set (RULER QA)", "squad.json", "squad_json", "rajpurkar.github.io",
-           _fetch_qa("read_squad", "squad.json")),
-    Source("hotpotqa", "HotpotQA's dev set (RULER QA)", "hotpotqa.json", "hotpotqa_json", "huggingface.co",
-           _fetch_qa("read_hotpotqa", "hotpotqa.json")),
-    Source("longbench_v2", "the LongBench v2 dataset", "longbench_v2.json", "data", "huggingface.co",
-           _fetch_longbench),
+           "essay_haystack", "huggingface.co", _essays_cached),
+    Source("punkt_tab", "nltk's punkt_tab sentence model", "nltk_data", None, "raw.githubusercontent.com"),
+    Source("squad", "SQuAD v2's dev set (RULER QA)", "squad.json", "squad_json", "rajpurkar.github.io"),
+    Source("hotpotqa", "HotpotQA's dev set (RULER QA)", "hotpotqa.json", "hotpotqa_json", "huggingface.co"),
+    Source("longbench_v2", "the LongBench v2 dataset", "longbench_v2.json", "data", "huggingface.co"),
 )}
-
-
-# ---- which task needs what
-
-
-def ruler_sources(base_tasks: Iterable[str]) -> list[str]:
-    from rf_eval.tasks.ruler_data import ESSAY_HAYSTACK
-
-    need: list[str] = []
-    for task in base_tasks:
-        if task in ESSAY_HAYSTACK:
-            need += ["essays", "punkt_tab"]
-        elif task == "ruler_qa_squad":
-            need.append("squad")
-        elif task == "ruler_qa_hotpot":
-            need.append("hotpotqa")
-    return list(dict.fromkeys(need))
-
-
-def _class_name(config: dict[str, Any]) -> str:
-    return str(config.get("class") or "").rsplit(".", 1)[-1]
-
-
-def sources_of(config: dict[str, Any]) -> list[str]:
-    """The SOURCES a task (its YAML config) downloads."""
-    kind = _class_name(config)
-    if kind == "RulerFilledPool":
-        return ruler_sources(config.get("ruler_tasks") or ())
-    if kind == "RulerFilledTask":
-        return ruler_sources([config.get("ruler_task") or str(config["task"]).removesuffix("_filled")])
-    if kind == "SecondQuestionTask":
-        from rf_eval.tasks.second_question import BASE_TASK
-
-        return ruler_sources([BASE_TASK])
-    if kind == "LongBenchCoTTask":
-        return ["longbench_v2"]
-    return []
-
-
-def load_task_yaml(path: Path) -> dict[str, Any]:
-    """A task YAML as lm-eval reads it, without importing anything: `!function x.y` is the string `x.y`,
-    and an `include:`d file's keys come first (then this file's)."""
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
-    config = yaml.load(path.read_text(encoding="utf-8"), Loader=Loader) or {}
-    if not isinstance(config, dict):
-        return {}
-    include = config.pop("include", None)
-    return {**load_task_yaml(path.parent / include), **config} if include else config
-
-
-def task_configs() -> dict[str, dict[str, Any]]:
-    """rf-eval's tasks by name: their YAML configs."""
-    from rf_eval.tasks import task_dir
-
-    configs = {}
-    for path in sorted(Path(task_dir()).glob("*/*.yaml")):
-        config = load_task_yaml(path)
-        if config.get("task"):
-            configs[str(config["task"])] = config
-    return configs
-
-
-def needs(tasks: Iterable[str]) -> dict[str, list[str]]:
-    """{task: its SOURCES} for the named tasks that are rf-eval's (others, lm-eval's own, are left out)."""
-    configs = task_configs()
-    return {t: sources_of(configs[t]) for t in tasks if t in configs}
 
 
 # ---- where a piece is
@@ -302,59 +176,3 @@ def why_missing(names: list[str]) -> str:
     if "longbench_v2" in names:
         return "not in a local file here"
     return "not here and cannot be downloaded (" + ("HF_HUB_OFFLINE is set)" if offline() else "no network)")
-
-
-def preflight(tasks: Iterable[str], metadata: dict[str, Any] | None) -> None:
-    """Refuse, in one line per task, a run whose rf-eval tasks cannot get their data (see the module doc)."""
-    problems, hosts = [], {}
-    for task, names in needs(tasks).items():
-        for name in names:
-            given = local_copy(name, metadata)
-            if given is not None and not given.exists():
-                problems.append(f"{task}: {SOURCES[name].option}={given} does not exist")
-        absent = [n for n in names if not available(n, metadata, hosts)]
-        if absent:
-            problems.append(missing_message(task, absent, why_missing(absent)))
-        if task in ("keytoken_nll", "decode_agreement"):
-            docs = (metadata or {}).get("docs")
-            if docs and not Path(str(docs)).expanduser().exists():
-                problems.append(f"{task}: docs={docs} does not exist (a folder or file of .txt / .jsonl documents)")
-    if problems:
-        raise TaskDataMissing(" | ".join(problems))
-
-
-def check_before_model(evaluator) -> None:
-    """Wrap lm-eval's `simple_evaluate` (in module `evaluator`) so that it runs `preflight` on its task
-    names and metadata before it loads the model. A failure of this check's own code never stops lm-eval."""
-    import functools
-
-    original = evaluator.simple_evaluate
-    if getattr(original, "_rf_eval", False):
-        return
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def simple_evaluate(*args, **kwargs):
-        try:
-            bound = signature.bind_partial(*args, **kwargs).arguments
-            names = [t for t in bound.get("tasks") or () if isinstance(t, str)]
-            metadata = _run_metadata(bound)
-        except Exception:
-            names, metadata = [], {}
-        if names:
-            preflight(names, metadata)
-        return original(*args, **kwargs)
-
-    simple_evaluate._rf_eval = True
-    evaluator.simple_evaluate = simple_evaluate
-
-
-def _run_metadata(bound: dict[str, Any]) -> dict[str, Any]:
-    """What a task of this run sees in its metadata: model_args, the task manager's, then --metadata."""
-    model_args = bound.get("model_args") or {}
-    if isinstance(model_args, str):
-        from lm_eval.utils import simple_parse_args_string
-
-        model_args = simple_parse_args_string(model_args)
-    manager = getattr(bound.get("task_manager"), "metadata", None) or {}
-    return {**dict(model_args), **dict(manager), **dict(bound.get("metadata") or {})}

@@ -16,7 +16,7 @@ forward with one more change:
 No code of `rf_eval.engine` runs, so the engine's logits and cache can be checked against it: bitwise for
 filled rows' K/V (a per-row computation), within the filled-row kernel's floor elsewhere (the engine's
 exact rows attend through a masked SDPA over the key rows, the stock layer with `is_causal`;
-tests/test_engine_floor.py measures it at <= 1e-5 in fp32).
+tests/engine/test_engine_floor.py measures it at <= 1e-5 in fp32).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from transformers.cache_utils import DynamicLayer
 Predict = Callable[[int, torch.Tensor], torch.Tensor]
 #: a late attention layer's (rotated) keys and values for every row of the pass -> what enters the cache
 KV = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-#: the filled-row kernel's floor in fp32 (tests/test_engine_floor.py), with room for a few more layers
+#: the filled-row kernel's floor in fp32 (tests/engine/test_engine_floor.py), with room for a few more layers
 FLOOR = 1e-5
 
 

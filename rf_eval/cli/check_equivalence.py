@@ -171,7 +171,11 @@ def run(args: argparse.Namespace) -> int:
               f"(--fills {fill})")
         fills.remove(fill)
     later = later[:1]
-    fill_fns = {f: fill_method(f).bind(rf.model, rf.maps) for f in fills if f != FILL_OFF and f not in later}
+    def strategy(fill: str):  # the engine takes each fill's row strategy (`FillMethod.row_fill`)
+        method = fill_method(fill)
+        return method.row_fill(method.bind(rf.model, rf.maps))
+
+    fill_fns = {f: strategy(f) for f in fills if f != FILL_OFF and f not in later}
     gen = torch.Generator().manual_seed(args.seed)
     family = family_class_for(rf.model.config).__module__.rsplit(".", 1)[-1]
     where = {"family": family, "dtype": str(next(rf.model.parameters()).dtype).removeprefix("torch."),
@@ -203,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         records.append({**where, "length": n, "check": "partial path, every row exact", **partial.as_dict()})
         records.append({**where, "length": n, "check": "filled-row kernel, every row exact", **kernel.as_dict()})
     for fill in later:  # a fill that makes the model's forward its own: checked against that forward, last
-        fill_fns[fill] = fill_method(fill).bind(rf.model, rf.maps)
+        fill_fns[fill] = strategy(fill)
         for ids in prompts:
             dispatch(ids, Plan(rf.plan.split, tail=ids.shape[1], fill=fill), plain_prefill(rf.model, ids))
     if args.json:

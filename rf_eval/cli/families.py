@@ -4,7 +4,7 @@ Each row is one `model_type` of a registered family (`rf_eval.families`):
 what its layers need of the engine (sliding window, gated attention, MoE,
 linear attention, and the family's declared `traits`), which fills and
 corrections apply, and the tests that cover it. `--readme` rewrites the
-table between the README's markers (tests/test_families_table.py checks
+table between the README's markers (tests/families/test_families_table.py checks
 that it is current).
 """
 
@@ -98,11 +98,11 @@ def _row(model_type: str, name: str) -> tuple[str, ...]:
     corrections = (["splice (attention layers)", "value/key rescale", "terminal state"] if cls.linear_attention
                    else ["splice", "value/key rescale"])
     if model_type in SWIFTKV_TYPES:  # its base model type's tests run the same classes
-        tests = ["test_swiftkv"]
+        tests = ["fills/test_swiftkv"]
     else:
-        tests = ["test_engine", "model_adapters/test_adapter_families"]
+        tests = ["engine/test_engine", "model_adapters/test_adapter_families"]
         tests += ["rarecache/test_rarecache_prefill"] if _maps_tiny_model(cls) else []
-        tests += ["test_families (sliding window)"] if window else []
+        tests += ["families/test_families (sliding window)"] if window else []
     return (f"`{model_type}`", name, ", ".join(f for f in facts if f) or "-", ", ".join(fills),
             ", ".join(corrections), ", ".join(tests))
 

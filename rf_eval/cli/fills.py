@@ -5,7 +5,7 @@ rows contribute, whether it reads fitted maps and the command that fits them,
 whether corrections, splices and the probe apply, what a filled row costs in
 a late layer, and where it is defined. `exact`, the fill switched off, comes
 first. `--readme` rewrites the table between the README's markers
-(tests/test_fills.py checks that it is current).
+(tests/fills/test_fills.py checks that it is current).
 """
 
 from __future__ import annotations

@@ -143,10 +143,10 @@ def check_fill(args: argparse.Namespace) -> None:
 def check_sums(folder: str, model: str | None) -> None:
     """--from-sums holds saved sums, captured from a model of --model's config (read from the file headers and
     the model's config; the weights fingerprint is compared once the weights load)."""
-    from safetensors import safe_open
     from transformers import AutoConfig
 
     from rf_eval.ridgefill.maps import config_hash
+    from rf_eval.tensor_files import read_metadata
 
     files = sorted(Path(folder).glob("sums_split*.safetensors"))
     if not Path(folder).is_dir() or not files:
@@ -159,11 +159,7 @@ def check_sums(folder: str, model: str | None) -> None:
     except (OSError, ValueError):
         return  # left to the model's own loading, which says why
     for file in files:
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                captured = (f.metadata() or {}).get("config_hash")
-        except Exception as err:  # safetensors raises its own error types for a damaged header
-            raise UserError(f"--from-sums {file}: not a readable sums file ({err})") from None
+        captured = read_metadata(file, UserError, "--from-sums file").get("config_hash")
         if captured not in (None, "", expected):
             raise UserError(f"--from-sums {file} was captured from another model than --model {model} "
                             f"(config hash {captured[:12]}..., the model's {expected[:12]}...)")

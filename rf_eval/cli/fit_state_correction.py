@@ -18,8 +18,8 @@ from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="HF model folder or id")
+    from rf_eval.fills import predicting_fills
     from rf_eval.fills.ridge import Ridge
-    from rf_eval.ridgefill.arm_spec import predicting_fills
 
     p.add_argument("--maps", help="maps folder or file (for a fill that reads maps); omit for one that does not")
     p.add_argument("--fill", default=Ridge.name, choices=predicting_fills(), help="the fill the arm uses")

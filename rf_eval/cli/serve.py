@@ -58,7 +58,8 @@ def model_args_from(args: argparse.Namespace) -> dict[str, Any]:
     from lm_eval.utils import simple_parse_args_string
 
     from rf_eval.fills import FILL_OFF
-    from rf_eval.model_adapters.config import ModelArgsError, adapter_class
+    from rf_eval.model_adapters.config import ModelArgsError
+    from rf_eval.model_adapters.registry import adapter_class
 
     given = {"pretrained": args.model, "tokenizer": args.tokenizer, "fill": args.fill, "maps": args.maps,
              "split": args.split, "tail": args.tail, "chunk_size": args.chunk_size, "device": args.device,

@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.study.launch import make_launcher
+    from rf_eval.study.launchers import make_launcher
     from rf_eval.study.plan import plan_text
     from rf_eval.study.preflight import build_task_data, check_study
     from rf_eval.study.runner import run_study, status_text

@@ -218,11 +218,10 @@ def caption(s: DemoSettings, quick: bool) -> str:
 def run_demo(out: Path, quick: bool = False, readme: Path | None = None) -> Path:
     """Run the whole demo; returns the report's path. `readme`: also rewrite that file's demo table block
     for this size (`rf_eval.demo.table`), checked before anything runs."""
-    from rf_eval.cli import main as cli
     from rf_eval.demo.model import demo_model_dir
     from rf_eval.demo.table import readme_block, replace_block, write_table
     from rf_eval.study.launch import InProcessLauncher
-    from rf_eval.study.runner import report_argv, run_study
+    from rf_eval.study.runner import run_study, write_report
     from rf_eval.study.spec import load_study
 
     if readme is not None and readme_block(readme.read_text(encoding="utf-8"), quick) is None:
@@ -256,7 +255,7 @@ def run_demo(out: Path, quick: bool = False, readme: Path | None = None) -> Path
                 os.environ[k] = v
     print("[4/4] report", flush=True)
     html = out / "report.html"
-    if cli(report_argv(study, out, out / "ledger.jsonl")) != 0:
+    if write_report(study, out, out / "ledger.jsonl") != 0:
         raise RuntimeError("rf-eval report failed")
     table = write_table(out, caption(s, quick))
     print(f"\n{table}")

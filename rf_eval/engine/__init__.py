@@ -59,7 +59,17 @@ from rf_eval.engine.floor import (
 )
 from rf_eval.engine.layers import late_layers, run_layer, run_layers
 from rf_eval.engine.lower import decoder_layers, new_cache, num_layers, run_lower_layers
-from rf_eval.engine.plan import FILL_OFF, MAPPED, FillFn, KVFillFn, LayerInputs, Plan, PrefillResult
+from rf_eval.engine.plan import (
+    EVERY_ROW_EXACT,
+    FILL_OFF,
+    MAPPED,
+    FillFn,
+    KVFillFn,
+    LayerInputs,
+    Plan,
+    PrefillResult,
+    check_split,
+)
 from rf_eval.engine.rowfill import AttentionRows, RowFill
 from rf_eval.engine.step import LayerStep, Rows
 from rf_eval.families import execution_device, family_for
@@ -103,7 +113,7 @@ def runs_plain(plan: Plan, n: int, selects: bool) -> bool:
     That is when no row is filled (fill exact, or the tail covers the prompt),
     the lower layers run in one pass, and no selector may lengthen the tail.
     """
-    return (plan.fill == FILL_OFF or plan.tail >= n) and plan.chunk_size is None and not selects
+    return plan.fills_no_row(n) and plan.chunk_size is None and not selects
 
 
 def exact_row_set(n: int, plan: Plan, selected: torch.Tensor | None, device: torch.device | str | None) -> torch.Tensor:
@@ -142,14 +152,11 @@ def prefill(
         raise ValueError(f"input_ids must be a 1 x N tensor, got shape {tuple(input_ids.shape)}")
     strategy = row_fill_for(plan, fill, hooks)
     n_layers = num_layers(model)
-    if not strategy.min_split <= plan.split <= n_layers - 1:
-        raise ValueError(
-            f"split {plan.split} is outside {strategy.min_split}..{n_layers - 1} for this {n_layers}-layer model"
-        )
+    check_split(plan.split, n_layers, strategy.min_split)
     n = input_ids.shape[1]
     if runs_plain(plan, n, select is not None):
         return plain_prefill(model, input_ids)
-    no_filled_rows = plan.fill == FILL_OFF or plan.tail >= n
+    no_filled_rows = plan.fills_no_row(n)
 
     family = family_for(model.config)
     t0 = time.perf_counter()
@@ -162,7 +169,7 @@ def prefill(
         if isinstance(selected, Selection):
             if selected.tail is not None:
                 plan = dataclasses.replace(plan, tail=max(1, min(int(selected.tail), n)))
-                no_filled_rows = no_filled_rows or plan.tail >= n
+                no_filled_rows = no_filled_rows or plan.fills_no_row(n)
             if selected.fill is not None:
                 strategy = selected.fill.over(strategy)
             selected = selected.rows
@@ -187,9 +194,7 @@ def prefill(
 @torch.no_grad()
 def partial_every_row_exact(model: nn.Module, input_ids: torch.Tensor, split: int) -> PrefillResult:
     """`prefill` forced onto its partial path: tail 1, every prefix row selected exact (`floor`)."""
-    from rf_eval.fills.identity import Identity
-
-    plan = Plan(split, tail=1, fill=Identity.name)  # any fill from predicted inputs: every row is exact
+    plan = Plan(split, tail=1, fill=EVERY_ROW_EXACT)  # a fill that is never read: every row is exact
     return prefill(model, input_ids, plan, fill=PredictedInput(None), select=every_prefix_row)
 
 

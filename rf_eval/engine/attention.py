@@ -12,6 +12,17 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 
+def visible_keys(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """The causal rule, (queries, keys) bool: a query at position i reads the key at j when j <= i and,
+    on a sliding-window layer, i - window < j (as `transformers` masks it). The engine's attention and the
+    selectors' attention scores both read it."""
+    k_pos, q_pos = k_pos[None, :], q_pos[:, None].to(k_pos.device)
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask &= k_pos > q_pos - window
+    return mask
+
+
 def _attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -30,9 +41,7 @@ def _attend(
     the head's sink logit.
     """
     window, sinks = (None, None) if masking is None else (masking.window, masking.sinks)
-    mask = k_pos[None, :] <= q_pos[:, None]
-    if window is not None:
-        mask &= k_pos[None, :] > q_pos[:, None] - window
+    mask = visible_keys(q_pos, k_pos, window)
     if sinks is not None:
         k = torch.cat([k, k.new_zeros((*k.shape[:2], 1, k.shape[-1]))], 2)
         v = torch.cat([v, v.new_zeros((*v.shape[:2], 1, v.shape[-1]))], 2)

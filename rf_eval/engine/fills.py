@@ -334,8 +334,9 @@ class Corrected(RowFill):
 
 
 def row_fill_for(plan: Plan, fill: FillFn | RowFill | None, hooks: LateLayerHooks | None = None) -> RowFill:
-    """The strategy for `plan`: `fill` itself if it is one, else what the plan's fill method
-    (`rf_eval.fills`) builds from the fill function `fill`.
+    """The strategy for `plan`: `fill` itself if it is one; a bare fill function is a fill from predicted
+    inputs (`PredictedInput`). The engine knows strategies, not fill names: a fill method of another
+    strategy hands its own (`rf_eval.fills.fill_method(name).row_fill(fn)`; `NoFill()` for nofill).
 
     `hooks` wrap it (`Corrected`).
     """
@@ -345,10 +346,9 @@ def row_fill_for(plan: Plan, fill: FillFn | RowFill | None, hooks: LateLayerHook
         strategy = fill
     elif plan.fill == MAPPED:
         raise ValueError(f"fill {MAPPED!r} needs its mapped keys and values: pass fill=MappedKV(...)")
-    elif plan.fill == FILL_OFF:
-        strategy = PredictedInput(fill)  # no filled row reads it
+    elif plan.fill == FILL_OFF or fill is not None:
+        strategy = PredictedInput(fill)  # fill off: no filled row reads it
     else:
-        from rf_eval.fills import fill_method
-
-        strategy = fill_method(plan.fill).row_fill(fill)
+        raise ValueError(f"fill {plan.fill!r} has no fill function or strategy: pass fill=, its method's "
+                         f"row_fill (rf_eval.fills.fill_method({plan.fill!r}).row_fill(fn))")
     return strategy if hooks is None else Corrected(strategy, hooks)

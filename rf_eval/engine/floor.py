@@ -33,7 +33,7 @@ from rf_eval.engine.attention import QueryChunks, attend_exact_rows
 from rf_eval.engine.fills import PredictedInput
 from rf_eval.engine.layers import run_layers
 from rf_eval.engine.lower import decoder_layers, new_cache, run_lower_layers
-from rf_eval.engine.plan import Plan, PrefillResult
+from rf_eval.engine.plan import EVERY_ROW_EXACT, Plan, PrefillResult
 from rf_eval.engine.step import LayerStep, Rows
 from rf_eval.families import family_for
 
@@ -123,9 +123,7 @@ def _masked_attention(step: LayerStep, q, keys, values, scale: float, attn) -> t
 def filled_kernel_every_row_exact(model: nn.Module, input_ids: torch.Tensor, split: int) -> PrefillResult:
     """The partial path with every row exact, attending through the filled arms' kernel (`attend_exact_rows`)."""
     n = input_ids.shape[1]
-    from rf_eval.fills.identity import Identity
-
-    plan = Plan(split, tail=1, fill=Identity.name)  # any fill from predicted inputs: every row is exact
+    plan = Plan(split, tail=1, fill=EVERY_ROW_EXACT)  # a fill that is never read: every row is exact
     cache = new_cache(model)
     inputs, _ = run_lower_layers(model, input_ids, split, cache)
     exact = torch.arange(n, device=input_ids.device)

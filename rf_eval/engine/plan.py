@@ -18,6 +18,8 @@ DEFAULT_MAP_SPLIT = False
 FILL_OFF = "exact"
 #: The fill of a RaReCache plan: keys and values mapped from another model's cache (given as a `MappedKV`).
 MAPPED = "mapped"
+#: the label of the engine floor's plans (`floor`): the partial path with every prefix row selected exact
+EVERY_ROW_EXACT = "every-row-exact"
 
 # A fill function maps (late layer index, split states of the filled rows) to that layer's predicted input.
 FillFn = Callable[[int, torch.Tensor], torch.Tensor]
@@ -48,14 +50,32 @@ class Plan:
     map_split: bool = DEFAULT_MAP_SPLIT
 
     def __post_init__(self):
-        if self.fill not in (MAPPED, FILL_OFF):
-            from rf_eval.fills import fill_method
+        if not isinstance(self.fill, str) or not self.fill:
+            raise ValueError(f"fill must be a fill's name, got {self.fill!r}")
+        check_rows(self.tail, self.chunk_size)
 
-            fill_method(self.fill)  # a ValueError naming the valid fills
-        if self.tail < 1:
-            raise ValueError(f"tail must be >= 1 (the last prompt row is always exact), got {self.tail}")
-        if self.chunk_size is not None and self.chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1 or None, got {self.chunk_size}")
+    def fills_no_row(self, n: int) -> bool:
+        """True when no row of an n-row prompt is filled: the fill is off, or the tail covers the prompt."""
+        return self.fill == FILL_OFF or self.tail >= n
+
+
+def check_rows(tail: int, chunk_size: int | None = None) -> None:
+    """The tail and chunk rules (a plan's and an arm's): ValueError naming the bad value."""
+    if tail < 1:
+        raise ValueError(f"tail must be >= 1 (the last prompt row is always exact), got {tail}")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size}")
+
+
+def check_split(split: int, n_layers: int | None, lowest: int = 1) -> None:
+    """The split rule, for the engine, arms, fits and costs: `lowest` <= split <= n_layers - 1 (layer S runs
+    filled rows, so at least one layer lies at or above it; `lowest` is 0 for fills that map every layer).
+    Without `n_layers` (no model yet) only the lower bound is checked."""
+    if n_layers is None:
+        if split < lowest:
+            raise ValueError(f"split {split} is below {lowest}")
+    elif not lowest <= split <= n_layers - 1:
+        raise ValueError(f"split {split} is outside {lowest}..{n_layers - 1} for this {n_layers}-layer model")
 
 
 @dataclass

@@ -129,9 +129,9 @@ __all__ = [
 
 
 def _register_checkpoint_types() -> None:
-    """Checkpoint layouts `transformers` lacks, read with its own classes (`rf_eval.swiftkv`), registered
+    """Checkpoint layouts `transformers` lacks, read with its own classes (`rf_eval.checkpoints`), registered
     with `AutoConfig` wherever a model is loaded: everything that loads one imports this package first."""
-    from rf_eval.swiftkv import register_checkpoint_types
+    from rf_eval.checkpoints import register_checkpoint_types
 
     register_checkpoint_types()
 

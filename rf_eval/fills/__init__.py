@@ -25,8 +25,8 @@ from importlib.metadata import entry_points
 from rf_eval.engine.plan import FILL_OFF  # the arm with the fill off: every prompt runs the plain model
 from rf_eval.fills.base import STRATEGIES, FillMethod
 
-__all__ = ["FILL_OFF", "ENTRY_POINTS", "FILL_PATH_ENV", "FillMethod", "arm_fills", "fill_method", "register_fill",
-           "registered_fills"]
+__all__ = ["FILL_OFF", "ENTRY_POINTS", "FILL_PATH_ENV", "FillMethod", "absent_fills", "arm_fills", "fill_method",
+           "predicting_fills", "register_fill", "registered_fills"]
 
 FILL_PATH_ENV = "RF_EVAL_FILL_PATH"
 ENTRY_POINTS = "rf_eval.fills"
@@ -116,3 +116,13 @@ def fill_method(name: str) -> FillMethod:
     if name not in fills:
         raise ValueError(f"unknown fill {name!r}; valid fills: {', '.join(arm_fills())}")
     return fills[name]()
+
+
+def predicting_fills() -> list[str]:
+    """The fills from predicted inputs (corrections, splices and the probe apply to them)."""
+    return [n for n in registered_fills() if fill_method(n).supports_corrections]
+
+
+def absent_fills() -> list[str]:
+    """The fills whose filled rows are absent from late layers (cost_match controls)."""
+    return [n for n in registered_fills() if fill_method(n).absent]

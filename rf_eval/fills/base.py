@@ -125,7 +125,7 @@ class FillMethod:
 
     def bind(self, model: Any, maps: Any) -> Any:
         """The fill function for one loaded model (default: `fill_fn` at its dtype and input device)."""
-        from rf_eval.method import input_device
+        from rf_eval.devices import input_device
 
         return self.fill_fn(maps, next(model.parameters()).dtype, input_device(model))
 

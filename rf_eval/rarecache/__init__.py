@@ -3,7 +3,8 @@
 The paper is `shared/seeds/002_54f3fbfe8c9ddaae.txt` (section 3; appendix A, B).
 Modules: `features` (cache entries, RoPE undone/redone), `fit` (streaming
 map fit), `maps` (the file format and pair checks), `transfer` (mapping and
-the rank-disagreement score), `selectors`, `api` (`RaReCache`), `cost` (eq. 11).
+the rank-disagreement score), `budget` (ceil(rho * T)), `api` (`RaReCache`), `cost` (eq. 11);
+its row selectors are `rf_eval.selectors.mapped_cache`.
 Imports are lazy so that `import rf_eval.rarecache` stays cheap.
 
 Choices the paper leaves open (each also stated where it is made):
@@ -23,8 +24,8 @@ Choices the paper leaves open (each also stated where it is made):
   included (the engine needs it exact for the logits); at rho = 0 that row runs
   over the pure mapped cache like a first decoding step; rho = 1 is the plain
   target prefill. Layer-prefix: ceil(rho * L) layers.
-- Selectors: `attention` sums softmax weights from the last 32 prompt rows over
-  heads and the last max(1, L // 4) layers (sink included); `random` seeds from
+- Selectors (`rf_eval.selectors.mapped_cache`): `source-attention` sums softmax weights from the last 32 prompt rows over
+  heads and the last max(1, L // 4) layers (sink included); `random-positions` seeds from
   sha256(seed, prompt tokens); `oracle-l2` ranks by the relative error
   ||mapped - true||² / ||true||², keys and values of a layer together,
   averaged over layers (appendix C, figure 13; keys compared rotated).

@@ -36,21 +36,14 @@ from torch import nn
 from rf_eval import engine
 from rf_eval.devices import default_device, parse_dtype
 from rf_eval.engine import MappedKV, Plan, PrefillResult, new_cache, num_layers
-from rf_eval.method import check_prompt, generate, input_device
+from rf_eval.method import check_prompt, generate, input_device, model_identity
 from rf_eval.rarecache.arm_spec import RaReCacheArm
+from rf_eval.rarecache.budget import budget, layer_budget
 from rf_eval.rarecache.features import cache_entries, check_attention_only, prefill_cache
 from rf_eval.rarecache.maps import SIDES, TransferMaps, check_tokenizers, load_transfer_maps
-from rf_eval.rarecache.selectors import (
-    ATTENTION_QUERIES,
-    ORACLES,
-    budget,
-    l2_error,
-    layer_budget,
-    prefill_with_attention,
-    random_rows,
-    top_rows,
-)
 from rf_eval.rarecache.transfer import MappedCache, Mapper
+from rf_eval.selectors.mapped_cache import CachePrompt, prefill_with_attention
+from rf_eval.selectors.registry import cache_selector
 from rf_eval.weights import weights_fingerprint
 
 
@@ -89,9 +82,11 @@ class RaReCache:
             check_tokenizers(source_tokenizer, tokenizer)
         self.maps = maps if isinstance(maps, TransferMaps) else load_transfer_maps(maps)
         self.maps.check_pair(source.config, target.config)
-        self.maps.check_weights(weights_fingerprint(source), weights_fingerprint(target))
+        self.source_weights_sha256, self.weights_sha256 = weights_fingerprint(source), weights_fingerprint(target)
+        self.maps.check_weights(self.source_weights_sha256, self.weights_sha256)
         self.maps.check_tokenizer(tokenizer)
         self.rho, self.selector, self.seed = float(arm.rho), arm.selector, int(arm.seed or 0)
+        self.chooser = cache_selector(arm.selector)
         param = next(target.parameters())
         self.mapper = Mapper(self.maps, target, map_dtype or param.dtype, param.device, clock)
         self.clock = clock  # the phases' clock in `PrefillResult.timings` (benchmarks may pass time.process_time)
@@ -129,7 +124,7 @@ class RaReCache:
     # -- the prompt ---------------------------------------------------------------
     def is_plain(self, n: int) -> bool:
         """True when an n-token prompt has no mapped row (every row or every layer recomputed)."""
-        if self.selector == "layer-prefix":
+        if self.chooser.whole_layers:
             return layer_budget(self.rho, num_layers(self.target)) >= num_layers(self.target)
         return budget(self.rho, n) >= n
 
@@ -143,7 +138,7 @@ class RaReCache:
 
         if self.is_plain(n):
             return {"ceiling": 1.0}
-        if self.selector == "layer-prefix":  # eq. 11 counts recomputed rows, not layers
+        if self.chooser.whole_layers:  # eq. 11 counts recomputed rows, not layers
             return {}
         return {"ceiling": ceiling_for(self.target, self.maps, n, self.rho)}
 
@@ -156,7 +151,7 @@ class RaReCache:
                              "so none can be held back")
         ids = check_prompt(input_ids, self.target).to(self.device)
         n = ids.shape[1]
-        if self.selector == "layer-prefix":
+        if self.chooser.whole_layers:
             return self._layer_prefix(ids, layer_budget(self.rho, num_layers(self.target)), for_generation)
         prompt_rows = n + 1 if for_generation else n
         free = prompt_rows - 1  # candidates: every prompt row but the last (always exact, counted in the budget)
@@ -164,25 +159,18 @@ class RaReCache:
         if pick >= free:
             return self._exact(ids)
         t0 = self.clock()
-        if self.selector == "attention":
-            source_cache, received = prefill_with_attention(self.source, self.source_family, ids, ATTENTION_QUERIES)
+        received = None
+        if self.chooser.source_attention:
+            source_cache, received = prefill_with_attention(self.source, self.source_family, ids)
         else:
             source_cache = prefill_cache(self.source, ids)
         t1 = self.clock()
-        mapped = self._map(source_cache, score=self.selector == "rank")
+        mapped = self._map(source_cache, score=self.chooser.scores_mapping)
         t2 = self.clock()
-        if self.selector == "rank":
-            rows = top_rows(mapped.score[:free], pick)
-        elif self.selector == "random":
-            rows = random_rows(free, pick, self.seed, ids[:, :free])  # the candidates' tokens: a generation
-            # prefill (the prompt minus its last token) draws the rows a full prefill draws
-        elif self.selector == "attention":
-            rows = top_rows(received[:free], pick)
-        elif self.selector == "oracle-attention":
-            _, received = prefill_with_attention(self.target, self.family, ids, ATTENTION_QUERIES)
-            rows = top_rows(received[:free], pick)
-        else:  # oracle-l2
-            rows = top_rows(l2_error(mapped, prefill_cache(self.target, ids), n)[:free], pick)
+        rows = self.chooser.choose(CachePrompt(
+            ids=ids, free=free, pick=pick, mapped=mapped, seed=self.seed, source_received=received,
+            target_prefill=lambda: prefill_cache(self.target, ids),
+            target_attention=lambda: prefill_with_attention(self.target, self.family, ids)))
         t3 = self.clock()
         result = self._assemble(ids, mapped, rows, for_generation)
         t4 = self.clock()
@@ -259,21 +247,19 @@ class RaReCache:
         return generate(self, input_ids, **kwargs)
 
     def provenance(self) -> dict[str, Any]:
-        """What ran: method, budget, selector (oracles flagged), both models and the maps' identity."""
-        meta = {k: v for k, v in self.maps.metadata.items() if k not in ("file_sha256", "r2", "source_layers")}
+        """What ran: method, budget, selector (oracles flagged), the target's identity in every method's schema
+        (`rf_eval.method.model_identity`), the source's beside it."""
         return {
             "method": "rarecache",
             "rho": self.rho,
             "selector": self.selector,
-            "oracle": self.selector in ORACLES,
+            "oracle": self.chooser.oracle,
             "seed": self.seed,
             "budget": "layer-prefix: ceil(rho*L) target layers exact for all rows"
-            if self.selector == "layer-prefix"
+            if self.chooser.whole_layers
             else "ceil(rho*T) positions exact in every layer, the last prompt row included",
-            "target_model": getattr(self.target.config, "_name_or_path", ""),
+            **model_identity(self.target, self.weights_sha256, self.maps, ("file_sha256", "r2", "source_layers")),
             "source_model": getattr(self.source.config, "_name_or_path", ""),
-            "model_type": self.target.config.model_type,
+            "source_weights_sha256": self.source_weights_sha256,
             "map_dtype": str(self.mapper.dtype),
-            "maps_sha256": self.maps.sha256(),
-            "maps_metadata": meta,
         }

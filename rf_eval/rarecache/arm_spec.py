@@ -2,8 +2,8 @@
 
 Paper section 3: `rho` is the recompute budget in [0, 1] (ceil(rho * T)
 positions, or ceil(rho * L) layers for `layer-prefix`); `selector` chooses the
-positions (`rf_eval.rarecache.selectors.SELECTORS`; the oracles are labelled
-in provenance); `seed` seeds the random selector (and, in the adapter, sampled
+positions (`rf_eval.selectors.mapped_cache`, the registry's RaReCache selectors; the oracles are labelled
+in provenance); `seed` seeds random-positions (and, in the adapter, sampled
 generation). Built the same way from model_args and Python keyword arguments.
 """
 
@@ -20,15 +20,17 @@ from rf_eval.fields import ArmError, build
 class RaReCacheArm:
     rho: float = 0.3
     selector: str = "rank"
-    seed: int | None = None  # None: 0 for the random selector, lm-eval's --seed for sampling
+    seed: int | None = None  # None: 0 for random-positions, lm-eval's --seed for sampling
 
     def __post_init__(self) -> None:
-        from rf_eval.rarecache.selectors import SELECTORS
+        from rf_eval.selectors.registry import cache_selector
 
         if not 0 <= self.rho <= 1:
             raise ArmError(f"rho must be in [0, 1], got {self.rho}")
-        if self.selector not in SELECTORS:
-            raise ArmError(f"selector={self.selector!r} is not valid; valid selectors: {', '.join(SELECTORS)}")
+        try:
+            cache_selector(self.selector)
+        except ValueError as err:
+            raise ArmError(str(err)) from None
 
     @classmethod
     def from_fields(cls, values: dict[str, Any], *, what: str = "arm") -> RaReCacheArm:

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
+from rf_eval.hashing import file_sha256
 from rf_eval.ridgefill.maps import MapError, config_hash
+from rf_eval.tensor_files import read_tensors, save_tensors
 
 FORMAT = "rf-eval-rarecache-maps/1"
 FILENAME = "rarecache_maps.safetensors"
@@ -107,10 +107,8 @@ class TransferMaps:
         meta = {k: str(v) for k, v in self.metadata.items() if k != "file_sha256"}
         meta.update(format=FORMAT, source_layers=json.dumps(chosen))
         path = out / FILENAME
-        tmp = path.with_suffix(".tmp")
-        save_file(tensors, str(tmp), metadata=meta)
-        tmp.replace(path)
-        self.metadata["file_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        save_tensors(tensors, path, meta)
+        self.metadata["file_sha256"] = file_sha256(path)
         return path
 
     def check_pair(self, source_config, target_config) -> None:
@@ -163,12 +161,7 @@ def resolve(path: str | Path) -> Path:
 def load_transfer_maps(path: str | Path) -> TransferMaps:
     """Load a map file (or a folder holding one); a clear MapError for anything else."""
     file = resolve(path)
-    try:
-        with safe_open(str(file), framework="pt") as f:
-            meta = dict(f.metadata() or {})
-            tensors = {name: f.get_tensor(name) for name in f.keys()}
-    except Exception as err:  # safetensors raises several types for corrupt files
-        raise MapError(f"cannot read map file {file}: {err}") from err
+    tensors, meta = read_tensors(file, MapError, "map file")
     if meta.get("format") != FORMAT:
         raise MapError(f"{file} is not a RaReCache map file (format {meta.get('format')!r}, expected {FORMAT})")
     chosen = json.loads(meta["source_layers"])
@@ -184,5 +177,5 @@ def load_transfer_maps(path: str | Path) -> TransferMaps:
         side, kind, rest = name.split(".", 2)
         if kind == "source_mean":
             means[(side, int(rest))] = t
-    meta["file_sha256"] = hashlib.sha256(file.read_bytes()).hexdigest()
+    meta["file_sha256"] = file_sha256(file)
     return TransferMaps(maps=maps, source_mean=means, metadata=meta)

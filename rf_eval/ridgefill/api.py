@@ -14,7 +14,7 @@ from rf_eval.devices import default_device, parse_dtype
 from rf_eval.engine import Plan, PrefillResult
 from rf_eval.fields import ArmError
 from rf_eval.fills.base import check_model_forward
-from rf_eval.method import check_prompt, generate, input_device, method_forward
+from rf_eval.method import check_prompt, generate, input_device, method_forward, model_identity
 from rf_eval.ridgefill.arm import Arm
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.ridgefill.maps import RidgeMaps, load_arm_maps
@@ -184,13 +184,8 @@ class RidgeFill:
         info: dict[str, Any] = {
             "method": "ridgefill",
             **self.spec.describe(),  # fill, split, tail, chunk_size, map_split, selector, corrections, ...
-            "model_type": self.model.config.model_type,
-            "model_name": getattr(self.model.config, "_name_or_path", ""),
-            "weights_sha256": self.weights_sha256,
+            **model_identity(self.model, self.weights_sha256, self.maps),
         }
         if self.spec.allow_other_weights:
             info["allow_other_weights"] = True
-        if self.maps is not None:
-            info["maps_sha256"] = self.maps.sha256()
-            info["maps_metadata"] = {k: v for k, v in self.maps.metadata.items() if k != "file_sha256"}
         return info

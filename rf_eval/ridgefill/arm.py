@@ -24,7 +24,8 @@ from torch import nn
 
 from rf_eval import engine
 from rf_eval.engine import Plan, PrefillResult
-from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
+from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, FILL_OFF
+from rf_eval.engine.rowfill import RowFill
 from rf_eval.fills import fill_method, registered_fills
 from rf_eval.fills.ridge import Ridge
 from rf_eval.ridgefill.corrections import build_hooks
@@ -113,4 +114,6 @@ class Arm:
                 return selector.select(req.attach(ctx))
 
         hooks = build_hooks(self.corrections, self.splice, self.model, input_ids)
+        if plan.fill != FILL_OFF and not isinstance(fill, RowFill):  # the engine takes strategies, not names
+            fill = fill_method(plan.fill).row_fill(fill)
         return engine.prefill(self.model, input_ids, plan, fill=fill, select=select, capture=capture, hooks=hooks)

@@ -29,28 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
+from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, check_rows, check_split
 from rf_eval.fields import ArmError, build
-from rf_eval.fills import FILL_OFF, arm_fills, fill_method
+from rf_eval.fills import FILL_OFF, absent_fills, arm_fills, fill_method, predicting_fills
 
 SPLICES = ("keys", "values", "both")
 MAPS_DEVICES = ("model", "cpu")
 #: The exact tail's length when an arm does not name one.
 DEFAULT_TAIL = 4096  # the paper's tail (its sections 2.6 and 9); the rf-eval tasks share it
-
-
-def predicting_fills() -> list[str]:
-    """The fills from predicted inputs (corrections, splices and the probe apply to them)."""
-    from rf_eval.fills import registered_fills
-
-    return [n for n in registered_fills() if fill_method(n).supports_corrections]
-
-
-def absent_fills() -> list[str]:
-    """The fills whose filled rows are absent from late layers (cost_match controls)."""
-    from rf_eval.fills import registered_fills
-
-    return [n for n in registered_fills() if fill_method(n).absent]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,12 +67,12 @@ class RidgeFillArm:
             self._apply_preset()
         if self.fill not in arm_fills():
             raise ArmError(f"fill={self.fill!r} is not valid; valid fills: {', '.join(arm_fills())}")
-        if self.tail < 1:
-            raise ArmError(f"tail must be >= 1 (the last prompt row is always exact), got {self.tail}")
-        for name in ("split", "chunk_size"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ArmError(f"{name} must be >= 1, got {value}")
+        try:
+            check_rows(self.tail, self.chunk_size)
+            if self.split is not None:
+                check_split(self.split, None)
+        except ValueError as err:
+            raise ArmError(str(err)) from None
         if self.maps_device not in MAPS_DEVICES:
             raise ArmError(f"maps_device={self.maps_device!r} is not valid; valid: {', '.join(MAPS_DEVICES)}")
         if self.maps_device != "model" and not (self.method and self.method.needs_maps):
@@ -211,8 +197,10 @@ class RidgeFillArm:
             split = self.method.default_split(model_config)
         if split is None:
             split = n_layers // 2
-        if not 1 <= split <= n_layers - 1:
-            raise ArmError(f"split={split} is outside 1..{n_layers - 1} for this {n_layers}-layer model")
+        try:
+            check_split(split, n_layers)
+        except ValueError as err:
+            raise ArmError(str(err)) from None
         if self.method is not None:
             self.method.check_split(model_config, split)
         unigram = self.unigram

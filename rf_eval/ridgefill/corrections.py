@@ -18,7 +18,7 @@ every filled attention layer, from an exact reference prefill of the same
 prompt. The paper inserts exact keys before RoPE and rotates them at their
 own positions; the reference cache holds exactly that, RoPE(k_exact_j, j),
 computed by the same rotation with the same tables, so copying the cached
-rotated key is the same operation (tests/test_corrections.py checks it).
+rotated key is the same operation (tests/ridgefill/test_corrections.py checks it).
 Gated DeltaNet layers stay filled under every splice, as in the paper.
 Order: corrections run first, a splice last (it overrides what it replaces).
 """

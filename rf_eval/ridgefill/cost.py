@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
+from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, check_split
 from rf_eval.fills import FILL_OFF, fill_method
 from rf_eval.fills.nofill import NoFill
 
@@ -138,8 +138,7 @@ def prefill_macs(
         for c in costs:
             total += N * (c.write + c.rest) + c.attn_per_key * _causal_pairs(0, N, c.window)
         return total
-    if not 1 <= split <= L - 1:
-        raise ValueError(f"split {split} is outside 1..{L - 1}")
+    check_split(split, L)
     T = max(tail, 1)
     prefix = N - T
     E = min(max(exact_rows, 0), prefix)

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 import rf_eval
 from rf_eval.devices import all_reduce, rank_and_world
 from rf_eval.engine import num_layers
-from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
+from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, check_split
 from rf_eval.fills.ridge import Ridge
 from rf_eval.hashing import sha256_of_files
 from rf_eval.ridgefill.calibration import check_disjoint, check_nonempty, iter_documents
@@ -84,9 +84,8 @@ def check_lambdas(lambdas: Sequence[float] | None, have_heldout: bool) -> tuple[
 def check_splits(splits: Sequence[int], n_layers: int) -> list[int]:
     if not splits:
         raise ValueError("give at least one split")
-    bad = [s for s in splits if not 1 <= s <= n_layers - 1]
-    if bad:
-        raise ValueError(f"split {bad[0]} is outside 1..{n_layers - 1} for this {n_layers}-layer model")
+    for split in splits:
+        check_split(split, n_layers)
     return sorted(set(splits))
 
 

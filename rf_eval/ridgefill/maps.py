@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
+
+from rf_eval.hashing import file_sha256
+from rf_eval.tensor_files import read_tensors, save_tensors
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +107,7 @@ class RidgeMaps:
         meta = {k: str(v) for k, v in self.metadata.items() if k != "file_sha256"}
         meta.update(format=FORMAT, split=str(self.split))
         path = out / map_filename(self.split)
-        tmp = path.with_suffix(".tmp")
-        save_file(tensors, str(tmp), metadata=meta)
-        tmp.replace(path)  # atomic: a crash never leaves a half-written map file
-        return path
+        return save_tensors(tensors, path, meta)
 
     def check_model(self, config) -> None:
         """Refuse maps fitted for another model (by config hash) or with the wrong layer set."""
@@ -293,13 +291,7 @@ def load_arm_maps(path: str | Path, split: int | None) -> RidgeMaps:
 def load_maps(path: str | Path, split: int | None = None) -> RidgeMaps:
     """Load maps (float or int8 release format); a clear MapError for any bad file."""
     file = resolve_map_file(path, split)
-    try:
-        with safe_open(str(file), framework="pt") as f:
-            meta = dict(f.metadata() or {})
-            names = list(f.keys())
-            tensors = {name: f.get_tensor(name) for name in names}
-    except Exception as err:  # safetensors raises several types for corrupt files
-        raise MapError(f"cannot read map file {file}: {err}") from err
+    tensors, meta = read_tensors(file, MapError, "map file")
     if "split" not in meta:
         raise MapError(f"{file} has no 'split' metadata: not an rf-eval map file")
     file_split = int(meta["split"])
@@ -328,5 +320,5 @@ def load_maps(path: str | Path, split: int | None = None) -> RidgeMaps:
             _check_finite(file, name, t)
     if not A or set(A) != set(b):
         raise MapError(f"{file}: A and b tensors do not cover the same layers")
-    meta["file_sha256"] = hashlib.sha256(file.read_bytes()).hexdigest()
+    meta["file_sha256"] = file_sha256(file)
     return RidgeMaps(split=file_split, A=A, b=b, metadata=meta, path=file)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
+
+from rf_eval.tensor_files import read_tensors, save_tensors
 
 # The paper's grid: nine values between 1e-4 and 1 (appendix G).
 LAMBDA_GRID = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)
@@ -157,25 +157,18 @@ class RidgeSums:
             tensors[f"cxy.{layer}"] = self.cxy[layer].cpu()
         meta = dict(metadata)
         meta.update(split=str(self.split), count=str(self.count), layers=json.dumps(self.layers))
-        path = Path(path)
-        tmp = path.with_suffix(".tmp")
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
-        tmp.replace(path)
-        return path
+        return save_tensors(tensors, path, meta)
 
     @classmethod
     def load(cls, path: str | Path) -> tuple[RidgeSums, dict[str, str]]:
-        with safe_open(str(path), framework="pt") as f:
-            meta = dict(f.metadata() or {})
-            layers = json.loads(meta["layers"])
-            mean_x = f.get_tensor("mean_x")
-            sums = cls(split=int(meta["split"]), d_in=mean_x.shape[0], layers=layers)
-            sums.mean_x = mean_x
-            sums.cxx = f.get_tensor("cxx")
-            for layer in layers:
-                sums.mean_y[layer] = f.get_tensor(f"mean_y.{layer}")
-                sums.cxy[layer] = f.get_tensor(f"cxy.{layer}")
-            sums.count = int(meta["count"])
+        tensors, meta = read_tensors(path, ValueError, "sums file")
+        layers = json.loads(meta["layers"])
+        sums = cls(split=int(meta["split"]), d_in=tensors["mean_x"].shape[0], layers=layers)
+        sums.mean_x, sums.cxx = tensors["mean_x"], tensors["cxx"]
+        for layer in layers:
+            sums.mean_y[layer] = tensors[f"mean_y.{layer}"]
+            sums.cxy[layer] = tensors[f"cxy.{layer}"]
+        sums.count = int(meta["count"])
         return sums, meta
 
 

@@ -25,8 +25,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 from transformers import DynamicCache
 
@@ -35,6 +33,7 @@ from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.families import family_for
 from rf_eval.ridgefill.capture import run_with_layer_hooks
 from rf_eval.ridgefill.maps import config_hash
+from rf_eval.tensor_files import read_tensors, save_tensors
 
 
 def filled_share(log_g: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:
@@ -64,9 +63,7 @@ def save_table(delta: dict[int, torch.Tensor], meta: dict[str, str], out: str | 
     out = Path(out)
     path = out / filename(split) if out.suffix != ".safetensors" else out
     path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {f"dM.{layer}": t.float().contiguous() for layer, t in delta.items()}
-    save_file(tensors, str(path), metadata={k: str(v) for k, v in {**meta, "split": split}.items()})
-    return path
+    return save_tensors({f"dM.{layer}": t.float() for layer, t in delta.items()}, path, {**meta, "split": split})
 
 
 def load_table(path: str | Path, split: int | None = None) -> tuple[dict[int, torch.Tensor], dict[str, str]]:
@@ -82,9 +79,8 @@ def load_table(path: str | Path, split: int | None = None) -> tuple[dict[int, to
             p = p / filename(split)
     if not p.is_file():
         raise FileNotFoundError(f"no state-correction file at {p} (write one with `rf-eval fit-state-correction`)")
-    with safe_open(str(p), framework="pt") as f:
-        meta = dict(f.metadata() or {})
-        delta = {int(k.split(".")[1]): f.get_tensor(k) for k in f.keys() if k.startswith("dM.")}
+    tensors, meta = read_tensors(p, ValueError, "state-correction file")
+    delta = {int(k.split(".")[1]): t for k, t in tensors.items() if k.startswith("dM.")}
     if "split" not in meta or not delta:
         raise ValueError(f"{p} is not an rf-eval state-correction file")
     return delta, meta

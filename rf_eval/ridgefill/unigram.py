@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
+
+from rf_eval.tensor_files import read_tensors, save_tensors
 
 FILENAME = "unigram.safetensors"
 
@@ -60,11 +60,7 @@ class UnigramCounter:
         out.mkdir(parents=True, exist_ok=True)
         meta = {k: str(v) for k, v in (metadata or {}).items()}
         meta.update(documents=str(self.documents), tokens=str(int(self.counts.sum())), kind="unigram")
-        path = out / FILENAME
-        tmp = path.with_suffix(".tmp")
-        save_file({"counts": self.counts.contiguous()}, str(tmp), metadata=meta)
-        tmp.replace(path)
-        return path
+        return save_tensors({"counts": self.counts}, out / FILENAME, meta)
 
 
 def unigram_path(path: str | Path) -> Path:
@@ -82,7 +78,7 @@ def unigram_path(path: str | Path) -> Path:
 def load_unigram(path: str | Path) -> torch.Tensor:
     """Token counts (int64, one per id) from a table file or the folder holding it."""
     file = unigram_path(path)
-    with safe_open(str(file), framework="pt") as f:
-        if "counts" not in f.keys():
-            raise ValueError(f"{file} holds no 'counts' tensor: not an rf-eval unigram table")
-        return f.get_tensor("counts")
+    tensors, _ = read_tensors(file, ValueError, "unigram table")
+    if "counts" not in tensors:
+        raise ValueError(f"{file} holds no 'counts' tensor: not an rf-eval unigram table")
+    return tensors["counts"]

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from rf_eval.engine import Selection
+from rf_eval.engine.attention import visible_keys
 from rf_eval.selectors.base import Request, Selector, top_rows
 
 DEFAULT_LAYERS = (3, 7, 11, 15)
@@ -52,9 +53,7 @@ def attention_mass(
     """
     heads, kv_heads = q.shape[1], k.shape[1]
     group = heads // kv_heads
-    mask = k_pos[None, :].to(q.device) <= q_pos[:, None].to(q.device)
-    if window is not None:
-        mask &= k_pos[None, :].to(q.device) > q_pos[:, None].to(q.device) - window
+    mask = visible_keys(q_pos.to(q.device), k_pos.to(q.device), window)
     received = torch.zeros(k.shape[2], dtype=torch.float32, device=q.device)
     outs = []
     for g in range(kv_heads):

@@ -104,6 +104,9 @@ class Selector:
 
     name: ClassVar[str] = ""
     on_top: ClassVar[bool] = False
+    # the inputs it reads: RidgeFill's split-layer state through a `Request` ("split_state"), or RaReCache's
+    # mapped cache through a `rf_eval.selectors.mapped_cache.CachePrompt` ("mapped_cache")
+    reads: ClassVar[str] = "split_state"
 
     def params(self) -> dict[str, Any]:
         return {}

@@ -79,8 +79,7 @@ def probe_sweep(req: Request, rows: int) -> tuple[torch.Tensor, Precomputed | No
     when no prefix row lies before the probe rows).
     """
     ctx = req.ctx
-    from rf_eval.fills import FILL_OFF, fill_method
-    from rf_eval.ridgefill.arm_spec import predicting_fills
+    from rf_eval.fills import FILL_OFF, fill_method, predicting_fills
 
     if req.plan.fill == FILL_OFF or not fill_method(req.plan.fill).supports_corrections or req.fill is None:
         raise ValueError(f"the probe reads a filled cache: it needs a fill from predicted inputs "

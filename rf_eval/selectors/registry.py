@@ -15,6 +15,7 @@ from rf_eval.selectors.attention import Attention, QuestionHidden
 from rf_eval.selectors.base import Selector, Union
 from rf_eval.selectors.controls import LongerTail, RandomRows
 from rf_eval.selectors.lexical import LexicalNet
+from rf_eval.selectors.mapped_cache import CACHE_SELECTORS, CacheSelector
 from rf_eval.selectors.probe import Probe
 from rf_eval.selectors.tokens import ProtectedTokens, SpecialTokens
 from rf_eval.spec import check_params, parse_spec
@@ -22,8 +23,10 @@ from rf_eval.spec import check_params, parse_spec
 SELECTORS: dict[str, type[Selector]] = {
     cls.name: cls
     for cls in (Attention, QuestionHidden, RandomRows, LongerTail, Probe, ProtectedTokens, LexicalNet,
-                SpecialTokens, Union)
+                SpecialTokens, Union, *CACHE_SELECTORS)
 }
+# what a selector reads, by method: RidgeFill's the split layer's state, RaReCache's the mapped cache
+READS = {"ridgefill": "split_state", "rarecache": "mapped_cache"}
 _SELECTOR_PARAMS = ("of",)  # parameters whose value is itself a selector
 
 
@@ -32,15 +35,36 @@ def parameters(cls: type[Selector]) -> tuple[str, ...]:
     return tuple(p for p in sig.parameters if p != "self")
 
 
+def names_for(method: str) -> tuple[str, ...]:
+    """The registered selectors of `method` (ridgefill, rarecache), in registry order."""
+    return tuple(name for name, cls in SELECTORS.items() if cls.reads == READS[method])
+
+
+def _check_reads(name: str, method: str) -> type[Selector]:
+    """The selector class `name`, ValueError naming the valid ones when unknown or another method's."""
+    valid = ", ".join(sorted(names_for(method)))
+    if name not in SELECTORS:
+        raise ValueError(f"unknown selector {name!r}; valid {method} selectors: {valid}")
+    cls = SELECTORS[name]
+    if cls.reads != READS[method]:
+        owner = next(m for m, reads in READS.items() if reads == cls.reads)
+        raise ValueError(f"selector {name!r} is a {owner} selector (it reads the {cls.reads.replace('_', ' ')}); "
+                         f"valid {method} selectors: {valid}")
+    return cls
+
+
+def cache_selector(name: str) -> CacheSelector:
+    """RaReCache's selector `name` (no parameters: the budget and seed are the arm's)."""
+    return _check_reads(name, "rarecache")()
+
+
 def make_selector(name: str, **params: Any) -> Selector:
-    """A selector by registry name with its parameters; `a+b` is the union of a and b."""
+    """A RidgeFill selector by registry name with its parameters; `a+b` is the union of a and b."""
     if "+" in name or "(" in name:
         if params:
             raise ValueError(f"parameters for the spec {name!r} go inside it, e.g. 'attention(share=0.1)+special'")
         return selector_from(name)
-    if name not in SELECTORS:
-        raise ValueError(f"unknown selector {name!r}; valid selectors: {', '.join(sorted(SELECTORS))}")
-    cls = SELECTORS[name]
+    cls = _check_reads(name, "ridgefill")
     check_params("selector", name, params, parameters(cls))
     if name == "union":
         params["parts"] = [as_selector(p) for p in params.get("parts", [])]

@@ -28,7 +28,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from rf_eval.engine import decoder_layers
-from rf_eval.method import PrefillMethod, generation_cache, method_forward, sampling_seed
+from rf_eval.method import PrefillMethod, check_token_ids, generation_cache, method_forward, sampling_seed
 from rf_eval.serving import arms
 from rf_eval.serving.scoring import TokenScore, token_score
 
@@ -91,7 +91,7 @@ class Backend:
     def __init__(self, lm: Any, served_name: str | None = None):
         self.lm, self.settings = lm, lm.settings
         self.model, self.tokenizer = lm.model, lm.tokenizer
-        self.chat_template = lm.chat_template_record()
+        self.chat_template = lm.chat.record()
         self.n_layers = len(decoder_layers(self.model))
         self.max_length = int(lm.max_length)
         self.served_name = served_name or self.settings.pretrained.rstrip("/").rsplit("/", 1)[-1]
@@ -104,7 +104,7 @@ class Backend:
     @classmethod
     def from_model_args(cls, model_args: dict[str, Any], served_name: str | None = None) -> Backend:
         """The adapter named by `method` (default ridgefill) built from the rest of `model_args`."""
-        from rf_eval.model_adapters.config import adapter_class
+        from rf_eval.model_adapters.registry import adapter_class
 
         name = str(model_args.get("method") or "ridgefill")
         args = {k: v for k, v in model_args.items() if k != "method"}
@@ -160,16 +160,10 @@ class Backend:
         text = self.tokenizer.decode([token], skip_special_tokens=False)
         return text if "\ufffd" not in text else str(self.tokenizer.convert_ids_to_tokens(token))
 
-    @property
-    def vocab_rows(self) -> int:
-        """Token ids the model can read: 0..vocab_rows-1 (its input embedding's rows)."""
-        return int(self.model.get_input_embeddings().weight.shape[0])
-
     def check_ids(self, ids: list[int]) -> None:
-        """Token-id prompts must name rows of the embedding (else the model raises deep inside: a 500)."""
-        bad = [t for t in ids if not 0 <= t < self.vocab_rows]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside 0..{self.vocab_rows - 1} (this model's vocabulary)")
+        """Token-id prompts must name rows of the embedding (else the model raises deep inside: a 500);
+        the methods' rule, `rf_eval.method.check_token_ids`."""
+        check_token_ids(ids, self.model)
 
     def check_length(self, n_prompt: int, max_tokens: int) -> None:
         if n_prompt < 1:

@@ -16,19 +16,10 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-
-@dataclass(frozen=True)
-class ArmJob:
-    name: str
-    argv: tuple[str, ...]  # the full command (launcher prefix included)
-    out: str  # the study's output folder
-    fingerprint: str
-    marker: str  # its done.json, written when lm_eval exits 0
+from rf_eval.study.jobs import ArmJob, Progress, iso_time
 
 
 def arm_env() -> dict[str, str]:
@@ -54,7 +45,7 @@ def run_arm(job: ArmJob, in_process: bool = False) -> dict[str, Any]:
     if code != 0:
         raise RuntimeError(f"arm {job.name!r}: lm_eval exited {code}; see {out / 'logs' / f'{job.name}.log'}")
     record = {"arm": job.name, "fingerprint": job.fingerprint, "command": list(job.argv), "seconds": seconds,
-              "started": _iso(started), "finished": _iso(time.time())}
+              "started": iso_time(started), "finished": iso_time(time.time())}
     marker = Path(job.marker)
     marker.parent.mkdir(parents=True, exist_ok=True)
     tmp = marker.with_suffix(".tmp")
@@ -122,39 +113,6 @@ def _fd_streams():
     return tuple(_STREAMS)
 
 
-def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="microseconds")
-
-
-class Progress:
-    """One line per arm as it runs: arms done, requests done, elapsed, estimate left (to `stream`)."""
-
-    def __init__(self, out: Path, total: int, done: int):
-        self.out, self.total, self.done, self.times = out, total, done, []
-        self.lock = threading.Lock()
-        self.stream = None  # None: sys.stdout
-
-    def say(self, line: str) -> None:
-        print(line, file=self.stream or sys.stdout, flush=True)
-
-    def watch(self, job: ArmJob, stop: threading.Event) -> None:
-        from rf_eval.study.runner import cached_requests
-
-        start, last = time.time(), -1
-        while not stop.wait(5.0):
-            count = cached_requests(self.out, job.name)
-            if count != last:
-                self.say(f"      {job.name}: {count} requests done, {time.time() - start:.0f}s")
-                last = count
-
-    def finished(self, job: ArmJob, seconds: float) -> None:
-        with self.lock:
-            self.done += 1
-            self.times.append(seconds)
-            left = (self.total - self.done) * sum(self.times) / len(self.times)
-            self.say(f"[arms {self.done}/{self.total}] {job.name} done in {seconds:.0f}s; about {left:.0f}s left")
-
-
 class LocalLauncher:
     """Arms as processes on this machine, `parallel` at a time (default 1: one after another)."""
 
@@ -220,20 +178,3 @@ class AccelerateLauncher(LocalLauncher):
         several = ["--multi_gpu"] if self.processes > 1 else []
         return [sys.executable, "-m", "accelerate.commands.launch", *several, "--num_processes", str(self.processes),
                 *lm_eval_args]
-
-
-def make_launcher(name: str, out: Path, *, parallel: int | None = None, processes: int = 1, partition: str | None = None,
-                  gpus: int = 1, minutes: int = 240, slurm_cluster: str | None = None, detach: bool = False):
-    """The launcher `name` (local, accelerate, slurm); a ValueError names a bad choice before anything runs."""
-    if detach and name != "slurm":
-        raise ValueError(f"--detach is for --launcher slurm (its jobs run on without this process), not {name}")
-    if name == "local":
-        return LocalLauncher(parallel or 1)
-    if name == "accelerate":
-        return AccelerateLauncher(processes)
-    if name == "slurm":
-        from rf_eval.study.slurm import SlurmLauncher
-
-        return SlurmLauncher(out / "slurm", partition=partition, gpus=gpus, minutes=minutes, parallel=parallel or 64,
-                             cluster=slurm_cluster, detach=detach)
-    raise ValueError(f"unknown launcher {name!r}; valid launchers: local, accelerate, slurm")

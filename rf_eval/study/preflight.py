@@ -1,6 +1,6 @@
 """What `rf-eval study plan` and `study run` check before anything is registered, fitted or run: every
 rf-eval arm's model_args as its adapter checks them, every task name is one lm-eval knows (rf-eval's tasks and the study's `include_path` included), and every arm's
-tasks can get their data here (`rf_eval.tasks.data.preflight`). A study that would fail in its third arm
+tasks can get their data here (`rf_eval.tasks.data_needs.preflight`). A study that would fail in its third arm
 for a misspelled task, or after fitting maps for minutes for a missing essay haystack, fails here in one
 message instead. Before `study run` registers anything it also builds the tasks' data (`build_task_data`),
 so a generator that fails does too."""
@@ -115,7 +115,8 @@ def check_split(pretrained: str, split: int | None) -> None:
 def check_study(study: Study) -> None:
     """Refuse (StudyError) a study whose arms' settings are bad, whose tasks lm-eval cannot find or whose
     arms' tasks lack their data."""
-    from rf_eval.tasks.data import TaskDataMissing, preflight
+    from rf_eval.tasks.data import TaskDataMissing
+    from rf_eval.tasks.data_needs import preflight
 
     for arm in study.arms.values():
         check_arm_args(study, arm)

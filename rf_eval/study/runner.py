@@ -25,11 +25,13 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-import sqlite3
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from rf_eval.hashing import file_sha256
+from rf_eval.study.jobs import ArmJob, Progress, cached_requests
 from rf_eval.study.spec import ADAPTERS, Arm, Study, StudyError
 
 STATE = "study.json"
@@ -117,24 +119,12 @@ def fingerprint(study: Study, arm: Arm, maps: str | None, key_reference: str | N
     that reads the reference's key tokens includes that samples file's sha256."""
     import lm_eval
 
-    shared = hashlib.sha256(Path(key_reference).read_bytes()).hexdigest() if key_reference else ""
+    shared = file_sha256(key_reference) if key_reference else ""
     record = {"key_reference_sha256": shared, "model": study.pretrained, "model_args": study.model_args, "maps_sha256": maps_sha256(maps),
               "arm": {"model": arm.model, "args": arm.args}, "tasks": list(study.tasks), "lengths": list(study.lengths),
               "metadata": study.metadata, "limit": study.limit, "samples": study.samples,
               "chat": study.apply_chat_template, "seed": study.seed, "lm_eval": lm_eval.__version__}
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def cached_requests(out: Path, arm: str) -> int:
-    """Requests in the arm's --use_cache databases so far (a progress count; lm-eval writes as it goes)."""
-    total = 0
-    for db in (out / "cache").glob(f"{arm}_rank*.db"):
-        try:
-            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
-                total += conn.execute("SELECT COUNT(*) FROM unnamed").fetchone()[0]
-        except sqlite3.Error:
-            pass
-    return total
 
 
 def done_marker(out: Path, arm: str, arms_folder: str = "arms") -> Path:
@@ -230,42 +220,56 @@ def fit_maps_once(study: Study, out: Path) -> str | None:
     folder = out / "maps"
     marker = folder / "fit.json"
     want = _fit_fingerprint(study)
-    from rf_eval.cli import main as cli
+    from rf_eval.cli import UserError, options
+    from rf_eval.cli.fit import run as fit
 
-    fit = study.fit
-    argv = ["fit", "--model", study.pretrained, "--splits", str(fit["split"]), "--out", str(folder),
-            "--calibration", *[str(study.folder() / c) for c in fit["calibration"]]]
-    if fit.get("heldout"):
-        argv += ["--heldout", *[str(study.folder() / c) for c in fit["heldout"]]]
-    if fit.get("lambdas"):
-        argv += ["--lambdas", *map(str, fit["lambdas"])]
-    for key in ("dtype", "device"):
-        if key in study.model_args:
-            argv += [f"--{key}", str(study.model_args[key])]
-    print(f"[fit] maps for split {fit['split']} into {folder}", flush=True)
-    if cli(argv) != 0:
-        raise StudyError("the study's fit: block failed (see the messages above)")
+    given: dict[str, Any] = dict(study.fit_options(), out=str(folder), no_progress=False)
+    print(f"[fit] maps for split {study.fit['split']} into {folder}", flush=True)
+    try:
+        fit(options("fit", **given))
+    except UserError as err:
+        raise StudyError(f"the study's fit: block failed: {err}") from None
     marker.write_text(json.dumps({"fit": want}))
     return str(folder)
 
 
+def report_options(study: Study, out: Path, ledger: Path) -> Any:
+    """`rf-eval report`'s options over every arm's folder. No `metric`: the report reads each task by its
+    default measures (`rf_eval.stats.measures`: keytoken_nll's key- and novel-token ΔNLL, gap and KL;
+    acc_filled)."""
+    from rf_eval.cli import options
+
+    return options("report", runs=[str(arm_folder(study, out, a)) for a in study.arms], reference=study.reference,
+                   margin=float(study.margin), html=str(out / "report.html"), latex=str(out / "report.tex"),
+                   markdown=str(out / "report.md"), json=str(out / "report.json"),
+                   ledger=str(ledger) if ledger.is_file() else None,
+                   control=[f"{selected}={','.join(controls)}" for selected, controls in study.controls.items()])
+
+
 def report_argv(study: Study, out: Path, ledger: Path) -> list[str]:
-    """`rf-eval report` over every arm's folder. No `--metric`: the report reads each task by its default
-    measures (`rf_eval.stats.measures`: keytoken_nll's key- and novel-token ΔNLL, gap and KL; acc_filled)."""
-    argv = ["report", *[str(arm_folder(study, out, a)) for a in study.arms], "--reference", study.reference,
-            "--margin", str(study.margin), "--html", str(out / "report.html"), "--latex", str(out / "report.tex"),
-            "--markdown", str(out / "report.md"), "--json", str(out / "report.json")]
-    if ledger.is_file():
-        argv += ["--ledger", str(ledger)]
-    for selected, controls in study.controls.items():
-        argv += ["--control", f"{selected}={','.join(controls)}"]
-    return argv
+    """The `rf-eval report` command line of `report_options` (what the study prints as the command it ran)."""
+    from rf_eval.cli import as_argv
+
+    return as_argv("report", report_options(study, out, ledger))
+
+
+def write_report(study: Study, out: Path, ledger: Path) -> int:
+    """`rf-eval report` over the study's arms, called directly (`report_options`); 2 with the error printed
+    when the runs cannot be reported, as the command does."""
+    from rf_eval.cli import UserError
+    from rf_eval.cli.report import run as report
+
+    print("[report] " + shlex.join(["rf-eval", *report_argv(study, out, ledger)]), flush=True)
+    try:
+        return int(report(report_options(study, out, ledger)) or 0)
+    except UserError as err:
+        print(f"rf-eval report: error: {err}", file=sys.stderr, flush=True)
+        return 2
 
 
 def arm_job(study: Study, out: Path, launcher: Any, maps: str | None, name: str) -> Any:
     """The arm's job: its command (launcher prefix included) and fingerprint, with `key_reference` = the
     reference's samples file for an arm that reads its key tokens (a StudyError while it has none)."""
-    from rf_eval.study.launch import ArmJob
 
     arm = study.arms[name]
     key_reference = str(reference_samples(study, out)) if name in dependants(study) else None
@@ -319,17 +323,13 @@ def finish_study(study: Study, out: Path, ledger: Path, report: bool = True) -> 
     save_state(out, state)
     if not report:
         return 0
-    from rf_eval.cli import main as cli
-
-    print("[report] " + shlex.join(["rf-eval", *report_argv(study, out, ledger)]), flush=True)
-    return cli(report_argv(study, out, ledger))
+    return write_report(study, out, ledger)
 
 
 def run_study(study: Study, out: Path, launcher: Any, *, ledger: Path | None = None, follow_up: bool = False,
               report: bool = True) -> int:
     """Register, run every arm not yet done (resuming a half-finished one), report; see the module docstring.
     A launcher that `submits_study` (Slurm) gets the registered study and runs it as dependent jobs."""
-    from rf_eval.study.launch import Progress
 
     out.mkdir(parents=True, exist_ok=True)
     state = check_folder(study, out)

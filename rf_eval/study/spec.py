@@ -82,6 +82,21 @@ class Study:
     def folder(self) -> Path:
         return self.path.parent
 
+    def fit_options(self) -> dict[str, Any]:
+        """`rf-eval fit`'s options (by destination name) for the `fit:` block: its files relative to the study
+        file, the model's dtype and device from `model.args`. Empty without a `fit:` block."""
+        if self.fit is None:
+            return {}
+        given: dict[str, Any] = {
+            "model": self.pretrained, "splits": [int(self.fit["split"])],
+            "calibration": [str(self.folder() / c) for c in self.fit["calibration"]],
+            "heldout": [str(self.folder() / c) for c in self.fit.get("heldout") or []],
+        }
+        if self.fit.get("lambdas"):
+            given["lambdas"] = [float(x) for x in self.fit["lambdas"]]
+        given.update({k: str(self.model_args[k]) for k in ("dtype", "device") if k in self.model_args})
+        return given
+
 
 # key -> (type(s), required); nested schemas for the mappings below
 _TOP = {

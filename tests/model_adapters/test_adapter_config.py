@@ -48,7 +48,7 @@ def test_values_are_typed_and_lm_eval_flags_merge(tiny_model_dir):
         ("preset=pop,tail=8", "preset=pop sets fill, tail and split; leave out tail"),
         ("preset=pop,fill=ridge,split=2", "preset=pop sets fill, tail and split; leave out fill, split"),
         ("preset=popp", "preset='popp' is not valid; valid presets: pop"),
-        ("fill=identity,split=6", "split=6 is outside 1..5 for this 6-layer model"),
+        ("fill=identity,split=6", "split 6 is outside 1..5 for this 6-layer model"),
         ("fill=exact,pretrained=/no/such/model", "pretrained='/no/such/model'"),
         ("fill=identity,selector=probe,split=3", "selector='probe': no attention layer among layers [3, 7, 11, 15] "
                                                  "lies below split 3"),
@@ -81,7 +81,7 @@ def test_maps_contradictions_fail_before_the_weights_load(tiny_model_dir, tmp_pa
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
     with pytest.raises(ModelArgsError, match="fitted for another model"):
         RidgeFillLM.create_from_arg_string(f"pretrained={qwen},fill=ridge,maps={maps}")
-    with pytest.raises(ModelArgsError, match="split=6 is outside 1..5"):
+    with pytest.raises(ModelArgsError, match="split 6 is outside 1..5"):
         RidgeFillLM.create_from_arg_string(f"pretrained={llama},fill=identity,split=6")
     with pytest.raises(ModelArgsError, match="unknown model_args key"):
         RidgeFillLM.create_from_arg_obj({"pretrained": llama, "fill": "exact", "selector_args": "share=0.1"})

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from rf_eval.model_adapters.prefill_lm import FLOOR_PROBE_TOKENS
 from rf_eval.model_adapters.ridgefill import RidgeFillLM
+from rf_eval.model_adapters.run_records import FLOOR_PROBE_TOKENS
 
 
 def lm(model_dir: str, **args) -> RidgeFillLM:

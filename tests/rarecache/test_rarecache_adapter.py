@@ -46,7 +46,7 @@ def test_rho_one_is_bitwise_lm_evals_hf_model(fitted):
 
 def test_requests_run_over_the_rarecache_prefill(fitted):
     f = fitted("qwen3")
-    model = lm(f, rho=0.3, selector="random", seed=5, reference="exact")
+    model = lm(f, rho=0.3, selector="random-positions", seed=5, reference="exact")
     (logprob, _), = model.loglikelihood([req("loglikelihood", CONTEXT, " seven")])
     ctx, cont = model._encode_pair(CONTEXT, " seven")
     result = model.method.prefill(torch.tensor([ctx]))  # then the stock target over the continuation
@@ -60,7 +60,7 @@ def test_requests_run_over_the_rarecache_prefill(fitted):
     want = model.method.generate(ids, max_new_tokens=5, do_sample=False)[0, ids.shape[1]:].tolist()
     assert text == model._answer(want, ["\n", model.tok_decode([model.eot_token_id], False)])
     info = model.get_model_info()["rf_eval"]
-    assert (info["method"], info["rho"], info["selector"], info["seed"]) == ("rarecache", 0.3, "random", 5)
+    assert (info["method"], info["rho"], info["selector"], info["seed"]) == ("rarecache", 0.3, "random-positions", 5)
     assert info["oracle"] is False and lm(f, selector="oracle-l2").get_model_info()["rf_eval"]["oracle"] is True
 
 
@@ -72,6 +72,8 @@ def test_model_args_errors_name_the_problem(fitted, tmp_path):
         lm(llama, rho=1.5)
     with pytest.raises(ModelArgsError, match="selector"):
         lm(llama, selector="best")
+    with pytest.raises(ModelArgsError, match="selector 'attention' is a ridgefill selector.*source-attention"):
+        lm(llama, selector="attention")
     with pytest.raises(ModelArgsError, match="another"):
         lm(llama, maps=qwen["maps_dir"])
     with pytest.raises(ModelArgsError, match="no RaReCache map file"):

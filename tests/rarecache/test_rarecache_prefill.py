@@ -13,8 +13,10 @@ from rf_eval.families import registered_families
 from rf_eval.rarecache.api import RaReCache
 from rf_eval.rarecache.features import cache_entries, prefill_cache, unsupported
 from rf_eval.rarecache.maps import SIDES
-from rf_eval.rarecache.selectors import SELECTORS
+from rf_eval.selectors.registry import names_for
 from rf_eval.testing import tiny_config
+
+SELECTORS = names_for("rarecache")
 
 FAMILIES = tuple(name for name in registered_families() if unsupported(tiny_config(name, 259)) is None)  # KV caches
 
@@ -30,7 +32,7 @@ def mapped_for(rc: RaReCache, ids: torch.Tensor):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("selector", ["rank", "random", "layer-prefix"])
+@pytest.mark.parametrize("selector", ["rank", "random-positions", "layer-prefix"])
 def test_rho_one_is_bitwise_the_target(fitted, prompt, family, selector):
     rc = make(fitted, family, rho=1.0, selector=selector)
     target = rc.target
@@ -98,9 +100,9 @@ def test_rank_selector_takes_the_highest_scores(fitted, prompt):
 
 
 def test_random_selector_is_seeded_and_reproducible(fitted, prompt):
-    a = make(fitted, "llama", rho=0.3, selector="random", seed=1).prefill(prompt).exact_rows
-    b = make(fitted, "llama", rho=0.3, selector="random", seed=1).prefill(prompt).exact_rows
-    c = make(fitted, "llama", rho=0.3, selector="random", seed=2).prefill(prompt).exact_rows
+    a = make(fitted, "llama", rho=0.3, selector="random-positions", seed=1).prefill(prompt).exact_rows
+    b = make(fitted, "llama", rho=0.3, selector="random-positions", seed=1).prefill(prompt).exact_rows
+    c = make(fitted, "llama", rho=0.3, selector="random-positions", seed=2).prefill(prompt).exact_rows
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
@@ -119,7 +121,7 @@ def test_layer_prefix_recomputes_the_first_layers_for_every_row(fitted, prompt):
     assert rc.provenance()["budget"].startswith("layer-prefix")
 
 
-@pytest.mark.parametrize("selector", ["rank", "random", "layer-prefix", "oracle-l2"])
+@pytest.mark.parametrize("selector", ["rank", "random-positions", "layer-prefix", "oracle-l2"])
 def test_generation_prefill_gives_rows_the_same_classes(fitted, prompt, selector):
     """prefill(ids[:-1], for_generation) = the full-prompt prefill's cache without its last row."""
     rc = make(fitted, "qwen3", rho=0.3, selector=selector)
@@ -137,3 +139,19 @@ def test_oracles_are_labelled(fitted):
         info = make(fitted, "llama", selector=selector).provenance()
         assert info["oracle"] == selector.startswith("oracle")
         assert info["maps_sha256"] and info["maps_metadata"]["k"] == "2"
+
+
+def test_provenance_has_every_methods_identity_schema(fitted):
+    """One schema (`rf_eval.method.model_identity`): RaReCache records the target as RidgeFill records its
+    model, with the weights fingerprint `stats.comparable` compares arms by, and the source beside it."""
+    from rf_eval.ridgefill.api import RidgeFill
+    from rf_eval.weights import weights_fingerprint
+
+    f = fitted("llama")
+    info = make(fitted, "llama").provenance()
+    ridge = RidgeFill(f["target"], f["tokenizer"], fill="identity", split=2).provenance()
+    shared = {"method", "model_type", "model_name", "weights_sha256"}
+    assert shared <= set(ridge) and shared | {"maps_sha256", "maps_metadata"} <= set(info)
+    assert info["weights_sha256"] == ridge["weights_sha256"] == weights_fingerprint(f["target"])
+    assert info["source_weights_sha256"] == weights_fingerprint(f["source"]) != info["weights_sha256"]
+    assert (info["model_name"], info["model_type"]) == (ridge["model_name"], ridge["model_type"])

@@ -4,6 +4,7 @@ import pytest
 
 from rf_eval.selectors import make_selector, selector_from
 from rf_eval.selectors.lexical import content_mask, normalize_word, sentences, words
+from rf_eval.selectors.registry import cache_selector
 from rf_eval.selectors.tokens import ELIGIBLE, is_digit_token, token_class
 from rf_eval.spec import SpecError, parse_spec
 
@@ -123,8 +124,15 @@ def test_spec_parser():
 
 
 def test_registry_errors_name_the_bad_name_and_list_valid_ones():
-    with pytest.raises(ValueError, match=r"unknown selector 'atention'; valid selectors: attention, lexical_net"):
+    with pytest.raises(ValueError, match=r"unknown selector 'atention'; valid ridgefill selectors: attention, lexical_net"):
         make_selector("atention")
+    with pytest.raises(ValueError, match=r"selector 'rank' is a rarecache selector \(it reads the mapped cache\); "
+                                         r"valid ridgefill selectors: attention, "):
+        make_selector("rank")
+    with pytest.raises(ValueError, match=r"selector 'random' is a ridgefill selector \(it reads the split state\); "
+                                         r"valid rarecache selectors: layer-prefix, oracle-attention, oracle-l2, "
+                                         r"random-positions, rank, source-attention"):
+        cache_selector("random")
     with pytest.raises(ValueError, match=r"selector 'attention' has no parameter 'shar'; valid parameters: share"):
         make_selector("attention", shar=0.1)
     with pytest.raises(ValueError, match="exactly one of"):

@@ -40,7 +40,7 @@ def test_arm_spec_and_resolution():
     assert (arm.fill, arm.tail, arm.split) == ("identity", 64, 3)
     with pytest.raises(ArmError, match="unknown rf_arm field.*'fil'.*valid fields: fill"):
         resolve(base, {"fil": "identity"}, config)
-    with pytest.raises(ArmError, match="split=7 is outside 1..5"):
+    with pytest.raises(ArmError, match="split 7 is outside 1..5"):
         resolve(base, {"split": 7}, config)
     with pytest.raises(ArmError, match="pretrained"):
         resolve(base, {"pretrained": "other"}, config)

@@ -117,7 +117,7 @@ def test_server_and_adapter_render_alike_under_every_setting(thinking_dir, serve
     for messages in CHATS:
         text = lm.apply_chat_template(messages)
         assert backend.render_chat(messages) == text and backend.encode(text) == lm.encode_prompt(text)
-    assert backend.chat_template == lm.chat_template_record()
+    assert backend.chat_template == lm.chat.record()
     thinking = model_args.get("enable_thinking", (model_args.get("chat_template_args") or {}).get("enable_thinking"))
     expected = (False if thinking is None else thinking) if switch else None
     assert backend.chat_template["enable_thinking"] is expected

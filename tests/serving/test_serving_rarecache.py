@@ -58,8 +58,8 @@ def test_a_rarecache_server_serves_the_adapters_samples(pair, serve_env, tmp_pat
         url = served.url + "/v1/completions"
         body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 0}
         cases = {"server's arm": ({}, {"rho": 0.3}),
-                 "rf_arm": ({"rf_arm": {"rho": 0.6, "selector": "random", "seed": 3}},
-                            {"rho": 0.6, "selector": "random", "seed": 3})}
+                 "rf_arm": ({"rf_arm": {"rho": 0.6, "selector": "random-positions", "seed": 3}},
+                            {"rho": 0.6, "selector": "random-positions", "seed": 3})}
         first = {}
         for name, (extra, arm) in cases.items():
             status, out = post(url, {**body, **extra})

@@ -16,7 +16,8 @@ import pytest
 from conftest import adapter_helpers as helpers  # noqa: E402
 
 from rf_eval.cli import main as cli
-from rf_eval.study.runner import cached_requests, done_marker, run_study
+from rf_eval.study.jobs import cached_requests
+from rf_eval.study.runner import done_marker, run_study
 from rf_eval.study.spec import StudyError, load_study
 
 STUDY = """\

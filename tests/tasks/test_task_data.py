@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rf_eval.tasks import data, data_fetch, ruler_data
+from rf_eval.tasks import data, data_fetch, data_needs, ruler_data
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def stand_in_sources(monkeypatch, fx, tmp_path):
     ("hellaswag", None),  # lm-eval's own task: not rf-eval's business
 ])
 def test_what_each_task_downloads(task, sources):
-    assert data.needs([task]).get(task) == sources
+    assert data_needs.needs([task]).get(task) == sources
 
 
 def test_the_essay_list_is_lm_evals():
@@ -94,7 +94,7 @@ def test_fetch_writes_what_the_tasks_read(stand_in_sources, tmp_path):
     assert manifest["sources"]["essays"]["sha256"] == hashlib.sha256(essay_file.read_bytes()).hexdigest()
     # the fetched file splits into the very haystack lm-eval's get_haystack builds from the same source
     assert ruler_data.essay_haystack(essay_file) == ruler_data.ruler_module("prepare_niah").get_haystack("essay")
-    squad_url = data._qa_url("read_squad")
+    squad_url = data_fetch._qa_url("read_squad")
     assert json.loads((out / "squad.json").read_text())["url"] == squad_url
     assert [i["_id"] for i in json.loads((out / "longbench_v2.json").read_text())] == \
         [i["_id"] for i in stand_in_sources["items"]]
@@ -109,21 +109,21 @@ def test_fetch_writes_what_the_tasks_read(stand_in_sources, tmp_path):
 def test_offline_preflight_names_the_fetch_command_and_the_local_option(no_punkt, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(data.TaskDataMissing) as err:
-        data.preflight(["ruler_filled", "niah_single_1_filled"], {"data_dir": str(tmp_path / "empty")})
+        data_needs.preflight(["ruler_filled", "niah_single_1_filled"], {"data_dir": str(tmp_path / "empty")})
     message = str(err.value)
     assert "\n" not in message
     assert "rf-eval fetch-data --tasks ruler_filled --out DIR" in message and "essay_haystack" in message
     assert "punkt_tab" in message and "niah_single_1_filled" not in message
-    data.preflight(["niah_single_1_filled", "hellaswag"], {})  # nothing to download: passes offline
+    data_needs.preflight(["niah_single_1_filled", "hellaswag"], {})  # nothing to download: passes offline
 
 
 def test_offline_preflight_passes_with_a_data_folder(no_punkt, stand_in_sources, monkeypatch, tmp_path):
     out = tmp_path / "data"
     data_fetch.fetch(["ruler_filled", "longbench_v2_cot"], out, log=lambda line: None)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    data.preflight(["ruler_filled", "longbench_v2_cot"], {"data_dir": str(out)})
+    data_needs.preflight(["ruler_filled", "longbench_v2_cot"], {"data_dir": str(out)})
     monkeypatch.setenv(data.DATA_ENV, str(out))
-    data.preflight(["ruler_filled", "longbench_v2_cot"], {})
+    data_needs.preflight(["ruler_filled", "longbench_v2_cot"], {})
     assert data.local_copy("essays", {}) == out / "paul_graham_essays.txt"
     assert data.local_copy("essays", {"essay_haystack": "/elsewhere"}) == Path("/elsewhere")  # the option wins
 
@@ -135,7 +135,7 @@ def test_offline_preflight_passes_with_a_data_folder(no_punkt, stand_in_sources,
 ])
 def test_preflight_refuses_local_copies_that_are_not_there(metadata, says):
     with pytest.raises(data.TaskDataMissing, match=says.replace(".", r"\.")):
-        data.preflight(["niah_single_2_filled", "longbench_v2_cot", "keytoken_nll"], metadata)
+        data_needs.preflight(["niah_single_2_filled", "longbench_v2_cot", "keytoken_nll"], metadata)
 
 
 @pytest.mark.parametrize("argv, env, says", [

@@ -16,7 +16,7 @@ from rf_eval import families
 from rf_eval.families import family_class, family_class_for, registered_families, supported_model_types
 from rf_eval.testing import FAMILIES, tiny_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Llama's layers under a model type of its own (registered with transformers' Auto classes, as a
 # checkpoint's own code would be), with a tiny test model of five layers.
@@ -113,12 +113,12 @@ def test_a_new_family_module_runs_every_engine_invariant_with_no_other_edit(tmp_
     (tmp_path / f"{THROWAWAY}.py").write_text(textwrap.dedent(THROWAWAY_MODULE).lstrip())
     env = dict(os.environ, **{families.FAMILY_PATH_ENV: str(tmp_path)}, OMP_NUM_THREADS="1")
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-v", "-n0", "-p", "no:cacheprovider", "tests/test_engine.py", "-k",
+        [sys.executable, "-m", "pytest", "-v", "-n0", "-p", "no:cacheprovider", "tests/engine/test_engine.py", "-k",
              THROWAWAY],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    ran = re.findall(rf"^tests/test_engine\.py::(\w+)\[{THROWAWAY}\] PASSED", done.stdout, re.M)
+    ran = re.findall(rf"^tests/engine/test_engine\.py::(\w+)\[{THROWAWAY}\] PASSED", done.stdout, re.M)
     summary = re.search(r"(\d+) passed", done.stdout)
     assert ran and summary and int(summary.group(1)) == len(ran), done.stdout[-4000:]
     assert "failed" not in done.stdout.splitlines()[-1] and "error" not in done.stdout.splitlines()[-1]

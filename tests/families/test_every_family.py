@@ -25,16 +25,15 @@ from rf_eval.engine import decoder_layers, plain_prefill
 from rf_eval.families import family_class, family_for, registered_families, sliding_window
 from rf_eval.fields import ArmError
 from rf_eval.rarecache.api import RaReCache
+from rf_eval.rarecache.budget import layer_budget
 from rf_eval.rarecache.features import cache_entries, prefill_cache, unsupported
 from rf_eval.rarecache.fit import fit_transfer
 from rf_eval.rarecache.maps import SIDES
-from rf_eval.rarecache.selectors import SELECTORS as TRANSFER_SELECTORS
-from rf_eval.rarecache.selectors import layer_budget
 from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.fitting import fit_maps
 from rf_eval.ridgefill.maps import load_maps
 from rf_eval.ridgefill.state_correction import load_table
-from rf_eval.selectors.registry import SELECTORS
+from rf_eval.selectors.registry import SELECTORS, names_for
 from rf_eval.testing import make_tiny_pair
 
 SPLIT, TAIL = 3, 8
@@ -73,7 +72,8 @@ def texts(tmp_path_factory):
 
 
 def test_every_registered_selector_has_a_spec_here():
-    assert set(SELECTOR_SPECS) == set(SELECTORS)
+    assert set(SELECTOR_SPECS) == set(names_for("ridgefill"))
+    assert set(SELECTORS) == set(names_for("ridgefill")) | set(names_for("rarecache"))
 
 
 def check_result(result, n: int, tail: int = TAIL) -> None:
@@ -265,7 +265,7 @@ def test_every_public_path(family, tiny_model, tiny_model_dir, texts, tmp_path):
     target_pairs = stock_kv(target, ids)
     entries = dict(zip(SIDES, cache_entries(source, family_for(source.config), prefill_cache(source, ids))))
     mapped = None
-    for selector in TRANSFER_SELECTORS:
+    for selector in names_for("rarecache"):
         rc = RaReCache(target, source, tok, maps=transfer, source_tokenizer=tok, rho=0.3, selector=selector)
         result = rc.prefill(ids)
         # the mapped rows hold the map's K/V of the source's stock cache at their own positions (not the target's

@@ -12,7 +12,8 @@ from filled_reference import assert_matches, reference, split_state
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from rf_eval.cli.check_equivalence import compare
-from rf_eval.engine import Plan, plain_prefill, prefill
+from rf_eval.engine import NoFill, Plan, plain_prefill, prefill
+from rf_eval.fills import fill_method
 from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.maps import identity_fill
 from rf_eval.testing import FAMILIES  # every registered family
@@ -44,7 +45,7 @@ def test_no_filled_row_on_the_partial_path_is_the_stock_model(tiny_model, family
     ref = plain_prefill(model, ids)
     cases = [
         (Plan(split=3, tail=1, fill="exact"), None),
-        (Plan(split=3, tail=N, fill="nofill"), None),
+        (Plan(split=3, tail=N, fill="nofill"), NoFill()),
         (Plan(split=2, tail=N, fill="identity"), identity_fill),
         (Plan(split=4, tail=N + 5, fill="ridge", map_split=True), scaled_fill),  # even x̂_S is never read
     ]
@@ -203,13 +204,16 @@ def test_bad_plans_are_refused(tiny_model):
     with pytest.raises(ValueError, match="split 6 is outside 1..5"):
         prefill(model, ids, Plan(split=6, tail=4, fill="identity"), fill=identity_fill)
     with pytest.raises(ValueError, match="split 0 is outside 1..5"):
-        prefill(model, ids, Plan(split=0, tail=4, fill="nofill"))
+        prefill(model, ids, Plan(split=0, tail=4, fill="nofill"), fill=NoFill())
     with pytest.raises(ValueError, match="unknown fill 'magic'; valid fills: exact, identity, kv_ridge, nofill, ridge"):
-        Plan(split=3, tail=4, fill="magic")
-    with pytest.raises(ValueError, match="needs a fill function"):
+        fill_method("magic")  # names are the registry's: the engine takes strategies
+    with pytest.raises(ValueError, match="fill 'ridge' has no fill function or strategy"):
         prefill(model, ids, Plan(split=3, tail=4, fill="ridge"))
+    with pytest.raises(ValueError, match="needs a fill function"):
+        fill_method("ridge").row_fill(None)
     with pytest.raises(ValueError, match="exact rows must lie in the prefix"):
-        prefill(model, ids, Plan(split=3, tail=4, fill="nofill"), select=lambda ctx: torch.tensor([N - 1]))
+        prefill(model, ids, Plan(split=3, tail=4, fill="nofill"), fill=NoFill(),
+                select=lambda ctx: torch.tensor([N - 1]))
     with pytest.raises(ValueError, match="fill='ridgy' is not valid; valid fills: exact"):
         RidgeFill(model, fill="ridgy")
     with pytest.raises(ValueError, match="needs maps"):

@@ -23,7 +23,7 @@ from rf_eval.fills import FILL_OFF, arm_fills, fill_method, register_fill, regis
 from rf_eval.fills.base import FillMethod
 from rf_eval.ridgefill.api import RidgeFill
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 N, SPLIT, TAIL = 40, 3, 6
 
 

@@ -6,7 +6,7 @@ from rf_eval.cli import main
 from rf_eval.cli.families import BEGIN, END, rows, table, with_table
 from rf_eval.families import supported_model_types
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_readme_table_is_current():

@@ -1,0 +1,74 @@
+"""What a `PrefillLM` run records beside its arm, each kept by a small collaborator the adapter calls, so the
+adapter itself holds only request plumbing:
+
+- `ledger_head()`: the head of `$RF_EVAL_LEDGER` the run started from (read and verified before any weights
+  load), recorded as `config.rf_eval.ledger` (`rf-eval report --ledger` checks it).
+- `ChatRendering`: the chat-template arguments prompts render with, by `rf_eval.chat`'s rule (thinking off
+  by default where the template has a switch: RidgeFill paper section 3.2, appendix E), and their record.
+- `measure_engine_floor`: the partial path with every row exact against the stock model on a seeded probe
+  prompt (RidgeFill paper sections 4.3, 9), recorded as `config.rf_eval.engine_floor` with `reference=exact`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rf_eval import chat
+from rf_eval.model_adapters.config import ModelArgsError
+
+log = logging.getLogger(__name__)
+
+#: tokens of the probe prompt the engine floor is measured on (seeded ids, `measure_engine_floor`)
+FLOOR_PROBE_TOKENS = 64
+
+
+def ledger_head() -> Any:
+    """The head of `$RF_EVAL_LEDGER` (None without one); a ModelArgsError naming a bad ledger."""
+    from rf_eval.stats.ledger import LedgerError, ledger_from_env
+
+    try:
+        return ledger_from_env()
+    except LedgerError as err:
+        raise ModelArgsError(f"$RF_EVAL_LEDGER: {err}") from err
+
+
+@dataclass(frozen=True)
+class ChatRendering:
+    """How chat prompts render: `args` (HFLM's `chat_template_args`), and whether thinking was switched off
+    because the run left it unset (`thinking_default`)."""
+
+    tokenizer: Any
+    args: dict[str, Any]
+    thinking_default: bool
+
+    @classmethod
+    def for_run(cls, hf_args: dict[str, Any], tokenizer: Any) -> ChatRendering:
+        args, off = chat.template_args(hf_args, getattr(tokenizer, "chat_template", None))
+        if off:
+            log.info("the chat template has an enable_thinking switch: rendering with enable_thinking=False "
+                     "(the paper's protocols; pass enable_thinking=True to think)")
+        return cls(tokenizer, args, off)
+
+    def record(self) -> dict[str, Any] | None:
+        """What chat prompts are rendered with (`rf_eval.chat.record`)."""
+        return chat.record(self.tokenizer, self.args, self.thinking_default)
+
+
+def measure_engine_floor(model: Any, exact: Any, split: int, max_length: int, device: Any) -> dict[str, Any]:
+    """`rf_eval.engine.engine_floor` at `split` on a seeded probe prompt, run under the exact method's
+    forward (a fill that replaced the forward pauses): `{bitwise, max_abs, kl, first_diff, why,
+    filled_kernel: {...}, probe_tokens, split}`."""
+    from rf_eval.engine import engine_floor
+    from rf_eval.method import method_forward
+
+    n = min(FLOOR_PROBE_TOKENS, int(max_length))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, int(model.config.vocab_size), (1, n), generator=gen).to(device)
+    with method_forward(exact):
+        floor = engine_floor(model, ids, split)
+    log.info("engine floor (partial path, every row exact, %d tokens, split %d): %s", n, split, floor)
+    return {**floor, "probe_tokens": n, "split": split}

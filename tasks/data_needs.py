@@ -1,0 +1,135 @@
+"""Which rf-eval task needs which downloaded data, and the check that refuses a run lacking it before the
+model loads (`preflight`, wired into lm-eval's `simple_evaluate` by `check_before_model`). The pieces and
+where they are: `rf_eval.tasks.data`."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from rf_eval.tasks.data import SOURCES, TaskDataMissing, available, local_copy, missing_message, why_missing
+from rf_eval.tasks.ruler_data import ESSAY_HAYSTACK
+from rf_eval.tasks.second_question import BASE_TASK
+
+
+def ruler_sources(base_tasks: Iterable[str]) -> list[str]:
+    need: list[str] = []
+    for task in base_tasks:
+        if task in ESSAY_HAYSTACK:
+            need += ["essays", "punkt_tab"]
+        elif task == "ruler_qa_squad":
+            need.append("squad")
+        elif task == "ruler_qa_hotpot":
+            need.append("hotpotqa")
+    return list(dict.fromkeys(need))
+
+
+def _class_name(config: dict[str, Any]) -> str:
+    return str(config.get("class") or "").rsplit(".", 1)[-1]
+
+
+def sources_of(config: dict[str, Any]) -> list[str]:
+    """The SOURCES a task (its YAML config) downloads."""
+    kind = _class_name(config)
+    if kind == "RulerFilledPool":
+        return ruler_sources(config.get("ruler_tasks") or ())
+    if kind == "RulerFilledTask":
+        return ruler_sources([config.get("ruler_task") or str(config["task"]).removesuffix("_filled")])
+    if kind == "SecondQuestionTask":
+        return ruler_sources([BASE_TASK])
+    if kind == "LongBenchCoTTask":
+        return ["longbench_v2"]
+    return []
+
+
+def load_task_yaml(path: Path) -> dict[str, Any]:
+    """A task YAML as lm-eval reads it, without importing anything: `!function x.y` is the string `x.y`,
+    and an `include:`d file's keys come first (then this file's)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
+    config = yaml.load(path.read_text(encoding="utf-8"), Loader=Loader) or {}
+    if not isinstance(config, dict):
+        return {}
+    include = config.pop("include", None)
+    return {**load_task_yaml(path.parent / include), **config} if include else config
+
+
+def task_configs() -> dict[str, dict[str, Any]]:
+    """rf-eval's tasks by name: their YAML configs."""
+    from rf_eval.tasks import task_dir
+
+    configs = {}
+    for path in sorted(Path(task_dir()).glob("*/*.yaml")):
+        config = load_task_yaml(path)
+        if config.get("task"):
+            configs[str(config["task"])] = config
+    return configs
+
+
+def needs(tasks: Iterable[str]) -> dict[str, list[str]]:
+    """{task: its SOURCES} for the named tasks that are rf-eval's (others, lm-eval's own, are left out)."""
+    configs = task_configs()
+    return {t: sources_of(configs[t]) for t in tasks if t in configs}
+
+
+
+def preflight(tasks: Iterable[str], metadata: dict[str, Any] | None) -> None:
+    """Refuse, in one line per task, a run whose rf-eval tasks cannot get their data (see the module doc)."""
+    problems, hosts = [], {}
+    for task, names in needs(tasks).items():
+        for name in names:
+            given = local_copy(name, metadata)
+            if given is not None and not given.exists():
+                problems.append(f"{task}: {SOURCES[name].option}={given} does not exist")
+        absent = [n for n in names if not available(n, metadata, hosts)]
+        if absent:
+            problems.append(missing_message(task, absent, why_missing(absent)))
+        if task in ("keytoken_nll", "decode_agreement"):
+            docs = (metadata or {}).get("docs")
+            if docs and not Path(str(docs)).expanduser().exists():
+                problems.append(f"{task}: docs={docs} does not exist (a folder or file of .txt / .jsonl documents)")
+    if problems:
+        raise TaskDataMissing(" | ".join(problems))
+
+
+def check_before_model(evaluator) -> None:
+    """Wrap lm-eval's `simple_evaluate` (in module `evaluator`) so that it runs `preflight` on its task
+    names and metadata before it loads the model. A failure of this check's own code never stops lm-eval."""
+    import functools
+
+    original = evaluator.simple_evaluate
+    if getattr(original, "_rf_eval", False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def simple_evaluate(*args, **kwargs):
+        try:
+            bound = signature.bind_partial(*args, **kwargs).arguments
+            names = [t for t in bound.get("tasks") or () if isinstance(t, str)]
+            metadata = _run_metadata(bound)
+        except Exception:
+            names, metadata = [], {}
+        if names:
+            preflight(names, metadata)
+        return original(*args, **kwargs)
+
+    simple_evaluate._rf_eval = True
+    evaluator.simple_evaluate = simple_evaluate
+
+
+def _run_metadata(bound: dict[str, Any]) -> dict[str, Any]:
+    """What a task of this run sees in its metadata: model_args, the task manager's, then --metadata."""
+    model_args = bound.get("model_args") or {}
+    if isinstance(model_args, str):
+        from lm_eval.utils import simple_parse_args_string
+
+        model_args = simple_parse_args_string(model_args)
+    manager = getattr(bound.get("task_manager"), "metadata", None) or {}
+    return {**dict(model_args), **dict(manager), **dict(bound.get("metadata") or {})}
