@@ -164,28 +164,16 @@ class RidgeFillArm:
         return None if self.fill == FILL_OFF else fill_method(self.fill)
 
     # -- rules that need the model ------------------------------------------------------
-    def resolve(self, model_config: Any, maps: Any = None, weights: str | None = None) -> RidgeFillArm:
-        """This arm for one model (a `transformers` config) and its maps (`RidgeMaps` or None).
-
-        `weights`: the model's `rf_eval.weights.weights_fingerprint`, once the
-        weights are loaded (maps fitted on other weights are refused unless
-        `allow_other_weights`). Returns the spec with `split` (and `unigram`,
-        when the maps' folder holds one) filled in; an `ArmError` for anything
-        that does not fit (a `MapError` for maps that do not).
-        """
-        from rf_eval.ridgefill.maps import config_hash
-
+    def split_for(self, model_config: Any, maps_split: int | None = None) -> int:
+        """The split this arm runs at on this model, checked: the maps' (`maps_split`), else a preset's, else
+        the fill method's default, else L/2 (an ArmError for a split that contradicts them or lies outside
+        1..L-1). `resolve` takes it; `rf-eval study plan` costs arms by it before their maps exist."""
         n_layers = int(model_config.num_hidden_layers)
         split = self.split
-        if maps is not None:
-            if split is not None and split != maps.split:
-                raise ArmError(f"split={split} contradicts the maps, fitted for split {maps.split}")
-            maps.check_model(model_config)  # a MapError naming both config hashes
-            if weights is not None:
-                maps.check_weights(weights, allow_other_weights=self.allow_other_weights)
-            split = maps.split
-        if self.method is not None:
-            self.method.check(model_config, maps)
+        if maps_split is not None:
+            if split is not None and split != maps_split:
+                raise ArmError(f"split={split} contradicts the maps, fitted for split {maps_split}")
+            split = maps_split
         if self.preset is not None:
             from rf_eval.ridgefill.presets import preset
 
@@ -203,6 +191,26 @@ class RidgeFillArm:
             raise ArmError(str(err)) from None
         if self.method is not None:
             self.method.check_split(model_config, split)
+        return split
+
+    def resolve(self, model_config: Any, maps: Any = None, weights: str | None = None) -> RidgeFillArm:
+        """This arm for one model (a `transformers` config) and its maps (`RidgeMaps` or None).
+
+        `weights`: the model's `rf_eval.weights.weights_fingerprint`, once the
+        weights are loaded (maps fitted on other weights are refused unless
+        `allow_other_weights`). Returns the spec with `split` (and `unigram`,
+        when the maps' folder holds one) filled in; an `ArmError` for anything
+        that does not fit (a `MapError` for maps that do not).
+        """
+        from rf_eval.ridgefill.maps import config_hash
+
+        if maps is not None:
+            maps.check_model(model_config)  # a MapError naming both config hashes
+            if weights is not None:
+                maps.check_weights(weights, allow_other_weights=self.allow_other_weights)
+        if self.method is not None:
+            self.method.check(model_config, maps)
+        split = self.split_for(model_config, maps.split if maps is not None else None)
         unigram = self.unigram
         beside = getattr(maps, "path", None)
         if unigram is None and beside is not None and (Path(beside).parent / "unigram.safetensors").is_file():

@@ -28,6 +28,22 @@ def plan_text(study: Study, out: Path, launcher: Any) -> str:
     return "\n".join(lines)
 
 
+def maps_split(study: Study, split: int | None) -> int | None:
+    """The split of the study's maps before they load: its `fit:` block's, or the map file's header (None
+    where neither says)."""
+    if getattr(study, "fit", None) is not None:
+        return int(study.fit["split"])
+    if not getattr(study, "maps", None):
+        return None
+    from rf_eval.ridgefill.maps import MapError, resolve_map_file
+    from rf_eval.tensor_files import read_metadata
+
+    try:
+        return int(read_metadata(resolve_map_file(study.maps, split), MapError, "map file")["split"])
+    except (MapError, KeyError, ValueError):
+        return None
+
+
 def arm_costs(study: Study, arm: Arm) -> dict[int, float]:
     """The MAC model's cost of a ridgefill arm relative to exact prefill (paper section 2.5); {} where unknown.
 
@@ -49,8 +65,8 @@ def arm_costs(study: Study, arm: Arm) -> dict[int, float]:
     spec = RidgeFillArm.from_fields(fields, what="args")
     try:
         spec = spec.resolve(config)
-    except (ValueError, UserError):  # needs its maps (fill=ridge): the split the arm names, else L/2
-        spec = dataclasses.replace(spec, split=spec.split or config.num_hidden_layers // 2)
+    except (ValueError, UserError):  # needs its maps (fill=ridge): at the split they have, by the arm's rule
+        spec = dataclasses.replace(spec, split=spec.split_for(config, maps_split(study, spec.split)))
     out = {}
     for n in study.lengths:
         exact = prefill_macs(config, n)
