@@ -256,12 +256,13 @@ def report_argv(study: Study, out: Path, ledger: Path) -> list[str]:
 def write_report(study: Study, out: Path, ledger: Path) -> int:
     """`rf-eval report` over the study's arms, called directly (`report_options`); 2 with the error printed
     when the runs cannot be reported, as the command does."""
-    from rf_eval.cli import UserError
+    from rf_eval.cli import UserError, as_argv
     from rf_eval.cli.report import run as report
 
-    print("[report] " + shlex.join(["rf-eval", *report_argv(study, out, ledger)]), flush=True)
+    args = report_options(study, out, ledger)
+    print("[report] " + shlex.join(["rf-eval", *as_argv("report", args)]), flush=True)
     try:
-        return int(report(report_options(study, out, ledger)) or 0)
+        return int(report(args) or 0)
     except UserError as err:
         print(f"rf-eval report: error: {err}", file=sys.stderr, flush=True)
         return 2
