@@ -46,6 +46,11 @@ def figure_rows(results: dict) -> list[tuple[str, float, str]]:
     for row in results.get("adapter vs hf", []) if isinstance(results.get("adapter vs hf"), list) else []:
         rows.append((f"ridgefill fill=exact / hf requests/s ({row['words']} words, batch {row['batch']})",
                      row["ratio"], ">= 1.0"))
+    batch = results.get("batched prefill", {})
+    for name, value in batch.get("figures", {}).items():
+        if " / " in name or "equal" in name:  # the ratios and the equality check, not the raw rates
+            rows.append((f"batched prefill ({batch['prompts']} prompts of {batch['tokens']} tokens): {name}", value,
+                         "~1.0 (bitwise)" if "equal" in name else ""))
     rare = results.get("rarecache", {})
     for row in rare.get("rows", []):
         rows.append((f"RaReCache rho={row['rho']}: target prefill speedup / eq. 11 ceiling (T={rare['T']})",

@@ -11,7 +11,8 @@ one process (`bench_engine.timed_round_robin`): the plain forward, the partial p
 exact, identity, ridge, ridge + 10% attention-selected rows and the probe; each arm's speedup over exact
 against 1/r and the MAC-model ceiling; peak device memory of ridge against the plain forward; ridge with
 its maps streamed from host memory (`maps_device=cpu`) against maps resident on the device; the capture
-pass's throughput (tokens/s); and, once, the engine floor in the run's dtype: max |Δ| and KL of the
+pass's throughput (tokens/s); 8 prompts of one length in one engine call against one call each (prompts/s,
+plain forward and ridge); and, once, the engine floor in the run's dtype: max |Δ| and KL of the
 filled arms' attention kernel with every row exact against the stock model, and the greedy tokens that
 flip over 64 decoded tokens. Writes `gpu.json` and `gpu.md` (the Markdown table) to --out.
 """
@@ -54,6 +55,7 @@ SHAPES = {
                                  num_key_value_heads=1, head_dim=64, max_position_embeddings=8192)),
 }
 DECODED = 64  # greedy tokens compared for the engine floor
+BATCH = 8  # prompts of one batch (lm-eval's --batch_size 8)
 ARMS = ("plain", "partial exact", "exact", "identity", "ridge", "ridge+rows", "probe", "ridge streamed")
 
 
@@ -161,6 +163,30 @@ def measure(model, tokenizer, n: int, split: int, tail: int, repeats: int, devic
     return out
 
 
+def batched(model, tokenizer, n: int, split: int, tail: int, batch: int, repeats: int, device: str, dtype) -> dict:
+    """Prompts per second of `batch` prompts of one length, one at a time against all in one call (lm-eval's
+    `--batch_size`; `rf_eval.engine.batch`), for the plain forward and the ridge arm."""
+    ids = torch.cat([make_prompt(tokenizer, n, seed=s) for s in range(batch)]).to(device)
+    fill = random_maps(model, split).fill_fn(dtype, device)
+    plan = Plan(split, tail, "ridge")
+
+    def plain_batch():
+        with torch.no_grad():
+            return model(input_ids=ids, use_cache=True, logits_to_keep=1)
+
+    median = timed_round_robin({
+        "plain, one at a time": lambda: [plain_prefill(model, ids[b : b + 1]) for b in range(batch)],
+        f"plain, batch {batch}": plain_batch,
+        "ridge, one at a time": lambda: [prefill(model, ids[b : b + 1], plan, fill=fill) for b in range(batch)],
+        f"ridge, batch {batch}": lambda: prefill(model, ids, plan, fill=fill),
+    }, repeats, device)
+    rate = {arm: batch / seconds for arm, seconds in median.items()}
+    return {"N": n, "batch": batch, "prompts_per_s": rate,
+            "plain_batch_gain": rate[f"plain, batch {batch}"] / rate["plain, one at a time"],
+            "ridge_batch_gain": rate[f"ridge, batch {batch}"] / rate["ridge, one at a time"],
+            "ridge_over_plain_batched": rate[f"ridge, batch {batch}"] / rate[f"plain, batch {batch}"]}
+
+
 def engine_floor(model, tokenizer, n: int, split: int, device: str) -> dict:
     ids = make_prompt(tokenizer, n).to(device)
     with torch.no_grad():
@@ -188,6 +214,10 @@ def markdown(report: dict) -> str:
         lines.append(f"| {block['N']} | {block['partial_exact_over_plain']:.3f} | {block['one_over_r']:.2f}x | "
                      f"{'-' if peak is None else f'{peak:.2f}'} | {block['streamed_over_resident']:.3f} | "
                      f"{block['capture_tokens_per_s']:.0f} |")
+    b = report["batched"]
+    lines += ["", f"Batch {b['batch']} at N={b['N']} (prompts/s, one engine call against one per prompt): "
+                  f"plain {b['plain_batch_gain']:.2f}x, ridge {b['ridge_batch_gain']:.2f}x; ridge / plain both "
+                  f"batched {b['ridge_over_plain_batched']:.2f}x."]
     f = report["engine_floor"]
     lines += ["", f"Engine floor at N={f['N']} ({head['dtype']}): max |Δ| {f['max_abs']:.3g}, KL {f['kl']:.3g} nats, "
                   f"{f['greedy_flipped']} of {f['decoded']} greedy tokens flipped."]
@@ -227,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         report["lengths"].append(measure(model, tokenizer, n, split, tail, repeats, a.device, dtype))
         print(f"N={n} done at {time.perf_counter() - t0:.0f}s", flush=True)
+    batch_n = lengths[0] if a.tiny else 2048  # 8 prompts of 2K: the cache of 16K tokens fits beside the model
+    report["batched"] = batched(model, tokenizer, batch_n, split, batch_n // 4, BATCH, repeats, a.device, dtype)
     report["engine_floor"] = engine_floor(model, tokenizer, lengths[0], split, a.device)
     report["setup"]["total_seconds"] = time.perf_counter() - t0
     out = Path(a.out)

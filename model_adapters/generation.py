@@ -13,7 +13,14 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from rf_eval.method import empty_result, generation_cache, method_forward, sampling_seed
+from rf_eval.method import (
+    batched_prefills,
+    empty_result,
+    generation_cache,
+    generation_cache_needed,
+    method_forward,
+    sampling_seed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +108,28 @@ class GenerationMixin:
         if plain:  # `hf`'s own code, batched as `hf` batches
             for i, text in zip(plain, super().generate_until([requests[i] for i in plain], disable_tqdm)):
                 out[i] = text
-        for i, ids in tqdm(engine, desc="Running generate_until requests (engine)", disable=disable_tqdm or self.rank != 0):
+        bar = tqdm(total=len(engine), desc="Running generate_until requests (engine)",
+                   disable=disable_tqdm or self.rank != 0 or not engine)
+        for i, ids, state in self._generation_states(engine):
             context, gen_kwargs = requests[i].args
-            tokens, until = self.generate_tokens(self.method, ids, gen_kwargs)
+            tokens, until = self.generate_tokens(self.method, ids, gen_kwargs, state)
             out[i] = self._answer(tokens, until)
             self.cache_hook.add_partial("generate_until", (context, gen_kwargs), out[i])
+            bar.update(1)
+        bar.close()
         return out  # type: ignore[return-value]
+
+    def _generation_states(self, engine: list[tuple[int, list[int]]]):
+        """(request, prompt, generate_tokens state) for each engine request: the prompts `generation_cache`
+        prefills (all but the last token) go `batch_size` at a time through `batched_prefills`, longest
+        first; the others (plain, or a single token) start with no state, as `generation_cache` has it."""
+        prefilled = [(i, ids) for i, ids in engine if generation_cache_needed(self.method, ids)]
+        for i, ids in engine:
+            if not generation_cache_needed(self.method, ids):
+                yield i, ids, None
+        heads = [ids[:-1] for _, ids in prefilled]
+        for p, result in batched_prefills(self.method, heads, self.continuation_batch, for_generation=True):
+            yield prefilled[p][0], prefilled[p][1], {"result": result}
 
     def multiturn_generate(self, requests: list) -> list[dict[str, Any]]:
         """Custom request type: later turns appended to the cache of the earlier ones (no second prefill).

@@ -15,26 +15,30 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from rf_eval.method import method_forward
+from rf_eval.engine import PrefillResult
+from rf_eval.method import batched_prefills, method_forward
 
 
 class ScoringMixin:
-    def score_continuations(self, method: Any, prompt: list[int], conts: list[list[int]]) -> list[torch.Tensor]:
+    def score_continuations(self, method: Any, prompt: list[int], conts: list[list[int]],
+                            result: PrefillResult | None = None) -> list[torch.Tensor]:
         """Log-softmax rows (len(cont), V) predicting each continuation after `prompt`.
 
-        The method prefills `prompt` once: the first row is the prefill's last-row
-        logits, the others come from the stock model over the prompt's cache,
-        `batch_size` continuations at a time over copies of it (the last batch uses
-        the cache itself). A plain prompt runs with its continuation as one stock
-        forward, as `hf` does.
+        The method prefills `prompt` once (`result`, when the caller prefilled it
+        in a batch): the first row is the prefill's last-row logits, the others come
+        from the stock model over the prompt's cache, `batch_size` continuations at a
+        time over copies of it (the last batch uses the cache itself). A plain prompt
+        runs with its continuation as one stock forward, as `hf` does.
         """
         with method_forward(method):
-            return self._score_continuations(method, prompt, conts)
+            return self._score_continuations(method, prompt, conts, result)
 
-    def _score_continuations(self, method: Any, prompt: list[int], conts: list[list[int]]) -> list[torch.Tensor]:
+    def _score_continuations(self, method: Any, prompt: list[int], conts: list[list[int]],
+                             result: PrefillResult | None) -> list[torch.Tensor]:
         if method.is_plain(len(prompt)):
             return self._score_plain(prompt, conts)
-        result = method.prefill(self.ids_tensor(prompt))
+        if result is None:
+            result = method.prefill(self.ids_tensor(prompt))
         first = F.log_softmax(result.logits, dim=-1)  # (1, V), in the logits' dtype, as `hf`
         rows: list[torch.Tensor] = [first] * len(conts)
         longer = [j for j, c in enumerate(conts) if len(c) > 1]
@@ -104,10 +108,12 @@ class ScoringMixin:
                 results[i] = answer
         bar = tqdm(total=sum(map(len, groups.values())), desc="Running loglikelihood requests (engine)",
                    disable=disable_tqdm or self.rank != 0 or not groups)
-        for prompt in sorted(groups, key=len, reverse=True):  # longest first, as `hf`: memory errors show early
-            members = groups[prompt]
+        prompts = list(groups)  # longest first, as `hf` (memory errors show early), `batch_size` prompts at a time
+        for p, prefilled in batched_prefills(self.method, prompts, self.continuation_batch):
+            members = groups[prompts[p]]
             conts = [requests[i][2] for i in members]
-            for i, cont, rows in zip(members, conts, self.score_continuations(self.method, list(prompt), conts)):
+            scored = self.score_continuations(self.method, list(prompts[p]), conts, prefilled)
+            for i, cont, rows in zip(members, conts, scored):
                 target = torch.tensor(cont, device=rows.device)[None]  # (1, k), summed as `hf` sums
                 greedy = bool((rows.argmax(-1)[None] == target).all())
                 answer = (float(rows[None].gather(2, target[..., None])[..., 0].sum()), greedy)

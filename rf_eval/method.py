@@ -12,6 +12,8 @@ rules they share live here, once:
 - *generation*: `generation_cache` prefills a prompt minus its last token
   (`prefill(..., for_generation=True)`), and `generate` runs that token
   exactly, as a tail row;
+- *batches*: `batched_prefills` sends prompts of one length `--batch_size` at a
+  time to `prefill_batch`;
 - *sampling seeds*: `sampling_seed` derives a request's torch seed from a
   run's seed and the prompt's tokens, so arms and resumed runs draw the same
   stream whatever the request order.
@@ -20,8 +22,9 @@ rules they share live here, once:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol, runtime_checkable
 
@@ -50,6 +53,11 @@ class PrefillMethod(Protocol):
         prompt minus its last k tokens, which the caller runs with `extend`;
         every row keeps the class it has in a prefill of the whole prompt.
         """
+        ...
+
+    def prefill_batch(self, input_ids: torch.Tensor, *, for_generation: bool = False) -> list[PrefillResult]:
+        """`prefill` of each row of a B x N batch of prompts of one length: one engine call where the method's
+        rows are the same for every prompt, else one prefill each (`rf_eval.engine.batch` states how equal)."""
         ...
 
     def exact_tail(self, n: int) -> int:
@@ -145,6 +153,11 @@ def method_forward(method: PrefillMethod) -> AbstractContextManager:
     return replaced.paused()
 
 
+def generation_cache_needed(method: PrefillMethod, prompt: Sequence[int]) -> bool:
+    """Whether `generation_cache` prefills `prompt` (it has two tokens or more and a filled row)."""
+    return len(prompt) >= 2 and not method.is_plain(len(prompt))
+
+
 def generation_cache(method: PrefillMethod, prompt: list[int]) -> PrefillResult | None:
     """The cache `generate` continues from for `prompt`, or None when it should prefill the prompt itself.
 
@@ -152,9 +165,32 @@ def generation_cache(method: PrefillMethod, prompt: list[int]) -> PrefillResult 
     the whole prompt through the stock model, exactly as lm-eval's `hf` model
     does. Otherwise the method prefills every token but the last.
     """
-    if len(prompt) < 2 or method.is_plain(len(prompt)):
+    if not generation_cache_needed(method, prompt):
         return None
     return method.prefill(torch.tensor([prompt[:-1]], device=input_device(method.model)), for_generation=True)
+
+
+def batched_prefills(method: PrefillMethod, prompts: Sequence[Sequence[int]], batch_size: int, *,
+                     for_generation: bool = False) -> Iterator[tuple[int, PrefillResult]]:
+    """(i, the method's prefill of prompts[i]) for every prompt, longest first, prompts of one length
+    `batch_size` at a time through `prefill_batch` (lm-eval's `--batch_size`; padding-free, so only equal
+    lengths share a call). A batch's results are alive together, as `hf`'s batches are."""
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # stable: equal lengths keep their order
+    step = max(int(batch_size), 1)
+    for _length, same in itertools.groupby(order, key=lambda i: len(prompts[i])):
+        same = list(same)
+        for start in range(0, len(same), step):
+            chunk = same[start : start + step]
+            ids = torch.tensor([list(prompts[i]) for i in chunk], device=input_device(method.model))
+            with method_forward(method):
+                results = method.prefill_batch(ids, for_generation=for_generation)
+            yield from zip(chunk, results)
+
+
+def prefill_each(method: PrefillMethod, input_ids: torch.Tensor, *, for_generation: bool = False
+                 ) -> list[PrefillResult]:
+    """`prefill_batch` for a method whose prompts never share a call: one `prefill` per row."""
+    return [method.prefill(row[None], for_generation=for_generation) for row in input_ids]
 
 
 def generate(method: PrefillMethod, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from rf_eval.engine.attention import PREFIX_QUERY_CHUNK, QueryChunks, attend_exact_rows
+from rf_eval.engine.batch import check_batch, last_row_logits, split_batch
 from rf_eval.engine.context import PrefillContext, SelectFn, Selection
 from rf_eval.engine.fills import (
     Corrected,
@@ -82,7 +83,7 @@ __all__ = [
     "exact_rows_beside", "execution_device", "extend", "family_for", "filled_kernel_every_row_exact",
     "late_layers", "named_cache_tensors", "new_cache", "num_layers", "partial_every_row_exact",
     "partial_path_floors", "plain_prefill", "prefill", "row_fill_for", "run_layer",
-    "run_layers", "run_lower_layers", "runs_plain",
+    "run_layers", "run_lower_layers", "runs_plain", "split_batch",
 ]
 
 
@@ -147,9 +148,11 @@ def prefill(
     `select` returns prefix rows, or a `Selection` (rows, a new tail, a
     strategy to lay over this one). `hooks`: corrections and splices, which
     wrap the strategy (`Corrected`).
+
+    B x N prompts of one length run together (`rf_eval.engine.batch`) when their
+    rows are the plan's alone: no selector, no hooks, and at least one filled row.
     """
-    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-        raise ValueError(f"input_ids must be a 1 x N tensor, got shape {tuple(input_ids.shape)}")
+    check_batch(input_ids, plan, select is not None or hooks is not None)
     strategy = row_fill_for(plan, fill, hooks)
     n_layers = num_layers(model)
     check_split(plan.split, n_layers, strategy.min_split)
@@ -178,7 +181,7 @@ def prefill(
         exact = torch.arange(n, device=input_ids.device)
     t2 = time.perf_counter()
     x_exact = late_layers(model, family, plan, inputs, cache, exact, strategy)
-    logits = family.logits(model, x_exact[:, -1:])[:, -1]
+    logits = last_row_logits(model, family, x_exact)
     t3 = time.perf_counter()
     return PrefillResult(
         cache=cache,

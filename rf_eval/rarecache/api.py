@@ -36,7 +36,7 @@ from torch import nn
 from rf_eval import engine
 from rf_eval.devices import default_device, parse_dtype
 from rf_eval.engine import MappedKV, Plan, PrefillResult, new_cache, num_layers
-from rf_eval.method import check_prompt, generate, input_device, model_identity
+from rf_eval.method import check_prompt, generate, input_device, model_identity, prefill_each
 from rf_eval.rarecache.arm_spec import RaReCacheArm
 from rf_eval.rarecache.budget import budget, layer_budget
 from rf_eval.rarecache.features import cache_entries, check_attention_only, prefill_cache
@@ -141,6 +141,10 @@ class RaReCache:
         if self.chooser.whole_layers:  # eq. 11 counts recomputed rows, not layers
             return {}
         return {"ceiling": ceiling_for(self.target, self.maps, n, self.rho)}
+
+    def prefill_batch(self, input_ids: torch.Tensor, *, for_generation: bool = False) -> list[PrefillResult]:
+        """One prefill per prompt: each prompt's recomputed rows are its own."""
+        return prefill_each(self, input_ids, for_generation=for_generation)
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, *, for_generation: bool = False, held_back: int = 0) -> PrefillResult:

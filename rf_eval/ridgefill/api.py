@@ -14,7 +14,7 @@ from rf_eval.devices import default_device, parse_dtype
 from rf_eval.engine import Plan, PrefillResult
 from rf_eval.fields import ArmError
 from rf_eval.fills.base import check_model_forward
-from rf_eval.method import check_prompt, generate, input_device, method_forward, model_identity
+from rf_eval.method import check_prompt, generate, input_device, method_forward, model_identity, prefill_each
 from rf_eval.ridgefill.arm import Arm
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.ridgefill.maps import RidgeMaps, load_arm_maps
@@ -138,12 +138,27 @@ class RidgeFill:
         has in a prefill of the whole prompt.
         """
         input_ids = check_prompt(input_ids, self.model).to(self.device)
-        k = 1 if for_generation else int(held_back)
-        plan = self.plan_for(input_ids.shape[1] + k)
-        if k:
-            plan = dataclasses.replace(plan, tail=max(plan.tail - k, 1))
         with method_forward(self):
-            return self.arm.prefill(input_ids, plan, self._fill)
+            return self.arm.prefill(input_ids, self._plan_given(input_ids.shape[1], for_generation, held_back),
+                                    self._fill)
+
+    def prefill_batch(self, input_ids: torch.Tensor, *, for_generation: bool = False) -> list[PrefillResult]:
+        """`prefill` of each row of a B x N batch: one engine call when the arm has no per-prompt part
+        (`Arm.batches`) and the prompts have filled rows, else one prefill each."""
+        rows = [check_prompt(row[None], self.model) for row in input_ids]
+        n = input_ids.shape[1] + (1 if for_generation else 0)
+        if len(rows) == 1 or not self.arm.batches or self.is_plain(n):
+            return prefill_each(self, input_ids, for_generation=for_generation)
+        with method_forward(self):
+            plan = self._plan_given(input_ids.shape[1], for_generation, 0)
+            return engine.split_batch(self.arm.prefill(input_ids.long().to(self.device), plan, self._fill))
+
+    def _plan_given(self, given: int, for_generation: bool, held_back: int) -> Plan:
+        """The plan of a prompt of which `given` tokens are prefilled: the whole prompt's, its tail shortened
+        by the tokens held back (1 for generation), so every row keeps its class."""
+        k = 1 if for_generation else int(held_back)
+        plan = self.plan_for(given + k)
+        return dataclasses.replace(plan, tail=max(plan.tail - k, 1)) if k else plan
 
     def exact_tail(self, n: int) -> int:
         """The plan's tail rows of an n-token prompt (all n for a plain one)."""

@@ -93,6 +93,12 @@ class Arm:
         self.splice = spec.splice
         self.cost_match = spec.cost_match_obj
 
+    @property
+    def batches(self) -> bool:
+        """True when prompts of one length can share an engine call: no part of the arm is per prompt
+        (a selector's rows, a correction's or splice's reference)."""
+        return self.selector is None and not self.corrections and self.splice is None
+
     def plan_for(self, plan: Plan, n: int) -> Plan:
         """`plan` for an n-token prompt: a cost-matched control's tail is set by n."""
         if self.cost_match is None:

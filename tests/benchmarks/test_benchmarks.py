@@ -147,7 +147,13 @@ def test_the_gpu_benchmark_writes_every_field_at_toy_size(tmp_path):
         assert block["peak_memory_gib"] == {"plain": None, "ridge": None, "ridge_over_plain": None}  # CUDA only
         assert block["streamed_over_resident"] > 0 and block["capture_tokens_per_s"] > 0
         assert 0 < block["exact_rows"]["probe"] <= block["N"]
+    batched = report["batched"]
+    assert batched["batch"] == 8 and len(batched["prompts_per_s"]) == 4
+    assert all(rate > 0 for rate in batched["prompts_per_s"].values())
+    assert batched["ridge_batch_gain"] == batched["prompts_per_s"]["ridge, batch 8"] / batched["prompts_per_s"][
+        "ridge, one at a time"]
     floor = report["engine_floor"]
     assert floor["decoded"] == 64 and 0 <= floor["greedy_flipped"] <= 64 and floor["max_abs"] < 1e-4
     table = (tmp_path / "gpu.md").read_text()
     assert table.count("| 256 |") == 5 and table.count("| 512 |") == 5 and "greedy tokens flipped" in table
+    assert "Batch 8 at N=256" in table
