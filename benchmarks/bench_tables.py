@@ -46,6 +46,14 @@ def figure_rows(results: dict) -> list[tuple[str, float, str]]:
     for row in results.get("adapter vs hf", []) if isinstance(results.get("adapter vs hf"), list) else []:
         rows.append((f"ridgefill fill=exact / hf requests/s ({row['words']} words, batch {row['batch']})",
                      row["ratio"], ">= 1.0"))
+    for block in results.get("probe account", {}).get("lengths", []):
+        at = f"probe account: N={block['N']}"
+        rows.append((f"{at} probe speedup / MAC ceiling with rows + sweep", block["probe_of_ceiling"], ""))
+        rows.append((f"{at} its rows given directly: speedup / MAC ceiling", block["fixed_rows_of_ceiling"], ""))
+        for phase, row in block["phases"].items():
+            if row["charged_seconds"]:
+                rows.append((f"{at} {phase}: measured / charged seconds", row["seconds"] / row["charged_seconds"], ""))
+            rows.append((f"{at} {phase}: excess seconds / probe total", row["excess_share"], ""))
     batch = results.get("batched prefill", {})
     for name, value in batch.get("figures", {}).items():
         if " / " in name or "equal" in name:  # the ratios and the equality check, not the raw rates

@@ -7,7 +7,7 @@ Runs, each in its own process (so one's memory and threads do not disturb
 another's): the engine (its partial path with every row exact / plain forward,
 ridge and ridge + 10% rows against their MAC ceilings and 1/r,
 capture/forward, fit peak memory), the exact-row cost
-line and the probe, `ridgefill fill=exact` against lm-eval's `hf`, a filled arm and `hf` at batch 1 and 8
+line and the probe, where the probe's time goes by phase against its MAC charge, `ridgefill fill=exact` against lm-eval's `hf`, a filled arm and `hf` at batch 1 and 8
 on prompts of one length, RaReCache
 against its eq. 11 ceiling, and the paired bootstrap against scipy. Prints
 one table and writes all figures as JSON with the machine's description.
@@ -47,6 +47,8 @@ def suites(quick: bool, device: str) -> dict[str, list[str]]:
                                  "--counts", *(["0", "256", "512", "1024"] if quick else ["0", "512", "1024", "2048"]),
                                  "--repeats", "1" if quick else "3"],
         "adapter vs hf": ["bench_adapter.py", *reps, "--docs", "12" if quick else "24"],
+        "probe account": ["bench_probe.py", "--n", *(["2048"] if quick else ["4096", "8192", "16384"]),
+                          "--tail", "256" if quick else "1024", "--device", device, "--repeats", "2" if quick else "3"],
         "batched prefill": ["bench_batch.py", "--repeats", "3", "--tokens", "512" if quick else "1024"],
         "rarecache": ["bench_rarecache.py", "--T", "1024" if quick else "2048", *reps],
         "bootstrap": ["bench_bootstrap.py", "--repeats", "5"],

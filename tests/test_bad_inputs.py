@@ -1,4 +1,4 @@
-"""Bad inputs, one table per surface (issue #15): the Python API, `rf-eval fit` and `rf-eval ledger`.
+"""Bad inputs, one table per surface (issue #15): the Python API and its prompts, `rf-eval fit`, `rf-eval ledger`.
 
 Each row: the input, the fragment the message must hold, and the exit code (CLI) or error type (API).
 The others: maps in tests/test_maps_checks.py, the report in tests/reports/test_report_guards.py, serve in
@@ -51,6 +51,28 @@ def test_api_bad_inputs(tiny_model, kwargs, error, message):
     model, tok = tiny_model("llama")
     with pytest.raises(error) as err:
         RidgeFill(model, tok, **kwargs)
+    assert message in str(err.value)
+
+
+# (RidgeFill method, prompt ids, message fragment): what `prefill` and `prefill_batch` refuse
+BAD_PROMPTS = [
+    ("prefill", torch.tensor([5, 6, 7]), "must be a 1 x N tensor, got shape (3,)"),
+    ("prefill", torch.tensor([[5, 6], [7, 8]]), "must be a 1 x N tensor, got shape (2, 2)"),
+    ("prefill", torch.tensor([[1.0, 2.0]]), "must hold integer token ids"),
+    ("prefill", torch.tensor([[5, 100000]]), "token id 100000 is outside the model's vocabulary"),
+    ("prefill_batch", torch.tensor([5, 6, 7]), "must be a B x N tensor of prompts of one length, got (3,)"),
+    ("prefill_batch", [[5, 6]], "must be a B x N tensor of prompts of one length, got <class 'list'>"),
+    ("prefill_batch", torch.tensor([[5, 6], [7, 100000]]), "token id 100000 is outside the model's vocabulary"),
+    ("prefill_batch", torch.zeros((2, 0), dtype=torch.long), "input_ids is empty"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("method, ids, message", BAD_PROMPTS)
+def test_prompt_bad_inputs(tiny_model, method, ids, message):
+    model, tok = tiny_model("llama")
+    rf = RidgeFill(model, tok, fill="identity", tail=1)
+    with pytest.raises(ValueError) as err:
+        getattr(rf, method)(ids)
     assert message in str(err.value)
 
 

@@ -1,4 +1,4 @@
-"""The partial-prefill engine: one prompt in, the model's own cache out.
+"""The partial-prefill engine: one prompt in (or several of one length: `batch`), the model's own cache out.
 
 RidgeFill paper section 2.1. Layers 0..S-1 run exactly for every row (the
 model's own forward, stopped at layer S: `lower`). In each late layer l >= S

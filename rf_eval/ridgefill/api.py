@@ -145,9 +145,13 @@ class RidgeFill:
     def prefill_batch(self, input_ids: torch.Tensor, *, for_generation: bool = False) -> list[PrefillResult]:
         """`prefill` of each row of a B x N batch: one engine call when the arm has no per-prompt part
         (`Arm.batches`) and the prompts have filled rows, else one prefill each."""
-        rows = [check_prompt(row[None], self.model) for row in input_ids]
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be a B x N tensor of prompts of one length, got "
+                             f"{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids)}")
+        for row in input_ids:
+            check_prompt(row[None], self.model)
         n = input_ids.shape[1] + (1 if for_generation else 0)
-        if len(rows) == 1 or not self.arm.batches or self.is_plain(n):
+        if len(input_ids) == 1 or not self.arm.batches or self.is_plain(n):
             return prefill_each(self, input_ids, for_generation=for_generation)
         with method_forward(self):
             plan = self._plan_given(input_ids.shape[1], for_generation, 0)

@@ -53,12 +53,17 @@ def attention_mass(
     """
     heads, kv_heads = q.shape[1], k.shape[1]
     group = heads // kv_heads
-    mask = visible_keys(q_pos.to(q.device), k_pos.to(q.device), window)
+    blocked = ~visible_keys(q_pos.to(q.device), k_pos.to(q.device), window)
+    # Only the key columns some query cannot see are masked (in place): the probe's prefix keys, seen by
+    # every probe row, make most of the matrix and need no pass of their own.
+    cols = blocked.any(0).nonzero().squeeze(1)
+    masked = slice(int(cols[0]), int(cols[-1]) + 1) if cols.numel() else slice(0, 0)
     received = torch.zeros(k.shape[2], dtype=torch.float32, device=q.device)
     outs = []
     for g in range(kv_heads):
         qs = q[0, g * group : (g + 1) * group].float()
-        scores = (qs @ k[0, g].float().T * scale).masked_fill(~mask, float("-inf"))
+        scores = (qs @ k[0, g].float().T).mul_(scale)
+        scores[..., masked].masked_fill_(blocked[:, masked], float("-inf"))
         if sinks is not None:
             sink = sinks[g * group : (g + 1) * group].float().to(q.device)
             scores = torch.cat([scores, sink.view(-1, 1, 1).expand(-1, scores.shape[1], 1)], -1)

@@ -55,6 +55,40 @@ def test_engine_benchmark_at_toy_size(tmp_path):
     assert set(figures["targets"]) <= set(figures)
 
 
+def test_the_probe_account_splits_its_time_into_phases_at_toy_size(tmp_path):
+    """`bench_probe.py`: the probe's phases add up to its prefill, each beside its MAC charge (#28 item 4)."""
+    out = tmp_path / "probe.json"
+    subprocess.run([sys.executable, str(BENCH / "bench_probe.py"), "--n", "512", "--tail", "64", "--layers", "8",
+                    "--hidden", "128", "--repeats", "1", "--device", "cpu", "--json", str(out)],
+                   check=True, capture_output=True, text=True, timeout=300, cwd=BENCH)
+    (block,) = json.loads(out.read_text())["lengths"]
+    phases = block["phases"]
+    assert list(phases) == ["lower", "base", "sweep", "late"]
+    assert phases["base"]["charged_seconds"] == 0  # the MAC model charges the base rules nothing
+    assert all(row["seconds"] > 0 for row in phases.values())
+    assert all(phases[p]["charged_seconds"] > 0 for p in ("lower", "sweep", "late"))
+    total = sum(row["seconds"] for row in phases.values())
+    excess = sum(row["seconds"] - row["charged_seconds"] for row in phases.values()) / total
+    assert abs(sum(row["excess_share"] for row in phases.values()) - excess) < 1e-9
+    assert 0 < block["exact_rows"] <= 512 - 64 and block["probe_of_ceiling"] > 0
+    rows = tables.figure_rows({"probe account": {"lengths": [block]}})
+    assert ("probe account: N=512 base: excess seconds / probe total", phases["base"]["excess_share"], "") in rows
+
+
+def test_the_batch_benchmark_finds_batch_8_answers_equal_to_batch_1(tmp_path):
+    out = tmp_path / "batch.json"
+    subprocess.run([sys.executable, str(BENCH / "bench_batch.py"), "--tokens", "96", "--prompts", "8", "--tail", "32",
+                    "--hidden", "64", "--layers", "4", "--repeats", "1", "--json", str(out)],
+                   check=True, capture_output=True, text=True, timeout=300, cwd=BENCH)
+    report = json.loads(out.read_text())
+    figures = report["figures"]
+    assert figures["filled answers at every batch size equal batch 1's"] == 1.0
+    assert figures["filled / hf requests/s, batch 8"] == figures["filled b8 requests/s"] / figures["hf b8 requests/s"]
+    rows = tables.figure_rows({"batched prefill": report})
+    assert [name for name, _, _ in rows] == [f"batched prefill (8 prompts of 96 tokens): {name}" for name in figures
+                                             if " / " in name or "equal" in name]
+
+
 RESULTS = {
     "engine": {"N=4096 ridge speedup / MAC ceiling": 0.95, "N=8192 ridge speedup / MAC ceiling": 0.91,
                "N=4096 partial path, every row exact / plain forward": 1.02,
