@@ -84,6 +84,25 @@ def check_model_forward(model: Any, fill: str) -> None:
                          f"it); fill={fill} needs the model loaded again")
 
 
+def check_ragged_cache(fill: str, model_config: Any) -> None:
+    """Refuse (`ArmError`) a fill whose late layers hold fewer rows than the prompt on a model that cannot
+    decode from such a cache: a sliding-window layer's mask assumes every row, and eager attention adds
+    one mask as long as the lower layers' cache to every layer (transformers' SDPA path decodes one
+    query without a mask, so each layer attends to exactly the rows it holds)."""
+    from rf_eval.families import sliding_window
+    from rf_eval.fields import ArmError
+
+    why = "fill={} leaves late layers with fewer rows than the prompt, which {}; use a fill, or a longer tail " \
+          "(tail >= the prompt) for the exact arm"
+    if sliding_window(model_config) is not None:
+        raise ArmError(why.format(fill, "this model's sliding-window layers cannot decode from (their masks "
+                                        "assume every row)"))
+    if getattr(model_config, "_attn_implementation", None) == "eager":
+        raise ArmError(why.format(fill, "eager attention cannot decode from (it adds one mask as long as the "
+                                        "prompt to every layer); load the model with attn_implementation=sdpa "
+                                        "(an hf model_arg)"))
+
+
 class FillMethod:
     """One fill method; subclass it in a module of its own (see the module docstring)."""
 
@@ -172,3 +191,5 @@ class FillMethod:
 
             fit = f" (fit them with `rf-eval {self.fit_command}`)" if self.fit_command else ""
             raise ArmError(f"fill={self.name} needs maps= (a folder or file of fitted maps){fit}")
+        if self.absent:
+            check_ragged_cache(self.name, model_config)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rf_eval.fills.base import FillMethod
 
 
@@ -12,12 +10,3 @@ class NoFill(FillMethod):
     summary = "filled rows are absent from late layers; exact rows attend to exact rows only"
     strategy = "absent"
     source = "RidgeFill §2.1, §3.3 (the compute-matched control)"
-
-    def check(self, model_config: Any, maps: Any) -> None:
-        from rf_eval.families import sliding_window
-        from rf_eval.fields import ArmError
-
-        if sliding_window(model_config) is not None:
-            raise ArmError(f"fill={self.name} leaves late layers with fewer rows than the prompt, which this "
-                           "model's sliding-window layers cannot decode from (their masks assume every row); "
-                           "use a fill, or a longer tail (tail >= the prompt) for the exact arm")

@@ -51,8 +51,8 @@ def test_each_prompt_of_a_batch_gets_its_own_prefill_and_decodes_from_its_own_ca
             assert all(t.shape[0] == 1 for t in cache_tensors(got.cache))  # a batch-1 cache of the model's type
             assert_same(got, one, moe)
         if together[0].ragged and model.config._attn_implementation == "eager":
-            continue  # eager attention masks even one query, to the lower layers' length: a ragged cache
-            # (nofill) does not decode under it, batched or not (GPT-OSS's sinks need eager)
+            continue  # a ragged cache (nofill) does not decode under eager attention, batched or not; arms
+            # refuse it there (rf_eval.fills.base.check_ragged_cache). GPT-OSS's sinks need eager
         for b in range(B):  # each split cache decodes on its own, and decoding one leaves the others as they were
             got, one = extend(model, together[b], nxt[b : b + 1]), extend(model, alone[b], nxt[b : b + 1])
             torch.testing.assert_close(got, one, rtol=0, atol=1e-5 if moe else 0)

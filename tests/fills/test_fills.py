@@ -196,3 +196,34 @@ def test_a_fill_name_is_a_literal_only_in_its_own_file():
         found += [f"{path.relative_to(ROOT)}: {name!r}" for name in (_string_literals(path) & set(own.values()))
                   if name not in allowed]
     assert not found, found
+
+
+def test_a_ragged_cache_is_refused_where_it_cannot_decode_and_decodes_where_it_is_allowed(tiny_model_dir):
+    """nofill's late layers hold only the exact rows. Under SDPA one decoded query attends without a mask,
+    so it decodes (the control); eager attention adds the lower layers' full-length mask to every layer and
+    fails on it, so the arm is refused before any prompt runs, naming the hf model_arg that fixes it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rf_eval.engine import extend
+    from rf_eval.fields import ArmError
+
+    path = tiny_model_dir("llama")
+    tok = AutoTokenizer.from_pretrained(path)
+    ids = torch.randint(3, 200, (1, N), generator=torch.Generator().manual_seed(0))
+    plan = Plan(split=SPLIT, tail=TAIL, fill="nofill")
+    results = {}
+    for attn in ("sdpa", "eager"):
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn).eval()
+        result = prefill(model, ids[:, :-1], plan, fill_method("nofill").row_fill(None))
+        assert result.ragged
+        try:
+            results[attn] = extend(model, result, ids[:, -1:])
+        except RuntimeError as err:  # the mask of the prompt's length added to the late layers' shorter keys
+            results[attn] = err
+        if attn == "eager":
+            with pytest.raises(ArmError, match="eager attention cannot decode from .*attn_implementation=sdpa"):
+                RidgeFill(model, tok, fill="nofill", split=SPLIT, tail=TAIL)
+        else:
+            RidgeFill(model, tok, fill="nofill", split=SPLIT, tail=TAIL)  # allowed
+    assert isinstance(results["sdpa"], torch.Tensor) and torch.isfinite(results["sdpa"]).all()
+    assert isinstance(results["eager"], RuntimeError), "eager decodes a ragged cache now: drop the refusal"
