@@ -45,7 +45,7 @@ CANDIDATES = {c.name: c for c in (
     Candidate("c12-chat-grid", 12, True, GRID),  # + chat-formatted copies (the paper's Flash-Next maps)
     Candidate("c24-chat-grid", 24, True, GRID),
     Candidate("c48-grid", 48, False, GRID),
-    Candidate("demo", 24, False, GRID),  # the demo's maps as `rf_eval.demo.study.settings` makes them
+    Candidate("demo", 48, False, GRID),  # the demo's maps as `rf_eval.demo.study.settings` makes them
 )}
 
 

@@ -41,7 +41,8 @@ SPLIT = 18
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """Sizes chosen so the whole demo fits in 15 minutes on 2 CPU cores (`--quick`: a few minutes)."""
+    """Sizes chosen so `--quick`, the README's first command, fits in 15 minutes on 2 CPU cores with the install
+    and the first fit; the full demo scores more documents at two lengths."""
 
     lengths: tuple[int, ...]
     tail: int
@@ -63,22 +64,25 @@ STUDY_FILE = "demo_study.yaml"  # the arms, tasks and reference; sizes and run-t
 
 
 def settings(quick: bool) -> DemoSettings:
-    """The demo's sizes. Both share one set of maps: 24 calibration documents (about 36K rows) and the
-    ridge penalty chosen from the paper's nine-value grid on 4 held-out documents, the smallest set that
-    kept every filled needle identity keeps at both sizes in the sweep (`benchmarks/demo_sweep.py`: 3
-    documents at lambda 0.03, the quick demo's maps before, lost 2 of 6). Key tokens need the context
-    beyond the last `keytoken_context` tokens, the tail: what the fill replaces (section 3.1)."""
-    maps = dict(calibration_docs=24, heldout_docs=4)
+    """The demo's sizes. Both share one set of maps: 48 calibration documents (about 73K rows) and the
+    ridge penalty chosen from the paper's nine-value grid on 4 held-out documents. The sweep
+    (`benchmarks/demo_sweep.py`, issue #23's note) chose them: 3 documents at lambda 0.03, the quick demo's
+    maps before, lost 2 of 6 filled needles; 24 kept every needle but left ridge's key-token loss at 0.46
+    of identity's on the full demo, 48 at 0.39. Keytoken documents: as many as the corpus holds at the
+    full demo's length (15), and 12 in the quick demo (94 key tokens; its first 4 had 21, too few to tell
+    the fills apart). Key tokens need the context beyond the last `keytoken_context` tokens, the tail:
+    what the fill replaces (section 3.1)."""
+    maps = dict(calibration_docs=48, heldout_docs=4)
     if quick:
         return DemoSettings(lengths=(1024,), tail=256, ruler_tasks=("niah_single_1_filled",),
-                            samples_per_length=3, keytoken_docs=4, keytoken_score=256, keytoken_context=256,
+                            samples_per_length=3, keytoken_docs=12, keytoken_score=256, keytoken_context=256,
                             **maps)
     return DemoSettings(lengths=(1024, 2048), tail=512,
                         # niah_single_1 is the ruler_filled task the 135M model can do: the other offline
                         # ones (multikey_2/3) scored 50% and 0% on the exact arm at 2,048 tokens, and the
                         # rest read the Paul Graham essays (pass essay_haystack= to lm_eval for them)
                         ruler_tasks=("niah_single_1_filled",),
-                        samples_per_length=6, keytoken_docs=8, keytoken_score=256, keytoken_context=512,
+                        samples_per_length=6, keytoken_docs=15, keytoken_score=256, keytoken_context=512,
                         keytoken_tokens=(1500, 2000), **maps)
 
 

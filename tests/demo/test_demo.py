@@ -71,15 +71,15 @@ def test_quick_demo_runs_end_to_end_and_is_deterministic(tmp_path):
     html = (out / "report.html").read_text()
     assert "identity" in html and "ridge,selector=attention" in html
 
-    # what a newcomer sees: the fitted map keeps at least identity's needles, under half its KL and below its
-    # key-token loss (issue #23 asks for under half there too: measured 0.83x here, 0.52-0.58x on 8 documents)
+    # what a newcomer sees (issue #23): the fitted map keeps at least identity's needles, under half its KL
+    # and under half its key-token loss
     summary = json.loads((out / "report.json").read_text())
     needles = {row["arm"]: row["arm_score"] * row["n"] / 100 for row in summary["overall"]}
     (keytoken,) = [m for m in summary["measures"] if m["task"] == "keytoken_nll"]
     key = {row["arm"]: row["cells"]["key"]["difference"] for row in keytoken["rows"]}
     kl = {row["arm"]: row["cells"]["kl"]["difference"] for row in keytoken["rows"]}
     assert needles["ridge"] >= needles["identity"], needles
-    assert key["ridge"] < key["identity"] and kl["ridge"] < kl["identity"] / 2, (key, kl)
+    assert key["ridge"] < key["identity"] / 2 and kl["ridge"] < kl["identity"] / 2, (key, kl)
     # the README's quick-demo table is this run's, character for character
     table = (out / "demo_table.md").read_text()
     assert readme_block((ROOT / "README.md").read_text(), quick=True) == table, (

@@ -26,9 +26,9 @@ from rf_eval.demo.study import SPLIT, demo_maps, settings
 
 #: ridge's KL and novel-token ΔNLL must be below identity's divided by this (measured: 6-8x)
 RIDGE_FACTOR = 2.0
-#: ridge's key-token ΔNLL must be below identity's divided by this: below it, no more (measured: 1.2x here;
-#: 1.7x on the full demo's 8 documents). Key-token ΔNLL rests on a few dozen tokens at the demo's sizes.
-KEY_FACTOR = 1.0
+#: ridge's key-token ΔNLL must be below identity's divided by this, as issue #23 asks of the demo (measured:
+#: 2.8x here, on 94 key tokens; 2.5x on the full demo's 15 documents)
+KEY_FACTOR = 2.0
 NEEDLES_PER_LENGTH = 3
 
 pytestmark = pytest.mark.slow
@@ -80,8 +80,8 @@ def losses(demo):
 
 
 def test_ridge_beats_identity_by_the_factor(losses):
-    """Measured at the quick demo's sizes: KL 0.014 against identity's 0.117, novel-token ΔNLL +0.016
-    against +0.102, key-token ΔNLL +0.415 against +0.501 (21 key tokens in 3 of the 4 documents)."""
+    """Measured at the quick demo's sizes: KL 0.020 against identity's 0.124, novel-token ΔNLL +0.022
+    against +0.125, key-token ΔNLL +0.348 against +0.974 (94 key tokens in the 12 documents)."""
     assert losses.n_key >= 10, f"too few key tokens ({losses.n_key}) for a key-token ΔNLL"
     for measure in (losses.kl, losses.dnll_novel):
         assert measure["ridge"] < measure["identity"] / RIDGE_FACTOR, measure
