@@ -27,6 +27,7 @@ engine floor of paper sections 4.3 and 9).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 
@@ -73,7 +74,7 @@ from rf_eval.engine.plan import (
 )
 from rf_eval.engine.rowfill import AttentionRows, RowFill
 from rf_eval.engine.step import LayerStep, Rows
-from rf_eval.families import execution_device, family_for
+from rf_eval.families import execution_device, family_for, sliding_window
 
 __all__ = [
     "FILL_OFF", "MAPPED", "PREFIX_QUERY_CHUNK", "AttentionRows", "Corrected", "EveryRowKV", "FillFn", "KVFillFn",
@@ -224,15 +225,20 @@ def extend(model: nn.Module, result: PrefillResult, tokens: torch.Tensor) -> tor
     """The stock model over `tokens` (1 x k) after a prefilled prompt: their logits (1, k, V).
 
     Advances `result.cache` and `result.prompt_length`. A ragged cache (late
-    layers shorter than the prompt) is extended one token at a time: a single
-    query needs no mask, so each layer attends to exactly the rows it holds.
+    layers shorter than the prompt) cannot take the stock mask, which is as long
+    as the lower layers' cache: under SDPA each attention layer is handed a mask
+    of its own length instead (`own_length_masks`: every cached row, then the new
+    tokens causally), so each layer attends to exactly the rows it holds; under
+    other kernels, or with sliding-window layers (whose caches keep a window),
+    the tokens go one at a time (a single query needs no mask).
     """
     start = result.prompt_length
     k = tokens.shape[1]
     positions = torch.arange(start, start + k, device=tokens.device)[None]
-    if not result.ragged or k == 1:
-        out = model(input_ids=tokens, cache=result.cache, use_cache=True, position_ids=positions)
-        logits = out.logits
+    own_masks = model.config._attn_implementation == "sdpa" and sliding_window(model.config) is None
+    if not result.ragged or k == 1 or own_masks:
+        with own_length_masks(model, result.cache, k) if result.ragged and k > 1 else contextlib.nullcontext():
+            logits = model(input_ids=tokens, cache=result.cache, use_cache=True, position_ids=positions).logits
     else:
         steps = [
             model(
@@ -243,3 +249,31 @@ def extend(model: nn.Module, result: PrefillResult, tokens: torch.Tensor) -> tor
         logits = torch.cat(steps, 1)
     result.prompt_length = start + k
     return logits
+
+
+@contextlib.contextmanager
+def own_length_masks(model: nn.Module, cache, k: int):
+    """While a stock forward runs k new tokens over a ragged cache, give each attention layer the boolean mask
+    of its own cache's length (every cached row visible; the new tokens causal among themselves), in place of
+    the model's one mask, which is as long as the lower layers' cache (forward pre-hooks; the layers' own code
+    runs unchanged)."""
+    family = family_for(model.config)
+
+    def hook(index: int):
+        def swap(_module, args, kwargs):
+            past = cache.layers[index].get_seq_length()
+            device = (args[0] if args else kwargs["hidden_states"]).device
+            mask = torch.ones(k, past + k, dtype=torch.bool, device=device)
+            mask[:, past:] = torch.ones(k, k, dtype=torch.bool, device=device).tril()
+            kwargs["attention_mask"] = mask[None, None]
+            return args, kwargs
+
+        return swap
+
+    handles = [layer.register_forward_pre_hook(hook(i), with_kwargs=True)
+               for i, layer in enumerate(decoder_layers(model)) if not family.is_recurrent(layer)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
