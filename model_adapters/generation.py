@@ -1,6 +1,6 @@
 """Generation requests of `PrefillLM`: generate_until and multiturn_generate.
 
-The method prefills all but the last prompt token (`rf_eval.method.generation_cache`);
+The method prefills all but the last prompt token (`rf_eval.method.generation_cache`'s rule, timed);
 `transformers`' own `generate` runs that token and decodes over the cache, with
 lm-eval's stop sequences and `hf`'s kwargs rules. Plain prompts go to `HFLM`.
 """
@@ -16,10 +16,10 @@ from tqdm import tqdm
 from rf_eval.method import (
     batched_prefills,
     empty_result,
-    generation_cache,
     generation_cache_needed,
     method_forward,
     sampling_seed,
+    timed_prefill,
 )
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,10 @@ class GenerationMixin:
             torch.manual_seed(sampling_seed(self.settings.seed, prompt))
         state = state if state is not None else {}
         result = state.get("result")
-        if result is None:  # None from generation_cache: `generate` prefills the prompt itself, as under `hf`
-            result = generation_cache(method, prompt) or empty_result(self.model)
+        if result is None and generation_cache_needed(method, prompt):
+            result, state["cost"] = timed_prefill(method, self.ids_tensor(prompt[:-1]), for_generation=True)
+        elif result is None:  # a plain prompt: `generate` prefills it itself, as under `hf`
+            result = empty_result(self.model)
         pending = prompt[result.prompt_length : -1]
         if pending and result.ragged:  # the stock mask cannot cover several new tokens over a ragged cache
             method.extend(result, self.ids_tensor(pending))
@@ -93,31 +95,43 @@ class GenerationMixin:
 
         out: list[str | None] = [None] * len(requests)
         plain, engine = [], []
+        prompts: dict[int, list[int]] = {}
         for i, req in enumerate(requests):
             context, gen_kwargs = req.args
             kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
             budget = self.max_length - kwargs["max_gen_toks"]
             if budget < 1:
                 raise ValueError(f"max_gen_toks {kwargs['max_gen_toks']} must be below max_length {self.max_length}")
-            ids = self.encode_prompt(context, budget)  # `hf`'s left truncation
+            ids = prompts[i] = self.encode_prompt(context, budget)  # `hf`'s left truncation
             sampled_with_seed = kwargs.get("do_sample") and self.settings.seed is not None
             if self.method.is_plain(len(ids)) and not sampled_with_seed:
                 plain.append(i)
             else:
                 engine.append((i, ids))
-        if plain:  # `hf`'s own code, batched as `hf` batches
+        if plain:  # `hf`'s own code, batched as `hf` batches (a single prompt's prefill timed: `_model_generate`)
             for i, text in zip(plain, super().generate_until([requests[i] for i in plain], disable_tqdm)):
                 out[i] = text
+            for i in plain:
+                seconds = self._plain_seconds.get(hash(tuple(prompts[i])))
+                self.item_costs.record(requests[i].args[0], self.plain_cost(prompts[i], seconds))
+            self._plain_seconds.clear()
         bar = tqdm(total=len(engine), desc="Running generate_until requests (engine)",
                    disable=disable_tqdm or self.rank != 0 or not engine)
         for i, ids, state in self._generation_states(engine):
             context, gen_kwargs = requests[i].args
             tokens, until = self.generate_tokens(self.method, ids, gen_kwargs, state)
+            self.item_costs.record(context, self._first_cost(ids, state))
             out[i] = self._answer(tokens, until)
             self.cache_hook.add_partial("generate_until", (context, gen_kwargs), out[i])
             bar.update(1)
         bar.close()
         return out  # type: ignore[return-value]
+
+    def _first_cost(self, prompt: list[int], state: dict | None) -> Any:
+        """The cost of a generation's prompt: the method's prefill's (`timed_prefill`), else exact's (the
+        stock `generate` prefilled it: a plain prompt, or one of a single token)."""
+        cost = (state or {}).get("cost")
+        return cost if cost is not None else self.plain_cost(prompt)
 
     def _generation_states(self, engine: list[tuple[int, list[int]]]):
         """(request, prompt, generate_tokens state) for each engine request: the prompts `generation_cache`
@@ -128,8 +142,8 @@ class GenerationMixin:
             if not generation_cache_needed(self.method, ids):
                 yield i, ids, None
         heads = [ids[:-1] for _, ids in prefilled]
-        for p, result in batched_prefills(self.method, heads, self.continuation_batch, for_generation=True):
-            yield prefilled[p][0], prefilled[p][1], {"result": result}
+        for p, result, cost in batched_prefills(self.method, heads, self.continuation_batch, for_generation=True):
+            yield prefilled[p][0], prefilled[p][1], {"result": result, "cost": cost}
 
     def multiturn_generate(self, requests: list) -> list[dict[str, Any]]:
         """Custom request type: later turns appended to the cache of the earlier ones (no second prefill).
@@ -154,24 +168,32 @@ class GenerationMixin:
         per_turn = gen_kwargs if isinstance(gen_kwargs, list) else [gen_kwargs] * len(turns)
         if len(per_turn) != len(turns):
             raise ValueError(f"multiturn_generate: {len(turns)} turns but {len(per_turn)} gen_kwargs")
-        out = {"answers": self._run_turns(self.method, turns, per_turn)}
+        answers, first = self._run_turns(self.method, turns, per_turn)
+        self.item_costs.record(turns, first)
+        out = {"answers": answers}
         if self.settings.reference == "exact":
-            out["exact_answers"] = self._run_turns(self.exact, turns, per_turn)
+            out["exact_answers"] = self._run_turns(self.exact, turns, per_turn)[0]
         return out
 
-    def _run_turns(self, method: Any, turns: list[str], per_turn: list[dict]) -> list[str]:
+    def _run_turns(self, method: Any, turns: list[str], per_turn: list[dict]) -> tuple[list[str], Any]:
+        """Each turn's answer, and the cost of the first turn's prefill (the only prefill: later turns are
+        appended to its cache)."""
         from lm_eval.models.utils import normalize_gen_kwargs
 
         first_budget = self.max_length - normalize_gen_kwargs(per_turn[0], self.max_gen_toks)["max_gen_toks"]
         seq = self.encode_prompt(turns[0], first_budget)
         state: dict[str, Any] = {}
-        answers = []
+        answers, first = [], None
         for index, (text, kwargs) in enumerate(zip(turns, per_turn)):
             if index:
                 seq = seq + self.tok_encode(text, add_special_tokens=False)
             if len(seq) > self.max_length:
                 log.warning("multiturn_generate: turn %d runs to %d tokens, past max_length", index, len(seq))
+            if index == 0:
+                prompt = seq
             tokens, until = self.generate_tokens(method, seq, kwargs, state)
+            if index == 0:
+                first = self._first_cost(prompt, state)
             seq = seq + tokens
             answers.append(self._answer(tokens, until))
-        return answers
+        return answers, first

@@ -53,8 +53,10 @@ from rf_eval import run_context
 from rf_eval.method import input_device
 from rf_eval.model_adapters.config import ModelArgsError, merge_lm_eval_flags
 from rf_eval.model_adapters.generation import GenerationMixin
+from rf_eval.model_adapters.item_costs import ItemCosts
 from rf_eval.model_adapters.run_records import ChatRendering, ledger_head, measure_engine_floor
 from rf_eval.model_adapters.scoring import ScoringMixin
+from rf_eval.prefill_timer import FirstForward, timer_label
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,8 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
         self.ledger_head = ledger_head()  # read (and verified) before the weights load
         self.settings = settings
         self._hf_args = hf_args
+        self.item_costs = ItemCosts()  # each prompt's prefill cost, for the tasks' samples
+        self._plain_seconds: dict[int, float | None] = {}  # `hf`'s own prefills, by the hash of their tokens
         super().__init__(pretrained=settings.pretrained, backend="causal", **hf_args)
         self.chat = ChatRendering.for_run(hf_args, self.tokenizer)
         self.chat_template_args = self.chat.args  # what HFLM's apply_chat_template renders with
@@ -174,12 +178,27 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
     def ids_tensor(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor([ids], device=self.input_device)
 
+    # ---- cost records ---------------------------------------------------------------
+    def plain_cost(self, prompt: list[int], seconds: float | None = None) -> Any:
+        """The cost of a prompt the stock model prefilled (exact's; `seconds` where its prefill was timed)."""
+        return self.method.prefill_cost(len(prompt)).timed(seconds)
+
+    def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **kwargs: Any) -> torch.Tensor:
+        """`hf`'s generate, with the prefill of a single prompt timed (`FirstForward`: hooks, the computation
+        unchanged), kept by its tokens for `generate_until`'s cost records."""
+        if context.shape[0] != 1:
+            return super()._model_generate(context, max_length, stop, **kwargs)
+        with FirstForward(self.model, self.input_device) as clock:
+            out = super()._model_generate(context, max_length, stop, **kwargs)
+        self._plain_seconds[hash(tuple(context[0].tolist()))] = clock.seconds
+        return out
+
     # ---- lm-eval plumbing -----------------------------------------------------------
     def get_model_info(self) -> dict[str, Any]:
         """Recorded by lm-eval in the results JSON ("config"): `hf`'s, plus the arm (and its engine floor)."""
         import rf_eval
 
-        info = self.arm_info()
+        info = {**self.arm_info(), "prefill_timer": timer_label(self.input_device)}
         if self.ledger_head is not None:  # `rf-eval report --ledger` / `ledger verify --expect-head` check it
             info = {**info, "ledger": self.ledger_head}
         if self.engine_floor is not None:
@@ -193,6 +212,7 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
         db = cache_hook.dbdict
         if db is None:
             return
+        self.item_costs.db = db
         fingerprint = self.arm_fingerprint()
         mine = json.dumps(fingerprint, sort_keys=True, default=str)
         stored = db.get(ARM_KEY)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from rf_eval.engine import PrefillResult
-from rf_eval.method import batched_prefills, method_forward
+from rf_eval.method import batched_prefills, method_forward, timed_prefill
 
 
 class ScoringMixin:
@@ -106,12 +106,16 @@ class ScoringMixin:
             answers = super()._loglikelihood_tokens([requests[i] for i in plain], disable_tqdm, override_bs)
             for i, answer in zip(plain, answers):
                 results[i] = answer
+                # exact's cost; no seconds: the prompt and its continuation run as one forward
+                self.item_costs.record(_context(requests[i]), self.plain_cost(self._truncate(*requests[i][1:])[0]))
         bar = tqdm(total=sum(map(len, groups.values())), desc="Running loglikelihood requests (engine)",
                    disable=disable_tqdm or self.rank != 0 or not groups)
         prompts = list(groups)  # longest first, as `hf` (memory errors show early), `batch_size` prompts at a time
-        for p, prefilled in batched_prefills(self.method, prompts, self.continuation_batch):
+        for p, prefilled, cost in batched_prefills(self.method, prompts, self.continuation_batch):
             members = groups[prompts[p]]
             conts = [requests[i][2] for i in members]
+            for i in members:
+                self.item_costs.record(_context(requests[i]), cost)
             scored = self.score_continuations(self.method, list(prompts[p]), conts, prefilled)
             for i, cont, rows in zip(members, conts, scored):
                 target = torch.tensor(cont, device=rows.device)[None]  # (1, k), summed as `hf` sums
@@ -160,7 +164,10 @@ class ScoringMixin:
         if not cont:
             raise ValueError("token_logprobs: empty continuation")
         target = torch.tensor(cont, device=self.input_device)
-        arm = self.score_continuations(self.method, kept, [cont])[0].float().to(self.input_device)
+        prefilled, cost = (None, self.plain_cost(kept)) if self.method.is_plain(len(kept)) else \
+            timed_prefill(self.method, self.ids_tensor(kept))
+        self.item_costs.record(context, cost)
+        arm = self.score_continuations(self.method, kept, [cont], prefilled)[0].float().to(self.input_device)
         out: dict[str, Any] = {
             "tokens": cont,
             "logprobs": arm.gather(1, target[:, None])[:, 0].tolist(),
@@ -175,6 +182,12 @@ class ScoringMixin:
             out["kl"] = (exact.exp() * (exact - arm)).sum(-1).clamp_min(0).tolist()
             out["top1_agree"] = (exact.argmax(-1) == arm.argmax(-1)).tolist()
         return out
+
+
+def _context(request: tuple) -> str | None:
+    """The context string of a `_loglikelihood_tokens` request ((context, continuation) key, tokens...)."""
+    key = request[0]
+    return key[0] if isinstance(key, tuple) and key else None
 
 
 def _right_padded(seqs: list[list[int]], pad: int) -> torch.Tensor:

@@ -32,6 +32,8 @@ import torch
 
 from rf_eval.devices import input_device
 from rf_eval.engine import PrefillResult, new_cache
+from rf_eval.prefill_cost import PrefillCost
+from rf_eval.prefill_timer import Stopwatch
 
 
 @runtime_checkable
@@ -67,6 +69,12 @@ class PrefillMethod(Protocol):
 
     def speedup_ceilings(self, n: int) -> dict[str, float]:
         """The method's compute-bound speedup ceilings on an n-token prompt, by name (1.0 for a plain one)."""
+        ...
+
+    def prefill_cost(self, n: int, result: PrefillResult | None = None) -> PrefillCost:
+        """What prefilling an n-token prompt cost under the method, against exact prefill (`rf_eval.prefill_cost`):
+        its own cost model at the rows `result` ran (a prefill of the prompt, or of all but its held-back
+        last tokens), exact's for a plain prompt."""
         ...
 
     def extend(self, result: PrefillResult, tokens: torch.Tensor) -> torch.Tensor:
@@ -158,6 +166,15 @@ def generation_cache_needed(method: PrefillMethod, prompt: Sequence[int]) -> boo
     return len(prompt) >= 2 and not method.is_plain(len(prompt))
 
 
+def timed_prefill(method: PrefillMethod, input_ids: torch.Tensor, *, for_generation: bool = False
+                  ) -> tuple[PrefillResult, PrefillCost]:
+    """`method.prefill`, timed (`rf_eval.prefill_timer.Stopwatch`), and what it cost: the whole prompt's
+    `PrefillCost`, the held-back last token of a generation prefill included."""
+    with Stopwatch(input_ids.device) as clock:
+        result = method.prefill(input_ids, for_generation=for_generation)
+    return result, method.prefill_cost(input_ids.shape[1] + int(for_generation), result).timed(clock.seconds)
+
+
 def generation_cache(method: PrefillMethod, prompt: list[int]) -> PrefillResult | None:
     """The cache `generate` continues from for `prompt`, or None when it should prefill the prompt itself.
 
@@ -171,20 +188,23 @@ def generation_cache(method: PrefillMethod, prompt: list[int]) -> PrefillResult 
 
 
 def batched_prefills(method: PrefillMethod, prompts: Sequence[Sequence[int]], batch_size: int, *,
-                     for_generation: bool = False) -> Iterator[tuple[int, PrefillResult]]:
-    """(i, the method's prefill of prompts[i]) for every prompt, longest first, prompts of one length
+                     for_generation: bool = False) -> Iterator[tuple[int, PrefillResult, PrefillCost]]:
+    """(i, the method's prefill of prompts[i], its cost) for every prompt, longest first, prompts of one length
     `batch_size` at a time through `prefill_batch` (lm-eval's `--batch_size`; padding-free, so only equal
-    lengths share a call). A batch's results are alive together, as `hf`'s batches are."""
+    lengths share a call). A batch's results are alive together, as `hf`'s batches are. Each cost is timed
+    as its prompt's share of its batch's seconds."""
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # stable: equal lengths keep their order
     step = max(int(batch_size), 1)
-    for _length, same in itertools.groupby(order, key=lambda i: len(prompts[i])):
+    for length, same in itertools.groupby(order, key=lambda i: len(prompts[i])):
         same = list(same)
         for start in range(0, len(same), step):
             chunk = same[start : start + step]
             ids = torch.tensor([list(prompts[i]) for i in chunk], device=input_device(method.model))
-            with method_forward(method):
+            with method_forward(method), Stopwatch(ids.device) as clock:
                 results = method.prefill_batch(ids, for_generation=for_generation)
-            yield from zip(chunk, results)
+            for i, result in zip(chunk, results):
+                cost = method.prefill_cost(length + int(for_generation), result)
+                yield i, result, cost.timed(clock.seconds / len(chunk))
 
 
 def prefill_each(method: PrefillMethod, input_ids: torch.Tensor, *, for_generation: bool = False

@@ -11,7 +11,8 @@ rf-eval adapters publish here what a task needs beyond that dict:
   demo model's lengths).
 
 Only the newest adapter still alive counts (a weak reference: a model that was
-freed publishes nothing).
+freed publishes nothing). `prompt_cost` asks that adapter for the prefill cost
+it recorded for a prompt (`rf_eval.model_adapters.item_costs`).
 """
 
 from __future__ import annotations
@@ -39,3 +40,13 @@ def current() -> dict[str, Any] | None:
 def clear() -> None:
     global _current
     _current = None
+
+
+def prompt_cost(prompt: Any) -> dict[str, Any] | None:
+    """The cost fields the current adapter recorded for the request whose first argument is `prompt`
+    (`rf_eval.prefill_cost`), else None (no rf-eval adapter, or no record)."""
+    if _current is None:
+        return None
+    model = _current[0]()
+    costs = getattr(model, "item_costs", None)
+    return costs.fields(prompt) if costs is not None else None

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from rf_eval.errors import UserError
+from rf_eval.prefill_cost import COST_FIELDS, empty_fields
 
 
 def _present(values: Iterable[Any]) -> list[float]:
@@ -39,6 +40,22 @@ def median_present(values: Iterable[Any]) -> float:
 def metric_list(spec: dict[str, tuple[Callable[[Iterable[Any]], float], bool]]) -> list[dict[str, Any]]:
     """lm-eval `metric_list` entries from {name: (aggregation, higher_is_better)}."""
     return [{"metric": k, "aggregation": agg, "higher_is_better": hib} for k, (agg, hib) in spec.items()]
+
+
+#: the cost fields every rf-eval task writes into its samples (`rf_eval.prefill_cost`), their aggregation (the
+#: mean over the samples that have one) and whether higher is better
+COST_METRICS: dict[str, tuple[Callable[[Iterable[Any]], float], bool]] = {
+    name: (mean_present, name in ("mac_speedup", "layer_pass_speedup")) for name in COST_FIELDS
+}
+
+
+def cost_fields(prompt: Any) -> dict[str, Any]:
+    """The prefill cost the run's rf-eval adapter recorded for the request whose first argument is `prompt`
+    (`rf_eval.run_context.prompt_cost`), as a sample's fields; every field None under another lm-eval model
+    (the report then has no cost for that arm)."""
+    from rf_eval import run_context
+
+    return run_context.prompt_cost(prompt) or empty_fields()
 
 
 def option(metadata: dict[str, Any] | None, key: str, default: Any, kind: Callable[[Any], Any] = lambda x: x) -> Any:

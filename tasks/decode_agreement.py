@@ -35,6 +35,8 @@ from lm_eval.api.task import ConfigurableTask
 
 from rf_eval.tasks import request_types
 from rf_eval.tasks.common import (
+    COST_METRICS,
+    cost_fields,
     mean_present,
     median_present,
     metric_list,
@@ -114,6 +116,7 @@ class DecodeAgreementTask(ConfigurableTask):
             "kl_median": (pooled_median, False),
             "kl_mean": (pooled_mean, False),
             "n_steps": (sum_present, True),
+            **COST_METRICS,
         }
 
     def download(self, dataset_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
@@ -152,4 +155,5 @@ class DecodeAgreementTask(ConfigurableTask):
             "kl_median": kl,
             "kl_mean": kl,
             "n_steps": len(greedy),
+            **cost_fields(doc["text"]),
         }

@@ -53,7 +53,9 @@ from lm_eval.api.task import ConfigurableTask
 from rf_eval.errors import UserError
 from rf_eval.tasks import request_types, token_masks
 from rf_eval.tasks.common import (
+    COST_METRICS,
     as_bool,
+    cost_fields,
     mean_present,
     metric_list,
     option,
@@ -229,7 +231,7 @@ class KeyTokenTask(ConfigurableTask):
         for name in ("n_tokens", "n_novel", "n_key"):
             spec[name] = (sum_present, True)
         spec["arm_exact"] = (mean_present, True)
-        return spec
+        return {**spec, **COST_METRICS}
 
     # ---- data
 
@@ -352,4 +354,4 @@ class KeyTokenTask(ConfigurableTask):
             out[f"kl_median_{n}"] = out[f"kl_mean_{n}"] = out["kl_median"] if same else None
             out[f"top1_agree_{n}"] = out["top1_agree"] if same else None
             out[f"dnll_all_{n}"] = out["dnll_all"] if same else None
-        return out
+        return {**out, **cost_fields(self.split(doc)["context"])}  # the full-context request's prefill

@@ -44,7 +44,15 @@ from lm_eval.api.task import ConfigurableTask
 
 from rf_eval.errors import UserError
 from rf_eval.tasks import request_types
-from rf_eval.tasks.common import mean_present, metric_list, option, strip_task_keys, tokenizer_from
+from rf_eval.tasks.common import (
+    COST_METRICS,
+    cost_fields,
+    mean_present,
+    metric_list,
+    option,
+    strip_task_keys,
+    tokenizer_from,
+)
 from rf_eval.tasks.data import local_copy
 
 DATA_OPTION = "data"
@@ -184,6 +192,7 @@ class LongBenchCoTTask(ConfigurableTask):
             cfg["task_alias"] = f"{cfg['task']} ({UNOFFICIAL})"
         self.items = load_items(local_copy("longbench_v2", meta))  # `data`, else the data folder's copy
         self.domains = sorted({item["domain"] for item in self.items})
+        self._contexts: dict[str, Any] = {}  # each item's first-pass prompt: its cost record's key
         cfg["metric_list"] = metric_list(self.metric_spec())
         cfg["process_results"] = self.process_results
         super().__init__(config=cfg)
@@ -191,7 +200,7 @@ class LongBenchCoTTask(ConfigurableTask):
     def metric_spec(self) -> dict[str, tuple[Any, bool]]:
         names = ["acc", "answered", "acc_easy", "acc_hard", "acc_short", "acc_medium", "acc_long"]
         names += [f"acc_domain_{slug(d)}" for d in self.domains]
-        return {n: (mean_present, True) for n in names}
+        return {**{n: (mean_present, True) for n in names}, **COST_METRICS}
 
     def download(self, dataset_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         import datasets
@@ -217,6 +226,7 @@ class LongBenchCoTTask(ConfigurableTask):
         template2 = fill_template(self.template_ans, doc, document=None)
         opts = {"chat": chat, "seeds": [item_seed(self.seed, doc["_id"], 1), item_seed(self.seed, doc["_id"], 2)]}
         args = (ctx, self.gen_kwargs(self.cot_tokens), template2, self.gen_kwargs(self.answer_tokens), opts)
+        self._contexts[doc["_id"]] = ctx
         return Instance(request_type="two_pass_generate", doc=doc, arguments=args, idx=0, **kwargs)
 
     def process_results(self, doc: dict[str, Any], results: list[Any]) -> dict[str, Any]:
@@ -229,4 +239,5 @@ class LongBenchCoTTask(ConfigurableTask):
             out[f"acc_{level}"] = correct if doc["length"] == level else None
         for domain in self.domains:
             out[f"acc_domain_{slug(domain)}"] = correct if doc["domain"] == domain else None
-        return out
+        # the first pass's prompt: the document's prefill (the second pass's prompt is short)
+        return {**out, **cost_fields(self._contexts.get(doc["_id"]))}

@@ -66,6 +66,8 @@ from lm_eval.api.task import ConfigurableTask
 from rf_eval.ridgefill.arm_spec import DEFAULT_TAIL
 from rf_eval.tasks import needles, prompts, ruler_data
 from rf_eval.tasks.common import (
+    COST_METRICS,
+    cost_fields,
     filled_tail,
     mean_present,
     median_present,
@@ -167,6 +169,7 @@ class RulerFilledTask(ConfigurableTask):
         self.protocol = prompts.check_protocol(option(meta, "protocol", "official", str))
         self.lengths = [int(x) for x in option(meta, "max_seq_lengths", DEFAULT_SEQ_LENGTHS, list)]
         self._marks: dict[tuple[int, int], needles.NeedleMark] = {}
+        self._requests: dict[tuple, Any] = {}  # each sample's request prompt: its cost record's key
         cfg["metric_list"] = metric_list(self.metric_spec())
         cfg["process_results"] = self.process_results
         super().__init__(config=cfg)
@@ -192,7 +195,7 @@ class RulerFilledTask(ConfigurableTask):
             spec[f"acc_all_{length}"] = (mean_present, True)
             spec[f"n_filled_{length}"] = (sum_present, True)
             spec[f"n_excluded_{length}"] = (sum_present, False)
-        return spec
+        return {**spec, **COST_METRICS}
 
     # ---- data and prompts
 
@@ -217,13 +220,14 @@ class RulerFilledTask(ConfigurableTask):
         template, so the needles are marked in that rendering.
         """
         tokenizer = tokenizer_from(self.config.metadata)
-        prompt = rendered_prompt(tokenizer, prompt)
+        original, prompt = prompt, rendered_prompt(tokenizer, prompt)
         task = self.task_of(doc)
         which = "queried" if task in ruler_data.NEEDLE_HAYSTACK else self.needle_set
         result = needles.mark(tokenizer, ruler_kind(task), prompt, doc, self.tail, task, which)
         if not result.spans:
             log.warning("%s: no needle found in sample %s; it counts as excluded", self.config.task, self.key_of(doc))
         self._marks[self.key_of(doc)] = result
+        self._requests[self.key_of(doc)] = original
         return result
 
     def construct_requests(self, doc: dict[str, Any], ctx: Any, **kwargs: Any):
@@ -260,6 +264,7 @@ class RulerFilledTask(ConfigurableTask):
             "n_excluded": int(not filled),
             "filled": int(filled),
             "needle_rows_from_end": m.rows_from_end,
+            **cost_fields(self._requests.get(self.key_of(doc))),
         }
         length = int(doc["max_length"])
         for L in self.lengths:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rf_eval.tasks import needles, prompts, request_types
-from rf_eval.tasks.common import mean_present, option, sum_present, tokenizer_from
+from rf_eval.tasks.common import COST_METRICS, cost_fields, mean_present, option, sum_present, tokenizer_from
 from rf_eval.tasks.ruler_filled import RulerFilledTask, doc_key, ruler_score
 
 BASE_TASK = "niah_multikey_1"  # the RULER task whose samples carry the four keyed needles
@@ -145,7 +145,7 @@ class SecondQuestionTask(RulerFilledTask):
         }
         for length in self.lengths:
             spec[f"acc_strict_{length}"] = (mean_present, True)
-        return spec
+        return {**spec, **COST_METRICS}
 
     def construct_requests(self, doc: dict[str, Any], ctx: Any, **kwargs: Any):
         from lm_eval.api.instance import Instance
@@ -166,10 +166,10 @@ class SecondQuestionTask(RulerFilledTask):
             "key": key2, "value": value2, "mark": needles.NeedleMark(n, tuple(spans), self.tail),
         }
         self.mark_prompt(doc, ctx)
+        turns = Turns([ctx, turn2])
+        self._requests[doc_key(doc)] = turns  # the request's first argument: its cost record's key
         gen = dict(self.config.generation_kwargs or {})
-        return Instance(
-            request_type="multiturn_generate", doc=doc, arguments=(Turns([ctx, turn2]), gen), idx=0, **kwargs
-        )
+        return Instance(request_type="multiturn_generate", doc=doc, arguments=(turns, gen), idx=0, **kwargs)
 
     def process_results(self, doc: dict[str, Any], results: list[Any]) -> dict[str, Any]:
         out = results[0]
@@ -196,6 +196,7 @@ class SecondQuestionTask(RulerFilledTask):
             "acc_strict_tail": None if filled else strict,
             "acc_ruler_filled": ruler if filled else None,
             "acc_strict_ref": strict_score(ref[1], value2) if ref else None,
+            **cost_fields(self._requests.get(key)),
         }
         for length in self.lengths:
             res[f"acc_strict_{length}"] = strict if length == int(doc["max_length"]) else None

@@ -37,11 +37,14 @@ from rf_eval import engine
 from rf_eval.devices import default_device, parse_dtype
 from rf_eval.engine import MappedKV, Plan, PrefillResult, new_cache, num_layers
 from rf_eval.method import check_prompt, generate, input_device, model_identity, prefill_each
+from rf_eval.prefill_cost import PrefillCost
 from rf_eval.rarecache.arm_spec import RaReCacheArm
-from rf_eval.rarecache.budget import budget, layer_budget
+from rf_eval.rarecache.budget import budget, layer_budget, rarecache_knob
+from rf_eval.rarecache.cost import EquationCost
 from rf_eval.rarecache.features import cache_entries, check_attention_only, prefill_cache
 from rf_eval.rarecache.maps import SIDES, TransferMaps, check_tokenizers, load_transfer_maps
 from rf_eval.rarecache.transfer import MappedCache, Mapper
+from rf_eval.ridgefill.cost import cache_rows
 from rf_eval.selectors.mapped_cache import CachePrompt, prefill_with_attention
 from rf_eval.selectors.registry import cache_selector
 from rf_eval.weights import weights_fingerprint
@@ -85,8 +88,13 @@ class RaReCache:
         self.source_weights_sha256, self.weights_sha256 = weights_fingerprint(source), weights_fingerprint(target)
         self.maps.check_weights(self.source_weights_sha256, self.weights_sha256)
         self.maps.check_tokenizer(tokenizer)
-        self.rho, self.selector, self.seed = float(arm.rho), arm.selector, int(arm.seed or 0)
+        self.rho, self.selector, self.seed = arm.recompute_share, arm.selector, int(arm.seed or 0)
         self.chooser = cache_selector(arm.selector)
+        self.costs = EquationCost(target, source, self.maps)
+        positions = getattr(target.config, "max_position_embeddings", None) or 1 << 20
+        self.knob = rarecache_knob(arm.budget, self.costs, self.chooser.whole_layers, int(positions))
+        if self.knob is not None:
+            self.knob.check_reachable()
         param = next(target.parameters())
         self.mapper = Mapper(self.maps, target, map_dtype or param.dtype, param.device, clock)
         self.clock = clock  # the phases' clock in `PrefillResult.timings` (benchmarks may pass time.process_time)
@@ -122,11 +130,18 @@ class RaReCache:
         return input_device(self.target)
 
     # -- the prompt ---------------------------------------------------------------
+    def recomputed(self, n: int) -> int:
+        """Positions (layers, for layer-prefix) an n-token prompt recomputes: ceil(rho n) (ceil(rho L)), or
+        what the budget pays for (`rarecache_knob`)."""
+        if self.knob is not None:
+            return self.knob.setting(n)
+        if self.chooser.whole_layers:
+            return layer_budget(self.rho, num_layers(self.target))
+        return budget(self.rho, n)
+
     def is_plain(self, n: int) -> bool:
         """True when an n-token prompt has no mapped row (every row or every layer recomputed)."""
-        if self.chooser.whole_layers:
-            return layer_budget(self.rho, num_layers(self.target)) >= num_layers(self.target)
-        return budget(self.rho, n) >= n
+        return self.recomputed(n) >= (num_layers(self.target) if self.chooser.whole_layers else n)
 
     def exact_tail(self, n: int) -> int:
         """The last prompt row only (every row for a plain prompt): the others are chosen per prompt."""
@@ -140,7 +155,23 @@ class RaReCache:
             return {"ceiling": 1.0}
         if self.chooser.whole_layers:  # eq. 11 counts recomputed rows, not layers
             return {}
-        return {"ceiling": ceiling_for(self.target, self.maps, n, self.rho)}
+        return {"ceiling": ceiling_for(self.target, self.maps, n, self.recomputed(n) / n)}
+
+    def prefill_cost(self, n: int, result: PrefillResult | None = None) -> PrefillCost:
+        """What the prefill of an n-token prompt cost (`rf_eval.prefill_cost`): eq. 11's count with the source's
+        prefill charged (`EquationCost`). The recomputed rows are a function of n (the budget, the last row
+        included), so `result` adds nothing."""
+        exact, cache = self.costs.exact(n), cache_rows(self.target.config, n)
+        knob = {"budget": self.knob.budget, "knob_value": None} if self.knob is not None else {}
+        if self.is_plain(n):
+            return PrefillCost(n, exact, exact, n, cache, cache, **knob)
+        k = self.recomputed(n)
+        if self.chooser.whole_layers:
+            knob = {**knob, "knob_value": k} if knob else {}
+            return PrefillCost(n, self.costs.layers(n, k), exact, 1, cache, cache, **knob)
+        rows = min(max(k - 1, 0), n - 1) + 1  # the last row is always recomputed, and counted
+        knob = {**knob, "knob_value": rows / n} if knob else {}
+        return PrefillCost(n, self.costs.rows(n, rows), exact, rows, cache, cache, **knob)
 
     def prefill_batch(self, input_ids: torch.Tensor, *, for_generation: bool = False) -> list[PrefillResult]:
         """One prefill per prompt: each prompt's recomputed rows are its own."""
@@ -155,11 +186,11 @@ class RaReCache:
                              "so none can be held back")
         ids = check_prompt(input_ids, self.target).to(self.device)
         n = ids.shape[1]
-        if self.chooser.whole_layers:
-            return self._layer_prefix(ids, layer_budget(self.rho, num_layers(self.target)), for_generation)
         prompt_rows = n + 1 if for_generation else n
+        if self.chooser.whole_layers:
+            return self._layer_prefix(ids, self.recomputed(prompt_rows), for_generation)
         free = prompt_rows - 1  # candidates: every prompt row but the last (always exact, counted in the budget)
-        pick = min(max(budget(self.rho, prompt_rows) - 1, 0), free)
+        pick = min(max(self.recomputed(prompt_rows) - 1, 0), free)
         if pick >= free:
             return self._exact(ids)
         t0 = self.clock()
@@ -251,15 +282,17 @@ class RaReCache:
         return generate(self, input_ids, **kwargs)
 
     def provenance(self) -> dict[str, Any]:
-        """What ran: method, budget, selector (oracles flagged), the target's identity in every method's schema
-        (`rf_eval.method.model_identity`), the source's beside it."""
+        """What ran: method, what it recomputes (rho, or the MAC budget that sets it per length), selector
+        (oracles flagged), the target's identity in every method's schema (`rf_eval.method.model_identity`),
+        the source's beside it."""
         return {
             "method": "rarecache",
             "rho": self.rho,
+            **({"budget": self.knob.budget, "knob": self.knob.name} if self.knob is not None else {}),
             "selector": self.selector,
             "oracle": self.chooser.oracle,
             "seed": self.seed,
-            "budget": "layer-prefix: ceil(rho*L) target layers exact for all rows"
+            "recomputes": "layer-prefix: ceil(rho*L) target layers exact for all rows"
             if self.chooser.whole_layers
             else "ceil(rho*T) positions exact in every layer, the last prompt row included",
             **model_identity(self.target, self.weights_sha256, self.maps, ("file_sha256", "r2", "source_layers")),

@@ -1,10 +1,14 @@
 """RaReCache's recompute budget (paper section 3): ceil(rho * T) prompt positions, or ceil(rho * L) target
-layers for the layer-prefix baseline. The selectors that spend it are `rf_eval.selectors.mapped_cache`."""
+layers for the layer-prefix baseline, or, with `budget=`, the most positions (layers) a share of exact
+prefill's MACs pays for. The selectors that spend it are `rf_eval.selectors.mapped_cache`."""
 
 from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Any
+
+from rf_eval.budget import Knob
 
 
 def budget(rho: float, total: int) -> int:
@@ -17,3 +21,16 @@ def budget(rho: float, total: int) -> int:
 def layer_budget(rho: float, n_layers: int) -> int:
     """Layers the layer-prefix baseline recomputes at the same budget: ceil(rho * L)."""
     return budget(rho, n_layers)
+
+
+def rarecache_knob(budget_share: float | None, costs: Any, whole_layers: bool, max_length: int) -> Knob | None:
+    """The knob `budget=` turns on a RaReCache arm (None without a budget): the recomputed positions k of a
+    T-token prompt (1..T, the last row always among them), or for the layer-prefix baseline the recomputed
+    layers (0..L), each the most whose MACs (`rf_eval.rarecache.cost.EquationCost`) fit the budget."""
+    if budget_share is None:
+        return None
+    if whole_layers:
+        return Knob("layers", float(budget_share), costs.layers, costs.exact, lambda n: 0,
+                    lambda n: costs.n_layers, max_length=max_length)
+    return Knob("rows", float(budget_share), costs.rows, costs.exact, lambda n: 1, lambda n: n,
+                max_length=max_length)

@@ -15,8 +15,12 @@ P_T here counts the weights every prompt row multiplies: the decoder
 layers and the final norm. The input embedding is a lookup and a prefill
 computes logits for the last row only, so neither the embedding table nor
 the LM head is charged (the paper's 1.3e10 for Qwen3-14B is this count).
-The source's own prefill is not charged (the paper's cascade setting: the
-source has already read the prompt).
+The source's own prefill is not charged by `speedup_ceiling` (the paper's
+cascade setting: the source has already read the prompt). A run's per-item
+cost (`EquationCost`, `rf_eval.prefill_cost`) charges it: the same count for
+the source, P_S T + α_S T² / 4 multiply-accumulates, so a study compares
+RaReCache with a method that reads the prompt once at what it spends in all.
+Multiply-accumulates are FLOPs / 2 throughout.
 
 P_probe: the paper's text describes the probe as one d_t x r basis V_r per
 target layer and side (`probe_count="basis"`, the default). Its printed
@@ -80,7 +84,49 @@ def ceiling_for(target: nn.Module, maps, T: int, rho: float, causal_skip: bool =
     """Eq. 11 for a loaded target and its TransferMaps; `target_side_only` sets P_map = P_probe = 0;
     `probe_count`: see `PROBE_COUNTS`."""
     cfg = target.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     p_map, p_probe = (0, 0) if target_side_only else maps.parameter_counts(probe_count)
     return speedup_ceiling(target_parameters(target), p_map, p_probe, T, rho, cfg.num_hidden_layers,
-                           cfg.num_attention_heads, head_dim, causal_skip)
+                           cfg.num_attention_heads, _head_dim(cfg), causal_skip)
+
+
+class EquationCost:
+    """Eq. 11's terms in multiply-accumulates for one target, source and maps, per prompt length T.
+
+    exact(T) = P_T T + α T² / 4 (the numerator / 2); arm(T, k) = (P_map + P_probe) T + k P_T + k α T / 2 for
+    k recomputed rows (ρ = k / T; a quarter with `causal_skip`) plus the source's prefill, P_S T + α_S T² / 4;
+    `layers(T, m)`: the layer-prefix baseline, the target's first m of L layers exact for every row and
+    the maps of the other layers read.
+    """
+
+    def __init__(self, target: nn.Module, source: nn.Module, maps, causal_skip: bool = False,
+                 probe_count: str = "basis"):
+        cfg, scfg = target.config, source.config
+        self.p_target, self.p_source = target_parameters(target), target_parameters(source)
+        self.p_map, self.p_probe = maps.parameter_counts(probe_count)
+        self.alpha, self.alpha_source = (attention_alpha(c.num_hidden_layers, c.num_attention_heads, _head_dim(c))
+                                         for c in (cfg, scfg))
+        self.n_layers = int(cfg.num_hidden_layers)
+        self.causal_skip = causal_skip
+
+    def exact(self, T: int) -> int:
+        return _macs(2 * self.p_target * T + 0.5 * self.alpha * T * T)
+
+    def source(self, T: int) -> int:
+        return _macs(2 * self.p_source * T + 0.5 * self.alpha_source * T * T)
+
+    def rows(self, T: int, k: int) -> int:
+        attention = (0.5 if self.causal_skip else 1.0) * k * self.alpha * T
+        return _macs((2 * self.p_map + 2 * self.p_probe) * T + 2 * k * self.p_target + attention) + self.source(T)
+
+    def layers(self, T: int, m: int) -> int:
+        share = m / self.n_layers
+        return (_macs(share * (2 * self.p_target * T + 0.5 * self.alpha * T * T) + 2 * self.p_map * (1 - share) * T)
+                + self.source(T))
+
+
+def _head_dim(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def _macs(flops: float) -> int:
+    return int(round(flops / 2))

@@ -15,6 +15,7 @@ from rf_eval.engine import Plan, PrefillResult
 from rf_eval.fields import ArmError
 from rf_eval.fills.base import check_model_forward
 from rf_eval.method import check_prompt, generate, input_device, method_forward, model_identity, prefill_each
+from rf_eval.prefill_cost import PrefillCost
 from rf_eval.ridgefill.arm import Arm
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.ridgefill.maps import RidgeMaps, load_arm_maps
@@ -138,9 +139,11 @@ class RidgeFill:
         has in a prefill of the whole prompt.
         """
         input_ids = check_prompt(input_ids, self.model).to(self.device)
+        given = input_ids.shape[1]
+        whole = given + (1 if for_generation else int(held_back))
         with method_forward(self):
-            return self.arm.prefill(input_ids, self._plan_given(input_ids.shape[1], for_generation, held_back),
-                                    self._fill)
+            return self.arm.prefill(input_ids, self._plan_given(given, for_generation, held_back), self._fill,
+                                    self.arm.row_budget(whole))
 
     def prefill_batch(self, input_ids: torch.Tensor, *, for_generation: bool = False) -> list[PrefillResult]:
         """`prefill` of each row of a B x N batch: one engine call when the arm has no per-prompt part
@@ -183,6 +186,26 @@ class RidgeFill:
         except (ValueError, AttributeError, TypeError):  # a family the MAC model does not know
             pass
         return out
+
+    def prefill_cost(self, n: int, result: PrefillResult | None = None) -> PrefillCost:
+        """What the prefill of an n-token prompt cost (`rf_eval.prefill_cost`), by the MAC model at the rows
+        `result` ran (its prompt minus the tokens held back, which run as tail rows); a plain prompt's
+        (or no `result`: the plan's rows) is exact's."""
+        from rf_eval.ridgefill.arm_cost import ridgefill_prefill_cost, selector_probe_rows
+
+        plan = self.plan_for(n)
+        budget = {"budget": self.spec.budget, "knob_value": self.arm.knob_value(n)} if self.arm.knob else {}
+        if self.is_plain(n) or result is None or result.plan is None:
+            tail, selected = (n, 0) if self.is_plain(n) else (plan.tail, 0)
+            ran = plan
+        else:
+            ran = result.plan
+            held_back = n - result.prompt_length
+            tail = min(ran.tail + held_back, n)
+            selected = max(int(result.exact_rows.numel()) - min(ran.tail, result.prompt_length), 0)
+        return ridgefill_prefill_cost(self.model.config, n, split=ran.split, tail=tail, selected=selected,
+                                      fill=ran.fill, map_split=ran.map_split,
+                                      probe_rows=selector_probe_rows(self.selector), **budget)
 
     def extend(self, result: PrefillResult, tokens: torch.Tensor) -> torch.Tensor:
         """Run the stock model over `tokens` (1 x k) after the prompt; returns their logits (1, k, V).

@@ -92,6 +92,7 @@ class Arm:
         self.corrections = spec.correction_objs
         self.splice = spec.splice
         self.cost_match = spec.cost_match_obj
+        self.knob = spec.knob(model.config)  # `budget=`: the tail, selected rows or split it sets per length
 
     @property
     def batches(self) -> bool:
@@ -100,17 +101,29 @@ class Arm:
         return self.selector is None and not self.corrections and self.splice is None
 
     def plan_for(self, plan: Plan, n: int) -> Plan:
-        """`plan` for an n-token prompt: a cost-matched control's tail is set by n."""
+        """`plan` for an n-token prompt: a budget's tail or split, or a cost-matched control's tail, is set by n."""
+        if self.knob is not None and self.knob.name in ("tail", "split"):
+            return dataclasses.replace(plan, **{self.knob.name: self.knob.setting(n)})
         if self.cost_match is None:
             return plan
         tail = self.cost_match.tail_for(self.model.config, n, plan.split, plan.tail, plan.map_split)
         return dataclasses.replace(plan, tail=tail)
 
-    def prefill(self, input_ids: torch.Tensor, plan: Plan, fill) -> PrefillResult:
-        """Run `plan` (already the prompt's: see `plan_for`) with this arm's selector, corrections and splice."""
+    def row_budget(self, n: int) -> int | None:
+        """The selected rows a budget grants an n-token prompt (None: the selector counts its own)."""
+        return self.knob.setting(n) if self.knob is not None and self.knob.name == "rows" else None
+
+    def knob_value(self, n: int) -> int | None:
+        """The value the budget's knob takes at n tokens (None without a budget)."""
+        return None if self.knob is None else self.knob.setting(n)
+
+    def prefill(self, input_ids: torch.Tensor, plan: Plan, fill, row_budget: int | None = None) -> PrefillResult:
+        """Run `plan` (already the prompt's: see `plan_for`) with this arm's selector, corrections and splice;
+        `row_budget`: the rows a budget grants the selector (`row_budget`)."""
         select, capture = self.selector, None
         if isinstance(self.selector, Selector):
             req = Request(self.model, self.tokenizer, input_ids, plan, fill, self.resources)
+            req.row_budget = row_budget
             wanted = self.selector.captures(req)
             req.capture_start = {layer: start for layer, (start, _) in wanted.items()}
             capture = {layer: slice(start, stop) for layer, (start, stop) in wanted.items()} or None

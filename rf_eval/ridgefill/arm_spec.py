@@ -29,9 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rf_eval.budget import check_budget
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, check_rows, check_split
 from rf_eval.fields import ArmError, build
 from rf_eval.fills import FILL_OFF, absent_fills, arm_fills, fill_method, predicting_fills
+from rf_eval.ridgefill.arm_cost import knob_name
 
 SPLICES = ("keys", "values", "both")
 MAPS_DEVICES = ("model", "cpu")
@@ -61,6 +63,9 @@ class RidgeFillArm:
     maps_device: str = "model"
     #: a published configuration that sets fill, tail and split (`rf_eval.ridgefill.presets`)
     preset: str | None = None
+    #: at most this share of exact prefill's MACs at each prompt length: the arm's knob (tail, selected rows,
+    #: or a preset's split) is set per length to spend it (`rf_eval.ridgefill.arm_cost`, `rf_eval.budget`)
+    budget: float | None = None
 
     def __post_init__(self) -> None:
         if self.preset is not None:
@@ -91,6 +96,24 @@ class RidgeFillArm:
         if parts["cost_match"] is not None and not (self.method and self.method.absent):
             raise ArmError(f"cost_match lengthens the tail of an arm without filled rows: it needs fill="
                            f"{' or '.join(absent_fills())}, not fill={self.fill}")
+        if self.budget is not None:
+            self._check_budget(parts)
+
+    def _check_budget(self, parts: dict[str, Any]) -> None:
+        """The rules `budget=` needs no model for: a share in (0, 1], a knob to turn, no second cost rule."""
+        check_budget(self.budget)
+        if self.method is None:
+            raise ArmError(f"budget={self.budget:g} sets the knob of a fill; the exact arm (fill=exact) spends "
+                           "exact prefill's MACs: leave out budget or give a fill")
+        if parts["cost_match"] is not None:
+            raise ArmError("give budget or cost_match, not both: each sets the arm's tail by a cost")
+        selector = parts["selector"]
+        if selector is not None and not getattr(selector, "counts_rows", False):
+            raise ArmError(f"budget={self.budget:g} turns a row selector's count, and selector={self.selector!r} "
+                           "chooses its rows by a rule, not a count; give a selector that counts rows (attention, "
+                           "random, probe) or leave out the selector to turn the tail")
+        if self.preset is not None and self.method.needs_maps:
+            raise ArmError(f"budget={self.budget:g} turns preset={self.preset}'s split, which its maps fix")
 
     def _apply_preset(self) -> None:
         from rf_eval.ridgefill.presets import preset
@@ -229,7 +252,17 @@ class RidgeFillArm:
                     correction.check(config_hash(model_config), arm, maps_sha)
                 except ValueError as err:
                     raise ArmError(f"corrections: {err}") from None
+        knob = arm.knob(model_config)
+        if knob is not None:
+            knob.check_reachable()  # a BudgetError naming the cheapest fraction, before any weights load
         return arm
+
+    def knob(self, model_config: Any) -> Any:
+        """The knob `budget=` turns on this (resolved) arm on a model of `model_config`, a `rf_eval.budget.Knob`
+        (None without a budget)."""
+        from rf_eval.ridgefill.arm_cost import ridgefill_knob
+
+        return ridgefill_knob(self, model_config)
 
     def describe(self) -> dict[str, Any]:
         """What results record about the arm (parts by name and parameters)."""
@@ -246,6 +279,8 @@ class RidgeFillArm:
             "splice": self.splice,
             "cost_match": self.cost_match_obj.describe() if self.cost_match_obj else None,
             **({"preset": self.preset} if self.preset else {}),
+            **({"budget": self.budget, "knob": knob_name(self.preset, self.selector_obj)}
+               if self.budget is not None else {}),
         }
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rf_eval.budget import largest_within
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, check_split
 from rf_eval.fills import FILL_OFF, fill_method
 from rf_eval.fills.nofill import NoFill
@@ -168,14 +169,23 @@ def speedup_ceiling(config, N: int, **arm) -> float:
     return prefill_macs(config, N) / prefill_macs(config, N, **arm)
 
 
+def cache_rows(config, N: int, *, split: int | None = None, exact_rows: int | None = None,
+                  fill: str = FILL_OFF) -> int:
+    """Rows the attention layers' caches hold after an N-token prefill, summed over those layers: every row,
+    except in late layers of a fill whose filled rows are absent (nofill), which hold `exact_rows`; a
+    sliding-window layer holds at most its window. Recurrent (Gated DeltaNet) layers keep a state of fixed
+    size and are not counted."""
+    absent = fill != FILL_OFF and split is not None and fill_method(fill).absent
+    total = 0
+    for i, c in enumerate(layer_costs(config)):
+        if c.kind != "attention":
+            continue
+        rows = N if not absent or i < split or exact_rows is None else min(exact_rows, N)
+        total += rows if c.window is None else min(rows, c.window)
+    return total
+
+
 def cost_matched_tail(config, N: int, split: int, target_macs: int, fill: str = NoFill.name) -> int:
     """The longest tail of a `fill` arm (nofill) whose MAC count does not exceed `target_macs` (the paper's
-    compute-matched `nofill` control, section 3.3)."""
-    lo, hi = 1, N
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if prefill_macs(config, N, split=split, tail=mid, fill=fill) <= target_macs:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    compute-matched `nofill` control, section 3.3); 1 when none does."""
+    return largest_within(1, N, lambda tail: prefill_macs(config, N, split=split, tail=tail, fill=fill), target_macs)

@@ -128,6 +128,7 @@ class Attention(Selector):
     """Top `share` of rows by attention received from the last `window` rows (lower layers)."""
 
     name = "attention"
+    counts_rows = True
 
     def __init__(self, share: float = 0.1, window: int = 64, layers: Sequence[int] = DEFAULT_LAYERS,
                  share_of: str = "prompt"):
@@ -163,6 +164,9 @@ class Attention(Selector):
         return {i: (start, stop) for i in selector_layers(req, self.layer_ids)}
 
     def k(self, req: Request) -> int:
+        """round(share * N), or the rows an arm's budget grants (`Request.row_budget`)."""
+        if req.row_budget is not None:
+            return req.row_budget
         base = req.n if self.share_of == "prompt" else req.prefix_end
         return int(round(self.share * base))
 

@@ -43,6 +43,9 @@ class Request:
         self.capture_start: dict[int, int] = {}
         self.exclude = torch.zeros(self.n, dtype=torch.bool)
         self.memo: dict[Any, Any] = {}
+        #: rows an arm's budget grants this prompt (`rf_eval.budget`); a selector that `counts_rows` then picks
+        #: this many instead of its own count
+        self.row_budget: int | None = None
 
     @property
     def n(self) -> int:
@@ -107,6 +110,12 @@ class Selector:
     # the inputs it reads: RidgeFill's split-layer state through a `Request` ("split_state"), or RaReCache's
     # mapped cache through a `rf_eval.selectors.mapped_cache.CachePrompt` ("mapped_cache")
     reads: ClassVar[str] = "split_state"
+    #: True: it picks a count of rows (a share of the prompt), which an arm's budget may set (`Request.row_budget`)
+    counts_rows: ClassVar[bool] = False
+
+    def probe_rows(self) -> int:
+        """Rows it runs through the late layers beyond the prompt's own (the probe's sweep; the cost model)."""
+        return 0
 
     def params(self) -> dict[str, Any]:
         return {}
@@ -155,6 +164,9 @@ class Union(Selector):
 
     def params(self):
         return {}
+
+    def probe_rows(self) -> int:
+        return sum(p.probe_rows() for p in self.parts)
 
     def describe(self):
         return {"name": self.name, "parts": [p.describe() for p in self.parts]}

@@ -18,6 +18,8 @@ from rf_eval.selectors.base import Request, Selector, as_rows
 
 
 class _Counted(Selector):
+    counts_rows = True
+
     def __init__(self, of: Selector | None = None, count: int | None = None, share: float | None = None):
         given = [x is not None for x in (of, count, share)]
         if sum(given) != 1:
@@ -35,6 +37,8 @@ class _Counted(Selector):
         return self.of.captures(req) if self.of is not None else {}
 
     def matched_count(self, req: Request) -> int:
+        if req.row_budget is not None:  # an arm's budget sets the count
+            return req.row_budget
         if self.of is not None:
             return self.of.count(req)
         if self.count_ is not None:

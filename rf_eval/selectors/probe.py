@@ -115,6 +115,7 @@ class Probe(Selector):
     """Exact rows ranked by late-layer attention from the last `rows` rows, counted by the base rules."""
 
     name = "probe"
+    counts_rows = True
 
     def __init__(self, rows: int = 256, budget: float = 1.0, protected_share: float = 0.5,
                  attention_share: float = 0.2, window: int = 64, layers: Sequence[int] = DEFAULT_LAYERS,
@@ -143,7 +144,12 @@ class Probe(Selector):
         parts = [self.protected.rarest_rows(req, self.protected.rarest), digits, self.attention.select(req).rows]
         return as_rows(torch.cat(parts))
 
+    def probe_rows(self) -> int:
+        return self.rows
+
     def budget_count(self, req: Request) -> int:
+        if req.row_budget is not None:  # an arm's budget sets the count
+            return min(req.row_budget, req.candidates().numel())
         return min(int(round(self.budget * self.base_rows(req).numel())), req.candidates().numel())
 
     def count(self, req: Request) -> int:

@@ -29,9 +29,9 @@ def engine_calls(model: RidgeFillLM, monkeypatch) -> list[tuple[int, int]]:
     calls: list[tuple[int, int]] = []
     original = model.method.arm.prefill
 
-    def counted(ids, plan, fill):
+    def counted(ids, plan, fill, row_budget=None):
         calls.append(tuple(ids.shape))
-        return original(ids, plan, fill)
+        return original(ids, plan, fill, row_budget)
 
     monkeypatch.setattr(model.method.arm, "prefill", counted)
     return calls

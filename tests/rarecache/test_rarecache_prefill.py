@@ -118,7 +118,7 @@ def test_layer_prefix_recomputes_the_first_layers_for_every_row(fitted, prompt):
             assert torch.equal(cached.keys, plain.cache.layers[layer].keys)
         else:
             assert torch.equal(cached.keys[:, :, : n - 1], mapped.keys[layer][:, :, : n - 1])
-    assert rc.provenance()["budget"].startswith("layer-prefix")
+    assert rc.provenance()["recomputes"].startswith("layer-prefix")
 
 
 @pytest.mark.parametrize("selector", ["rank", "random-positions", "layer-prefix", "oracle-l2"])
