@@ -1,8 +1,9 @@
 """Geometry of the report's inline SVG charts, as plain data for the templates.
 
-Three charts: a forest plot of paired contrasts with their intervals (a zero
-line and the non-inferiority margin drawn), accuracy by length per arm, and
-speedup against the ceiling per length. Each function returns a dict of
+Four charts: a forest plot of paired contrasts with their intervals (a zero
+line and the non-inferiority margin drawn), accuracy by length per arm,
+speedup against the ceiling per length, and quality against cost per primary
+measure with its Pareto frontier. Each function returns a dict of
 shapes in pixel coordinates; the template only writes them out as SVG.
 """
 
@@ -12,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["PALETTE", "accuracy_by_length", "forest_plot", "speed_chart"]
+__all__ = ["PALETTE", "accuracy_by_length", "forest_plot", "frontier_chart", "speed_chart"]
 
 #: Colour-blind-safe series colours (Okabe-Ito).
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
@@ -141,4 +142,49 @@ def speed_chart(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "one_x": x(1.0),
         "bottom": bottom,
         "ticks": [{"x": x(t), "label": f"{t:g}x"} for t in _nice_ticks(0.0, top_value)],
+    }
+
+
+def frontier_chart(measure: Mapping[str, Any], arms: Sequence[Mapping[str, Any]], *,
+                   colours: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """Quality against cost for one primary measure: a point per arm and length at (MAC speedup over exact,
+    paired difference) with its interval as a vertical bar, the Pareto frontier of each length as a line
+    through its points in order of speedup. None when no point has a cost."""
+    label = measure["label"]
+    points = [(a["arm"], entry, entry["measures"][label]) for a in arms for entry in a["lengths"]
+              if label in entry["measures"] and entry.get("mac_speedup") is not None]
+    if not points:
+        return None
+    left, top, width, height = 64, 24, 520, 260
+    xs = [e["mac_speedup"] for _, e, _ in points] + [1.0]
+    lows = [p["low"] for _, _, p in points] + [0.0]
+    highs = [p["high"] for _, _, p in points] + [0.0]
+    xpad = 0.05 * ((max(xs) - min(xs)) or 1.0)
+    ypad = 0.08 * ((max(highs) - min(lows)) or 1.0)
+    x = _scale(min(xs) - xpad, max(xs) + xpad, left, width)
+    y_lo, y_hi = min(lows) - ypad, max(highs) + ypad
+    y = lambda v: top + (y_hi - v) / (y_hi - y_lo) * height  # noqa: E731
+    order = list(dict.fromkeys(arm for arm, _, _ in points))
+    shapes, fronts = [], {}
+    for arm, entry, p in points:
+        colour = (colours or {}).get(arm) or PALETTE[order.index(arm) % len(PALETTE)]
+        shapes.append({
+            "arm": arm, "length": entry["length"], "cx": x(entry["mac_speedup"]), "cy": y(p["difference"]),
+            "y_low": y(p["low"]), "y_high": y(p["high"]), "colour": colour, "pareto": bool(p.get("pareto")),
+            "title": f"{arm} at {entry['length']}: {entry['mac_speedup']:.2f}x MAC speedup, "
+                     f"{p['difference']:+.3g} [{p['low']:+.3g}, {p['high']:+.3g}]",
+        })  # fmt: skip
+        if p.get("pareto"):
+            fronts.setdefault(entry["length"], []).append((entry["mac_speedup"], p["difference"]))
+    lines = [{"length": length, "path": " ".join(f"{x(a):.1f},{y(b):.1f}" for a, b in sorted(pts))}
+             for length, pts in fronts.items() if len(pts) > 1]
+    return {
+        "label": label, "higher_is_better": bool(measure["higher_is_better"]), "unit": measure.get("unit"),
+        "width": left + width + 180, "height": top + height + 48,
+        "plot": {"left": left, "top": top, "right": left + width, "bottom": top + height},
+        "x_ticks": [{"x": x(t), "label": f"{t:g}x"} for t in _nice_ticks(min(xs) - xpad, max(xs) + xpad)],
+        "y_ticks": [{"y": y(t), "label": f"{t:g}"} for t in _nice_ticks(y_lo, y_hi)],
+        "zero_y": y(0.0), "one_x": x(1.0), "points": shapes, "frontiers": lines,
+        "legend": [{"arm": arm, "colour": (colours or {}).get(arm) or PALETTE[i % len(PALETTE)], "y": top + 14 * i}
+                   for i, arm in enumerate(order)],
     }

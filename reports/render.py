@@ -15,7 +15,7 @@ from typing import Any
 
 import jinja2
 
-from rf_eval.reports.charts import PALETTE, accuracy_by_length, forest_plot, speed_chart
+from rf_eval.reports.charts import PALETTE, accuracy_by_length, forest_plot, frontier_chart, speed_chart
 
 __all__ = ["build_view", "render_html", "render_latex", "render_markdown", "write_reports"]
 
@@ -110,6 +110,42 @@ def engine_floor(arm: dict[str, Any]) -> str:
     return text
 
 
+def times(x: Any, digits: int = 2) -> str:
+    """A speedup: `1.33×`; a dash when missing."""
+    return "–" if _missing(x) else f"{x:.{digits}f}×"
+
+
+def in_unit(x: Any, unit: str | None) -> str:
+    """A paired difference in its measure's unit: points to 2 decimals, a raw measure to 3 significant digits."""
+    return signed(x) if unit == "points" else sig(x, 3)
+
+
+def length_name(length: Any) -> str:
+    """A length as a table prints it: 1,024, or a group's name (`all`: items without a length)."""
+    return f"{length:,}" if isinstance(length, int) else str(length)
+
+
+def cost_text(arm: dict[str, Any]) -> str:
+    """An arm's cost in one cell: its budget, then per length the MAC speedup over exact (and the measured
+    one where timings exist); a dash where the runs recorded no cost."""
+    parts = []
+    for c in arm.get("cost") or []:
+        if c.get("mac_speedup") is None:
+            continue
+        text = f"{length_name(c['length'])}: {times(c['mac_speedup'])}"
+        if c.get("measured_speedup") is not None:
+            text += f" (measured {times(c['measured_speedup'])})"
+        parts.append(text)
+    budget = f"budget {arm['budget']:g}; " if arm.get("budget") is not None else ""
+    return budget + "; ".join(parts) if parts else "–"
+
+
+def mac_speedups(arm: dict[str, Any]) -> str:
+    """An arm's MAC speedups over exact by length, in the report's order (deterministic: no timings)."""
+    return "; ".join(f"{length_name(c['length'])}: {times(c['mac_speedup'])}" for c in arm.get("cost") or []
+                     if c.get("mac_speedup") is not None) or "–"
+
+
 def tex(value: Any) -> str:
     """Escape text for LaTeX."""
     return "".join(_TEX_ESCAPES.get(ch, ch) for ch in str(value))
@@ -134,11 +170,13 @@ def _environment(latex: bool) -> jinja2.Environment:
             variable_end_string=">>", comment_start_string="<#", comment_end_string="#>",
         )  # fmt: skip
     env = jinja2.Environment(autoescape=jinja2.select_autoescape(["html.j2"]), **options)
-    filters = {"fmt": fmt, "signed": signed, "sig": sig, "pvalue": pvalue, "percent": percent, "plain": plain}
-    if latex:  # numbers in math mode, "--" where missing, % escaped
-        filters = {name: _latex_number(f, math=name != "percent") for name, f in filters.items()}
+    filters = {"fmt": fmt, "signed": signed, "sig": sig, "pvalue": pvalue, "percent": percent, "plain": plain,
+               "times": times, "in_unit": in_unit}
+    if latex:  # numbers in math mode, "--" where missing, % and × escaped
+        filters = {name: _latex_number(f, math=name not in ("percent", "times")) for name, f in filters.items()}
     cell = measure_cells(filters, "--" if latex else "–")
-    env.filters.update(filters, tex=tex, md=md, engine_floor=engine_floor, measure_cell=cell)
+    env.filters.update(filters, tex=tex, md=md, engine_floor=engine_floor, measure_cell=cell, cost_text=cost_text,
+                       length_name=length_name, mac_speedups=mac_speedups)
     return env
 
 
@@ -159,7 +197,9 @@ def build_view(summary: dict[str, Any]) -> dict[str, Any]:
         for arm in summary["arms"]
     }
     colours = {arm["name"]: PALETTE[i % len(PALETTE)] for i, arm in enumerate(summary["arms"])}
+    front = summary.get("frontier") or {"measures": [], "arms": []}
     return {
+        "budgets": [], "frontier": front,
         "ledger_head": None, "metrics": {"points": "none", "tasks": "none", "losses": "none"}, "standalone": False,
         "measures": [], "strata_rule": "", "cross_model": [], "notes": [],
         **summary,
@@ -169,6 +209,8 @@ def build_view(summary: dict[str, Any]) -> dict[str, Any]:
             else None,
             "length": accuracy_by_length(summary["lengths"], series, colours=colours) if summary["lengths"] else None,
             "speed": speed_chart(summary["speed"]) if summary["speed"] else None,
+            "frontier": [chart for m in front["measures"]
+                         if (chart := frontier_chart(m, front["arms"], colours=colours)) is not None],
         },
         "arm_names": [a["name"] for a in summary["arms"]],
         "has_floor": any(isinstance(a.get("engine_floor"), dict) for a in summary["arms"]),

@@ -13,6 +13,8 @@ from typing import Any
 __all__ = ["name_arms", "parse_model_args"]
 
 _EXPLICIT = ("arm", "name")
+#: the setting an arm's name carries as a suffix, `ridge@0.5`: the compute budget (`rf_eval.budget`)
+BUDGET = "budget"
 
 
 def parse_model_args(value: str | Mapping[str, Any] | None) -> dict[str, str]:
@@ -48,9 +50,12 @@ def name_arms(models: Sequence[str], model_args: Sequence[Mapping[str, str]]) ->
     "ridge,selector=attention" (a number keeps its key: "split=12"). An
     explicit `arm=` or `name=` wins, and such arms are left out when telling
     the others apart (a served run named `arm=served` does not turn "exact"
-    into "ridgefill,fill=exact").
+    into "ridgefill,fill=exact"). An arm set by a compute budget carries it as a
+    suffix, wherever else its name comes from: `budget=0.5` makes "ridge@0.5"
+    (a study's `budgets:` names its arms so).
     """
-    settings = [{"model": m, **dict(a)} for m, a in zip(models, model_args)]
+    settings = [{"model": m, **{k: v for k, v in dict(a).items() if k != BUDGET}} for m, a in zip(models, model_args)]
+    budgets = [dict(a).get(BUDGET) for a in model_args]
     explicit_names = [next((s[k] for k in _EXPLICIT if s.get(k)), None) for s in settings]
     unnamed = [s for s, explicit in zip(settings, explicit_names) if not explicit]
     differing = _differing(unnamed)
@@ -67,6 +72,8 @@ def name_arms(models: Sequence[str], model_args: Sequence[Mapping[str, str]]) ->
             value = _short(s[first]) if s.get(first) else "unset"
             base = f"{first}={value}" if value.replace(".", "", 1).isdigit() or value == "unset" else value
             names.append(",".join([base, *extra]))
+    names = [name if explicit or not budget else f"{name}@{budget}"
+             for name, explicit, budget in zip(names, explicit_names, budgets)]
     seen: dict[str, int] = {}
     unique = []
     for name in names:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from rf_eval.prefill_cost import COST_FIELDS
+
 __all__ = ["PAIR_KEYS", "PairingError", "pair_arms"]
 
 PAIR_KEYS = ["task", "filter", "metric", "doc_id"]
@@ -33,8 +35,8 @@ def pair_arms(items: pd.DataFrame, arm: str, ref: str) -> pd.DataFrame:
 
     Returns one row per paired item: the keys, the shared item facts (metric,
     unit, length, domain, subtask: the facts bootstrap strata are made of),
-    `arm` and `ref` scores, and the timing columns of both
-    arms. `attrs["unpaired"]` counts the items only one of the two arms has.
+    `arm` and `ref` scores, and the cost columns of both arms
+    (`rf_eval.prefill_cost.COST_FIELDS`, suffixed `_arm` and `_ref`). `attrs["unpaired"]` counts the items only one of the two arms has.
     """
     a = items[items["arm"] == arm]
     r = items[items["arm"] == ref]
@@ -52,7 +54,7 @@ def pair_arms(items: pd.DataFrame, arm: str, ref: str) -> pd.DataFrame:
         out[column] = merged[f"{column}_arm"].where(merged[f"{column}_arm"].notna(), merged[f"{column}_ref"])
     out["arm"] = merged["score_arm"].to_numpy()
     out["ref"] = merged["score_ref"].to_numpy()
-    for column in ("prefill_seconds", "speedup_ceiling"):
+    for column in COST_FIELDS:
         out[f"{column}_arm"] = merged[f"{column}_arm"].to_numpy()
         out[f"{column}_ref"] = merged[f"{column}_ref"].to_numpy()
     out.attrs["unpaired"] = len(a) + len(r) - 2 * len(merged)

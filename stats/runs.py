@@ -24,8 +24,11 @@ length from the metric's name; otherwise the length is the doc's `max_length`
 the subtask its `ruler_task` (pooled `ruler_filled`): the facts of the
 bootstrap strata (`rf_eval.stats.strata`). Accuracy-like metrics (higher is
 better, all in [0, 1]) are put in points (x100, section 3.4).
-Optional per-item numbers that a task or model may record beside its metrics:
-`prefill_seconds` (a timing) and `speedup_ceiling` (1/r of paper section 2.5).
+Per-item cost, as rf-eval's tasks record it beside their metrics
+(`rf_eval.prefill_cost.COST_FIELDS`: the arm's and exact's prefill MACs, their
+ratio, the measured `prefill_seconds`, the budget and its knob's value, the
+cache entries, ...), becomes columns of the same rows; an arm run without them
+(another lm-eval model) has them empty.
 An arm run with `reference=exact` records its engine floor in the results'
 config (`rf_eval.engine_floor`, paper sections 4.3 and 9): `ArmRun.engine_floor`.
 """
@@ -42,6 +45,7 @@ from typing import Any
 
 import pandas as pd
 
+from rf_eval.prefill_cost import COST_FIELDS
 from rf_eval.stats.arms import name_arms, parse_model_args
 from rf_eval.stats.measures import default_metrics, missing_note, missing_reason
 from rf_eval.stats.provenance import (
@@ -58,11 +62,10 @@ __all__ = ["ArmRun", "EmptyMetricError", "ITEM_COLUMNS", "RunFormatError", "Runs
 
 ITEM_COLUMNS = (
     "arm", "task", "filter", "doc_id", "metric", "primary", "doc_hash", "prompt_hash", "target_hash", "higher_is_better",
-    "unit", "score", "length", "domain", "subtask", "prefill_seconds", "speedup_ceiling",
+    "unit", "score", "length", "domain", "subtask", *COST_FIELDS,
 )  # fmt: skip
 RULER_SCORE = "score"
 LENGTH_KEYS = ("max_length", "max_seq_length", "context_length", "length")
-TIMING_KEYS = ("prefill_seconds", "speedup_ceiling")
 SUBTASK_KEY = "ruler_task"
 
 
@@ -280,7 +283,7 @@ def _sample_rows(
             "length": _doc_length(doc),
             "domain": str(domain) if isinstance(domain, (str, int)) else None,
             "subtask": _subtask(sample, doc),
-            **{k: _number(sample.get(k)) for k in TIMING_KEYS},
+            **{k: _number(sample.get(k)) for k in COST_FIELDS},
         }
         for i, metric in enumerate(metrics):
             if metric == RULER_SCORE:

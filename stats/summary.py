@@ -5,7 +5,9 @@ task, pooled over tasks and per length (RULER by task and length, appendix
 C), reads `keytoken_nll` by the measures of section 3.1 (`measures`: key- and
 novel-token ΔNLL, the novel-token perplexity gap, KL; all-token ΔNLL beside
 them), and adds speed against the ceiling where timings were recorded
-(section 5.3), selections against their count-matched controls (section 3.3)
+(section 5.3), each arm's prefill cost and the quality-cost frontier, with
+the arms that share a budget compared with each other (`frontier`; sections
+6.2, 6.4, 8), selections against their count-matched controls (section 3.3)
 and registration status (section 9). Every interval resamples within the
 strata of `rf_eval.stats.strata` (section 3.4), named in each row's `strata`.
 The result holds only dicts, lists, strings, numbers and None, unrounded.
@@ -23,6 +25,7 @@ import pandas as pd
 from rf_eval.stats.comparable import check_comparable
 from rf_eval.stats.contrasts import loss_contrast, own_measure, points_contrast
 from rf_eval.stats.controls import control_margin
+from rf_eval.stats.frontier import cost_of, frontier, matched_budgets, measured_speedup
 from rf_eval.stats.ledger import LedgerEntry
 from rf_eval.stats.measures import task_measures
 from rf_eval.stats.pairing import PAIR_KEYS, pair_arms
@@ -119,14 +122,29 @@ class _Study:
         return tasks, losses, forest
 
     def overall(self) -> list[dict[str, Any]]:
-        """Each arm pooled over the accuracy tasks, resampled within task."""
+        """Each arm pooled over the accuracy tasks, resampled within task, beside its cost on those items."""
         rows = []
         for arm in self.others:
             p = _pooled(self.pairs[arm])
             if not p.empty:
                 row = self.points(p)
-                rows.append({"arm": arm, **row, "registration": self.status(arm, None)})
+                cost = cost_of(p, "_arm")
+                rows.append({"arm": arm, **row, "registration": self.status(arm, None),
+                             "mac_speedup": cost["mac_speedup"], "measured_speedup": measured_speedup(p)})
         return rows
+
+    def contrast(self, pairs: pd.DataFrame, measure: Any) -> dict[str, Any]:
+        """The report's paired contrast of one primary measure (`rf_eval.stats.frontier`)."""
+        if measure.unit == "points":
+            return self.points(pairs)
+        return self.loss(pairs, measure.metric, measure.higher_is_better)
+
+    def frontier(self) -> dict[str, Any]:
+        paired = self.runs.items
+        return frontier(paired, self.pairs, self.reference, self.names, self.contrast)
+
+    def budgets(self) -> list[dict[str, Any]]:
+        return matched_budgets(self.runs.items, self.names, self.reference, self.contrast)
 
     def by_length(self) -> dict[str, Any]:
         """Accuracy per length per arm (tasks pooled, and per task), and contrasts per length."""
@@ -232,15 +250,21 @@ class _Study:
                          "low": boot.low, "high": boot.high, "strata": strata.text})  # fmt: skip
         return rows
 
-    def arms(self) -> list[dict[str, Any]]:
+    def arms(self, front: dict[str, Any]) -> list[dict[str, Any]]:
+        """Each arm: what ran, its items, and its cost at each length (from the frontier's points)."""
+        costs = {a["arm"]: a for a in front["arms"]}
         rows = []
         for a in self.runs.arms:
             reg = None if self.ledger is None or a.name == self.reference else registration(self.ledger, a)
+            points = costs.get(a.name, {}).get("lengths", [])
             rows.append({
                 "name": a.name, "model": a.model, "model_args": a.model_args_text,
                 "started": a.started.isoformat(timespec="seconds"), "results_files": list(a.results_files),
                 "n_items": int((self.runs.items["arm"] == a.name).sum()), "is_reference": a.name == self.reference,
                 "registration": None if reg is None else reg.__dict__.copy(), "engine_floor": a.engine_floor,
+                "budget": costs.get(a.name, {}).get("budget"),
+                "cost": [{k: p[k] for k in ("length", "macs_fraction", "mac_speedup", "measured_speedup",
+                                            "cache_fraction")} for p in points],
             })  # fmt: skip
         return rows
 
@@ -288,12 +312,14 @@ def study_summary(
                          f"different tasks or documents ({ran})")
     overall = study.overall()
     lengths = study.by_length()
+    front = study.frontier()
     notes = labels + study.notes()
     if not lengths["lengths"]:
         notes.append("no item recorded a length (doc max_length or a RULER length metric): no per-length tables")
     return {
         "reference": reference, "margin": margin, "confidence": confidence, "n_resamples": n_resamples, "seed": seed,
-        "arms": study.arms(), "tasks": tasks, "overall": overall, "measures": measures, "losses": losses, **lengths,
+        "arms": study.arms(front), "tasks": tasks, "overall": overall, "measures": measures, "losses": losses,
+        **lengths, "frontier": front, "budgets": study.budgets(),
         "forest": forest + [{"group": r["arm"], "label": "overall", **r} for r in overall],
         "speed": study.speed(), "controls": study.controls(controls or {}),
         "has_ledger": ledger is not None, "ledger_head": None, "notes": notes, "cross_model": labels, "strata_rule": RULE,

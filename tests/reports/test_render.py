@@ -45,7 +45,8 @@ def test_filters_round_only_at_the_end():
 def tiny_summary():
     row = {"arm": "ridge_arm", "n": 10, "arm_score": 90.0, "ref_score": 92.0, "difference": -2.0, "low": -6.0,
            "high": float("nan"), "lower": -5.0, "floor": -25.9, "bound": -25.9, "binding": "floor", "passed": False,
-           "test": {"name": "McNemar", "wins": 1, "losses": 3, "p": 0.625}, "strata": "RULER task × length (4 strata)"}
+           "test": {"name": "McNemar", "wins": 1, "losses": 3, "p": 0.625}, "strata": "RULER task × length (4 strata)",
+           "mac_speedup": 1.5, "measured_speedup": None}
     return {
         "reference": "exact_arm", "margin": 2.0, "confidence": 0.95, "n_resamples": 100, "seed": 0,
         "arms": [{"name": "exact_arm", "model": "hf", "model_args": "fill=exact", "started": "2026", "results_files": [],
@@ -63,7 +64,9 @@ def test_latex_and_markdown_escape_names_and_mark_missing_numbers(tiny_summary):
     assert r"[$-6.00$, --]" in tex_out  # a missing bound prints as --, never as a bare unicode dash
     assert "–" not in tex_out
     md_out = render_markdown(tiny_summary)
-    assert "| ridge_arm | 10 | 90.0 | 92.0 | -2.00 | [-6.00, –] | -25.90 | floor | no | RULER task × length (4 strata) |" in md_out
+    assert ("| ridge_arm | 10 | 90.0 | 92.0 | -2.00 | [-6.00, –] | -25.90 | floor | no | 1.50× | – | "
+            "RULER task × length (4 strata) |") in md_out  # the cost beside it: MAC speedup, none measured
+    assert r"1.50$\times$" in tex_out
     assert r"RULER task $\times$ length (4 strata)" in tex_out and "×" not in tex_out
 
 

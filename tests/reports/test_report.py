@@ -50,8 +50,8 @@ def report(lmeval_runs, tmp_path_factory):
 
 def test_report_names_arms_from_model_args_and_pairs_items(report):
     md = (report / "report.md").read_text()
-    assert "| exact (reference) | `arm=exact` | 36 |" in md
-    assert "| ridge | `arm=ridge` | 36 | registered |" in md
+    assert "| exact (reference) | `arm=exact` | 36 | – |" in md
+    assert "| ridge | `arm=ridge` | 36 | – | registered |" in md  # no cost recorded: a dash
     assert re.search(r"\| ridge \| 36 \| .* \| registered \|\n", md)  # the pooled comparison, too
     assert re.search(r"\| rfe_mc \| ridge \| 24 \|", md)
     assert re.search(r"\| rfe_ruler \| ridge \| 12 \| [\d.]+ \| [\d.]+ \| \+0\.00 \|", md)  # same answers both arms

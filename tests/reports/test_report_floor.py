@@ -43,9 +43,9 @@ def test_report_shows_the_floor_beside_the_filled_arm(tmp_path, lmeval_format):
     assert main(["report", str(exact), str(ridge), "--reference", "exact", "--markdown", str(out / "r.md"),
                  "--html", str(out / "r.html"), "--latex", str(out / "r.tex")]) == 0
     md = (out / "r.md").read_text()
-    assert "| arm | model_args | items | engine floor |" in md
-    assert "| ridge | `fill=ridge,pretrained=/models/tiny,split=12` | 4 | partial path bitwise; filled-row kernel max \\|Δ\\| 7.2e-07, KL 1.3e-14 |" in md
-    assert "| exact (reference) | `fill=exact,pretrained=/models/tiny,split=12` | 4 | – |" in md
+    assert "| arm | model_args | items | cost: MAC speedup over exact (measured) | engine floor |" in md
+    assert "| ridge | `fill=ridge,pretrained=/models/tiny,split=12` | 4 | – | partial path bitwise; filled-row kernel max \\|Δ\\| 7.2e-07, KL 1.3e-14 |" in md
+    assert "| exact (reference) | `fill=exact,pretrained=/models/tiny,split=12` | 4 | – | – |" in md
     html = (out / "r.html").read_text()
     assert "<th class=\"text\">engine floor</th>" in html and "filled-row kernel max |Δ| 7.2e-07, KL 1.3e-14" in html
     tex = (out / "r.tex").read_text()

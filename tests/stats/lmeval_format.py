@@ -117,6 +117,7 @@ def accuracy_run(
     started: float = 1_790_000_000.0,
     timings: Sequence[float] | None = None,
     ceiling: float | None = None,
+    budget: float | None = None,
     prompt_suffix: str = "",
     target_suffix: str = "",
     model_args: Mapping[str, Any] | None = None,
@@ -126,7 +127,9 @@ def accuracy_run(
 
     `correct[task][i]` is item i's outcome; with `lengths`, item i has length
     lengths[i % len(lengths)] and RULER's per-length metrics. `model_args` join
-    the arm's; `run_extra` goes to `write_run` (config_extra, task_extra, version).
+    the arm's; `run_extra` goes to `write_run` (config_extra, task_extra, version). `ceiling`: each item's
+    MAC speedup over exact (its cost fields, as rf-eval's tasks write them); `budget`: the arm's budget, in its
+    items and model_args.
     """
     tasks = {}
     for task, outcomes in correct.items():
@@ -143,12 +146,18 @@ def accuracy_run(
             extra = {}
             if timings is not None:
                 extra["prefill_seconds"] = timings[i % len(timings)] * (1 + (doc.get("max_length", 1) / 4096))
-            if ceiling is not None:
-                extra["speedup_ceiling"] = ceiling
+            if ceiling is not None:  # the cost fields rf-eval's tasks write (`rf_eval.prefill_cost`)
+                exact = 1_000 * doc.get("max_length", 1000)
+                extra.update(exact_macs=exact, prefill_macs=exact / ceiling, macs_fraction=1 / ceiling,
+                             mac_speedup=ceiling)
+            if budget is not None:
+                extra["budget"] = budget
             prompt = f"{doc['input']}\nWhat is the number?{prompt_suffix}"
             lines.append(sample_line(i, doc, prompt, doc["outputs"][0] + target_suffix, metrics, extra=extra))
         tasks[task] = lines
     args = {"pretrained": "/models/tiny", "fill": arm, "split": 12, **(model_args or {})}
+    if budget is not None:
+        args["budget"] = budget
     return write_run(out, model_args=args, tasks=tasks, started=started, **run_extra)
 
 

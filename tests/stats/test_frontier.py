@@ -1,0 +1,89 @@
+"""rf_eval.stats.frontier: cost beside paired quality, the Pareto frontier, and arms compared at one budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rf_eval.reports.charts import frontier_chart
+from rf_eval.stats.pairing import pair_arms
+from rf_eval.stats.runs import load_runs
+from rf_eval.stats.summary import study_summary
+
+LENGTHS = [1024, 2048]
+MEASURE = "niah_single_1_filled: score"  # RULER-style per-length metrics read as one, `score`
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, lmeval_format):
+    """exact; fast@0.5 and fast_bad@0.5 (one budget, a speedup a knob step apart, fast_bad loses more); best at
+    a lower speedup and the best accuracy; slow_bad: cheaper than exact, worse than best and no faster."""
+    out = tmp_path_factory.mktemp("frontier")
+    rng = np.random.default_rng(1)
+    truth = rng.random(80) < 0.8
+    arms = {
+        "exact": (truth, 1.0, None),
+        "fast": (np.where(rng.random(80) < 0.15, False, truth), 2.0, 0.5),
+        "fast_bad": (np.where(rng.random(80) < 0.6, False, truth), 2.005, 0.5),
+        "best": (truth, 1.5, None),
+        "slow_bad": (np.where(rng.random(80) < 0.5, False, truth), 1.2, None),
+    }
+    for i, (arm, (outcomes, ceiling, budget)) in enumerate(arms.items()):
+        correct = {"niah_single_1_filled": list(outcomes)}
+        lmeval_format.accuracy_run(out, arm, correct, lengths=LENGTHS, ceiling=ceiling, budget=budget,
+                                   timings=[1.0 / ceiling], started=1.79e9 + i)
+    return load_runs([out], metrics={"niah_single_1_filled": ["score"]})
+
+
+@pytest.fixture(scope="module")
+def summary(runs):
+    return study_summary(runs, "exact", n_resamples=500)
+
+
+def points(summary, length):
+    return {a["arm"]: next(e for e in a["lengths"] if e["length"] == length) for a in summary["frontier"]["arms"]}
+
+
+def test_each_arm_and_length_has_its_cost_and_paired_difference(summary, runs):
+    for length in LENGTHS:
+        at = points(summary, length)
+        assert at["exact"]["macs_fraction"] == 1.0 and at["exact"]["measures"][MEASURE]["difference"] == 0.0
+        fast = at["fast@0.5"]
+        assert fast["macs_fraction"] == pytest.approx(0.5) and fast["mac_speedup"] == pytest.approx(2.0)
+        # the difference is the paired mean on that length's items
+        pairs = pair_arms(runs.items, "fast@0.5", "exact")
+        pairs = pairs[pairs["length"] == length]
+        assert fast["measures"][MEASURE]["difference"] == pytest.approx((pairs["arm"] - pairs["ref"]).mean())
+        assert fast["measured_speedup"] == pytest.approx(2.0, rel=1e-6)  # median seconds, ref over arm
+
+
+def test_the_frontier_holds_the_points_no_other_point_beats(summary):
+    for length in LENGTHS:
+        on = {arm for arm, p in points(summary, length).items() if p["measures"][MEASURE]["pareto"]}
+        # fast_bad is a knob step faster than fast, within SAME_COST: fast dominates it; slow_bad and exact are
+        # beaten by best (faster, better); best and fast trade speed for accuracy
+        assert on == {"fast@0.5", "best"}, (length, on)
+
+
+def test_arms_of_one_budget_are_compared_with_each_other(summary, runs):
+    (matched,) = summary["budgets"]
+    assert matched["budget"] == 0.5 and [a["arm"] for a in matched["arms"]] == ["fast@0.5", "fast_bad@0.5"]
+    (row,) = matched["contrasts"]
+    pairs = pair_arms(runs.items, row["arm"], row["versus"])
+    assert row["difference"] == pytest.approx((pairs["arm"] - pairs["ref"]).mean())
+    assert row["n"] == len(pairs) and "bound" in row and row["strata"] == "length (2 strata)"
+
+
+def test_arm_names_carry_their_budget(runs):
+    assert {a.name for a in runs.arms} == {"exact", "fast@0.5", "fast_bad@0.5", "best", "slow_bad"}
+
+
+def test_the_chart_draws_a_point_per_arm_and_length_and_joins_the_frontier(summary):
+    measure = summary["frontier"]["measures"][0]
+    chart = frontier_chart(measure, summary["frontier"]["arms"])
+    assert len(chart["points"]) == 5 * len(LENGTHS)
+    assert {line["length"] for line in chart["frontiers"]} == set(LENGTHS)
+    for line in chart["frontiers"]:  # left to right through the frontier's points
+        xs = [float(p.split(",")[0]) for p in line["path"].split()]
+        assert xs == sorted(xs) and len(xs) == 2
+    assert chart["one_x"] < min(p["cx"] for p in chart["points"] if p["arm"] != "exact") and chart["label"] == MEASURE
