@@ -77,8 +77,33 @@ def check_arm_args(study: Study, arm) -> None:
         spec = ArmSpec.from_fields({k: v for k, v in mine.items() if k in ArmSpec.fields()}, what="args")
         check_paths(args)
         check_split(args["pretrained"], getattr(spec, "split", None))
+        if spec.budget is not None:
+            check_budget(study, arm, args)
     except (UserError, ValueError) as err:
         raise StudyError(f"{study.path.name}: arms.{arm.name}: {err}") from None
+
+
+def check_budget(study: Study, arm, args: dict) -> None:
+    """A budget the arm meets at every study length (every length the model takes, without `lengths`): a
+    `BudgetError` naming the length and the cheapest fraction otherwise, before anything runs."""
+    lengths = list(study.lengths) or None
+    if arm.model == "ridgefill":
+        from rf_eval.study.plan import resolved_arm
+
+        resolved = resolved_arm(study, arm)
+        if resolved is not None:
+            config, spec = resolved
+            spec.knob(config).check_reachable(lengths)
+        return
+    from transformers import AutoConfig
+
+    from rf_eval.model_adapters.rarecache import knob_for
+    from rf_eval.rarecache.arm_spec import RaReCacheArm
+    from rf_eval.rarecache.maps import load_transfer_maps
+
+    spec = RaReCacheArm.from_fields({k: v for k, v in args.items() if k in RaReCacheArm.fields()}, what="args")
+    configs = [AutoConfig.from_pretrained(args[k]) for k in ("source", "pretrained")]
+    knob_for(spec, load_transfer_maps(args["maps"]), *configs).check_reachable(lengths)
 
 
 def check_paths(args: dict) -> None:

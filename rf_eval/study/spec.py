@@ -22,6 +22,8 @@
     reference: exact
     margin: 2.0                  # non-inferiority margin, points
     controls: {rows: [random_rows]}   # count-matched controls of a selection
+    budgets: [0.5, 0.7]          # optional: every arm a budget can set runs once per budget instead
+                                 # (ridge@0.5, ridge@0.7, ...; exact and API arms as they are)
     claims:
       - {claim: "ridge is non-inferior to exact", prediction: "lower bound above -2 points"}
 
@@ -29,6 +31,13 @@
 missing one, a value of the wrong type, an arm without a fill, a reference or
 control that names no declared arm are a `StudyError` naming the key and the
 file's line.
+
+`budgets` (`rf_eval.budget`): each arm whose settings take a budget (an rf-eval
+arm of a fill or of RaReCache, without a budget of its own) is replaced by one
+arm per budget, named `<arm>@<budget>` with `budget` in its args (RaReCache's
+`rho` dropped: the budget sets it), so every method runs at the same costs;
+the report then compares the arms of each budget with each other. The
+reference and the controls must name arms the budgets leave as they are.
 """
 
 from __future__ import annotations
@@ -75,6 +84,7 @@ class Study:
     margin: float = 2.0
     controls: dict[str, list[str]] = field(default_factory=dict)
     claims: tuple[dict[str, str], ...] = ()
+    budgets: tuple[float, ...] = ()  # the arms are already expanded (`expand_budgets`); kept for the record
     # not a study-file key: the folder under --out that holds each arm's lm-eval output (`rf-eval demo`
     # keeps its runs/ there)
     arms_folder: str = "arms"
@@ -104,6 +114,7 @@ _TOP = {
     "include_path": (str, False), "lengths": (list, False), "metadata": (dict, False), "limit": (int, False),
     "samples": (dict, False), "apply_chat_template": (bool, False), "seed": (int, False), "arms": (dict, True),
     "reference": (str, True), "margin": ((int, float), False), "controls": (dict, False), "claims": (list, False),
+    "budgets": (list, False),
 }
 _MODEL = {"pretrained": (str, True), "args": (dict, False)}
 _FIT = {"calibration": (list, True), "heldout": (list, False), "split": (int, True), "lambdas": (list, False)}
@@ -193,13 +204,23 @@ def load_study(path: str | Path) -> Study:
         arms[str(arm_name)] = Arm(str(arm_name), model, args)
     if not arms:
         raise StudyError(f"{name}: arms is empty")
+    budgets = _budgets(name, data.get("budgets"), values.get("budgets"))
+    arms, expanded = expand_budgets(arms, budgets)
     reference = data["reference"]
+    if reference in expanded:
+        raise StudyError(f"{name}: reference {reference!r} is an arm the budgets expand ({', '.join(expanded[reference])}); "
+                         "the reference is the arm every budget is a share of: give one a budget leaves as it is "
+                         "(fill: exact)")
     if reference not in arms:
         raise StudyError(f"{name}: reference {reference!r} is not a declared arm ({_line(values['reference'])}); "
                          f"arms: {', '.join(arms)}")
     controls = data.get("controls") or {}
     for selected, pair in controls.items():
         named = [selected, *(pair if isinstance(pair, list) else [pair])]
+        split = [a for a in named if a in expanded]
+        if split:
+            raise StudyError(f"{name}: controls.{selected} names {split[0]!r}, which the budgets expand into "
+                             f"{', '.join(expanded[split[0]])}; name arms a budget leaves as they are")
         missing = [a for a in named if a not in arms]
         if missing:
             raise StudyError(f"{name}: controls.{selected} names no declared arm {missing[0]!r} "
@@ -222,8 +243,66 @@ def load_study(path: str | Path) -> Study:
         samples=data.get("samples"), apply_chat_template=bool(data.get("apply_chat_template", False)),
         seed=int(data.get("seed", 0)), margin=float(data.get("margin", 2.0)),
         controls={k: (v if isinstance(v, list) else [v]) for k, v in controls.items()},
-        claims=tuple(data.get("claims") or ()),
+        claims=tuple(data.get("claims") or ()), budgets=budgets,
     )
+
+
+def _budgets(name: str, values: list | None, node: yaml.Node | None) -> tuple[float, ...]:
+    """The study's budgets: numbers in (0, 1], each once."""
+    if values is None:
+        return ()
+    if not values:
+        raise StudyError(f"{name}: budgets is empty ({_line(node)}); give shares of exact's MACs, e.g. [0.5, 0.7]")
+    out = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise StudyError(f"{name}: budgets: {value!r} is not a share of exact prefill's MACs; give numbers "
+                             f"0 < budget <= 1 ({_line(node)})")
+        if float(value) in out:
+            raise StudyError(f"{name}: budgets: {value!r} is given twice ({_line(node)})")
+        out.append(float(value))
+    return tuple(out)
+
+
+def takes_budget(arm: Arm) -> bool:
+    """Whether an arm's settings take a budget: an rf-eval arm (of a fill, or RaReCache) without one of its
+    own, whose arm spec accepts one (a fill that turns its tail, a selector that counts rows, ...)."""
+    from rf_eval.errors import UserError
+
+    if arm.model not in ADAPTERS or "budget" in arm.args:
+        return False
+    if arm.model == "ridgefill":
+        from rf_eval.ridgefill.arm_spec import RidgeFillArm as Spec
+    else:
+        from rf_eval.rarecache.arm_spec import RaReCacheArm as Spec
+    fields = {k: v for k, v in arm.args.items() if k in Spec.fields() and k != "rho"}
+    try:
+        Spec.from_fields({**fields, "budget": 0.5}, what="args")
+    except (UserError, ValueError, TypeError):
+        return False
+    return True
+
+
+def expand_budgets(arms: dict[str, Arm], budgets: tuple[float, ...]) -> tuple[dict[str, Arm], dict[str, list[str]]]:
+    """(the arms with each one that takes a budget replaced by one arm per budget, `<arm>@<budget>`, in the
+    file's order; which arms were replaced by which)."""
+    if not budgets:
+        return arms, {}
+    out: dict[str, Arm] = {}
+    expanded: dict[str, list[str]] = {}
+    for arm in arms.values():
+        if not takes_budget(arm):
+            out[arm.name] = arm
+            continue
+        args = {k: v for k, v in arm.args.items() if not (arm.model == "rarecache" and k == "rho")}
+        for budget in budgets:
+            name = f"{arm.name}@{budget:g}"
+            if name in arms or name in out:
+                raise StudyError(f"the budgets name an arm {name!r} (arm {arm.name!r} at budget {budget:g}), and an "
+                                 "arm of that name is declared already; rename it")
+            out[name] = Arm(name, arm.model, {**args, "budget": budget})
+            expanded.setdefault(arm.name, []).append(name)
+    return out, expanded
 
 
 def _resolve(study_file: Path, value: str) -> str:

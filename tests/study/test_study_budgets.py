@@ -1,0 +1,128 @@
+"""A study's `budgets:` (issue #38): every arm a budget can set runs once per budget, and the report puts the
+arms of one budget side by side, in the frontier and in a matched-budget table, in all four formats."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rf_eval.study.spec import StudyError, load_study
+
+STUDY = """\
+model:
+  pretrained: {model}
+  args: {{dtype: float32, device: cpu}}
+tasks: [keytoken_nll]
+arms:
+  exact: {{args: {{fill: exact}}}}
+  identity: {{args: {{fill: identity, split: 3, tail: 32, reference: exact}}}}
+  nofill: {{args: {{fill: nofill, split: 3, tail: 32, reference: exact}}}}
+  {extra}
+reference: exact
+budgets: [{budgets}]
+metadata: {{docs: {docs}, score_tokens: 64, key_context: 128}}
+"""
+
+
+def write(folder: Path, model: str, docs: Path, budgets: str = "0.6", extra: str = "", edit=("", "")) -> Path:
+    path = folder / "study.yaml"
+    text = STUDY.format(model=model, docs=docs, budgets=budgets, extra=extra)
+    path.write_text(text.replace(*edit) if edit[0] else text)
+    return path
+
+
+def test_budgets_expand_every_arm_a_budget_can_set(tmp_path, tiny_model_dir, keytoken_docs):
+    extra = "rules: {args: {fill: identity, split: 3, selector: special}}"
+    study = load_study(write(tmp_path, tiny_model_dir("llama"), keytoken_docs, "0.6, 0.8", extra))
+    assert list(study.arms) == ["exact", "identity@0.6", "identity@0.8", "nofill@0.6", "nofill@0.8", "rules"]
+    assert study.arms["identity@0.8"].args == {"fill": "identity", "split": 3, "tail": 32, "reference": "exact",
+                                               "budget": 0.8}
+    assert "budget" not in study.arms["rules"].args  # a selector that picks rows by rule has no count to turn
+    assert study.budgets == (0.6, 0.8)
+
+
+@pytest.mark.parametrize("budgets, edit, says", [
+    ("0", ("", ""), "budgets: 0 is not a share"),
+    ("0.6, 0.6", ("", ""), "budgets: 0.6 is given twice"),
+    ("", ("budgets: []", "budgets: []"), "budgets is empty"),
+    ("0.6", ("\nreference: exact", "\nreference: identity"), "reference 'identity' is an arm the budgets expand"),
+    ("0.6", ("\nreference: exact", "\nreference: exact\ncontrols: {identity: [nofill]}"),
+     "controls.identity names 'identity', which the budgets expand"),
+    ("0.6", ("  exact: {args: {fill: exact}}", "  exact: {args: {fill: exact}}\n  identity@0.6: {args: {fill: exact}}"),
+     "an arm of that name is declared already"),
+])
+def test_bad_budgets_name_the_problem(budgets, edit, says, tmp_path, tiny_model_dir, keytoken_docs):
+    path = write(tmp_path, tiny_model_dir("llama"), keytoken_docs, budgets, edit=edit)
+    with pytest.raises(StudyError, match=says):
+        load_study(path)
+
+
+def test_study_plan_refuses_a_budget_no_setting_meets_before_anything_runs(tmp_path, tiny_model_dir, keytoken_docs):
+    from rf_eval.study.preflight import check_study
+
+    study = load_study(write(tmp_path, tiny_model_dir("llama"), keytoken_docs, "0.02"))
+    with pytest.raises(StudyError, match=r"arms.identity@0.02: budget=0.02 is below the cheapest"):
+        check_study(study)
+
+
+@pytest.mark.slow
+def test_a_budget_study_reports_its_arms_side_by_side(tmp_path, tiny_model_dir, keytoken_docs):
+    """exact + identity and nofill at budget 0.6 through the study runner: the report's frontier holds every
+    arm, its HTML draws the frontier as SVG in a section titled so, and the matched-budget contrast between the
+    two arms is in the HTML, Markdown, LaTeX and JSON."""
+    from rf_eval.study.launch import InProcessLauncher
+    from rf_eval.study.runner import run_study
+
+    study = load_study(write(tmp_path, tiny_model_dir("llama"), keytoken_docs))
+    out = tmp_path / "out"
+    assert run_study(study, out, InProcessLauncher()) == 0
+    summary = json.loads((out / "report.json").read_text())
+    front = {a["arm"]: a for a in summary["frontier"]["arms"]}
+    assert set(front) == {"exact", "identity@0.6", "nofill@0.6"}
+    # the headline measure: key-token ΔNLL, or on random weights (no key tokens) the first with values
+    (measure,) = [m["label"] for m in summary["frontier"]["measures"]]
+    assert measure.startswith("keytoken_nll: ") and "ΔNLL" in measure
+    for arm in ("identity@0.6", "nofill@0.6"):
+        (point,) = front[arm]["lengths"]
+        assert set(point) >= {"macs_fraction", "mac_speedup", "measured_speedup", "measures"}
+        assert point["macs_fraction"] <= 0.6 and point["mac_speedup"] == pytest.approx(1 / point["macs_fraction"])
+        assert set(point["measures"]) == {measure}
+    (matched,) = summary["budgets"]
+    assert matched["budget"] == 0.6 and {(r["arm"], r["versus"]) for r in matched["contrasts"]} == {
+        ("identity@0.6", "nofill@0.6")}
+    html = (out / "report.html").read_text()
+    section = html[html.index('<h2 id="frontier">Quality-cost frontier</h2>'):html.index('<h2 id="matched-budget">')]
+    assert "<svg" in section
+    matched_html = html[html.index('<h2 id="matched-budget">'):]
+    assert "identity@0.6</td><td class=\"text\">nofill@0.6" in matched_html
+    md, tex = (out / "report.md").read_text(), (out / "report.tex").read_text()
+    assert "### Methods at budget 0.6" in md and f"| identity@0.6 | nofill@0.6 | {measure} |" in md
+    tex_measure = measure.replace("_", r"\_").replace("Δ", r"$\Delta$")
+    assert r"Methods at budget 0.6" in tex and rf"identity@0.6 & nofill@0.6 & {tex_measure}" in tex
+
+
+def test_the_plan_states_each_budget_arms_cost_and_knob_per_length(tmp_path):
+    """`rf-eval study plan`: a budget arm's MAC fraction at each length is within its budget, at the tail its
+    knob takes there, recounted by the cost model at that tail."""
+    from transformers import LlamaConfig
+
+    from rf_eval.ridgefill.cost import prefill_macs
+    from rf_eval.study.plan import arm_costs, arm_knobs
+    from rf_eval.study.spec import Arm
+
+    config = LlamaConfig(num_hidden_layers=32, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=1000)
+    config.save_pretrained(tmp_path)
+
+    class Study:
+        pretrained, model_args, lengths, maps, fit = str(tmp_path), {}, [1024, 4096], None, None
+
+    arm = Arm("nofill@0.6", "ridgefill", {"fill": "nofill", "split": 12, "budget": 0.6})
+    costs, knobs = arm_costs(Study, arm), arm_knobs(Study, arm)
+    for n in Study.lengths:
+        tail = int(knobs[n].removeprefix("tail "))
+        assert costs[n] == pytest.approx(prefill_macs(config, n, split=12, tail=tail, fill="nofill")
+                                         / prefill_macs(config, n)) and costs[n] <= 0.6
+    assert arm_knobs(Study, Arm("nofill", "ridgefill", {"fill": "nofill", "split": 12})) == {}
