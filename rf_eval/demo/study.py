@@ -4,8 +4,9 @@
    converted once and cached: `rf_eval.demo.model`).
 2. Its maps, fitted on the standard library's docstrings (`rf_eval.demo.corpus`)
    and cached beside the model; reused on later runs.
-3. The built-in study file `demo_study.yaml` (arms exact, identity, ridge and
-   ridge + attention rows on the needle task and `keytoken_nll`), rendered
+3. The built-in study file `demo_study.yaml` (arms exact; identity, ridge and
+   nofill at one budget, ridge's cost at the demo's tail; ridge + attention rows
+   at that tail; on the needle task and `keytoken_nll`), rendered
    with the run's model, maps, documents and sizes, run by the study runner
    (`rf_eval.study`: each arm a plain `lm_eval` command, the same code path a
    user runs, here all in this one process, `InProcessLauncher`, which saves
@@ -195,14 +196,30 @@ def keytoken_docs_dir(model_dir: Path, out: Path, s: DemoSettings) -> Path:
     return folder
 
 
-def render_study(out: Path, s: DemoSettings, model_dir: Path, maps: Path, docs: Path) -> Path:
-    """Write the built-in study file into OUT with this run's paths and sizes filled in; returns its path."""
+def ridge_budget(model_config, s: DemoSettings) -> float:
+    """Ridge's MAC fraction of exact prefill at the demo's tail and needle length, rounded down to 3 decimals
+    (`rf_eval.ridgefill.cost`): the budget the demo's identity, ridge and nofill arms share, so the three
+    fills compare at one cost per prompt (nofill: RidgeFill section 6.2's control, the compute spent on a
+    longer exact tail instead)."""
+    import math
+
+    from rf_eval.fills.ridge import Ridge
+    from rf_eval.ridgefill.cost import prefill_macs
+
+    n = s.lengths[0]
+    fraction = prefill_macs(model_config, n, split=SPLIT, tail=s.tail, fill=Ridge.name) / prefill_macs(model_config, n)
+    return math.floor(fraction * 1000) / 1000
+
+
+def render_study(out: Path, s: DemoSettings, model_dir: Path, maps: Path, docs: Path, budget: float) -> Path:
+    """Write the built-in study file into OUT with this run's paths, sizes and the fills' shared budget
+    (`ridge_budget`) filled in; returns its path."""
     # RULER docs come one per length in turn (tasks/ruler_filled.py `balanced_order`): the first k*n are n of each of k lengths
     samples = {task: list(range(len(s.lengths) * s.samples_per_length)) for task in s.ruler_tasks}
     samples["keytoken_nll"] = list(range(s.keytoken_docs))
     values = {"model": str(model_dir), "maps": str(maps), "docs": str(docs), "tasks": [*s.ruler_tasks, "keytoken_nll"],
               "lengths": list(s.lengths), "tail": s.tail, "score_tokens": s.keytoken_score,
-              "key_context": s.keytoken_context, "samples": samples, "split": SPLIT}
+              "key_context": s.keytoken_context, "samples": samples, "split": SPLIT, "budget": budget}
     template = Template(resources.files("rf_eval.demo").joinpath(STUDY_FILE).read_text())
     path = out / STUDY_FILE
     path.write_text(template.substitute({k: json.dumps(v) for k, v in values.items()}))  # JSON is YAML
@@ -216,7 +233,10 @@ def caption(s: DemoSettings, quick: bool) -> str:
             f"{s.tail}; {s.samples_per_length} samples of `{s.ruler_tasks[0]}` per length at {lengths} tokens "
             f"(the table counts those whose needles lie in the filled region); `keytoken_nll` on "
             f"{s.keytoken_docs} held-out documents, the last {s.keytoken_score} tokens of each scored, key "
-            f"tokens those that need the context beyond the last {s.keytoken_context}.")
+            f"tokens those that need the context beyond the last {s.keytoken_context}. `@F`: the arm's tail is set "
+            f"per prompt to spend at most F of exact prefill's multiply-accumulates (F: ridge's fraction at tail "
+            f"{s.tail} and {s.lengths[0]:,} tokens); cost: the MAC model's speedup over exact prefill on the "
+            f"needle prompts of each length and on the documents (`all`: they have no length).")
 
 
 def run_demo(out: Path, quick: bool = False, readme: Path | None = None) -> Path:
@@ -242,7 +262,10 @@ def run_demo(out: Path, quick: bool = False, readme: Path | None = None) -> Path
     maps = demo_maps(model_dir, s)
     print(f"      {maps}")
     docs = keytoken_docs_dir(model_dir, out, s)
-    study = load_study(render_study(out, s, model_dir, maps, docs))
+    from transformers import AutoConfig
+
+    budget = ridge_budget(AutoConfig.from_pretrained(model_dir), s)
+    study = load_study(render_study(out, s, model_dir, maps, docs, budget))
     study = dataclasses.replace(study, arms_folder="runs")
     print(f"[3/4] arms {', '.join(study.arms)} through lm_eval on {', '.join(study.tasks)} (study {study.path})",
           flush=True)

@@ -12,6 +12,7 @@ import pytest
 
 from rf_eval.demo.study import SPLIT, caption, render_study, settings
 from rf_eval.demo.table import readme_block, record_path, render_table
+from rf_eval.prefill_cost import MEASURED_FIELDS
 from rf_eval.study.spec import load_study
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,13 +21,38 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_demo_settings_fit_the_promise(tmp_path):
     quick, full = settings(quick=True), settings(quick=False)
     for s in (quick, full):
-        study = load_study(render_study(tmp_path, s, tmp_path / "model", tmp_path / "maps", tmp_path / "docs"))
-        assert list(study.arms) == ["exact", "identity", "ridge", "ridge_rows"] and study.reference == "exact"
+        study = load_study(render_study(tmp_path, s, tmp_path / "model", tmp_path / "maps", tmp_path / "docs", 0.7))
+        assert list(study.arms) == ["exact", "identity", "ridge", "ridge_rows", "nofill"] and study.reference == "exact"
         assert study.tasks == (*s.ruler_tasks, "keytoken_nll") and study.lengths == s.lengths
-        assert study.arms["identity"].args == {"fill": "identity", "split": SPLIT, "reference": "exact"}
+        assert study.arms["identity"].args == {"fill": "identity", "split": SPLIT, "budget": 0.7, "reference": "exact"}
+        assert study.arms["nofill"].args == {"fill": "nofill", "split": SPLIT, "budget": 0.7, "reference": "exact"}
+        assert study.arms["ridge"].args["budget"] == 0.7 and "budget" not in study.arms["ridge_rows"].args
         assert study.metadata["docs"] == str(tmp_path / "docs") and study.maps == str(tmp_path / "maps")
         assert all(n > s.tail for n in s.lengths)
     assert 1 <= SPLIT < 30
+
+
+def test_the_shared_budget_is_ridges_cost_at_the_demo_tail():
+    """`ridge_budget`: ridge's MAC fraction at the demo's tail and needle length (recomputed here from the cost
+    model's parts), rounded down, so ridge at that budget keeps about the demo's tail at that length."""
+    from transformers import LlamaConfig
+
+    from rf_eval.demo.study import ridge_budget
+    from rf_eval.ridgefill.cost import layer_costs
+
+    config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192)
+    s = settings(quick=True)
+    n, tail, costs = s.lengths[0], s.tail, layer_costs(config)
+    exact = sum(n * (c.write + c.rest) + c.attn_per_key * n * (n + 1) // 2 for c in costs)
+    d = config.hidden_size
+    late = sum(tail * (c.write + c.rest) + c.attn_per_key * (tail * (tail + 1) // 2 + (n - tail) * tail)
+               + (n - tail) * (c.write + (d * d if i > SPLIT else 0)) for i, c in enumerate(costs) if i >= SPLIT)
+    ridge = sum(n * (c.write + c.rest) + c.attn_per_key * n * (n + 1) // 2 for c in costs[:SPLIT]) + late
+    vocab = d * config.vocab_size
+    fraction = (ridge + vocab) / (exact + vocab)
+    assert ridge_budget(config, s) == int(fraction * 1000) / 1000
+    assert 0.5 < ridge_budget(config, s) < 0.9
 
 
 @pytest.mark.parametrize("quick", [True, False])
@@ -35,12 +61,20 @@ def test_readme_demo_tables_are_rendered_from_the_recorded_reports(quick):
     readme = ROOT / "README.md"
     report = json.loads(record_path(readme, quick).read_text())
     assert readme_block(readme.read_text(), quick) == render_table(report, caption(settings(quick), quick))
-    assert {a["name"] for a in report["arms"]} == {"exact", "identity", "ridge", "ridge,selector=attention"}
+    budget = next(a["budget"] for a in report["arms"] if a["name"].startswith("ridge@"))
+    assert {a["name"] for a in report["arms"]} == {"exact", f"identity@{budget:g}", f"ridge@{budget:g}",
+                                                   "ridge,selector=attention", f"nofill@{budget:g}"}
+
+
+def _unmeasured(text: str) -> str:
+    """A samples file's lines without the fields a rerun measures anew (the prefill seconds)."""
+    rows = [json.loads(line) for line in text.splitlines()]
+    return "\n".join(json.dumps({k: v for k, v in r.items() if k not in MEASURED_FIELDS}) for r in rows)
 
 
 def _samples(out: Path) -> dict[str, str]:
     files = sorted(out.glob("runs/*/*/samples_*.jsonl"))
-    return {f"{f.parts[-3]}/{f.name.split('_20')[0]}": f.read_text() for f in files}
+    return {f"{f.parts[-3]}/{f.name.split('_20')[0]}": _unmeasured(f.read_text()) for f in files}
 
 
 def _demo(out: Path) -> subprocess.CompletedProcess:
@@ -56,10 +90,10 @@ def test_quick_demo_runs_end_to_end_and_is_deterministic(tmp_path):
     out = tmp_path / "demo"
     _demo(out)
     first = _samples(out)
-    assert len(first) == 4 * 2  # 4 arms x (needle task, keytoken_nll)
+    assert len(first) == 5 * 2  # 5 arms x (needle task, keytoken_nll)
     state = json.loads((out / "study.json").read_text())
     (reference,) = out.glob("runs/exact/*/samples_keytoken_nll_*.jsonl")
-    for arm in ("identity", "ridge", "ridge_rows"):  # key tokens from the exact arm, shared by every arm
+    for arm in ("identity", "ridge", "ridge_rows", "nofill"):  # key tokens from the exact arm, shared by every arm
         command = state["arms"][arm]["command"]
         assert json.loads(command[command.index("--metadata") + 1])["key_reference"] == str(reference)
     # the exact arm reads the context: >= 90% on the filled-region samples
@@ -71,15 +105,28 @@ def test_quick_demo_runs_end_to_end_and_is_deterministic(tmp_path):
     html = (out / "report.html").read_text()
     assert "identity" in html and "ridge,selector=attention" in html
 
-    # what a newcomer sees (issue #23): the fitted map keeps at least identity's needles, under half its KL
-    # and under half its key-token loss
+    # what a newcomer sees (issue #23), now at one cost (issue #38): at the budget they share, the fitted map
+    # keeps at least identity's needles, under half its KL and under half its key-token loss, and the compute
+    # spent on a longer tail instead (nofill) loses more than either fill
     summary = json.loads((out / "report.json").read_text())
+    budget = next(a["budget"] for a in summary["arms"] if a["name"].startswith("ridge@"))
+    ridge, identity, nofill = (f"{fill}@{budget:g}" for fill in ("ridge", "identity", "nofill"))
     needles = {row["arm"]: row["arm_score"] * row["n"] / 100 for row in summary["overall"]}
     (keytoken,) = [m for m in summary["measures"] if m["task"] == "keytoken_nll"]
     key = {row["arm"]: row["cells"]["key"]["difference"] for row in keytoken["rows"]}
     kl = {row["arm"]: row["cells"]["kl"]["difference"] for row in keytoken["rows"]}
-    assert needles["ridge"] >= needles["identity"], needles
-    assert key["ridge"] < key["identity"] / 2 and kl["ridge"] < kl["identity"] / 2, (key, kl)
+    assert needles[ridge] >= needles[identity], needles
+    assert key[ridge] < key[identity] / 2 and kl[ridge] < kl[identity] / 2, (key, kl)
+    assert key[nofill] > key[identity] and kl[nofill] > kl[identity], (key, kl)
+    assert key["ridge,selector=attention"] < key[ridge], key  # the rows buy a lower loss ...
+    # the cost half: the three fills spent the same budget, within one tail row of it; the attention rows cost more
+    costs = {a["name"]: {c["length"]: c for c in a["cost"]} for a in summary["arms"]}
+    for arm in (ridge, identity, nofill):
+        assert all(budget - 0.01 < c["macs_fraction"] <= budget for c in costs[arm].values()), costs[arm]
+    assert all(c["macs_fraction"] > budget for c in costs["ridge,selector=attention"].values())  # ... for more
+    assert "Quality-cost frontier" in html and html.count('class="frontier-chart"') == 2
+    (matched,) = summary["budgets"]
+    assert matched["budget"] == budget and {a["arm"] for a in matched["arms"]} == {ridge, identity, nofill}
     # the README's quick-demo table is this run's, character for character
     table = (out / "demo_table.md").read_text()
     assert readme_block((ROOT / "README.md").read_text(), quick=True) == table, (
@@ -87,15 +134,16 @@ def test_quick_demo_runs_end_to_end_and_is_deterministic(tmp_path):
         "`rf-eval demo --quick --readme README.md` and commit the result:\n" + table)
 
     # determinism: ridge_rows (map, selector and the shared key tokens) again, from scratch (no done marker, no
-    # request cache); the demo re-run skips the three other arms and must write the same samples, byte for byte
+    # request cache); the demo re-run skips the four other arms and must write the same samples, byte for byte
+    # but for the measured prefill seconds
     (out / "runs" / "ridge_rows" / "done.json").unlink()
     for db in (out / "cache").glob("ridge_rows_rank*.db"):
         db.unlink()
     old = set(out.glob("runs/ridge_rows/*/samples_*.jsonl"))
     again = _demo(out)
-    for arm in ("exact", "identity", "ridge"):
+    for arm in ("exact", "identity", "ridge", "nofill"):
         assert f"{arm}: done before (fingerprint matches), skipped" in again.stdout
     new = sorted(set(out.glob("runs/ridge_rows/*/samples_*.jsonl")) - old)
     assert len(new) == 2
     for file in new:
-        assert file.read_text() == first[f"ridge_rows/{file.name.split('_20')[0]}"], file.name
+        assert _unmeasured(file.read_text()) == first[f"ridge_rows/{file.name.split('_20')[0]}"], file.name

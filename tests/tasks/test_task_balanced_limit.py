@@ -90,7 +90,7 @@ def test_demo_samples_take_each_length_alike(tmp_path):
     from rf_eval.study.spec import load_study
 
     for s in (settings(quick=True), settings(quick=False)):
-        study = load_study(render_study(tmp_path, s, tmp_path / "model", tmp_path / "maps", tmp_path / "docs"))
+        study = load_study(render_study(tmp_path, s, tmp_path / "model", tmp_path / "maps", tmp_path / "docs", 0.7))
         for task in s.ruler_tasks:
             ids = study.samples[task]
             # balanced order: position p is length p mod k, so n turns are n samples of each length
