@@ -6,8 +6,8 @@ prefill holds back its last token, which decoding runs as a tail row), the
 selected prefix rows and a probe's sweep rows; 1/r counts the tail and the
 selected rows as the exact rows of section 2.5's r = S/L + (1 - S/L) T/N.
 
-The knob (`rf_eval.budget`): a preset's arm turns its split (POP's identity
-fill at its one-token tail: a deeper split buys more exact layers); an arm with
+The knob (`rf_eval.budget`): a preset's arm turns its preset's knob (POP's
+split: a deeper split buys more exact layers; FastKV's propagated rows); an arm with
 a row selector that counts its rows turns that count (`Selector.counts_rows`:
 attention, random, probe, longer_tail), its tail fixed; any other fill turns
 its tail (the compute-matched `nofill` control of section 3.3, generalised).
@@ -34,9 +34,12 @@ def selector_probe_rows(selector: Any) -> int:
 
 
 def knob_name(preset: str | None, selector: Any) -> str:
-    """The knob an arm turns: `split` for a preset's arm, `rows` with a row selector, else `tail`."""
+    """The knob an arm turns: a preset's own (POP: `split`; FastKV: `rows`), `rows` with a row selector, else
+    `tail`."""
     if preset is not None:
-        return "split"
+        from rf_eval.ridgefill.presets import preset as named
+
+        return named(preset).knob
     return "rows" if selector is not None else "tail"
 
 

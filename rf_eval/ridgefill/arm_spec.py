@@ -112,7 +112,7 @@ class RidgeFillArm:
             raise ArmError(f"budget={self.budget:g} turns a row selector's count, and selector={self.selector!r} "
                            "chooses its rows by a rule, not a count; give a selector that counts rows (attention, "
                            "random, probe) or leave out the selector to turn the tail")
-        if self.preset is not None and self.method.needs_maps:
+        if knob_name(self.preset, selector) == "split" and self.method.needs_maps:
             raise ArmError(f"budget={self.budget:g} turns preset={self.preset}'s split, which its maps fix")
 
     def _apply_preset(self) -> None:
@@ -129,6 +129,12 @@ class RidgeFillArm:
             raise ArmError(f"preset={self.preset} sets fill, tail and split; leave out {', '.join(given)}")
         object.__setattr__(self, "fill", chosen.fill)
         object.__setattr__(self, "tail", chosen.tail)
+        if chosen.selector is not None:
+            if self.selector is None:
+                object.__setattr__(self, "selector", chosen.selector)
+            elif not str(getattr(self.selector, "name", self.selector)).startswith(chosen.selector):
+                raise ArmError(f"preset={self.preset} runs selector {chosen.selector}; give it other parameters "
+                               f"(selector={chosen.selector}(...)) or leave out selector=")
 
     @classmethod
     def from_fields(cls, values: dict[str, Any], *, what: str = "arm") -> RidgeFillArm:

@@ -11,8 +11,10 @@ from rf_eval.selectors.lexical import LexicalNet
 from rf_eval.selectors.probe import Probe
 from rf_eval.selectors.registry import SELECTORS, make_selector, selector_from
 from rf_eval.selectors.tokens import ProtectedTokens, SpecialTokens
+from rf_eval.selectors.tsp import TokenSelectivePropagation
 
 __all__ = [
     "SELECTORS", "Attention", "LexicalNet", "LongerTail", "Probe", "ProtectedTokens", "QuestionHidden",
-    "RandomRows", "Request", "Selector", "SpecialTokens", "Union", "make_selector", "selector_from",
+    "RandomRows", "Request", "Selector", "SpecialTokens", "TokenSelectivePropagation", "Union", "make_selector",
+    "selector_from",
 ]

@@ -18,12 +18,13 @@ from rf_eval.selectors.lexical import LexicalNet
 from rf_eval.selectors.mapped_cache import CACHE_SELECTORS, CacheSelector
 from rf_eval.selectors.probe import Probe
 from rf_eval.selectors.tokens import ProtectedTokens, SpecialTokens
+from rf_eval.selectors.tsp import TokenSelectivePropagation
 from rf_eval.spec import check_params, parse_spec
 
 SELECTORS: dict[str, type[Selector]] = {
     cls.name: cls
     for cls in (Attention, QuestionHidden, RandomRows, LongerTail, Probe, ProtectedTokens, LexicalNet,
-                SpecialTokens, Union, *CACHE_SELECTORS)
+                SpecialTokens, TokenSelectivePropagation, Union, *CACHE_SELECTORS)
 }
 # what a selector reads, by method: RidgeFill's the split layer's state, RaReCache's the mapped cache
 READS = {"ridgefill": "split_state", "rarecache": "mapped_cache"}

@@ -1,0 +1,97 @@
+"""FastKV's token-selective propagation (Jo et al., 2025): which prompt rows run the layers above the TSP layer.
+
+The authors' rule (dongwonjo/FastKV at the commit that carries the paper's
+title, `baseline/fastkv/fastkv_utils.py`): at the TSP layer T, the queries of
+the last `window` (8) prompt rows attend over every key (softmax in fp32 after
+the 1/sqrt(d) scale, causal among the window rows); the attention each key
+before the window receives is summed over the window rows, smoothed along the
+tokens by an average pool of `kernel` (7, padding kernel // 2, the padding
+counted) and summed over every query head; the `keep - window` highest rows
+propagate with the window rows, in their original order and at their original
+positions. With no more prompt rows than `keep`, every row propagates.
+
+In rf-eval's engine this is an arm (`preset=fastkv`,
+`rf_eval.ridgefill.presets`): split S = T + 1 (layers 0..T run every row and
+write its cache), fill `nofill` (the layers above hold only the propagated
+rows, which attend to each other only), tail = `window` (those rows always
+propagate), and this selector for the rest. Scores are those of
+`attention.lower_attention` at the one layer T = S - 1; the average pool is
+linear, so pooling the head sum is pooling each head and summing.
+
+`keep` counts rows as the authors' `tsp_len` does (2,048, the window
+included); `keep_share` counts them as a share of the prompt instead (their
+later proportional mode, 0.2); an arm's budget sets the count per prompt
+length (`Request.row_budget`, the rows beyond the window).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rf_eval.engine import Selection
+from rf_eval.selectors.attention import lower_attention, selector_layers
+from rf_eval.selectors.base import Request, Selector, top_rows
+
+__all__ = ["TokenSelectivePropagation"]
+
+
+class TokenSelectivePropagation(Selector):
+    """FastKV's TSP rule at layer S - 1; see the module docstring."""
+
+    name = "tsp"
+    counts_rows = True
+
+    def __init__(self, keep: int | None = 2048, keep_share: float | None = None, window: int = 8, kernel: int = 7):
+        if keep_share is not None:
+            keep = None
+        if keep is None and keep_share is None:
+            raise ValueError("tsp needs keep= (rows, the window included) or keep_share= (a share of the prompt)")
+        if keep is not None and keep < 1:
+            raise ValueError(f"tsp keep must be >= 1 row, got {keep}")
+        if keep_share is not None and not 0 < keep_share <= 1:
+            raise ValueError(f"tsp keep_share must lie in (0, 1], got {keep_share}")
+        if window < 1 or kernel < 1 or kernel % 2 == 0:
+            raise ValueError(f"tsp needs window >= 1 and an odd kernel >= 1; got window={window}, kernel={kernel}")
+        self.keep, self.keep_share = (None if keep is None else int(keep)), keep_share
+        self.window, self.kernel = int(window), int(kernel)
+
+    def params(self):
+        return {"keep": self.keep, "keep_share": self.keep_share, "window": self.window, "kernel": self.kernel}
+
+    def check_layers(self, model_config, split: int) -> None:
+        """The TSP layer, S - 1, must be an attention layer (its keys and queries are read)."""
+        types = getattr(model_config, "layer_types", None) or []
+        layer = split - 1
+        if layer < len(types) and types[layer] != "full_attention":
+            raise ValueError(f"tsp reads layer {layer} (the split minus one), a {types[layer]} layer; FastKV's "
+                             "rule needs a full-attention layer there: choose another split")
+
+    def layer(self, req: Request) -> list[int]:
+        return selector_layers(req, [req.plan.split - 1])
+
+    def captures(self, req):
+        start = max(req.n - self.window, 0)
+        return {req.plan.split - 1: (start, req.n)}
+
+    def count(self, req: Request) -> int:
+        """Propagated rows beyond the window: the budget's, else keep (or keep_share of N) less the window."""
+        if req.row_budget is not None:
+            rows = req.row_budget
+        else:
+            total = self.keep if self.keep is not None else int(self.keep_share * req.n)
+            rows = total - self.window
+        return max(0, min(rows, req.candidates().numel()))
+
+    def scores(self, req: Request) -> torch.Tensor:
+        """Window attention each key before the window receives at the TSP layer, pooled along the tokens;
+        the window's own keys (which always propagate) score -inf."""
+        start = max(req.n - self.window, 0)
+        if start == 0:
+            return torch.full((req.n,), float("-inf"))
+        received = lower_attention(req, self.layer(req), start, req.n)[:start]
+        pooled = F.avg_pool1d(received[None, None], self.kernel, stride=1, padding=self.kernel // 2)[0, 0]
+        return torch.cat([pooled, torch.full((req.n - start,), float("-inf"))])
+
+    def select(self, req):
+        return Selection(top_rows(self.scores(req), req.candidates(), self.count(req)))
