@@ -15,10 +15,11 @@ from rf_eval.ridgefill.cost import ceiling_r
 # machines this project runs on, other jobs often oversubscribe the cores several times over (load
 # average 10 was seen while writing this test); a 1-thread server then still sees scheduling stalls of
 # tens of milliseconds against ~50-100 ms prompts. Over repeated runs at that load, same-arm ratios
-# ranged from 0.93 to 1.45 with 5 requests per arm. With 7 alternating requests per arm the median
-# absorbs up to 3 stalled requests of either arm; a factor of 1.6 either way is the bound that held
-# there. It still catches what the protocol must prevent: a cold first request (no warm-up) or an
-# order effect, each of which shows up as a factor of 2 or more on this model.
+# ranged from 0.93 to 1.45 with 5 requests per arm. On a faster 2-core machine (~30 ms prompts) beside
+# the floors job of .ci/run, 4 of 7 requests of one arm stalled (ratio 1.61), so the test times 15
+# alternating requests per arm: the median absorbs up to 7 stalled requests of either arm, and a
+# factor of 1.6 either way is the bound. It still catches what the protocol must prevent: a cold first
+# request (no warm-up) or an order effect, each of which shows up as a factor of 2 or more on this model.
 SAME_ARM_TOLERANCE = 1.6
 
 
@@ -69,7 +70,7 @@ def test_two_arms_medians_and_their_ratio(exact_server, prompt_file, tmp_path, c
 
 def test_same_arm_ratio_is_within_noise_of_one(exact_server, prompt_file, tmp_path):
     result = run_ttft(exact_server, prompt_file, tmp_path / "same.json", "--arm-a", "fill=exact",
-                      "--arm-b", "fill=exact", "--lengths", "1024", "--repeats", "7", "--warmup", "1")
+                      "--arm-b", "fill=exact", "--lengths", "1024", "--repeats", "15", "--warmup", "1")
     (row,) = result["lengths"]
     assert row["ceiling"] == 1.0
     for key in ("speedup_client", "speedup_server"):
