@@ -10,6 +10,9 @@ counted) and summed over every query head; the `keep - window` highest rows
 propagate with the window rows, in their original order and at their original
 positions. With no more prompt rows than `keep`, every row propagates.
 
+`layer=` reads another layer below the split than S - 1 (a hybrid model's
+Gated DeltaNet layer has no attention to read).
+
 In rf-eval's engine this is an arm (`preset=fastkv`,
 `rf_eval.ridgefill.presets`): split S = T + 1 (layers 0..T run every row and
 write its cache), fill `nofill` (the layers above hold only the propagated
@@ -42,7 +45,8 @@ class TokenSelectivePropagation(Selector):
     name = "tsp"
     counts_rows = True
 
-    def __init__(self, keep: int | None = 2048, keep_share: float | None = None, window: int = 8, kernel: int = 7):
+    def __init__(self, keep: int | None = 2048, keep_share: float | None = None, window: int = 8, kernel: int = 7,
+                 layer: int | None = None):
         if keep_share is not None:
             keep = None
         if keep is None and keep_share is None:
@@ -54,25 +58,32 @@ class TokenSelectivePropagation(Selector):
         if window < 1 or kernel < 1 or kernel % 2 == 0:
             raise ValueError(f"tsp needs window >= 1 and an odd kernel >= 1; got window={window}, kernel={kernel}")
         self.keep, self.keep_share = (None if keep is None else int(keep)), keep_share
-        self.window, self.kernel = int(window), int(kernel)
+        self.window, self.kernel, self.layer_id = int(window), int(kernel), layer
 
     def params(self):
-        return {"keep": self.keep, "keep_share": self.keep_share, "window": self.window, "kernel": self.kernel}
+        return {"keep": self.keep, "keep_share": self.keep_share, "window": self.window, "kernel": self.kernel,
+                "layer": self.layer_id}
+
+    def tsp_layer(self, split: int) -> int:
+        """The layer whose attention decides: S - 1 (FastKV's TSP layer), unless `layer` names a lower one."""
+        return split - 1 if self.layer_id is None else int(self.layer_id)
 
     def check_layers(self, model_config, split: int) -> None:
-        """The TSP layer, S - 1, must be an attention layer (its keys and queries are read)."""
+        """The TSP layer must be a full-attention layer below the split (its keys and queries are read)."""
         types = getattr(model_config, "layer_types", None) or []
-        layer = split - 1
+        layer = self.tsp_layer(split)
+        if not 0 <= layer < split:
+            raise ValueError(f"tsp layer={layer} does not lie below split {split}")
         if layer < len(types) and types[layer] != "full_attention":
-            raise ValueError(f"tsp reads layer {layer} (the split minus one), a {types[layer]} layer; FastKV's "
-                             "rule needs a full-attention layer there: choose another split")
+            raise ValueError(f"tsp reads layer {layer}, a {types[layer]} layer; FastKV's rule needs a full-attention "
+                             "layer: choose another split, or name one with layer=")
 
     def layer(self, req: Request) -> list[int]:
-        return selector_layers(req, [req.plan.split - 1])
+        return selector_layers(req, [self.tsp_layer(req.plan.split)])
 
     def captures(self, req):
         start = max(req.n - self.window, 0)
-        return {req.plan.split - 1: (start, req.n)}
+        return {self.tsp_layer(req.plan.split): (start, req.n)}
 
     def count(self, req: Request) -> int:
         """Propagated rows beyond the window: the budget's, else keep (or keep_share of N) less the window."""

@@ -51,6 +51,7 @@ SELECTOR_SPECS = {
     "lexical_net": "lexical_net",
     "special": "special",
     "union": "special+protected",
+    "tsp": "tsp(keep=16;layer=1)",  # FastKV's rule; layer 1: an attention layer below the split in every family
 }
 
 
