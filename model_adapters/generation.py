@@ -13,10 +13,12 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from rf_eval.drop.result import generation_inputs
 from rf_eval.method import (
     batched_prefills,
     empty_result,
     generation_cache_needed,
+    generation_prompt,
     method_forward,
     sampling_seed,
     timed_prefill,
@@ -61,24 +63,28 @@ class GenerationMixin:
         state = state if state is not None else {}
         result = state.get("result")
         if result is None and generation_cache_needed(method, prompt):
-            result, state["cost"] = timed_prefill(method, self.ids_tensor(prompt[:-1]), for_generation=True)
+            ids = self.ids_tensor(generation_prompt(method, prompt))
+            result, state["cost"] = timed_prefill(method, ids, for_generation=True)
         elif result is None:  # a plain prompt: `generate` prefills it itself, as under `hf`
             result = empty_result(self.model)
         pending = prompt[result.prompt_length : -1]
         if pending and result.ragged:  # the stock mask cannot cover several new tokens over a ragged cache
             method.extend(result, self.ids_tensor(pending))
-        ids = self.ids_tensor(prompt)
+        tokens, positions = generation_inputs(result, prompt)  # a dropper's cache holds its kept rows only
+        ids = self.ids_tensor(tokens)
+        if positions is not None:
+            kwargs["position_ids"] = self.ids_tensor(positions)
         out = self.model.generate(
             input_ids=ids,
             attention_mask=None if result.ragged else torch.ones_like(ids),
             cache=result.cache,
-            max_length=max_length,
-            stopping_criteria=stop_sequences_criteria(self.tokenizer, until, len(prompt), 1),
+            max_length=max_length - len(prompt) + len(tokens),
+            stopping_criteria=stop_sequences_criteria(self.tokenizer, until, len(tokens), 1),
             pad_token_id=self.tokenizer.pad_token_id,
             use_cache=True,
             **kwargs,
         )
-        new = out[0, len(prompt) :].tolist()
+        new = out[0, len(tokens) :].tolist()
         result.prompt_length = len(prompt) + len(new) - 1  # generate does not run its last token
         state["result"] = result
         return new, until
@@ -141,7 +147,7 @@ class GenerationMixin:
         for i, ids in engine:
             if not generation_cache_needed(self.method, ids):
                 yield i, ids, None
-        heads = [ids[:-1] for _, ids in prefilled]
+        heads = [generation_prompt(self.method, ids) for _, ids in prefilled]
         for p, result, cost in batched_prefills(self.method, heads, self.continuation_batch, for_generation=True):
             yield prefilled[p][0], prefilled[p][1], {"result": result, "cost": cost}
 

@@ -31,6 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from rf_eval.devices import input_device
+from rf_eval.drop.result import generation_inputs
 from rf_eval.engine import PrefillResult, new_cache
 from rf_eval.prefill_cost import PrefillCost
 from rf_eval.prefill_timer import Stopwatch
@@ -161,6 +162,13 @@ def method_forward(method: PrefillMethod) -> AbstractContextManager:
     return replaced.paused()
 
 
+def generation_prompt(method: PrefillMethod, prompt: list[int]) -> list[int]:
+    """What a generation prefill reads of `prompt`: all but its last token, which `generate` runs; the whole
+    prompt for a method whose rule reads the last token (`reads_whole_prompt`: the droppers, whose caches then
+    hold their kept rows but the last, `rf_eval.drop.result.generation_inputs`)."""
+    return list(prompt) if getattr(method, "reads_whole_prompt", False) else list(prompt[:-1])
+
+
 def generation_cache_needed(method: PrefillMethod, prompt: Sequence[int]) -> bool:
     """Whether `generation_cache` prefills `prompt` (it has two tokens or more and a filled row)."""
     return len(prompt) >= 2 and not method.is_plain(len(prompt))
@@ -172,7 +180,8 @@ def timed_prefill(method: PrefillMethod, input_ids: torch.Tensor, *, for_generat
     `PrefillCost`, the held-back last token of a generation prefill included."""
     with Stopwatch(input_ids.device) as clock:
         result = method.prefill(input_ids, for_generation=for_generation)
-    return result, method.prefill_cost(input_ids.shape[1] + int(for_generation), result).timed(clock.seconds)
+    n = input_ids.shape[1] + int(for_generation and not getattr(method, "reads_whole_prompt", False))
+    return result, method.prefill_cost(n, result).timed(clock.seconds)
 
 
 def generation_cache(method: PrefillMethod, prompt: list[int]) -> PrefillResult | None:
@@ -184,12 +193,14 @@ def generation_cache(method: PrefillMethod, prompt: list[int]) -> PrefillResult 
     """
     if not generation_cache_needed(method, prompt):
         return None
-    return method.prefill(torch.tensor([prompt[:-1]], device=input_device(method.model)), for_generation=True)
+    ids = torch.tensor([generation_prompt(method, prompt)], device=input_device(method.model))
+    return method.prefill(ids, for_generation=True)
 
 
 def batched_prefills(method: PrefillMethod, prompts: Sequence[Sequence[int]], batch_size: int, *,
                      for_generation: bool = False) -> Iterator[tuple[int, PrefillResult, PrefillCost]]:
     """(i, the method's prefill of prompts[i], its cost) for every prompt, longest first, prompts of one length
+    (for generation, each prompt as `generation_prompt` cuts it)
     `batch_size` at a time through `prefill_batch` (lm-eval's `--batch_size`; padding-free, so only equal
     lengths share a call). A batch's results are alive together, as `hf`'s batches are. Each cost is timed
     as its prompt's share of its batch's seconds."""
@@ -202,8 +213,9 @@ def batched_prefills(method: PrefillMethod, prompts: Sequence[Sequence[int]], ba
             ids = torch.tensor([list(prompts[i]) for i in chunk], device=input_device(method.model))
             with method_forward(method), Stopwatch(ids.device) as clock:
                 results = method.prefill_batch(ids, for_generation=for_generation)
+            whole = getattr(method, "reads_whole_prompt", False)
             for i, result in zip(chunk, results):
-                cost = method.prefill_cost(length + int(for_generation), result)
+                cost = method.prefill_cost(length + int(for_generation and not whole), result)
                 yield i, result, cost.timed(clock.seconds / len(chunk))
 
 
@@ -217,10 +229,17 @@ def generate(method: PrefillMethod, input_ids: torch.Tensor, **kwargs: Any) -> t
     """`model.generate` (its own keyword arguments) over the method's cache of the prompt (`generation_cache`)."""
     input_ids = input_ids.to(input_device(method.model))
     with method_forward(method):
-        result = generation_cache(method, input_ids[0].tolist())
+        prompt = input_ids[0].tolist()
+        result = generation_cache(method, prompt)
         if result is None:
             return method.model.generate(input_ids, **kwargs)
-        return method.model.generate(input_ids, cache=result.cache, **kwargs)
+        tokens, positions = generation_inputs(result, prompt)
+        if positions is None:
+            return method.model.generate(input_ids, cache=result.cache, **kwargs)
+        ids = torch.tensor([tokens], device=input_ids.device)
+        out = method.model.generate(ids, cache=result.cache, position_ids=torch.tensor([positions], device=ids.device),
+                                    attention_mask=torch.ones_like(ids), **kwargs)
+        return torch.cat([input_ids, out[:, len(tokens):]], 1)  # the prompt, then what was generated
 
 
 def empty_result(model: Any) -> PrefillResult:

@@ -109,11 +109,11 @@ def _windows(config, types: list[str]) -> list[int | None]:
     return [window] * len(types)
 
 
-def _causal_pairs(start: int, stop: int, window: int | None = None) -> int:
+def causal_pairs(start: int, stop: int, window: int | None = None) -> int:
     """Sum over query positions i in [start, stop) of min(i + 1, window) keys."""
     if window is not None and stop > window:
         full = max(start, window)
-        return _causal_pairs(start, full) + window * (stop - full) if start < window else window * (stop - start)
+        return causal_pairs(start, full) + window * (stop - full) if start < window else window * (stop - start)
     return (stop * (stop + 1) - start * (start + 1)) // 2
 
 
@@ -137,7 +137,7 @@ def prefill_macs(
     total = config.hidden_size * config.vocab_size  # last row's logits
     if fill == FILL_OFF or split is None or tail >= N:
         for c in costs:
-            total += N * (c.write + c.rest) + c.attn_per_key * _causal_pairs(0, N, c.window)
+            total += N * (c.write + c.rest) + c.attn_per_key * causal_pairs(0, N, c.window)
         return total
     check_split(split, L)
     T = max(tail, 1)
@@ -148,7 +148,7 @@ def prefill_macs(
     method = fill_method(fill)
     for i, c in enumerate(costs):
         if i < split:
-            total += N * (c.write + c.rest) + c.attn_per_key * _causal_pairs(0, N, c.window)
+            total += N * (c.write + c.rest) + c.attn_per_key * causal_pairs(0, N, c.window)
             continue
         w = N if c.window is None else c.window
         exact_n = T + E
@@ -156,9 +156,9 @@ def prefill_macs(
         total += filled * method.filled_row_macs(config, c, mapped=i >= first_map)
         if method.absent:
             # exact rows attend only to exact rows: tail over (E + its own causal part), selected among themselves
-            total += c.attn_per_key * (min(T * E + _causal_pairs(0, T), T * w) + _causal_pairs(0, E, c.window))
+            total += c.attn_per_key * (min(T * E + causal_pairs(0, T), T * w) + causal_pairs(0, E, c.window))
         else:
-            total += c.attn_per_key * (_causal_pairs(prefix, N, c.window) + E * min(prefix // 2 + 1, w))
+            total += c.attn_per_key * (causal_pairs(prefix, N, c.window) + E * min(prefix // 2 + 1, w))
         if probe_rows:
             total += probe_rows * (c.write + c.rest) + c.attn_per_key * probe_rows * min(N, w)
     return total

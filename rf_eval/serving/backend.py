@@ -27,6 +27,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
+from rf_eval.drop.result import generation_inputs
 from rf_eval.engine import decoder_layers
 from rf_eval.method import PrefillMethod, check_token_ids, generation_cache, method_forward, sampling_seed
 from rf_eval.serving import arms
@@ -198,10 +199,10 @@ class Backend:
             with method_forward(arm.method):  # the method's forward (a fill that replaced it: the base's)
                 cached = generation_cache(arm.method, ids)
                 t1 = time.perf_counter()
-                out = self._run_generate(ids, cached, params, on_token, cancel,
-                                         lambda: first.append(time.perf_counter()))
+                out, fed = self._run_generate(ids, cached, params, on_token, cancel,
+                                              lambda: first.append(time.perf_counter()))
             t2 = time.perf_counter()
-        tokens = out.sequences[0, len(ids) :].tolist()
+        tokens = out.sequences[0, fed:].tolist()
         raw = self.decode(tokens)
         text = postprocess_generated_text(raw, stop=list(params.stop), think_end_token=None)
         eos = self.model.generation_config.eos_token_id
@@ -221,16 +222,21 @@ class Backend:
         return Generation(tokens, text, "stop" if stopped else "length", scores, timings)
 
     def _run_generate(self, ids: list[int], cached: Any, params: GenParams, on_token: Callable[[int], None] | None,
-                      cancel: threading.Event | None, on_first: Callable[[], None]) -> Any:
-        """`model.generate` after `ids`: over the method's cache of them (`cached`), or, for a plain prompt
-        (None), with the prompt run inside generate, as the stock generation."""
+                      cancel: threading.Event | None, on_first: Callable[[], None]) -> tuple[Any, int]:
+        """`model.generate` after `ids`: over the method's cache of them (`cached`; a dropper's holds its kept
+        rows, `generation_inputs`), or, for a plain prompt (None), with the prompt run inside generate, as the
+        stock generation. Returns its output and the length of the input it was handed."""
         from lm_eval.models.utils_hf import stop_sequences_criteria
 
-        prompt = torch.tensor([ids], device=self.lm.input_device)
+        fed, positions = generation_inputs(cached, ids) if cached is not None else (ids, None)
+        prompt = torch.tensor([fed], device=self.lm.input_device)
         inputs: dict[str, Any] = ({"attention_mask": torch.ones_like(prompt)} if cached is None
                                   else {"cache": cached.cache})
+        if positions is not None:
+            inputs.update(position_ids=torch.tensor([positions], device=prompt.device),
+                          attention_mask=torch.ones_like(prompt))
         stop = list(params.stop)
-        criteria = stop_sequences_criteria(self.tokenizer, stop, len(ids), 1) if stop else None
+        criteria = stop_sequences_criteria(self.tokenizer, stop, len(fed), 1) if stop else None
         if cancel is not None:
             criteria = criteria or StoppingCriteriaList()
             criteria.append(_Cancelled(cancel))
@@ -244,10 +250,10 @@ class Backend:
             seed = params.seed if params.seed is not None else self.settings.seed
             if seed is not None:  # the adapter's rule: (seed, prompt tokens)
                 torch.manual_seed(sampling_seed(seed, ids))
-        return self.model.generate(
+        out = self.model.generate(
             input_ids=prompt,
             **inputs,
-            max_length=len(ids) + params.max_tokens,
+            max_length=len(fed) + params.max_tokens,
             stopping_criteria=criteria,
             pad_token_id=self.tokenizer.pad_token_id,
             use_cache=True,
@@ -256,6 +262,7 @@ class Backend:
             output_logits=params.logprobs is not None,
             **kwargs,
         )
+        return out, len(fed)
 
     def score_prompt(self, ids: list[int], arm: Arm, k: int) -> list[TokenScore]:
         """Log-probabilities of the prompt's own tokens under `arm`; see `scoring.score_prompt`."""

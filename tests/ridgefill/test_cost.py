@@ -90,19 +90,19 @@ def test_pop_crossovers_of_the_paper():
 def test_sliding_window_layers_charge_at_most_the_window(llama8b):
     from transformers import MistralConfig, Qwen3Config
 
-    from rf_eval.ridgefill.cost import _causal_pairs
+    from rf_eval.ridgefill.cost import causal_pairs
 
-    assert _causal_pairs(0, 10, 4) == 1 + 2 + 3 + 4 * 7 and _causal_pairs(6, 10, 4) == 16
-    assert _causal_pairs(2, 10, 4) == 3 + 4 * 7 and _causal_pairs(0, 10, 100) == _causal_pairs(0, 10) == 55
+    assert causal_pairs(0, 10, 4) == 1 + 2 + 3 + 4 * 7 and causal_pairs(6, 10, 4) == 16
+    assert causal_pairs(2, 10, 4) == 3 + 4 * 7 and causal_pairs(0, 10, 100) == causal_pairs(0, 10) == 55
     shapes = {k: getattr(llama8b, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                                "num_attention_heads", "num_key_value_heads", "vocab_size")}
     n, s, t, w = 32768, 16, 4096, 4096
     full, windowed = MistralConfig(**shapes, sliding_window=None), MistralConfig(**shapes, sliding_window=w)
     attn = 2 * 32 * 128  # MACs per (query, key) pair
-    assert prefill_macs(full, n) - prefill_macs(windowed, n) == 32 * attn * (_causal_pairs(0, n) - _causal_pairs(0, n, w))
+    assert prefill_macs(full, n) - prefill_macs(windowed, n) == 32 * attn * (causal_pairs(0, n) - causal_pairs(0, n, w))
     for arm in (dict(fill="ridge"), dict(fill="ridge", exact_rows=2867), dict(fill="nofill")):
         assert prefill_macs(windowed, n, split=s, tail=t, **arm) < prefill_macs(full, n, split=s, tail=t, **arm)
     # Qwen3 with use_sliding_window: only the layers from max_window_layers on slide
     hybrid = Qwen3Config(**shapes, head_dim=128, use_sliding_window=True, sliding_window=w, max_window_layers=28)
     dense = Qwen3Config(**shapes, head_dim=128)
-    assert prefill_macs(dense, n) - prefill_macs(hybrid, n) == 4 * attn * (_causal_pairs(0, n) - _causal_pairs(0, n, w))
+    assert prefill_macs(dense, n) - prefill_macs(hybrid, n) == 4 * attn * (causal_pairs(0, n) - causal_pairs(0, n, w))
