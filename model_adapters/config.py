@@ -5,7 +5,8 @@ The adapters are `HFLM` subclasses, so every key lm-eval's `hf` model takes
 `chat_template_args`, `think_end_token`, ...; and, as for `hf`, any other key
 is passed on to `from_pretrained`) works as it does for `--model hf`.
 `split_model_args` takes out the method's own keys (the arm spec's fields,
-`maps`, `reference`, `seed`; RaReCache's `source`, `rho`, ...) and refuses a
+`maps`, `reference`, `seed`, `name` (the arm's name in reports, `rf_eval.stats.arms`: a label, nothing
+more); RaReCache's `source`, `rho`, ...) and refuses a
 key that looks like a typo of a known one, before anything loads.
 """
 
@@ -64,11 +65,13 @@ def merge_lm_eval_flags(args: dict[str, Any], flags: dict[str, Any] | None) -> d
 def adapter_keys() -> dict[str, tuple[str, ...]]:
     """Each rf-eval adapter's own model_args keys, by lm-eval model name: the settings it reads beside its arm
     spec's fields."""
+    from rf_eval.drop.arm_spec import DropArm
     from rf_eval.rarecache.arm_spec import RaReCacheArm
     from rf_eval.ridgefill.arm_spec import RidgeFillArm
 
-    return {"ridgefill": ("pretrained", "maps", "reference", "seed", *RidgeFillArm.fields()),
-            "rarecache": ("pretrained", "source", "maps", "reference", *RaReCacheArm.fields())}
+    return {"ridgefill": ("pretrained", "maps", "reference", "seed", "name", *RidgeFillArm.fields()),
+            "rarecache": ("pretrained", "source", "maps", "reference", "name", *RaReCacheArm.fields()),
+            "drop": ("pretrained", "source", "reference", "seed", "name", *DropArm.fields())}
 
 
 def split_model_args(args: dict[str, Any], own: Iterable[str], model: str | None = None

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from rf_eval.model_adapters.config import ModelArgsError
+from rf_eval.model_adapters.drop import DropLM
 from rf_eval.model_adapters.prefill_lm import PrefillLM
 from rf_eval.model_adapters.rarecache import RaReCacheLM
 from rf_eval.model_adapters.ridgefill import RidgeFillLM
 
-ADAPTERS: dict[str, type[PrefillLM]] = {cls.method_name: cls for cls in (RidgeFillLM, RaReCacheLM)}
+ADAPTERS: dict[str, type[PrefillLM]] = {cls.method_name: cls for cls in (RidgeFillLM, RaReCacheLM, DropLM)}
 
 
 def adapter_class(name: str) -> type[PrefillLM]:

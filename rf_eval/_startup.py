@@ -39,6 +39,7 @@ import sys
 MODELS = {
     "ridgefill": "rf_eval.model_adapters.ridgefill:RidgeFillLM",
     "rarecache": "rf_eval.model_adapters.rarecache:RaReCacheLM",
+    "drop": "rf_eval.model_adapters.drop:DropLM",
 }
 
 

@@ -67,6 +67,14 @@ def check_arm_args(study: Study, arm) -> None:
         from rf_eval.rarecache.arm_spec import RaReCacheArm as ArmSpec
 
         needed = ("pretrained", "source", "maps")
+    elif arm.model == "drop":  # the adapter's own checks, all made before any weights load
+        from rf_eval.model_adapters.drop import parse_drop_args
+
+        try:
+            parse_drop_args(model_args(study, arm, study.maps))
+        except (UserError, ValueError) as err:
+            raise StudyError(f"{study.path.name}: arms.{arm.name}: {err}") from None
+        return
     else:
         return  # an API model: its own arguments, checked by lm-eval
     from rf_eval.model_adapters.config import take_model_args

@@ -56,12 +56,13 @@ def _reads_maps(fill: Any) -> bool:
 
 
 def model_args(study: Study, arm: Arm, maps: str | None) -> dict[str, Any]:
-    """The arm's model_args: the study's model, then the arm's own (the study's maps for a ridge arm)."""
+    """The arm's model_args: the study's model, then the arm's own (the study's maps for a ridge arm), and the
+    arm's name in the study (`name`, which the report names it by: `rf_eval.stats.arms`)."""
     if arm.model in ADAPTERS:
         args = {"pretrained": study.pretrained, **study.model_args, **arm.args}
         if arm.model == "ridgefill" and _reads_maps(args.get("fill")) and "maps" not in args and maps:
             args["maps"] = maps
-        return args
+        return {**args, "name": args.get("name", arm.name)}
     return dict(arm.args)  # an API model: its own arguments only
 
 

@@ -35,7 +35,7 @@ file's line.
 `budgets` (`rf_eval.budget`): each arm whose settings take a budget (an rf-eval
 arm of a fill or of RaReCache, without a budget of its own) is replaced by one
 arm per budget, named `<arm>@<budget>` with `budget` in its args (RaReCache's
-`rho` dropped: the budget sets it), so every method runs at the same costs;
+`rho` and a dropper's `keep` or `keep_share` dropped: the budget sets them), so every method runs at the same costs;
 the report then compares the arms of each budget with each other. The
 reference and the controls must name arms the budgets leave as they are.
 """
@@ -49,7 +49,7 @@ from typing import Any
 
 import yaml
 
-ADAPTERS = ("ridgefill", "rarecache")  # the rf-eval models; any other name is an lm-eval model (API arms)
+ADAPTERS = ("ridgefill", "rarecache", "drop")  # the rf-eval models; any other name is an lm-eval model (API arms)
 
 
 class StudyError(ValueError):
@@ -273,9 +273,12 @@ def takes_budget(arm: Arm) -> bool:
         return False
     if arm.model == "ridgefill":
         from rf_eval.ridgefill.arm_spec import RidgeFillArm as Spec
-    else:
+    elif arm.model == "rarecache":
         from rf_eval.rarecache.arm_spec import RaReCacheArm as Spec
-    fields = {k: v for k, v in arm.args.items() if k in Spec.fields() and k != "rho"}
+    else:
+        from rf_eval.drop.arm_spec import DropArm as Spec
+    replaced = ("rho", "keep", "keep_share")  # what a budget sets instead
+    fields = {k: v for k, v in arm.args.items() if k in Spec.fields() and k not in replaced}
     try:
         Spec.from_fields({**fields, "budget": 0.5}, what="args")
     except (UserError, ValueError, TypeError):
@@ -294,7 +297,7 @@ def expand_budgets(arms: dict[str, Arm], budgets: tuple[float, ...]) -> tuple[di
         if not takes_budget(arm):
             out[arm.name] = arm
             continue
-        args = {k: v for k, v in arm.args.items() if not (arm.model == "rarecache" and k == "rho")}
+        args = {k: v for k, v in arm.args.items() if k not in ("rho", "keep", "keep_share") or arm.model == "ridgefill"}
         for budget in budgets:
             name = f"{arm.name}@{budget:g}"
             if name in arms or name in out:

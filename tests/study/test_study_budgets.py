@@ -126,3 +126,54 @@ def test_the_plan_states_each_budget_arms_cost_and_knob_per_length(tmp_path):
         assert costs[n] == pytest.approx(prefill_macs(config, n, split=12, tail=tail, fill="nofill")
                                          / prefill_macs(config, n)) and costs[n] <= 0.6
     assert arm_knobs(Study, Arm("nofill", "ridgefill", {"fill": "nofill", "split": 12})) == {}
+
+
+DROPPERS_STUDY = """\
+model:
+  pretrained: {model}
+  args: {{dtype: float32, device: cpu}}
+maps: {maps}
+tasks: [keytoken_nll]
+arms:
+  exact: {{args: {{fill: exact}}}}
+  ridge: {{args: {{fill: ridge, reference: exact}}}}
+  nofill: {{args: {{fill: nofill, split: 3, reference: exact}}}}
+  fastkv: {{args: {{preset: fastkv, reference: exact}}}}
+  gemfilter: {{model: drop, args: {{method: gemfilter, reference: exact}}}}
+reference: exact
+budgets: [0.6]
+metadata: {{docs: {docs}, score_tokens: 64, key_context: 128}}
+"""
+
+
+@pytest.mark.slow
+def test_fills_and_drops_run_side_by_side_at_one_budget(tmp_path, tiny_model_dir, keytoken_docs):
+    """Issue #40's study: ridge, nofill, FastKV and GemFilter at one budget (0.6: the tiny model's 6 layers split
+    at 3 cannot reach 0.5), every arm within it, and the report pairs each two of them."""
+    import torch
+    from transformers import AutoConfig
+
+    from rf_eval.ridgefill.maps import RidgeMaps, config_hash
+    from rf_eval.study.launch import InProcessLauncher
+    from rf_eval.study.runner import run_study
+
+    model = tiny_model_dir("llama")
+    cfg = AutoConfig.from_pretrained(model)
+    late = range(3, cfg.num_hidden_layers)
+    maps = RidgeMaps(split=3, A={i: torch.eye(cfg.hidden_size) for i in late},
+                     b={i: torch.zeros(cfg.hidden_size) for i in late},
+                     metadata={"config_hash": config_hash(cfg), "lambda": "0.01", "rows": "10"}).save(tmp_path / "maps")
+    path = tmp_path / "study.yaml"
+    path.write_text(DROPPERS_STUDY.format(model=model, maps=maps, docs=keytoken_docs))
+    study = load_study(path)
+    assert list(study.arms) == ["exact", "ridge@0.6", "nofill@0.6", "fastkv@0.6", "gemfilter@0.6"]
+    out = tmp_path / "out"
+    assert run_study(study, out, InProcessLauncher()) == 0
+    summary = json.loads((out / "report.json").read_text())
+    (matched,) = summary["budgets"]
+    arms = {a["arm"]: a for a in matched["arms"]}
+    assert set(arms) == {"ridge@0.6", "nofill@0.6", "fastkv@0.6", "gemfilter@0.6"}, arms  # the study's names
+    assert all(a["macs_fraction"] <= 0.6 for a in arms.values()), arms
+    assert len({(r["arm"], r["versus"]) for r in matched["contrasts"]}) == 6  # every pair of the four
+    md = (out / "report.md").read_text()
+    assert "### Methods at budget 0.6" in md and md.count("@0.6 |") >= 6
