@@ -16,17 +16,20 @@ from rf_eval.prefill_cost import MEASURED_FIELDS
 from rf_eval.study.spec import load_study
 
 ROOT = Path(__file__).resolve().parents[2]
+ROWS = "ridge,selector=attention"
+#: the demo's arms beside exact, named as its report names them, at a budget of 0.7
+ARMS = ["identity@0.7", "ridge@0.7", ROWS, "nofill@0.7"]
 
 
 def test_demo_settings_fit_the_promise(tmp_path):
     quick, full = settings(quick=True), settings(quick=False)
     for s in (quick, full):
         study = load_study(render_study(tmp_path, s, tmp_path / "model", tmp_path / "maps", tmp_path / "docs", 0.7))
-        assert list(study.arms) == ["exact", "identity", "ridge", "ridge_rows", "nofill"] and study.reference == "exact"
+        assert list(study.arms) == ["exact", *ARMS] and study.reference == "exact"
         assert study.tasks == (*s.ruler_tasks, "keytoken_nll") and study.lengths == s.lengths
-        assert study.arms["identity"].args == {"fill": "identity", "split": SPLIT, "budget": 0.7, "reference": "exact"}
-        assert study.arms["nofill"].args == {"fill": "nofill", "split": SPLIT, "budget": 0.7, "reference": "exact"}
-        assert study.arms["ridge"].args["budget"] == 0.7 and "budget" not in study.arms["ridge_rows"].args
+        assert study.arms["identity@0.7"].args == {"fill": "identity", "split": SPLIT, "budget": 0.7, "reference": "exact"}
+        assert study.arms["nofill@0.7"].args == {"fill": "nofill", "split": SPLIT, "budget": 0.7, "reference": "exact"}
+        assert study.arms["ridge@0.7"].args["budget"] == 0.7 and "budget" not in study.arms[ROWS].args
         assert study.metadata["docs"] == str(tmp_path / "docs") and study.maps == str(tmp_path / "maps")
         assert all(n > s.tail for n in s.lengths)
     assert 1 <= SPLIT < 30
@@ -93,7 +96,8 @@ def test_quick_demo_runs_end_to_end_and_is_deterministic(tmp_path):
     assert len(first) == 5 * 2  # 5 arms x (needle task, keytoken_nll)
     state = json.loads((out / "study.json").read_text())
     (reference,) = out.glob("runs/exact/*/samples_keytoken_nll_*.jsonl")
-    for arm in ("identity", "ridge", "ridge_rows", "nofill"):  # key tokens from the exact arm, shared by every arm
+    budget = next(float(a.split("@")[1]) for a in state["arms"] if a.startswith("ridge@"))
+    for arm in (f"identity@{budget:g}", f"ridge@{budget:g}", ROWS, f"nofill@{budget:g}"):  # key tokens from exact
         command = state["arms"][arm]["command"]
         assert json.loads(command[command.index("--metadata") + 1])["key_reference"] == str(reference)
     # the exact arm reads the context: >= 90% on the filled-region samples
@@ -109,7 +113,7 @@ def test_quick_demo_runs_end_to_end_and_is_deterministic(tmp_path):
     # keeps at least identity's needles, under half its KL and under half its key-token loss, and the compute
     # spent on a longer tail instead (nofill) loses more than either fill
     summary = json.loads((out / "report.json").read_text())
-    budget = next(a["budget"] for a in summary["arms"] if a["name"].startswith("ridge@"))
+    assert next(a["budget"] for a in summary["arms"] if a["name"].startswith("ridge@")) == budget
     ridge, identity, nofill = (f"{fill}@{budget:g}" for fill in ("ridge", "identity", "nofill"))
     needles = {row["arm"]: row["arm_score"] * row["n"] / 100 for row in summary["overall"]}
     (keytoken,) = [m for m in summary["measures"] if m["task"] == "keytoken_nll"]
@@ -133,17 +137,17 @@ def test_quick_demo_runs_end_to_end_and_is_deterministic(tmp_path):
         "README.md's quick demo table differs from what the demo produced; run "
         "`rf-eval demo --quick --readme README.md` and commit the result:\n" + table)
 
-    # determinism: ridge_rows (map, selector and the shared key tokens) again, from scratch (no done marker, no
+    # determinism: the rows arm (map, selector and the shared key tokens) again, from scratch (no done marker, no
     # request cache); the demo re-run skips the four other arms and must write the same samples, byte for byte
     # but for the measured prefill seconds
-    (out / "runs" / "ridge_rows" / "done.json").unlink()
-    for db in (out / "cache").glob("ridge_rows_rank*.db"):
+    (out / "runs" / ROWS / "done.json").unlink()
+    for db in (out / "cache").glob(f"{ROWS}_rank*.db"):
         db.unlink()
-    old = set(out.glob("runs/ridge_rows/*/samples_*.jsonl"))
+    old = set(out.glob(f"runs/{ROWS}/*/samples_*.jsonl"))
     again = _demo(out)
-    for arm in ("exact", "identity", "ridge", "nofill"):
+    for arm in ("exact", f"identity@{budget:g}", f"ridge@{budget:g}", f"nofill@{budget:g}"):
         assert f"{arm}: done before (fingerprint matches), skipped" in again.stdout
-    new = sorted(set(out.glob("runs/ridge_rows/*/samples_*.jsonl")) - old)
+    new = sorted(set(out.glob(f"runs/{ROWS}/*/samples_*.jsonl")) - old)
     assert len(new) == 2
     for file in new:
-        assert _unmeasured(file.read_text()) == first[f"ridge_rows/{file.name.split('_20')[0]}"], file.name
+        assert _unmeasured(file.read_text()) == first[f"{ROWS}/{file.name.split('_20')[0]}"], file.name
