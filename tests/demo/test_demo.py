@@ -151,3 +151,21 @@ def test_quick_demo_runs_end_to_end_and_is_deterministic(tmp_path):
     assert len(new) == 2
     for file in new:
         assert _unmeasured(file.read_text()) == first[f"{ROWS}/{file.name.split('_20')[0]}"], file.name
+
+
+def test_readme_matched_budget_table_is_rendered_from_its_recorded_report():
+    """The README's fill-against-drop table is `benchmarks/matched_budget.py --readme`'s rendering of the report it
+    recorded (its arms: the three fills and the two droppers at one budget, within it)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("matched_budget", ROOT / "benchmarks" / "matched_budget.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    report = json.loads(script.RECORD.read_text())
+    text = (ROOT / "README.md").read_text()
+    block = text.split(script.BEGIN, 1)[1].split(script.END, 1)[0].strip("\n") + "\n"
+    assert block == script.render(report)
+    budget = next(a["budget"] for a in report["arms"] if a.get("budget") is not None)
+    assert {a["name"] for a in report["arms"]} == {"exact", *(f"{m}@{budget:g}" for m in
+                                                   ("identity", "ridge", "nofill", "fastkv", "gemfilter"))}
+    assert all(c["macs_fraction"] <= budget for a in report["arms"] if a["name"] != "exact" for c in a["cost"])
