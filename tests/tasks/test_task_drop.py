@@ -77,3 +77,26 @@ def test_bad_drop_settings_are_refused_before_the_weights_load(args, says, pairs
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
     with pytest.raises(ModelArgsError, match=says):
         DropLM(pretrained=target, device="cpu", **args)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_fastkv_runs_through_lm_eval(family, pairs, task_data, th):
+    """FastKV's propagation (`--model ridgefill`, preset=fastkv): the late layers keep the propagated rows only."""
+    from lm_eval import simple_evaluate
+
+    from rf_eval.model_adapters.ridgefill import RidgeFillLM
+
+    target = pairs[family][0]
+    lm = RidgeFillLM(pretrained=target, device="cpu", preset="fastkv", selector="tsp(keep=96)", reference="exact")
+    meta = {**OPTS, "pretrained": target, "essay_haystack": str(task_data["essays"]), "docs": str(task_data["docs"]),
+            "reference": "exact", "subset_tail": 64}
+    meta.pop("tail")
+    out = simple_evaluate(model=lm, tasks=["niah_single_1_filled", "keytoken_nll"], task_manager=th.task_manager(meta),
+                          log_samples=True, bootstrap_iters=0, verbosity="WARNING", limit=2)
+    layers = lm.model.config.num_hidden_layers
+    for samples in out["samples"].values():
+        for s in samples:
+            n = s["prompt_tokens"]
+            assert s["exact_rows"] == 96 and s["macs_fraction"] < 1
+            assert s["cache_entries"] == (layers // 2) * n + (layers - layers // 2) * 96  # the late layers: 96 rows
+    assert out["config"]["rf_eval"]["selector"]["name"] == "tsp" and out["config"]["rf_eval"]["preset"] == "fastkv"
