@@ -4,6 +4,7 @@ report; then one arm again from scratch, whose samples must come out file for fi
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -137,20 +138,23 @@ def test_quick_demo_runs_end_to_end_and_is_deterministic(tmp_path):
         "README.md's quick demo table differs from what the demo produced; run "
         "`rf-eval demo --quick --readme README.md` and commit the result:\n" + table)
 
-    # determinism: the rows arm (map, selector and the shared key tokens) again, from scratch (no done marker, no
-    # request cache); the demo re-run skips the four other arms and must write the same samples, byte for byte
-    # but for the measured prefill seconds
-    (out / "runs" / ROWS / "done.json").unlink()
-    for db in (out / "cache").glob(f"{ROWS}_rank*.db"):
-        db.unlink()
-    old = set(out.glob(f"runs/{ROWS}/*/samples_*.jsonl"))
-    again = _demo(out)
-    for arm in ("exact", f"identity@{budget:g}", f"ridge@{budget:g}", f"nofill@{budget:g}"):
-        assert f"{arm}: done before (fingerprint matches), skipped" in again.stdout
-    new = sorted(set(out.glob(f"runs/{ROWS}/*/samples_*.jsonl")) - old)
-    assert len(new) == 2
-    for file in new:
-        assert _unmeasured(file.read_text()) == first[f"{ROWS}/{file.name.split('_20')[0]}"], file.name
+    # determinism: the rows arm (map, selector and the shared key tokens) again, its own lm_eval command on a
+    # needle sample and two documents, from scratch (another output folder, no request cache): the samples are
+    # the first run's, line for line, but for the measured prefill seconds
+    command = list(state["arms"][ROWS]["command"])
+    subset = {"niah_single_1_filled": [0], "keytoken_nll": [0, 1]}
+    for flag, value in (("--output_path", str(tmp_path / "again")), ("--use_cache", str(tmp_path / "again-cache")),
+                        ("--samples", json.dumps(subset))):
+        command[command.index(flag) + 1] = value
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    for file in sorted((tmp_path / "again").glob("*/samples_*.jsonl")):
+        task = file.name.split("samples_")[1].rsplit("_", 1)[0]
+        before = {json.loads(line)["doc_id"]: line for line in first[f"{ROWS}/samples_{task}"].splitlines()}
+        for line in _unmeasured(file.read_text()).splitlines():
+            assert line == before[json.loads(line)["doc_id"]], (task, json.loads(line)["doc_id"])
+    assert len(list((tmp_path / "again").glob("*/samples_*.jsonl"))) == 2
 
 
 def test_readme_matched_budget_table_is_rendered_from_its_recorded_report():
