@@ -199,7 +199,7 @@ def build_view(summary: dict[str, Any]) -> dict[str, Any]:
     colours = {arm["name"]: PALETTE[i % len(PALETTE)] for i, arm in enumerate(summary["arms"])}
     front = summary.get("frontier") or {"measures": [], "arms": []}
     return {
-        "budgets": [], "frontier": front,
+        "budgets": [], "frontier": front, "score_set": "",
         "ledger_head": None, "metrics": {"points": "none", "tasks": "none", "losses": "none"}, "standalone": False,
         "measures": [], "strata_rule": "", "cross_model": [], "notes": [],
         **summary,

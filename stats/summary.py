@@ -60,11 +60,6 @@ def _pooled(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[(frame["unit"] == "points") & frame["primary"].astype(bool)]
 
 
-def _mean_by_arm(frame: pd.DataFrame, names: Sequence[str]) -> dict[str, float]:
-    means = frame.groupby("arm")["score"].mean()
-    return {a: float(means[a]) for a in names if a in means.index}
-
-
 @dataclass
 class _Study:
     runs: Runs
@@ -81,6 +76,7 @@ class _Study:
                for t, m in zip(items["task"], items["metric"])]
         paired = items[~np.asarray(own, dtype=bool)] if len(items) else items  # own measures are never paired
         self.pairs = {arm: pair_arms(paired, arm, self.reference) for arm in self.others}
+        self.set_notes: list[str] = []  # arms scored on fewer of the reference's items (`fixed_set_scores`)
 
     def status(self, arm: str, task: str | None) -> str | None:
         return None if self.ledger is None else registration(self.ledger, self.runs.arm(arm), task).status
@@ -147,28 +143,50 @@ class _Study:
         return matched_budgets(self.runs.items, self.names, self.reference, self.contrast)
 
     def by_length(self) -> dict[str, Any]:
-        """Accuracy per length per arm (tasks pooled, and per task), and contrasts per length."""
+        """Accuracy per length per arm (tasks pooled, and per task), and contrasts per length. Every arm's score
+        is on the reference's items (`fixed_set_scores`)."""
         items = _pooled(self.runs.items)
         items = items[items["length"].notna()]
         lengths = _length_order(list(items["length"].unique()))
+        pooled = {arm: _pooled(self.pairs[arm]) for arm in self.others}
         rows = []
         for length in lengths:
             at = items[items["length"] == length]
             contrasts = []
             for arm in self.others:
-                p = _pooled(self.pairs[arm])
-                p = p[p["length"] == length]
+                p = pooled[arm][pooled[arm]["length"] == length]
                 if not p.empty:
                     contrasts.append({"arm": arm, **self.points(p)})
             n = int((at["arm"] == self.reference).sum())
-            rows.append({"length": length, "n": n, "scores": _mean_by_arm(at, self.names), "rows": contrasts})
+            scores = self.fixed_set_scores(at, {a: p[p["length"] == length] for a, p in pooled.items()}, length)
+            rows.append({"length": length, "n": n, "scores": scores, "rows": contrasts})
         per_task = []
         for (task, filt), block in items.groupby(["task", "filter"], sort=False):
             for length in _length_order(list(block["length"].unique())):
                 cell = block[block["length"] == length]
                 n = int((cell["arm"] == self.reference).sum())
-                per_task.append({"task": _label(task, filt), "length": length, "n": n, "scores": _mean_by_arm(cell, self.names)})
+                paired = {a: p[(p["task"] == task) & (p["filter"] == filt) & (p["length"] == length)]
+                          for a, p in pooled.items()}
+                per_task.append({"task": _label(task, filt), "length": length, "n": n,
+                                 "scores": self.fixed_set_scores(cell, paired, f"{_label(task, filt)} at {length}")})
         return {"lengths": lengths, "by_length": rows, "task_length": per_task}
+
+    def fixed_set_scores(self, items: pd.DataFrame, paired: dict[str, pd.DataFrame], where: Any) -> dict[str, float]:
+        """Each arm's mean on the reference's items of `items`: "the set of samples is fixed per model and shared
+        by every arm" (RidgeFill paper section 3.1). The reference's own mean; every other arm's on the items it
+        pairs with the reference (`paired`), so an arm whose own rule scores more items (POP's one-row tail keeps
+        needles in the reference's tail filled) is scored on the reference's alone. An arm that scored fewer of
+        them is noted."""
+        reference = items[items["arm"] == self.reference]
+        scores = {self.reference: float(reference["score"].mean())} if len(reference) else {}
+        for arm, p in paired.items():
+            if p.empty:
+                continue
+            scores[arm] = float(p["arm"].mean())
+            if len(p) < len(reference):
+                self.set_notes.append(f"{arm}: scored on {len(p)} of the reference's {len(reference)} items "
+                                      f"({where}): the others it did not score")
+        return {a: scores[a] for a in self.names if a in scores}
 
     def measures(self) -> list[dict[str, Any]]:
         """Per task with a measures table (`rf_eval.stats.measures`): one row per arm, one cell per measure."""
@@ -269,7 +287,7 @@ class _Study:
         return rows
 
     def notes(self) -> list[str]:
-        notes = list(self.runs.notes)
+        notes = list(self.runs.notes) + list(dict.fromkeys(self.set_notes))
         for arm, p in self.pairs.items():
             if p.attrs.get("unpaired"):
                 notes.append(f"{arm} vs {self.reference}: {p.attrs['unpaired']} items without a partner left out")
@@ -318,6 +336,8 @@ def study_summary(
         notes.append("no item recorded a length (doc max_length or a RULER length metric): no per-length tables")
     return {
         "reference": reference, "margin": margin, "confidence": confidence, "n_resamples": n_resamples, "seed": seed,
+        "score_set": f"every arm's score on {reference}'s items (the fixed sample set; an arm's own others are not "
+                     "scored)",
         "arms": study.arms(front), "tasks": tasks, "overall": overall, "measures": measures, "losses": losses,
         **lengths, "frontier": front, "budgets": study.budgets(),
         "forest": forest + [{"group": r["arm"], "label": "overall", **r} for r in overall],

@@ -128,3 +128,23 @@ def test_summary_marks_each_comparison_registered_or_follow_up(study, tmp_path):
     assert {r["registration"] for t in s["tasks"] for r in t["rows"] if r["arm"] == "ridge"} == {"follow-up"}
     tex = render_latex(s)
     assert r"ridge$^\dagger$" in tex and r"identity$^\dagger$" not in tex
+
+
+def test_every_arms_score_is_on_the_references_items(tmp_path, lmeval_format):
+    """Issue #42, item 2: POP's one-row tail leaves needles filled that exact's tail covers; its per-length score
+    is on exact's items alone (the fixed sample set), with a note where an arm scored fewer of them."""
+    exact = {"niah": [True] * 20}
+    pop = {"niah": [True] * 10 + [False] * 10}  # its ten more items (10..19, filled only under its own tail) fail
+    lmeval_format.accuracy_run(tmp_path / "e", "exact", exact, lengths=[4096])
+    lmeval_format.accuracy_run(tmp_path / "p", "pop", pop, lengths=[4096], started=1.79e9 + 1)
+    short = {"niah": [True] * 5}  # an arm that scored only 5 of the reference's items
+    lmeval_format.accuracy_run(tmp_path / "s", "short", short, lengths=[4096], started=1.79e9 + 2)
+    runs = load_runs([tmp_path])
+    keep = ~((runs.items["arm"] == "exact") & (runs.items["doc_id"] >= 10))  # exact scored items 0..9 only
+    summary = study_summary(type(runs)(runs.items[keep], runs.arms, runs.notes), "exact", n_resamples=200)
+    (row,) = summary["by_length"]
+    assert row["n"] == 10 and row["scores"] == {"exact": 100.0, "pop": 100.0, "short": 100.0}
+    assert "short: scored on 5 of the reference's 10 items (4096)" in " ".join(summary["notes"])
+    assert summary["score_set"].startswith("every arm's score on exact's items")
+    (cell,) = summary["task_length"]
+    assert cell["scores"]["pop"] == 100.0  # not 50.0, its own twenty items' mean
