@@ -22,6 +22,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("rf_eval.cli.demo", "the main job on the embedded demo model: fit, run arms, report"),
     "demo-model": ("rf_eval.cli.demo_model", "convert the embedded demo model once (or reuse it); print its path"),
     "fit": ("rf_eval.cli.fit", "capture a model's hidden states and fit RidgeFill maps"),
+    "convert-projector": (
+        "rf_eval.cli.convert_projector",
+        "a released RidgeFill projector folder (int8 or bf16) as an rf-eval map file for its model",
+    ),
     "fit-transfer": ("rf_eval.cli.fit_transfer", "fit RaReCache's source -> target KV-cache maps"),
     "fit-state-correction": (
         "rf_eval.cli.fit_state_correction",

@@ -51,8 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="GiB of maps one held-out lambda pass may hold: the grid is scored in passes that fit "
                         "(auto, default: half the available CPU memory, where the maps live)")
     p.add_argument("--int8", action="store_true",
-                   help="store A in the paper's release format: int8 with one scale per 128 weights of each row "
-                        "(biases fp32; the sums stay fp64, so --from-sums can write fp32 maps again)")
+                   help="store the maps in the paper's release format: int8 with one bf16 scale per 128 weights of each "
+                        "row and a bf16 bias (the sums stay fp64, so --from-sums can write fp32 maps again)")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--no-progress", action="store_true")
 

@@ -202,8 +202,8 @@ def fit_maps(
     lambda choice scores layer S too; the files record it (`map_split` metadata).
     `fill`: the fill method the maps serve (`rf_eval.fills`); its `fit_target`
     says what each late layer's rows are regressed on (`rf_eval.ridgefill.targets`).
-    `int8`: the map files store A in the paper's release format (int8, one scale per
-    128 weights of each row; `rf_eval.ridgefill.maps.quantize_int8`); the sums stay fp64.
+    `int8`: the map files store A in the paper's release format (int8, one bf16 scale
+    per 128 weights of each row, a bf16 bias; `rf_eval.ridgefill.maps.quantize_int8`); the sums stay fp64.
     """
     target = fit_target(fill, model)
     splits = check_splits(splits, num_layers(model))

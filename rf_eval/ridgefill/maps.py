@@ -4,9 +4,10 @@ Tensors `A.{l}` (d_out x d_in) and `b.{l}` (d_out) for every late layer l
 (the split's own layer included), with string metadata: the model config's
 hash, the fingerprint of the weights they were fitted on (`weights_sha256`,
 `rf_eval.weights`), split, lambda, calibration row count and the sha256 of the
-calibration inputs. The paper's release format, `A.{l}` stored as int8 with one scale
-per 128 weights of each row (`A.{l}.scales`, d_out x ceil(d_in/128)), is
-dequantized on load.
+calibration inputs. The paper's release format (App. F: "int8, with one bf16 scale per
+128 weights of each row and a bf16 bias"), `A.{l}` as int8 codes with `A.{l}.scales`
+(bf16, d_out x ceil(d_in/128)) and `b.{l}` in bf16, is dequantized on load; fp32
+scales and biases (files rf-eval wrote before it followed the release) load too.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class RidgeMaps:
 
     def save(self, out_dir: str | Path) -> Path:
         """Write the map file atomically; with metadata `storage` "int8", in the release format (`A.{l}` as
-        int8 with `A.{l}.scales`, `quantize_int8`; biases stay fp32)."""
+        int8 codes with bf16 `A.{l}.scales`, `quantize_int8`, and a bf16 bias)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         storage = self.metadata.get("storage", "float32")
@@ -103,7 +104,8 @@ class RidgeMaps:
                 tensors[f"A.{layer}"], tensors[f"A.{layer}.scales"] = quantize_int8(self.A[layer].float())
             else:
                 tensors[f"A.{layer}"] = self.A[layer].float().contiguous()
-            tensors[f"b.{layer}"] = self.b[layer].float().contiguous()
+            bias_dtype = torch.bfloat16 if storage == "int8" else torch.float32
+            tensors[f"b.{layer}"] = self.b[layer].to(bias_dtype).contiguous()
         meta = {k: str(v) for k, v in self.metadata.items() if k != "file_sha256"}
         meta.update(format=FORMAT, split=str(self.split))
         path = out / map_filename(self.split)
@@ -142,8 +144,10 @@ class RidgeMaps:
         """Refuse maps fitted on other weights (`rf_eval.weights.weights_fingerprint`), unless allowed."""
         fitted = self.metadata.get("weights_sha256")
         if not fitted:
-            log.warning("%s records no weights fingerprint (written before rf-eval recorded one): "
-                        "cannot check that it was fitted on these weights", self.where())
+            why = ("converted from a released projector" if self.metadata.get("release_manifest_sha256")
+                   else "written before rf-eval recorded one")
+            log.warning("%s records no weights fingerprint (%s): cannot check that it was fitted on these "
+                        "weights", self.where(), why)
             return
         if fitted != fingerprint and not allow_other_weights:
             raise MapError(
@@ -232,22 +236,26 @@ def identity_fill(layer: int, x_split: torch.Tensor) -> torch.Tensor:
     return x_split
 
 
-def _dequantize(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    d_in = q.shape[1]
+def dequantize_int8(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """fp32 weights from int8 codes (d_out x d_in) and their per-group scales (d_out x ceil(d_in/128))."""
+    d_in = codes.shape[1]
     expanded = scales.float().repeat_interleave(INT8_GROUP, dim=1)[:, :d_in]
-    return q.float() * expanded
+    return codes.float() * expanded
 
 
 def quantize_int8(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The release format: int8 weights with one scale per 128 weights of each row."""
+    """The release format's rule (App. F): for each 128 weights of a row, the scale is absmax/127 rounded
+    to bf16 (1 for an all-zero group) and the codes are the weights over that rounded scale, rounded half
+    to even and clamped to +-127; returns (int8 codes d_out x d_in, bf16 scales d_out x groups)."""
     d_out, d_in = a.shape
     groups = math.ceil(d_in / INT8_GROUP)
     padded = torch.zeros(d_out, groups * INT8_GROUP, dtype=torch.float32)
     padded[:, :d_in] = a.float()
     blocks = padded.view(d_out, groups, INT8_GROUP)
-    scales = blocks.abs().amax(-1).clamp_min(1e-12) / 127.0
-    q = torch.round(blocks / scales[..., None]).clamp(-127, 127).to(torch.int8).view(d_out, -1)[:, :d_in]
-    return q.contiguous(), scales
+    absmax = blocks.abs().amax(-1)
+    scales = torch.where(absmax > 0, absmax / 127.0, torch.ones_like(absmax)).to(torch.bfloat16)
+    codes = torch.round(blocks / scales.float()[..., None]).clamp(-127, 127).to(torch.int8)
+    return codes.view(d_out, -1)[:, :d_in].contiguous(), scales
 
 
 def resolve_map_file(path: str | Path, split: int | None) -> Path:
@@ -311,7 +319,7 @@ def load_maps(path: str | Path, split: int | None = None) -> RidgeMaps:
                     raise MapError(f"{file}: A.{layer}.scales has shape {tuple(scales.shape)}, expected {want} "
                                    f"for int8 A.{layer} of shape {tuple(t.shape)}")
                 _check_finite(file, f"A.{layer}.scales", scales)
-                A[layer] = _dequantize(t, scales)
+                A[layer] = dequantize_int8(t, scales)
             else:
                 A[layer] = t.float()
             _check_finite(file, name, A[layer])

@@ -79,9 +79,10 @@ def test_ridge_arm_uses_maps_and_differs_from_identity(fitted, tiny_model):
 
 def test_fit_int8_writes_the_release_format_and_its_fill_is_within_the_quantization_error(
         fitted, tiny_model_dir, corpus, tmp_path, capsys):
-    """`rf-eval fit --int8` stores each A.{l} as int8 with one scale per 128 weights of a row; per output,
-    the fill differs from the fp32 maps' by at most sum over the row's groups of scale/2 x |x| (each
-    weight is rounded to the nearest multiple of its scale), and a refit from the sums writes fp32 again."""
+    """`rf-eval fit --int8` stores each A.{l} as int8 with one bf16 scale per 128 weights of a row and a bf16
+    bias (App. F); per output, the fill differs from the fp32 maps' by at most sum over the row's groups
+    of scale/2 x |x| (each weight is rounded to the nearest multiple of its scale) plus the bias's bf16
+    rounding, and a refit from the sums writes fp32 again."""
     from safetensors import safe_open
 
     model_dir = tiny_model_dir("qwen3")
@@ -93,15 +94,17 @@ def test_fit_int8_writes_the_release_format_and_its_fill_is_within_the_quantizat
     file = tmp_path / "int8" / "ridgefill_split4.safetensors"
     with safe_open(str(file), "pt") as f:
         assert f.metadata()["storage"] == "int8"
-        assert f.get_tensor("A.5").dtype == torch.int8 and f.get_tensor("b.5").dtype == torch.float32
-        scales = {layer: f.get_tensor(f"A.{layer}.scales") for layer in (4, 5)}
+        assert f.get_tensor("A.5").dtype == torch.int8 and f.get_tensor("b.5").dtype == torch.bfloat16
+        scales = {layer: f.get_tensor(f"A.{layer}.scales").float() for layer in (4, 5)}
+        assert f.get_tensor("A.5.scales").dtype == torch.bfloat16
     full, packed = load_maps(tmp_path / "fp32", 4), load_maps(tmp_path / "int8", 4)
     x = torch.randn(1, 7, full.A[5].shape[1], generator=torch.Generator().manual_seed(0))
     exact_fill, int8_fill = full.fill_fn(torch.float32, "cpu"), packed.fill_fn(torch.float32, "cpu")
     for layer in (4, 5):
         d, count = x.shape[-1], scales[layer].shape[1]  # the tiny model's 64 inputs are one (padded) group
         groups = torch.nn.functional.pad(x.abs()[0], (0, count * 128 - d)).reshape(7, count, 128).sum(-1)
-        bound = groups @ (scales[layer] / 2).T + 1e-5
+        bias_error = (full.b[layer] - full.b[layer].to(torch.bfloat16).float()).abs()
+        bound = groups @ (scales[layer] / 2).T + bias_error + 1e-5
         diff = (int8_fill(layer, x) - exact_fill(layer, x)).abs()[0]
         assert (diff <= bound).all() and diff.max() > 0
     model = RidgeFill.from_pretrained(model_dir, maps=tmp_path / "int8", fill="ridge", tail=8, device="cpu")
@@ -112,7 +115,10 @@ def test_fit_int8_writes_the_release_format_and_its_fill_is_within_the_quantizat
     assert again.metadata["storage"] == "float32" and torch.equal(again.A[5], full.A[5])
 
 
-def test_int8_release_format_loads(fitted, tmp_path):
+@pytest.mark.parametrize("side_dtype", [torch.bfloat16, torch.float32], ids=["release-bf16", "older-fp32"])
+def test_int8_map_files_load_with_bf16_or_fp32_scales_and_biases(fitted, tmp_path, side_dtype):
+    """The release's bf16 scales and biases load, and so do the fp32 ones rf-eval wrote before: A is the
+    codes times their group's scale, exactly, within 1/127 of the fp32 map's largest weight."""
     out, _ = fitted
     maps = load_maps(out, 4)
     from safetensors.torch import save_file
@@ -120,12 +126,15 @@ def test_int8_release_format_loads(fitted, tmp_path):
     tensors = {}
     for layer in maps.layers:
         q, scales = quantize_int8(maps.A[layer])
-        tensors[f"A.{layer}"], tensors[f"A.{layer}.scales"] = q, scales
-        tensors[f"b.{layer}"] = maps.b[layer]
+        tensors[f"A.{layer}"], tensors[f"A.{layer}.scales"] = q, scales.to(side_dtype)
+        tensors[f"b.{layer}"] = maps.b[layer].to(side_dtype)
     meta = {k: v for k, v in maps.metadata.items() if k != "file_sha256"}
     save_file(tensors, str(tmp_path / "ridgefill_split4.safetensors"), metadata=meta)
     q = load_maps(tmp_path, 4)
     for layer in maps.layers:
+        codes, scales = tensors[f"A.{layer}"], tensors[f"A.{layer}.scales"]
+        assert torch.equal(q.A[layer], codes.float() * scales.float())  # 64 inputs: one group per row
+        assert torch.equal(q.b[layer], tensors[f"b.{layer}"].float())
         err = (q.A[layer] - maps.A[layer]).abs().max() / maps.A[layer].abs().max()
         assert 0 < err < 1 / 127
         assert q.A[layer].dtype == torch.float32
