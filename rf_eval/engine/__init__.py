@@ -172,7 +172,7 @@ def prefill(
         selected = select(PrefillContext(model, family, input_ids, plan, inputs, cache, lower))
         if isinstance(selected, Selection):
             if selected.tail is not None:
-                plan = dataclasses.replace(plan, tail=max(1, min(int(selected.tail), n)))
+                plan = dataclasses.replace(plan, tail=max(min(plan.tail, 1), min(int(selected.tail), n)))
                 no_filled_rows = no_filled_rows or plan.fills_no_row(n)
             if selected.fill is not None:
                 strategy = selected.fill.over(strategy)

@@ -45,7 +45,10 @@ def check_batch(input_ids: torch.Tensor, plan: Plan, per_prompt_parts: bool) -> 
 
 
 def last_row_logits(model: nn.Module, family: Family, x_exact: torch.Tensor) -> torch.Tensor:
-    """(B, vocab) logits of each prompt's last row, one prompt at a time (see the module docstring)."""
+    """(B, vocab) logits of each prompt's last row, one prompt at a time (see the module docstring); (B, 0)
+    when no row is exact (a generation prefill at tail 0: the held-back token's decode gives the first logits)."""
+    if not x_exact.shape[1]:
+        return x_exact.new_empty(x_exact.shape[0], 0)
     return torch.cat([family.logits(model, x_exact[b : b + 1, -1:])[:, -1] for b in range(x_exact.shape[0])])
 
 

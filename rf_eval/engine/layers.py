@@ -20,15 +20,20 @@ def run_layer(step: LayerStep, fill: RowFill, index: int, x_exact: torch.Tensor)
     strategy (which writes the filled rows'), stores them in `step.cache`, and
     runs queries, attention, output projection and MLP for the exact rows only.
     A Gated DeltaNet layer's mixer output for the exact rows also comes from the
-    strategy (it scans every row the layer sees).
+    strategy (it scans every row the layer sees). With no exact row the layer
+    only writes its cache (a generation prefill at tail 0).
     """
     layer, family = step.layers[index], step.family
+    if not step.rows.keys.numel():  # no row reaches this layer (nofill at tail 0): it holds nothing yet
+        return x_exact
     if family.is_recurrent(layer):
         mixed = fill.recurrent(step, index, x_exact)
     else:
         attn = layer.self_attn
         h_exact, k, v = fill.attention(step, index, x_exact)
         keys, values = (k, v) if step.cache is None else step.cache.update(k, v, index)
+        if not step.rows.exact.numel():  # no exact row (a held-back last token is the tail): the cache is all
+            return x_exact
         q, gate = family.query(attn, h_exact, *step.rope_at(index, "exact"))
         context = step.attention(q, keys, values, attn)
         mixed = family.attention_output(attn, context, gate)

@@ -32,7 +32,8 @@ class Plan:
     """How to prefill one prompt.
 
     split: first late layer S (1..L-1; 0 for a mapped-K/V fill). tail: count of
-    last prompt rows kept exact in every layer. fill: `exact` (the fill off), a
+    last prompt rows kept exact in every layer (0 only for a prompt whose last
+    token is held back and runs afterwards: it is then the tail's one row). fill: `exact` (the fill off), a
     registered fill method (`rf_eval.fills`) or `mapped` (RaReCache).
     chunk_size: run the lower layers in chunks of this many rows (None: one
     pass; bitwise equal to the plain model). query_chunk: exact-row queries per
@@ -52,17 +53,19 @@ class Plan:
     def __post_init__(self):
         if not isinstance(self.fill, str) or not self.fill:
             raise ValueError(f"fill must be a fill's name, got {self.fill!r}")
-        check_rows(self.tail, self.chunk_size)
+        check_rows(self.tail, self.chunk_size, lowest_tail=0)
 
     def fills_no_row(self, n: int) -> bool:
         """True when no row of an n-row prompt is filled: the fill is off, or the tail covers the prompt."""
         return self.fill == FILL_OFF or self.tail >= n
 
 
-def check_rows(tail: int, chunk_size: int | None = None) -> None:
-    """The tail and chunk rules (a plan's and an arm's): ValueError naming the bad value."""
-    if tail < 1:
-        raise ValueError(f"tail must be >= 1 (the last prompt row is always exact), got {tail}")
+def check_rows(tail: int, chunk_size: int | None = None, lowest_tail: int = 1) -> None:
+    """The tail and chunk rules (an arm's: `lowest_tail` 1, the last prompt row is always exact; a plan's: 0,
+    a generation prefill whose held-back last token is the tail): ValueError naming the bad value."""
+    if tail < lowest_tail:
+        why = "the last prompt row is always exact" if lowest_tail == 1 else "a count of rows"
+        raise ValueError(f"tail must be >= {lowest_tail} ({why}), got {tail}")
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size}")
 
@@ -105,7 +108,8 @@ class LayerInputs:
 
 @dataclass
 class PrefillResult:
-    """The prompt's cache (the model's own type) and its last row's logits (1, vocab)."""
+    """The prompt's cache (the model's own type) and its last row's logits (1, vocab); (1, 0) when no
+    late-layer row is exact (a plan of tail 0: the prompt's last token is held back and runs afterwards)."""
 
     cache: DynamicCache
     logits: torch.Tensor

@@ -162,10 +162,14 @@ class RidgeFill:
 
     def _plan_given(self, given: int, for_generation: bool, held_back: int) -> Plan:
         """The plan of a prompt of which `given` tokens are prefilled: the whole prompt's, its tail shortened
-        by the tokens held back (1 for generation), so every row keeps its class."""
+        by the tokens held back (1 for generation), so every row keeps its class. A generation prefill at
+        tail 1 runs no tail row (tail 0): the held-back last token is the tail (POP's one-token tail, paper
+        sections 6.4 and 7); a caller that scores the given prompt's last row keeps one exact row. A selector
+        reads the given prompt: one that scores rows by the attention of the prompt's last rows (attention,
+        probe) reads a window one row earlier than a whole-prompt prefill's, so its picks can differ."""
         k = 1 if for_generation else int(held_back)
         plan = self.plan_for(given + k)
-        return dataclasses.replace(plan, tail=max(plan.tail - k, 1)) if k else plan
+        return dataclasses.replace(plan, tail=max(plan.tail - k, 0 if for_generation else 1)) if k else plan
 
     def exact_tail(self, n: int) -> int:
         """The plan's tail rows of an n-token prompt (all n for a plain one)."""

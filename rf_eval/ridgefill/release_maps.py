@@ -94,7 +94,9 @@ def read_release(folder: str | Path) -> tuple[RidgeMaps, dict[str, torch.Tensor]
             stored[f"A.{layer}"] = A[layer]
         b[layer] = parts["bias"].float()
         stored[f"b.{layer}"] = parts["bias"] if dtype == "i8" else b[layer]
-    meta = {"storage": "int8" if dtype == "i8" else "float32", "target": "inputs", "fill": "ridge",
+    from rf_eval.fills.ridge import Ridge
+
+    meta = {"storage": "int8" if dtype == "i8" else "float32", "target": "inputs", "fill": Ridge.name,
             "map_split": "true", "release_manifest_sha256": file_sha256(folder / MANIFEST),
             "release_name": str(manifest.get("name", "")), "release_doi": str(manifest.get("doi", ""))}
     return RidgeMaps(split=split, A=A, b=b, metadata=meta, path=folder), stored
