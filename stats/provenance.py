@@ -5,7 +5,7 @@ arms by these)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +83,20 @@ def ledger_head(rf: Any) -> dict[str, Any] | None:
     info = (rf.data.get("config") or {}).get("rf_eval")
     head = info.get("ledger") if isinstance(info, dict) else None
     return {**head, "results": str(rf.path)} if isinstance(head, dict) and head.get("hash") else None
+
+
+def scored_text_notes(runs: Mapping[tuple[str, str], Any]) -> list[str]:
+    """What text each loss task scored (its metadata `scored_text`, e.g. keytoken_nll's: under each model's
+    own tokenizer or one shared one): one note per task when every arm agrees, else one per arm."""
+    texts: dict[str, dict[str, str]] = {}
+    for (arm, task), rf in runs.items():
+        text = ((rf.data["configs"].get(task) or {}).get("metadata") or {}).get("scored_text")
+        if text:
+            texts.setdefault(task, {})[arm] = str(text)
+    notes = []
+    for task, by_arm in texts.items():
+        if len(set(by_arm.values())) == 1:
+            notes.append(f"{task}: scored on {next(iter(by_arm.values()))}")
+        else:
+            notes += [f"{task}: {arm} scored on {text}" for arm, text in by_arm.items()]
+    return notes

@@ -55,6 +55,7 @@ from rf_eval.stats.provenance import (
     engine_floor,
     ledger_head,
     model_identity,
+    scored_text_notes,
     task_protocol,
 )
 
@@ -376,7 +377,10 @@ def load_runs(
         )
     if not rows:
         raise RunFormatError("no per-item results in any run (run lm_eval with --log_samples)")
+    name_of = dict(zip(arm_keys, names))
+    notes += scored_text_notes({(name_of[key], task): rf for (key, task), rf in chosen.items()})
     frame = pd.DataFrame(rows, columns=[c for c in ITEM_COLUMNS if c != "unit"])
     frame["length"] = pd.Series([r["length"] for r in rows], dtype=object, index=frame.index)  # ints stay ints
     items = _to_points(frame)
     return Runs(items=items[list(ITEM_COLUMNS)], arms=tuple(arms), notes=tuple(notes))
+

@@ -34,6 +34,15 @@ first N + `score_tokens` tokens: the first N are the context and the last
 left out at that N. Its id is then `<doc_id>@<N>`, and per length N the
 metrics `kl_median_N`, `kl_mean_N`, `top1_agree_N`, `dnll_all_N` are added.
 
+One stretch of text for every model (section 3.2: "its last 512 tokens under
+the Qwen3.8 tokenizer"): metadata `score_tokenizer` (a tokenizer name or local
+folder) fixes the scored text as the characters of its last `score_tokens`
+tokens, and `lengths` N count its tokens, so two models read and score the
+same characters (each in its own tokens: their counts differ, `n_tokens`).
+The key-token cut stays `key_context` of the model's own tokens. Default: the
+model's own tokenizer fixes both. The task's metadata records which
+(`scored_text`), and reports print it.
+
 Documents (metadata `docs`): a folder of `.txt` files (one document each, id
 = file name, domain = subfolder name) and/or `.jsonl` files (one
 {"text", optional "id", "domain"} per line), or one such file.
@@ -126,7 +135,8 @@ def pooled_mean(values: list[Any]) -> float:
 
 
 def length_grid(tokenizer: Any, docs: list[dict[str, str]], lengths: list[int], score_tokens: int) -> list[dict[str, Any]]:
-    """Each document cut to its first N + score_tokens tokens, for every N it is long enough for."""
+    """Each document cut to its first N + score_tokens tokens (of `tokenizer`: the scoring tokenizer), for every
+    N it is long enough for."""
     out = []
     for n in lengths:
         for doc in docs:
@@ -140,19 +150,37 @@ def length_grid(tokenizer: Any, docs: list[dict[str, str]], lengths: list[int], 
     return out
 
 
-def split_document(tokenizer: Any, text: str, score_tokens: int, key_context: int) -> dict[str, Any]:
-    """The document cut into (context, scored text) at its last `score_tokens` tokens, plus
-    the context cut to its last `key_context` tokens (None when the context is not longer)."""
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    offsets = enc["offset_mapping"]
+def _offsets(tokenizer: Any, text: str) -> list[tuple[int, int]]:
+    return tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+
+
+def split_document(tokenizer: Any, text: str, score_tokens: int, key_context: int,
+                   score_tokenizer: Any = None) -> dict[str, Any]:
+    """The document cut into (context, scored text) at its last `score_tokens` tokens (of `score_tokenizer`,
+    default `tokenizer`), plus the context cut to its last `key_context` tokens of `tokenizer` (None when
+    the context is not longer)."""
+    offsets = _offsets(score_tokenizer or tokenizer, text)
     if len(offsets) <= score_tokens:
         raise KeyTokenDataError(f"document of {len(offsets)} tokens is not longer than score_tokens={score_tokens}")
     at = offsets[len(offsets) - score_tokens][0]
-    n_context = len(offsets) - score_tokens
-    cut = None
-    if n_context > key_context:
-        cut = text[offsets[n_context - key_context][0] : at]
-    return {"context": text[:at], "continuation": text[at:], "cut_context": cut, "context_tokens": n_context}
+    context = text[:at]
+    own = offsets[: len(offsets) - score_tokens] if score_tokenizer is None else _offsets(tokenizer, context)
+    n_context = len(own)
+    cut = context[own[n_context - key_context][0] :] if n_context > key_context else None
+    return {"context": context, "continuation": text[at:], "cut_context": cut, "context_tokens": n_context}
+
+
+def score_tokenizer_from(name: str | None) -> Any:
+    """The tokenizer that fixes the scored text (`score_tokenizer`), or None for the model's own."""
+    if not name:
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as err:
+        raise KeyTokenDataError(f"score_tokenizer={name!r}: cannot load it ({err}); offline, give a local "
+                                "tokenizer folder") from None
 
 
 def _exact_logprobs(resp: dict[str, Any], arm_exact: bool) -> list[float] | None:
@@ -206,6 +234,11 @@ class KeyTokenTask(ConfigurableTask):
         self.ngram = option(meta, "ngram", 8, int)
         self.key_threshold = option(meta, "key_threshold", 2.0, float)
         self.key_reference = str(option(meta, "key_reference", "inprocess", str))
+        self.score_tokenizer_name = option(meta, "score_tokenizer", None, str)
+        self._score_tokenizer = score_tokenizer_from(self.score_tokenizer_name)
+        under = f"the {self.score_tokenizer_name} tokenizer (the same text for every model)" \
+            if self.score_tokenizer_name else "each model's own tokenizer"
+        meta["scored_text"] = f"the last {self.score_tokens} tokens of each document under {under}"
         self.arm_exact = str(meta.get("fill", "")) == "exact"
         self.same_run_reference = str(meta.get("reference", "")) == "exact"
         self.verify_tokens = as_bool(option(meta, "verify_tokens", True))
@@ -240,7 +273,8 @@ class KeyTokenTask(ConfigurableTask):
 
         docs = load_documents(documents_folder(self.config.metadata, "keytoken_nll"))
         if self.lengths:
-            docs = length_grid(tokenizer_from(self.config.metadata), docs, self.lengths, self.score_tokens)
+            scorer = self._score_tokenizer or tokenizer_from(self.config.metadata)
+            docs = length_grid(scorer, docs, self.lengths, self.score_tokens)
         self.dataset = {"test": datasets.Dataset.from_list(docs)}
 
     def doc_to_text(self, doc: dict[str, Any], doc_to_text: Any = None) -> str:
@@ -254,7 +288,8 @@ class KeyTokenTask(ConfigurableTask):
         if key not in self._splits:
             tok = tokenizer_from(self.config.metadata)
             try:
-                self._splits[key] = split_document(tok, doc["text"], self.score_tokens, self.key_context)
+                self._splits[key] = split_document(tok, doc["text"], self.score_tokens, self.key_context,
+                                                   self._score_tokenizer)
             except KeyTokenDataError as err:
                 raise KeyTokenDataError(f"document {key!r}: {err}") from err
         return self._splits[key]

@@ -192,9 +192,11 @@ def keytoken_run(
     docs: Sequence[Mapping[str, Any]],
     *,
     started: float = 1_790_000_000.0,
+    task_extra: Mapping[str, Any] | None = None,
 ) -> Path:
     """A `keytoken_nll` run as rf-eval's task logs it: `docs[i]` holds document i's `domain` and its
-    per-document metrics (nll_all, nll_novel, nll_key, kl, ...; None where one does not apply)."""
+    per-document metrics (nll_all, nll_novel, nll_key, kl, ...; None where one does not apply);
+    `task_extra` joins the task's config (e.g. its `metadata`)."""
     names = ("nll_all", "nll_novel", "nll_key", "dnll_all", "dnll_novel", "dnll_key", "kl", "top1_agree", "n_tokens")
     lines = []
     for i, d in enumerate(docs):
@@ -203,4 +205,5 @@ def keytoken_run(
         lines.append(sample_line(i, doc, "", "", metrics))
     hib = {name: name in ("top1_agree", "n_tokens") for name in names}
     return write_run(out, model_args={"pretrained": "/models/tiny", "fill": arm, "split": 12},
-                     tasks={"keytoken_nll": lines}, higher_is_better={"keytoken_nll": hib}, started=started)
+                     tasks={"keytoken_nll": lines}, higher_is_better={"keytoken_nll": hib}, started=started,
+                     task_extra=task_extra)

@@ -132,3 +132,21 @@ def test_output_path_given_as_a_json_file_name(tmp_path, lmeval_format):
     results.rename(renamed)
     runs = load_runs([renamed])
     assert len(runs.items) == 12 and runs.arms[0].results_files == (str(renamed),)
+
+
+def test_the_scored_text_of_a_loss_task_is_noted_once_or_per_arm(tmp_path, lmeval_format):
+    """keytoken_nll records which text it scored (`scored_text`); the report says it once when every arm
+    scored the same, else per arm."""
+    docs = [{"nll_all": 2.0, "n_tokens": 10}, {"nll_all": 2.5, "n_tokens": 12}]
+    shared = "the last 512 tokens of each document under the Qwen tokenizer (the same text for every model)"
+    for arm, when in (("exact", 1.79e9), ("ridge", 1.79e9 + 1)):
+        lmeval_format.keytoken_run(tmp_path / "same", arm, docs, started=when,
+                                   task_extra={"metadata": {"scored_text": shared}})
+    assert f"keytoken_nll: scored on {shared}" in load_runs([tmp_path / "same"]).notes
+    own = "the last 512 tokens of each document under each model's own tokenizer"
+    for arm, text, when in (("exact", shared, 1.79e9), ("ridge", own, 1.79e9 + 1)):
+        lmeval_format.keytoken_run(tmp_path / "mixed", arm, docs, started=when,
+                                   task_extra={"metadata": {"scored_text": text}})
+    notes = load_runs([tmp_path / "mixed"]).notes
+    assert sum("keytoken_nll: " in n and "scored on" in n for n in notes) == 2
+    assert any(n.endswith(f"scored on {own}") and "ridge" in n for n in notes)

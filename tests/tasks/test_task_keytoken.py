@@ -47,6 +47,66 @@ def test_split_document(tiny_llama):
         keytoken.split_document(tok, text[:100], 128, 512)
 
 
+def word_tokenizer(folder, text: str) -> str:
+    """A word-level tokenizer (one token per whitespace-separated word of `text`) saved to `folder`: a
+    reference tokenizer that splits text unlike the tiny models' byte-level one."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(dict.fromkeys(text.split()))}}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]").save_pretrained(folder)
+    return str(folder)
+
+
+def test_a_score_tokenizer_fixes_the_scored_characters_for_every_model(tiny_llama, tmp_path):
+    """Section 3.2: the same stretch of text for every model, the last K tokens under one tokenizer. Two
+    model tokenizers (byte-level, word-level) get the same continuation, the characters from the K-th last
+    word on; the context count and the key-token cut stay in the model's own tokens."""
+    from transformers import AutoTokenizer
+
+    text = " ".join(f"w{i % 37}x{i}" for i in range(300))
+    words = AutoTokenizer.from_pretrained(word_tokenizer(tmp_path / "words", text))
+    byte_level = AutoTokenizer.from_pretrained(tiny_llama)
+    last = text.split()[-20:]
+    start = text.rindex(" " + last[0]) + 1
+    split = {name: keytoken.split_document(tok, text, 20, 512, score_tokenizer=words)
+             for name, tok in (("bytes", byte_level), ("words", words))}
+    for parts in split.values():
+        assert parts["continuation"] == text[start:] and parts["context"] == text[:start]
+    assert split["bytes"]["context_tokens"] == start  # one byte-level token per ASCII character
+    assert split["bytes"]["cut_context"] == text[start - 512 : start]
+    assert split["words"]["context_tokens"] == 280 and split["words"]["cut_context"] is None
+    own = keytoken.split_document(byte_level, text, 20, 512)  # default: the model's own last 20 tokens
+    assert own["continuation"] == text[-20:]
+
+
+def test_the_score_tokenizer_runs_through_lm_eval_and_is_recorded(task_data, tiny_llama, th, tmp_path):
+    from lm_eval import simple_evaluate
+    from transformers import AutoTokenizer
+
+    docs = keytoken.load_documents(task_data["docs"])
+    folder = word_tokenizer(tmp_path / "words", " ".join(d["text"] for d in docs))
+    cls = th.ridgefill_class()
+    lm = cls.create_from_arg_string(f"pretrained={tiny_llama},fill=exact,reference=exact,device=cpu")
+    meta = {"pretrained": tiny_llama, "docs": str(task_data["docs"]), "score_tokens": 30, "key_context": 512,
+            "fill": "exact", "reference": "exact", "score_tokenizer": folder}
+    out = simple_evaluate(model=lm, tasks=["keytoken_nll"], task_manager=th.task_manager(meta), log_samples=True,
+                          bootstrap_iters=0, verbosity="WARNING")
+    assert out["configs"]["keytoken_nll"]["metadata"]["scored_text"] == (
+        f"the last 30 tokens of each document under the {folder} tokenizer (the same text for every model)")
+    words = AutoTokenizer.from_pretrained(folder)
+    for sample in out["samples"]["keytoken_nll"]:
+        text = sample["doc"]["text"]
+        at = words(text, return_offsets_mapping=True)["offset_mapping"][-30][0]  # the last 30 words
+        moved = at - len(text[:at].rstrip())  # lm-eval moves the context's trailing whitespace to the continuation
+        assert at < len(text) - 30 and sample["n_tokens"] == len(text[at - moved :].encode())  # byte-level tokens
+    bad = {**meta, "score_tokenizer": str(tmp_path / "no-such-tokenizer")}
+    with pytest.raises(keytoken.KeyTokenDataError, match="score_tokenizer=.*offline, give a local tokenizer"):
+        th.load_task("keytoken_nll", bad)
+
+
 def test_documents_and_missing_option(task_data, tiny_llama, th):
     docs = keytoken.load_documents(task_data["docs"])
     assert [d["domain"] for d in docs] == ["code", "prose", "prose"]
