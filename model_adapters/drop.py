@@ -106,9 +106,15 @@ class DropLM(PrefillLM):
 
         if self.settings.source is None:
             return []
+        from rf_eval.fills import FILL_OFF
+        from rf_eval.fills.base import check_loaded
+        from rf_eval.loading_report import recording_missing_keys
+
         remote = bool(self._hf_args.get("trust_remote_code", False))
-        model = AutoModelForCausalLM.from_pretrained(self.settings.source, dtype=self.model.dtype,
-                                                     trust_remote_code=remote)
+        with recording_missing_keys():
+            model = AutoModelForCausalLM.from_pretrained(self.settings.source, dtype=self.model.dtype,
+                                                         trust_remote_code=remote)
+        check_loaded(model, FILL_OFF, "the speculator")
         return [model.to(self.input_device).eval()]
 
     def build_method(self) -> tuple[Any, Any]:

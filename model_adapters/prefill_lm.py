@@ -50,6 +50,7 @@ from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
 from rf_eval import run_context
+from rf_eval.loading_report import recording_missing_keys
 from rf_eval.method import input_device
 from rf_eval.model_adapters.config import ModelArgsError, merge_lm_eval_flags
 from rf_eval.model_adapters.generation import GenerationMixin
@@ -104,7 +105,8 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
         self._hf_args = hf_args
         self.item_costs = ItemCosts()  # each prompt's prefill cost, for the tasks' samples
         self._plain_seconds: dict[int, float | None] = {}  # `hf`'s own prefills, by the hash of their tokens
-        super().__init__(pretrained=settings.pretrained, backend="causal", **hf_args)
+        with recording_missing_keys():  # an arm that reads a tensor the checkpoint lacked is refused
+            super().__init__(pretrained=settings.pretrained, backend="causal", **hf_args)
         self.chat = ChatRendering.for_run(hf_args, self.tokenizer)
         self.chat_template_args = self.chat.args  # what HFLM's apply_chat_template renders with
         if self.chat.thinking_default:

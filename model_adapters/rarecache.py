@@ -127,12 +127,18 @@ class RaReCacheLM(PrefillLM):
     def build_method(self) -> tuple[Any, Any]:
         from transformers import AutoModelForCausalLM
 
+        from rf_eval.fills import FILL_OFF
+        from rf_eval.fills.base import check_loaded
+        from rf_eval.loading_report import recording_missing_keys
         from rf_eval.rarecache.api import RaReCache
         from rf_eval.ridgefill.api import RidgeFill
 
         s = self.settings
         remote = bool(self._hf_args.get("trust_remote_code", False))
-        source = AutoModelForCausalLM.from_pretrained(s.source, dtype=self.model.dtype, trust_remote_code=remote)
+        with recording_missing_keys():
+            source = AutoModelForCausalLM.from_pretrained(s.source, dtype=self.model.dtype,
+                                                          trust_remote_code=remote)
+        check_loaded(source, FILL_OFF, "the source model")
         # The tokenizers were compared in parse (before configure_pad_token could touch this one).
         method = RaReCache(self.model, source.to(self.input_device).eval(), None, maps=s.maps_obj, arm=s.arm)
         return method, RidgeFill(self.model, self.tokenizer, fill="exact")

@@ -61,13 +61,21 @@ def load_model(args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rf_eval.devices import check_device, parse_dtype
+    from rf_eval.fills import FILL_OFF
+    from rf_eval.fills.base import check_loaded
+    from rf_eval.loading_report import recording_missing_keys
 
     device = check_device(args.device)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and device.startswith("cuda"):
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-    model = AutoModelForCausalLM.from_pretrained(
-        args.model, dtype=parse_dtype(args.dtype, device), trust_remote_code=args.trust_remote_code
-    ).to(device)
+    with recording_missing_keys():
+        model = AutoModelForCausalLM.from_pretrained(
+            args.model, dtype=parse_dtype(args.dtype, device), trust_remote_code=args.trust_remote_code
+        ).to(device)
+    try:  # a fit on tensors transformers initialised at random would write maps of noise
+        check_loaded(model, getattr(args, "fill", None) or FILL_OFF)
+    except ValueError as err:
+        raise UserError(f"--model {args.model}: {err}") from None
     return model.eval(), AutoTokenizer.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
 
 

@@ -25,6 +25,7 @@ class SwiftKVInPipeline(FillMethod):
     strategy = "kv"
     source = "SwiftKV (Snowflake), inside RidgeFill's pipeline: RidgeFill Tables 19-20"
     weights = "the checkpoint's SwiftKV projections"
+    extra_tensors = "_swiftkv"
     cost = "SwiftKV's K/V projections (2 x kv width x d) in the first layer of each group, else nothing"
 
     def bind(self, model: Any, maps: Any) -> Any:

@@ -13,7 +13,8 @@ from rf_eval import engine
 from rf_eval.devices import default_device, parse_dtype
 from rf_eval.engine import Plan, PrefillResult
 from rf_eval.fields import ArmError
-from rf_eval.fills.base import check_model_forward
+from rf_eval.fills.base import check_loaded, check_model_forward
+from rf_eval.loading_report import recording_missing_keys
 from rf_eval.method import check_prompt, generate, input_device, method_forward, model_identity, prefill_each
 from rf_eval.prefill_cost import PrefillCost
 from rf_eval.ridgefill.arm import Arm
@@ -65,6 +66,7 @@ class RidgeFill:
         method = spec.method
         try:
             check_model_forward(model, spec.fill)
+            check_loaded(model, spec.fill)
             placed = maps.on_host() if maps is not None and spec.maps_device == "cpu" else maps
             self._fill = None if method is None else method.bind(model, placed)
         except ValueError as err:
@@ -98,15 +100,17 @@ class RidgeFill:
         arm.resolve(AutoConfig.from_pretrained(pretrained, trust_remote_code=trust_remote_code), maps)
         device = device or default_device()
         torch_dtype = parse_dtype(dtype, device)
-        if device_map is None:
-            model = AutoModelForCausalLM.from_pretrained(
-                pretrained, dtype=torch_dtype, trust_remote_code=trust_remote_code
-            ).to(device)
-        else:
-            offload = {} if offload_folder is None else {"offload_folder": str(offload_folder)}
-            model = AutoModelForCausalLM.from_pretrained(
-                pretrained, dtype=torch_dtype, trust_remote_code=trust_remote_code, device_map=device_map, **offload
-            )
+        with recording_missing_keys():  # `__init__` refuses an arm that reads a tensor the checkpoint lacked
+            if device_map is None:
+                model = AutoModelForCausalLM.from_pretrained(
+                    pretrained, dtype=torch_dtype, trust_remote_code=trust_remote_code
+                ).to(device)
+            else:
+                offload = {} if offload_folder is None else {"offload_folder": str(offload_folder)}
+                model = AutoModelForCausalLM.from_pretrained(
+                    pretrained, dtype=torch_dtype, trust_remote_code=trust_remote_code, device_map=device_map,
+                    **offload
+                )
         tokenizer = AutoTokenizer.from_pretrained(pretrained, trust_remote_code=trust_remote_code)
         return cls(model, tokenizer, arm=arm, maps=maps)
 

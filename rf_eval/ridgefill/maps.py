@@ -291,6 +291,22 @@ def _check_finite(file: Path, name: str, tensor: torch.Tensor) -> None:
         raise MapError(f"{file}: tensor {name} holds {bad} non-finite value(s) (NaN or inf); refit the maps")
 
 
+def int8_weights(where: str | Path, name: str, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """fp32 weights of int8 `codes` and their `scales`, checked: one scale per 128 weights of each row, every
+    scale finite and positive (a scale is absmax/127, 1 for an all-zero group: a zero scale would leave the
+    fill its bias alone); a MapError naming `where` and the tensor otherwise."""
+    want = (codes.shape[0], math.ceil(codes.shape[1] / INT8_GROUP)) if codes.dim() == 2 else None
+    if want is None or tuple(scales.shape) != want:
+        raise MapError(f"{where}: {name}.scales has shape {tuple(scales.shape)}, expected {want} "
+                       f"for int8 {name} of shape {tuple(codes.shape)}")
+    _check_finite(Path(where), f"{name}.scales", scales)
+    if bool((scales <= 0).any()):
+        bad = int((scales <= 0).sum())
+        raise MapError(f"{where}: tensor {name}.scales holds {bad} scale(s) <= 0 (each is its group's absmax/127, "
+                       "1 for an all-zero group); re-quantize or refit the maps")
+    return dequantize_int8(codes, scales)
+
+
 def load_arm_maps(path: str | Path, split: int | None) -> RidgeMaps:
     """An arm's maps: from a folder, the file of `split`; a file as it is (the arm checks its split)."""
     return load_maps(path, split if Path(path).is_dir() else None)
@@ -314,12 +330,7 @@ def load_maps(path: str | Path, split: int | None = None) -> RidgeMaps:
             if t.dtype == torch.int8:
                 if scales is None:
                     raise MapError(f"{file}: int8 tensor A.{layer} without A.{layer}.scales")
-                want = (t.shape[0], math.ceil(t.shape[1] / INT8_GROUP)) if t.dim() == 2 else None
-                if want is None or tuple(scales.shape) != want:
-                    raise MapError(f"{file}: A.{layer}.scales has shape {tuple(scales.shape)}, expected {want} "
-                                   f"for int8 A.{layer} of shape {tuple(t.shape)}")
-                _check_finite(file, f"A.{layer}.scales", scales)
-                A[layer] = dequantize_int8(t, scales)
+                A[layer] = int8_weights(file, f"A.{layer}", t, scales)
             else:
                 A[layer] = t.float()
             _check_finite(file, name, A[layer])

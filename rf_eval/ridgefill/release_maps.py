@@ -25,7 +25,7 @@ import torch
 
 import rf_eval
 from rf_eval.hashing import file_sha256
-from rf_eval.ridgefill.maps import FORMAT, MapError, RidgeMaps, config_hash, dequantize_int8, map_filename
+from rf_eval.ridgefill.maps import FORMAT, MapError, RidgeMaps, config_hash, int8_weights, map_filename
 from rf_eval.tensor_files import read_tensors, save_tensors
 
 MANIFEST = "ridgefill.json"
@@ -87,12 +87,15 @@ def read_release(folder: str | Path) -> tuple[RidgeMaps, dict[str, torch.Tensor]
             codes, scales = parts["codes"], parts["scale"]
             if codes.dtype != torch.int8:
                 raise MapError(f"{folder / name}: proj.{layer}.codes is {codes.dtype}, expected int8")
-            A[layer] = dequantize_int8(codes, scales)
+            A[layer] = int8_weights(folder / name, f"proj.{layer}", codes, scales)
             stored.update({f"A.{layer}": codes, f"A.{layer}.scales": scales})
         else:
             A[layer] = parts["weight"].float()
             stored[f"A.{layer}"] = A[layer]
         b[layer] = parts["bias"].float()
+        for what, values in ((f"proj.{layer} weights", A[layer]), (f"proj.{layer}.bias", b[layer])):
+            if not bool(torch.isfinite(values).all()):
+                raise MapError(f"{folder / name}: {what} hold non-finite values (NaN or inf)")
         stored[f"b.{layer}"] = parts["bias"] if dtype == "i8" else b[layer]
     from rf_eval.fills.ridge import Ridge
 

@@ -95,6 +95,8 @@ BAD_MAPS = [
     (lambda t: _int8(t, keep_scales=False), "int8 tensor A.4 without A.4.scales"),
     (lambda t: _int8(t, scales_shape=(64, 7)), r"A.4.scales has shape \(64, 7\), expected \(64, 1\)"),
     (lambda t: _int8(t) or t["A.4.scales"].__setitem__((0, 0), float("nan")), "tensor A.4.scales holds 1 non-finite"),
+    (lambda t: _int8(t) or t["A.4.scales"].zero_(), r"tensor A.4.scales holds 64 scale\(s\) <= 0"),
+    (lambda t: _int8(t) or t["A.4.scales"].__setitem__((3, 0), -0.5), r"tensor A.4.scales holds 1 scale\(s\) <= 0"),
     (lambda t: _set(t, "A.4", t["A.4"][:, :32].contiguous()), r"A.4 has shape \(64, 32\), expected \(64, 64\)"),
     (lambda t: _set(t, "b.4", torch.zeros(63)), r"b.4 has shape \(63,\), expected \(64,\)"),
     (lambda t: _drop(t, "b.5"), "A and b tensors do not cover the same layers"),

@@ -118,6 +118,15 @@ def _rename_tensor(folder, layer):
     _manifest_edit(folder, lambda m: m["files"].__setitem__(path.name, _sha(path)))
 
 
+def _retensor(folder, layer, part, change):
+    path = folder / f"proj8.L{layer}.safetensors"
+    with safe_open(str(path), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    change(tensors[f"proj.{layer}.{part}"])
+    save_file(tensors, str(path))
+    _manifest_edit(folder, lambda m: m["files"].__setitem__(path.name, _sha(path)))
+
+
 # (how a good release folder is changed, message fragment); each is refused before anything is written
 BAD_RELEASES = [
     (lambda f: (f / "ridgefill.json").unlink(), "holds no ridgefill.json"),
@@ -132,6 +141,8 @@ BAD_RELEASES = [
     (lambda f: _corrupt(f, "proj8.L3.safetensors"), "does not match its sha256"),
     (lambda f: _rename_tensor(f, 4), "no tensor proj.4.codes"),
     (lambda f: _manifest_edit(f, lambda m: m["projector"]["files"].pop("5")), "maps hold layers [3, 4], expected [3, 4, 5]"),
+    (lambda f: _retensor(f, 4, "scale", lambda t: t.zero_()), "proj.4.scales holds 64 scale(s) <= 0"),
+    (lambda f: _retensor(f, 5, "bias", lambda t: t.fill_(float("nan"))), "proj.5.bias hold non-finite values"),
 ]
 
 
