@@ -202,7 +202,13 @@ def maps_location(study: Study, out: Path) -> str | None:
 
 
 def _fit_fingerprint(study: Study) -> str:
-    return hashlib.sha256(json.dumps([study.pretrained, study.model_args, study.fit], sort_keys=True,
+    """What the `fit:` block's maps are made of: the model, the block, and the sha256 of every file it reads,
+    so an edited calibration or held-out file refits (and, through `maps_sha256`, reruns the arms that read
+    the maps) instead of reusing maps fitted on the old text."""
+    options = study.fit_options()
+    inputs = {path: file_sha256(path) if Path(path).is_file() else "missing"
+              for path in [*options.get("calibration", []), *options.get("heldout", [])]}
+    return hashlib.sha256(json.dumps([study.pretrained, study.model_args, study.fit, inputs], sort_keys=True,
                                      default=str).encode()).hexdigest()
 
 
