@@ -147,7 +147,7 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
     def run_facts(self) -> dict[str, Any]:
         """What the tasks scoring this run read (`rf_eval.run_context`); a subclass adds its arm's tail."""
         tokenizer = self._hf_args.get("tokenizer")
-        return {"adapter": self.method_name, "pretrained": self.settings.pretrained,
+        return {"adapter": self.method_name, "pretrained": self.settings.pretrained, "max_length": self.max_length,
                 "tokenizer": tokenizer if isinstance(tokenizer, str) else self.settings.pretrained}
 
     def floor_split(self) -> int:

@@ -10,8 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from rf_eval.tasks.data import SOURCES, TaskDataMissing, available, local_copy, missing_message, why_missing
+from rf_eval.tasks.positions import check_lengths_fit
 from rf_eval.tasks.ruler_data import ESSAY_HAYSTACK
 from rf_eval.tasks.second_question import BASE_TASK
+
+RULER_CLASSES = ("RulerFilledPool", "RulerFilledTask", "SecondQuestionTask")  # the length-sized RULER tasks
 
 
 def ruler_sources(base_tasks: Iterable[str]) -> list[str]:
@@ -82,6 +85,8 @@ def needs(tasks: Iterable[str]) -> dict[str, list[str]]:
 def preflight(tasks: Iterable[str], metadata: dict[str, Any] | None) -> None:
     """Refuse, in one line per task, a run whose rf-eval tasks cannot get their data (see the module doc)."""
     problems, hosts = [], {}
+    configs = task_configs()
+    ruler_tasks = {t for t in tasks if _class_name(configs.get(t, {})) in RULER_CLASSES}
     for task, names in needs(tasks).items():
         for name in names:
             given = local_copy(name, metadata)
@@ -90,6 +95,8 @@ def preflight(tasks: Iterable[str], metadata: dict[str, Any] | None) -> None:
         absent = [n for n in names if not available(n, metadata, hosts)]
         if absent:
             problems.append(missing_message(task, absent, why_missing(absent)))
+        if task in ruler_tasks:
+            problems += check_lengths_fit([task], metadata or {})
         if task in ("keytoken_nll", "decode_agreement"):
             docs = (metadata or {}).get("docs")
             if docs and not Path(str(docs)).expanduser().exists():

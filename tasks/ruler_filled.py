@@ -73,11 +73,13 @@ from rf_eval.tasks.common import (
     median_present,
     metric_list,
     option,
+    run_model,
     strip_task_keys,
     sum_present,
     tokenizer_from,
     with_run_defaults,
 )
+from rf_eval.tasks.positions import as_lengths, refuse_beyond
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +169,9 @@ class RulerFilledTask(ConfigurableTask):
             meta["needles"] = self.needle_set
         cfg["metadata"] = meta
         self.protocol = prompts.check_protocol(option(meta, "protocol", "official", str))
-        self.lengths = [int(x) for x in option(meta, "max_seq_lengths", DEFAULT_SEQ_LENGTHS, list)]
+        self.lengths = as_lengths(option(meta, "max_seq_lengths", list(DEFAULT_SEQ_LENGTHS), lambda x: x))
+        run = run_model() or {}
+        refuse_beyond(str(cfg.get("task")), self.lengths, run.get("max_length"), "the running model's max_length")
         self._marks: dict[tuple[int, int], needles.NeedleMark] = {}
         self._requests: dict[tuple, Any] = {}  # each sample's request prompt: its cost record's key
         cfg["metric_list"] = metric_list(self.metric_spec())

@@ -161,6 +161,8 @@ def check_study(study: Study) -> None:
                          "`lm_eval ls tasks` lists them")
     for arm in study.arms.values():
         metadata = {**model_args(study, arm, study.maps), **study.metadata}
+        if study.lengths:
+            metadata["max_seq_lengths"] = list(study.lengths)  # as the arm's lm_eval gets them
         try:
             preflight(study.tasks, metadata)
         except TaskDataMissing as err:

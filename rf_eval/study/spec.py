@@ -232,7 +232,14 @@ def load_study(path: str | Path) -> Study:
         _check(f"{name}: claims[{i}]", claim, _key_nodes(claim_nodes[i]), _CLAIM, claim_nodes[i])
     if data.get("limit") is not None and data.get("samples") is not None:
         raise StudyError(f"{name}: give limit or samples, not both (lm-eval cannot combine them)")
-    lengths = tuple(int(n) for n in data.get("lengths") or ())
+    lengths = tuple(data.get("lengths") or ())
+    bad = [n for n in lengths if isinstance(n, bool) or not isinstance(n, int) or n <= 0]
+    if bad:
+        raise StudyError(f"{name}: lengths holds {bad[0]!r}, not a positive number of tokens "
+                         f"({_line(values['lengths'])}); e.g. lengths: [4096, 8192]")
+    if data.get("limit") is not None and (isinstance(data["limit"], bool) or data["limit"] <= 0):
+        raise StudyError(f"{name}: limit must be a positive number of samples per task, not {data['limit']!r} "
+                         f"({_line(values['limit'])}); leave it out to run every sample")
     return Study(
         path=path, sha256=hashlib.sha256(text.encode()).hexdigest(),
         pretrained=_resolve(path, data["model"]["pretrained"]), model_args=dict(data["model"].get("args") or {}),

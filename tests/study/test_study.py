@@ -60,6 +60,9 @@ def write_study(folder: Path, model: str, tasks_dir: Path, text: str = STUDY, do
         (("  nofill:", "  exact: {{args: {{fill: identity}}}}\n  nofill:"), "arms.exact is given twice (line 7 and line 9)"),
         (("margin: 5.0", "margin: 5.0\nmargin: 2.0"), "margin is given twice (line 11 and line 12)"),
         (("{{args: {{fill: exact}}}}", "{{args: {{fill: exact, tail: 4, tail: 8}}}}"), "arms.exact.args.tail is given twice"),
+        (("margin: 5.0", "margin: 5.0\nlengths: [abc]"), "lengths holds 'abc', not a positive number of tokens (line 12)"),
+        (("margin: 5.0", "margin: 5.0\nlengths: [1024, -5]"), "lengths holds -5"),
+        (("margin: 5.0", "margin: 5.0\nlimit: 0"), "limit must be a positive number of samples per task, not 0 (line 12)"),
     ],
 )
 def test_bad_study_files_fail_before_anything_runs(tmp_path, edit, message):
@@ -386,3 +389,16 @@ def test_an_edited_calibration_file_refits_the_maps_and_a_same_one_reuses_them(t
     assert fits == ['{"text": "first"}\n', '{"text": "second"}\n']
     (tmp_path / "held.jsonl").write_text('{"text": "other"}\n')
     assert not maps_ready(study, out)
+
+
+def test_a_study_at_lengths_beyond_the_models_positions_is_refused_by_its_plan(tmp_path, tiny_model_dir, adapter_task,
+                                                                               capsys):
+    """lm-eval would left-truncate those prompts (needles included); the plan says so before anything runs."""
+    text = STUDY.replace("margin: 5.0", "margin: 5.0\nlengths: [1024, 16384]").replace(
+        "tasks: [{tasks}]", "tasks: [niah_single_1_filled]")
+    path = tmp_path / "study.yaml"
+    path.write_text(text.format(model=tiny_model_dir("llama"), tasks_dir=adapter_task, docs=tmp_path))
+    assert cli(["study", "plan", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "niah_single_1_filled: max_seq_lengths 16384 exceeds the model's 8,192 positions" in err
+    assert not (tmp_path / "out").exists()
