@@ -25,7 +25,9 @@ interval (resampled within the same strata) and median, not a difference.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["KEYTOKEN", "Measure", "TaskMeasures", "default_metrics", "missing_note", "missing_reason", "task_measures"]
 
@@ -81,10 +83,8 @@ KEYTOKEN = TaskMeasures(
     ),
 )
 
-#: Why a measure can have no per-item values, for the note a report prints.
+#: Why a measure can have no per-item values, for the note a report prints (`nll_key`: `missing_reason`).
 _MISSING = {
-    "nll_key": "no document has key tokens (its context is not longer than key_context, or no token's loss "
-               "rises by more than key_threshold when the context is cut)",
     "nll_novel": "no document has novel tokens",
     "kl": "KL(exact‖arm) needs the arm's same-run exact pass (reference=exact in --model_args)",
     "nll_all": "no document was scored",
@@ -106,12 +106,21 @@ def default_metrics(task: str) -> tuple[str, ...]:
     return ()
 
 
-def missing_reason(task: str, metric: str) -> str:
-    """Why a measure of `task`'s table can have no per-item values ("" where nothing is known)."""
-    return _MISSING.get(metric, "") if task_measures(task) is not None else ""
+def missing_reason(task: str, metric: str, settings: Mapping[str, Any] | None = None) -> str:
+    """Why a measure of `task`'s table can have no per-item values ("" where nothing is known). `settings`:
+    the run's task metadata, whose `key_threshold` and `key_context` (keytoken_nll records them) the
+    key-token reason names; the task's own warning says the same (`token_masks.no_key_tokens`)."""
+    if task_measures(task) is None:
+        return ""
+    if metric == "nll_key":
+        from rf_eval.tasks.token_masks import no_key_tokens
+
+        given = settings or {}
+        return no_key_tokens(given.get("key_threshold"), given.get("key_context"))
+    return _MISSING.get(metric, "")
 
 
-def missing_note(task: str, metric: str) -> str:
-    """The note for one of a task's default measures absent from a run."""
-    why = missing_reason(task, metric) or "the run recorded none"
+def missing_note(task: str, metric: str, settings: Mapping[str, Any] | None = None) -> str:
+    """The note for one of a task's default measures absent from a run (`settings`: see `missing_reason`)."""
+    why = missing_reason(task, metric, settings) or "the run recorded none"
     return f"no per-item values of {metric}: {why}; its column shows –"

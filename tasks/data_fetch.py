@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rf_eval.errors import UserError
 from rf_eval.tasks.data import LONGBENCH_DATASET, MANIFEST, SOURCES, write_text
+from rf_eval.tasks.data_files import check_fields, read_json
 from rf_eval.tasks.data_needs import sources_of, task_configs
 from rf_eval.tasks.ruler_data import ruler_module
 
@@ -29,7 +30,9 @@ def fetch(tasks: Iterable[str], out: Path, *, force: bool = False, log: Callable
                         f"{', '.join(sorted(configs))}")
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / MANIFEST
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"sources": {}}
+    manifest = read_json(manifest_path, MANIFEST) if manifest_path.is_file() else {"sources": {}}
+    check_fields(manifest, {"sources": dict}, str(manifest_path),
+                 'a fetch-data manifest holds {"sources": {...}} (delete it, or give --out a new folder)')
     wanted = list(dict.fromkeys(n for t in tasks for n in sources_of(configs[t])))
     for task in tasks:
         if not sources_of(configs[task]):

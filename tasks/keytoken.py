@@ -45,21 +45,18 @@ model's own tokenizer fixes both. The task's metadata records which
 
 Documents (metadata `docs`): a folder of `.txt` files (one document each, id
 = file name, domain = subfolder name) and/or `.jsonl` files (one
-{"text", optional "id", "domain"} per line), or one such file.
+{"text", optional "id", "domain"} per line), or one such file; they and the
+`key_reference` file are read and checked in `keytoken_files`.
 """
 
 from __future__ import annotations
 
-import ast
-import json
 import logging
 import math
-from pathlib import Path
 from typing import Any
 
 from lm_eval.api.task import ConfigurableTask
 
-from rf_eval.errors import UserError
 from rf_eval.tasks import request_types, token_masks
 from rf_eval.tasks.common import (
     COST_METRICS,
@@ -73,49 +70,16 @@ from rf_eval.tasks.common import (
     tokenizer_from,
     with_run_defaults,
 )
+from rf_eval.tasks.keytoken_files import (  # noqa: F401  (documents_folder, load_documents: the task's API)
+    DOCS_OPTION,
+    KeyTokenDataError,
+    documents_folder,
+    exact_logprobs,
+    load_documents,
+    read_reference,
+)
 
 log = logging.getLogger(__name__)
-
-DOCS_OPTION = "docs"
-
-
-def documents_folder(metadata: dict | None, task: str) -> str:
-    """The `docs` folder a long-document task reads, or an error saying how to pass it."""
-    path = (metadata or {}).get(DOCS_OPTION)
-    if not path:
-        raise KeyTokenDataError(
-            f"{task} reads long documents from a local folder: pass --metadata "
-            f"'{{\"{DOCS_OPTION}\": \"/path/to/documents\"}}' (.txt files and/or .jsonl with a `text` field)"
-        )
-    return path
-
-
-class KeyTokenDataError(UserError, RuntimeError):
-    """Missing documents or an unusable key-token reference."""
-
-
-def load_documents(path: str | Path) -> list[dict[str, str]]:
-    """Documents from a folder (recursively) or file of .txt / .jsonl, in sorted path order."""
-    root = Path(path).expanduser()
-    if not root.exists():
-        raise KeyTokenDataError(f"{DOCS_OPTION}: {root} does not exist")
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.suffix in (".txt", ".jsonl"))
-    docs: list[dict[str, str]] = []
-    for f in files:
-        domain = "" if f.parent == root or root.is_file() else f.parent.relative_to(root).as_posix()
-        if f.suffix == ".txt":
-            docs.append({"doc_id": f.relative_to(root).as_posix() if root.is_dir() else f.name,
-                         "domain": domain, "text": f.read_text(encoding="utf-8")})
-            continue
-        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines()):
-            if line.strip():
-                row = json.loads(line)
-                docs.append({"doc_id": str(row.get("id", f"{f.name}:{n}")),
-                             "domain": str(row.get("domain", domain)), "text": row["text"]})
-    if not docs:
-        raise KeyTokenDataError(f"{DOCS_OPTION}: no .txt or .jsonl documents under {root}")
-    return docs
-
 
 def pooled(values: list[Any]) -> list[float]:
     """Per-position values of every document with any (a document's value: a list, or None)."""
@@ -183,41 +147,6 @@ def score_tokenizer_from(name: str | None) -> Any:
                                 "tokenizer folder") from None
 
 
-def _exact_logprobs(resp: dict[str, Any], arm_exact: bool) -> list[float] | None:
-    if "exact_logprobs" in resp:
-        return list(resp["exact_logprobs"])
-    return list(resp["logprobs"]) if arm_exact else None
-
-
-def read_reference(path: str | Path) -> dict[str, dict[str, Any]]:
-    """{doc_id: {"tokens", "exact", "cut_exact"}} from a samples file of an exact keytoken_nll run."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        found = sorted(p.rglob("samples_keytoken_nll*.jsonl"))
-        if not found:
-            raise KeyTokenDataError(f"key_reference: no samples_keytoken_nll*.jsonl under {p}")
-        p = found[-1]
-    if not p.is_file():
-        raise KeyTokenDataError(f"key_reference: {p} does not exist")
-    out: dict[str, dict[str, Any]] = {}
-    for line in p.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        rec = json.loads(line)
-        # lm-eval writes responses as their Python repr
-        resps = [ast.literal_eval(r) if isinstance(r, str) else r for r in rec["filtered_resps"]]
-        arm_exact = bool(rec.get("arm_exact"))
-        exact = _exact_logprobs(resps[0], arm_exact)
-        if exact is None:
-            raise KeyTokenDataError(
-                f"key_reference {p}: document {rec['doc']['doc_id']} holds no exact losses "
-                "(run the reference with fill=exact or reference=exact)"
-            )
-        cut = _exact_logprobs(resps[1], arm_exact) if len(resps) > 1 else None
-        out[rec["doc"]["doc_id"]] = {"tokens": list(resps[0]["tokens"]), "exact": exact, "cut_exact": cut}
-    return out
-
-
 request_types.install()
 
 
@@ -234,6 +163,8 @@ class KeyTokenTask(ConfigurableTask):
         self.ngram = option(meta, "ngram", 8, int)
         self.key_threshold = option(meta, "key_threshold", 2.0, float)
         self.key_reference = str(option(meta, "key_reference", "inprocess", str))
+        meta["key_threshold"], meta["key_context"] = self.key_threshold, self.key_context  # for reports' notes
+        self._said_no_keys = False
         self.score_tokenizer_name = option(meta, "score_tokenizer", None, str)
         self._score_tokenizer = score_tokenizer_from(self.score_tokenizer_name)
         under = f"the {self.score_tokenizer_name} tokenizer (the same text for every model)" \
@@ -252,6 +183,7 @@ class KeyTokenTask(ConfigurableTask):
         spec: dict[str, tuple[Any, bool]] = {}
         for name in ("nll_all", "nll_novel", "nll_key", "dnll_all", "dnll_novel", "dnll_key", "kl"):
             spec[name] = (mean_present, False)
+        spec["nll_key"] = (self.key_token_mean, False)
         spec["kl_median"] = (pooled_median, False)
         spec["kl_mean"] = (pooled_mean, False)
         for n in self.lengths:
@@ -265,6 +197,28 @@ class KeyTokenTask(ConfigurableTask):
             spec[name] = (sum_present, True)
         spec["arm_exact"] = (mean_present, True)
         return {**spec, **COST_METRICS}
+
+    def no_key_tokens(self, outcome: str) -> None:
+        """Warn, once, that no document has a key token: nll_key and dnll_key have nothing to average."""
+        if not self._said_no_keys:
+            self._said_no_keys = True
+            log.warning("keytoken_nll: %s; nll_key and dnll_key %s",
+                        token_masks.no_key_tokens(self.key_threshold, self.key_context), outcome)
+
+    def key_token_mean(self, values: list[Any]) -> float:
+        """The mean over documents with key tokens (`mean_present`); with none, nan and a warning saying why,
+        not a bare nan in lm-eval's table. (`dnll_key` is empty exactly when this is, given exact losses.)"""
+        values = list(values)
+        if values and all(v is None for v in values):
+            self.no_key_tokens(f"are nan over these {len(values)} documents")
+        return mean_present(values)
+
+    def build_all_requests(self, *args: Any, **kwargs: Any) -> None:
+        """lm-eval's, then, before the model runs: a warning when no document's context is longer than
+        key_context (in-process key tokens), as none can then have a key token."""
+        super().build_all_requests(*args, **kwargs)
+        if self._splits and self.reference() is None and all(s["cut_context"] is None for s in self._splits.values()):
+            self.no_key_tokens(f"will be nan: no document's context is longer than {self.key_context} tokens")
 
     # ---- data
 
@@ -348,12 +302,12 @@ class KeyTokenTask(ConfigurableTask):
                 raise KeyTokenDataError(f"key_reference scored other tokens for {doc['doc_id']!r} (another tokenizer?)")
             cut = entry["cut_exact"]
             mask = [False] * n if cut is None else token_masks.key_mask(entry["exact"], cut, self.key_threshold)
-            same = _exact_logprobs(results[0], False)
+            same = exact_logprobs(results[0], False)
             return mask, same if same is not None else entry["exact"]
-        full = _exact_logprobs(results[0], self.arm_exact)
+        full = exact_logprobs(results[0], self.arm_exact)
         if len(results) < 2:  # context not longer than key_context: cutting removes nothing
             return [False] * n, full
-        cut = _exact_logprobs(results[1], self.arm_exact)
+        cut = exact_logprobs(results[1], self.arm_exact)
         return token_masks.key_mask(full, cut, self.key_threshold), full
 
     def process_results(self, doc: dict[str, Any], results: list[Any]) -> dict[str, Any]:

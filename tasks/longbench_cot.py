@@ -35,7 +35,6 @@ Metrics: `acc` overall, by difficulty (`acc_easy`, `acc_hard`), by length
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -54,6 +53,7 @@ from rf_eval.tasks.common import (
     tokenizer_from,
 )
 from rf_eval.tasks.data import local_copy
+from rf_eval.tasks.data_files import check_items, iter_jsonl, read_json, read_text
 
 DATA_OPTION = "data"
 PROMPTS_OPTION = "prompts_dir"
@@ -61,6 +61,10 @@ OFFICIAL_FILES = ("0shot_cot.txt", "0shot_cot_ans.txt")
 UNOFFICIAL = "unofficial wording"
 FIELDS = ("_id", "domain", "difficulty", "length", "question", "choice_A", "choice_B", "choice_C",
           "choice_D", "answer", "context")
+#: the values the metrics split by (a value outside them would drop the item from its stratum unseen)
+VALUES = {"answer": ("A", "B", "C", "D"), "difficulty": ("easy", "hard"), "length": ("short", "medium", "long")}
+#: what each official prompt file must hold: pass 1 the document and question, pass 2 the reasoning
+PLACEHOLDERS = {"0shot_cot.txt": ("$DOC$", "$Q$"), "0shot_cot_ans.txt": ("$Q$", "$COT$")}
 
 # Written for rf-eval; the official wording is read from the user's own copy of the prompt files.
 PROJECT_COT = """Read the document below and answer the multiple-choice question that follows it.
@@ -98,7 +102,9 @@ class LongBenchDataError(UserError, RuntimeError):
 
 
 def load_items(path: str | Path | None) -> list[dict[str, Any]]:
-    """LongBench v2 items from a local JSON list or .jsonl file."""
+    """LongBench v2 items from a local JSON list or .jsonl file, each checked: every field of FIELDS a
+    string, `answer`, `difficulty` and `length` one of the dataset's values (a bad item is named by its
+    place in the file and the field)."""
     if not path:
         from rf_eval.tasks.data import missing_message, why_missing
 
@@ -106,28 +112,42 @@ def load_items(path: str | Path | None) -> list[dict[str, Any]]:
     p = Path(path).expanduser()
     if not p.is_file():
         raise LongBenchDataError(f"{DATA_OPTION}: {p} does not exist")
-    text = p.read_text(encoding="utf-8")
-    items = [json.loads(x) for x in text.splitlines() if x.strip()] if p.suffix == ".jsonl" else json.loads(text)
-    for item in items:
-        missing = [f for f in FIELDS if f not in item]
-        if missing:
-            raise LongBenchDataError(f"{DATA_OPTION}: item {item.get('_id', '?')} lacks {', '.join(missing)}")
-    return items
+    fields = {name: str for name in FIELDS}
+    hint = f"each LongBench v2 item needs the string fields {', '.join(FIELDS)}"
+    if p.suffix == ".jsonl":
+        places = [(f"{p}:{n}", item) for n, item in iter_jsonl(p, fields, DATA_OPTION, hint)]
+    else:
+        items = check_items(read_json(p, DATA_OPTION), fields, p, hint)
+        places = [(f"{p}: item {i}", item) for i, item in enumerate(items)]
+    for where, item in places:
+        for name, allowed in VALUES.items():
+            if item[name] not in allowed:
+                raise LongBenchDataError(f'{where}: "{name}" is {item[name]!r}; LongBench v2 uses '
+                                         f"{', '.join(map(repr, allowed))}")
+    return [item for _, item in places]
 
 
 def load_templates(prompts_dir: str | Path | None) -> tuple[str, str, dict[str, Any]]:
-    """(pass-1 template, pass-2 template, provenance) from the official files or the project's own."""
+    """(pass-1 template, pass-2 template, provenance) from the official files or the project's own. An
+    official file must hold the placeholders the protocol fills (`PLACEHOLDERS`): one without them would
+    leave out the document or the first pass's reasoning without a word."""
     if not prompts_dir:
         return PROJECT_COT, PROJECT_COT_ANS, {"prompt_wording": UNOFFICIAL, "prompt_sha256": {}}
     folder = Path(prompts_dir).expanduser()
+    if not folder.is_dir():
+        raise LongBenchDataError(f"{PROMPTS_OPTION}: folder {folder} does not exist (the LongBench `prompts/` folder)")
     texts, sums = [], {}
     for name in OFFICIAL_FILES:
         f = folder / name
         if not f.is_file():
             raise LongBenchDataError(f"{PROMPTS_OPTION}: {f} does not exist (the LongBench `prompts/` folder)")
-        raw = f.read_bytes()
-        sums[name] = hashlib.sha256(raw).hexdigest()
-        texts.append(raw.decode("utf-8"))
+        text = read_text(f, PROMPTS_OPTION)
+        lacking = [mark for mark in PLACEHOLDERS[name] if mark not in text]
+        if lacking:
+            raise LongBenchDataError(f"{PROMPTS_OPTION}: {f} has no {' or '.join(lacking)} placeholder; give the "
+                                     "`prompts/` folder of a LongBench checkout")
+        sums[name] = hashlib.sha256(text.encode("utf-8")).hexdigest()  # the file's bytes: UTF-8 round-trips
+        texts.append(text)
     return texts[0], texts[1], {"prompt_wording": "official", "prompt_sha256": sums}
 
 

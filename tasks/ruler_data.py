@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import importlib
 import io
-import json
 import random
 import re
 import sys
@@ -40,7 +39,16 @@ from pathlib import Path
 from typing import Any
 
 from rf_eval.errors import UserError
-from rf_eval.tasks.data import offline
+from rf_eval.tasks.data import SOURCES, offline
+from rf_eval.tasks.data_files import (
+    DataFileError,
+    check_fields,
+    check_items,
+    folder_files,
+    read_json,
+    read_jsonl,
+    read_text,
+)
 
 # lm-eval task name -> (module in lm_eval.tasks.ruler, dataset function, needle kind, answer budget)
 RULER_TASKS: dict[str, tuple[str, str, str, int]] = {
@@ -91,27 +99,34 @@ def ruler_module(name: str):
 
 def load_essays(path: str | Path) -> list[str]:
     """Essay texts from a local copy: a .txt file, a folder of .txt files (sorted by
-    name), or a .jsonl / .json / .parquet file with a `text` field (rows in order)."""
+    name), or a .jsonl / .json / .parquet file with a `text` field (rows in order); a bad
+    file is named with its line or row and the field (`rf_eval.tasks.data_files`)."""
     p = Path(path).expanduser()
     if p.is_dir():
-        files = sorted(p.glob("*.txt"))
-        if not files:
-            raise RulerDataError(f"{ESSAY_OPTION}: folder {p} holds no .txt files")
-        return [f.read_text(encoding="utf-8") for f in files]
+        return [read_text(f, ESSAY_OPTION) for f in folder_files(p, (".txt",), ESSAY_OPTION)]
     if not p.is_file():
         raise RulerDataError(f"{ESSAY_OPTION}: {p} does not exist")
+    text = {"text": str}
     if p.suffix == ".txt":
-        return [p.read_text(encoding="utf-8")]
+        return [read_text(p, ESSAY_OPTION)]
     if p.suffix == ".jsonl":
-        lines = p.read_text(encoding="utf-8").splitlines()
-        return [json.loads(line)["text"] for line in lines if line.strip()]
+        return [row["text"] for row in read_jsonl(p, text, ESSAY_OPTION)]
     if p.suffix == ".json":
-        data = json.loads(p.read_text(encoding="utf-8"))
-        return list(data["text"]) if isinstance(data, dict) else [row["text"] for row in data]
+        data = read_json(p, ESSAY_OPTION)
+        hint = 'the file needs [{"text": ...}, ...] or {"text": [...]}'
+        if isinstance(data, dict):  # columns: {"text": [...]}
+            data = [{"text": t} for t in check_fields(data, {"text": list}, str(p), hint)["text"]]
+        return [row["text"] for row in check_items(data, text, p, hint)]
     if p.suffix == ".parquet":
         import pandas as pd
 
-        return pd.read_parquet(p)["text"].tolist()
+        try:
+            frame = pd.read_parquet(p)
+        except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+            raise DataFileError(f"{ESSAY_OPTION}: {p} is not a readable parquet file ({err})") from None
+        if "text" not in frame.columns:
+            raise DataFileError(f"{p}: no \"text\" column (columns: {', '.join(map(str, frame.columns))})")
+        return frame["text"].tolist()
     raise RulerDataError(f"{ESSAY_OPTION}: unsupported file type {p.suffix!r} (.txt, .jsonl, .json, .parquet)")
 
 
@@ -212,12 +227,13 @@ def local_sources(metadata: dict[str, Any], base_task: str) -> Iterator[None]:
         qa = ruler_module("qa_utils")
         from rf_eval.tasks import data
 
-        local = data.local_copy("squad" if base_task == "ruler_qa_squad" else "hotpotqa", metadata)
+        source = "squad" if base_task == "ruler_qa_squad" else "hotpotqa"
+        local = data.local_copy(source, metadata)
         if not local:
             yield
             return
         def download_json(url: str):
-            return json.loads(Path(local).expanduser().read_text(encoding="utf-8"))
+            return read_json(local, SOURCES[source].option or source)
 
         with _patched(qa, "download_json", download_json):
             # the parsed local file stays cached afterwards: needle marking reads it again

@@ -9,7 +9,8 @@ scored token.
 - copyable: the token and the `n` tokens before it already occur earlier in
   the sequence (section 4.7's slightly stricter rule);
 - key: the exact loss rises by more than `threshold` nats (default 2) when the
-  context is cut to its last 4,096 tokens (section 3.1).
+  context is cut to its last 4,096 tokens (section 3.1); with none in a document
+  set, `no_key_tokens` says why (the key-token measures have nothing to average).
 """
 
 from __future__ import annotations
@@ -55,3 +56,14 @@ def masked_mean(values: Sequence[float], mask: Sequence[bool] | None = None) -> 
     """Mean of the values where mask is true (all values without a mask); None if none."""
     xs = list(values) if mask is None else [v for v, m in zip(values, mask) if m]
     return sum(xs) / len(xs) if xs else None
+
+
+def no_key_tokens(threshold: float | None = None, context: int | None = None) -> str:
+    """Why a set of documents has no key tokens, for the task's warning and a report's note (the
+    settings in words when they are not known)."""
+    settings = (f"key_threshold={threshold} nats, key_context={context} tokens"
+                if threshold is not None and context is not None else "key_threshold, key_context")
+    return (f"no key tokens in these documents ({settings}): no scored token's exact loss rises by more than "
+            "key_threshold when the context is cut to its last key_context tokens (a document whose context is "
+            "not longer than key_context has none); lower key_threshold or key_context in --metadata, or give "
+            "longer documents")

@@ -1,38 +1,37 @@
-"""Calibration documents: plain-text files (one document each) or JSONL with a `text` field."""
+"""Calibration documents: plain-text files (one document each) or JSONL with a `text` field, read by the
+shared data-file readers (`rf_eval.tasks.data_files`): a bad file is named with its line (or the byte
+offset of the first byte that is not UTF-8) and the field."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from rf_eval.errors import UserError
+from rf_eval.tasks.data_files import iter_jsonl, read_text
 
-class CalibrationError(ValueError):
-    """Missing, unreadable or empty calibration input."""
+WHAT = "calibration file"
+JSONL_HINT = "each JSONL line needs a string 'text' field"
+
+
+class CalibrationError(UserError):
+    """Missing, unreadable or empty calibration input (a bad file's lines: `data_files.DataFileError`)."""
 
 
 def iter_documents(paths: Sequence[str | Path]) -> Iterator[str]:
-    """Documents in the order given: a .jsonl file yields one per line, any other file one."""
+    """Documents in the order given: a .jsonl file yields one per line, any other file one (blank ones
+    skipped). JSONL is read line by line, so a large file is never held whole."""
     for raw in paths:
         path = Path(raw)
         if not path.is_file():
-            raise CalibrationError(f"calibration file {path} does not exist")
+            raise CalibrationError(f"{WHAT} {path} does not exist")
         if path.suffix == ".jsonl":
-            with path.open(encoding="utf-8") as fh:
-                for lineno, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError as err:
-                        raise CalibrationError(f"{path}:{lineno}: not JSON ({err.msg})") from err
-                    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                        raise CalibrationError(f"{path}:{lineno}: each JSONL line needs a string 'text' field")
-                    if record["text"].strip():
-                        yield record["text"]
+            for _, record in iter_jsonl(path, {"text": str}, WHAT, JSONL_HINT):
+                if record["text"].strip():
+                    yield record["text"]
         else:
-            text = path.read_text(encoding="utf-8")
+            text = read_text(path, WHAT)
             if text.strip():
                 yield text
 

@@ -195,3 +195,50 @@ def test_models_without_the_request_type_say_so():
     with pytest.raises(NotImplementedError, match="ruler_second_question"):
         Plain().multiturn_generate([])
     assert hasattr(Plain(), "two_pass_generate")
+
+
+def test_no_key_tokens_is_said_in_words_not_a_bare_nan(task_data, tiny_llama, th, caplog):
+    """Issue #41, item 2: a document set where no token is a key token gets a warning naming the threshold
+    and context (once), the run records both for reports, and a set with key tokens averages as before."""
+    import logging
+    import math
+
+    from rf_eval.stats.measures import missing_reason
+
+    task = th.load_task("keytoken_nll", {"pretrained": tiny_llama, "docs": str(task_data["docs"]),
+                                         "key_threshold": "3", "key_context": 512})
+    mean = task.aggregation()["nll_key"]
+    with caplog.at_level(logging.WARNING, logger="rf_eval.tasks.keytoken"):
+        assert mean([0.5, None, 1.5]) == 1.0
+        assert not [r for r in caplog.records if "no key tokens" in r.getMessage()]
+        assert math.isnan(mean([None, None])) and math.isnan(mean([None, None]))
+    said = [r.getMessage() for r in caplog.records if "no key tokens" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith("keytoken_nll: no key tokens in these documents (key_threshold=3.0 nats, "
+                              "key_context=512 tokens): ")
+    assert said[0].endswith("; nll_key and dnll_key are nan over these 2 documents")
+    recorded = task.config.metadata
+    assert (recorded["key_threshold"], recorded["key_context"]) == (3.0, 512)
+    assert "(key_threshold=3.0 nats, key_context=512 tokens)" in missing_reason("keytoken_nll", "nll_key", recorded)
+    assert "(key_threshold, key_context)" in missing_reason("keytoken_nll", "nll_key")
+
+
+def test_documents_shorter_than_key_context_are_warned_before_the_model_runs(task_data, tiny_llama, th, caplog):
+    """Every document's context is shorter than the default key_context (4,096): the warning comes when the
+    requests are built, and the run's nll_key is nan beside n_key 0, as lm-eval's table shows it."""
+    import logging
+    import math
+
+    from lm_eval import simple_evaluate
+
+    lm = th.ridgefill_class().create_from_arg_string(f"pretrained={tiny_llama},fill=exact,reference=exact,device=cpu")
+    meta = {"pretrained": tiny_llama, "docs": str(task_data["docs"]), "score_tokens": 128, "fill": "exact",
+            "reference": "exact"}
+    with caplog.at_level(logging.WARNING, logger="rf_eval.tasks.keytoken"):
+        out = simple_evaluate(model=lm, tasks=["keytoken_nll"], task_manager=th.task_manager(meta), limit=1,
+                              bootstrap_iters=0, verbosity="WARNING")
+    said = [r.getMessage() for r in caplog.records if "no key tokens" in r.getMessage()]
+    assert len(said) == 1 and "(key_threshold=2.0 nats, key_context=4096 tokens)" in said[0], said
+    assert said[0].endswith("will be nan: no document's context is longer than 4096 tokens")
+    res = out["results"]["keytoken_nll"]
+    assert math.isnan(res["nll_key,none"]) and res["n_key,none"] == 0 and res["nll_all,none"] > 0
