@@ -23,7 +23,9 @@ protocols run with thinking off): when the model's chat template has an
 `enable_thinking` switch (Qwen3, Qwen3.5) and the run sets neither
 `enable_thinking` nor `chat_template_args={"enable_thinking": ...}`, the
 adapter renders chat prompts with enable_thinking=False. A value the user
-gives wins. The results record what was rendered
+gives wins; one the template cannot render (the same prompt with
+enable_thinking True and False, or no chat template) is refused before the
+weights load. The results record what was rendered
 (`rf_eval.chat_template`: the switch, enable_thinking, the template's sha256
 and a rendered example with its sha256). The rule is `rf_eval.chat`'s, which
 `rf-eval serve` uses too, so served and adapter arms render alike.
@@ -101,6 +103,7 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
     def __init__(self, pretrained: str | None = None, **model_args: Any) -> None:
         settings, hf_args = self.parse({"pretrained": pretrained, **model_args})
         self.ledger_head = ledger_head()  # read (and verified) before the weights load
+        ChatRendering.check_before_load(settings.pretrained, hf_args)  # a thinking setting no prompt can carry
         self.settings = settings
         self._hf_args = hf_args
         self.item_costs = ItemCosts()  # each prompt's prefill cost, for the tasks' samples

@@ -4,7 +4,8 @@ adapter itself holds only request plumbing:
 - `ledger_head()`: the head of `$RF_EVAL_LEDGER` the run started from (read and verified before any weights
   load), recorded as `config.rf_eval.ledger` (`rf-eval report --ledger` checks it).
 - `ChatRendering`: the chat-template arguments prompts render with, by `rf_eval.chat`'s rule (thinking off
-  by default where the template has a switch: RidgeFill paper section 3.2, appendix E), and their record.
+  by default where the template has a switch: RidgeFill paper section 3.2, appendix E; a thinking setting
+  the template cannot render refused), and their record.
 - `measure_engine_floor`: the partial path with every row exact against the stock model on a seeded probe
   prompt (RidgeFill paper sections 4.3, 9), recorded as `config.rf_eval.engine_floor` with `reference=exact`.
 """
@@ -47,6 +48,9 @@ class ChatRendering:
 
     @classmethod
     def for_run(cls, hf_args: dict[str, Any], tokenizer: Any) -> ChatRendering:
+        """The run's rendering; a thinking setting its template cannot render is refused (`rf_eval.chat`; the
+        model_args check has refused it before the weights loaded wherever the tokenizer loads alone)."""
+        chat.check_thinking(tokenizer, hf_args, getattr(tokenizer, "name_or_path", ""))
         args, off = chat.template_args(hf_args, getattr(tokenizer, "chat_template", None))
         if off:
             log.info("the chat template has an enable_thinking switch: rendering with enable_thinking=False "
@@ -56,6 +60,24 @@ class ChatRendering:
     def record(self) -> dict[str, Any] | None:
         """What chat prompts are rendered with (`rf_eval.chat.record`)."""
         return chat.record(self.tokenizer, self.args, self.thinking_default)
+
+    @staticmethod
+    def check_before_load(pretrained: str, hf_args: dict[str, Any]) -> None:
+        """A thinking setting (`enable_thinking`, or in `chat_template_args`) the checkpoint's chat template
+        cannot render, refused before the weights load (`rf_eval.chat.check_thinking`). Only a run that sets
+        one pays for loading the tokenizer here; where it cannot load alone, `for_run` checks the one HFLM
+        loads."""
+        if chat.template_args(hf_args, None)[0].get(chat.THINKING) is None or not pretrained:
+            return
+        source = hf_args.get("tokenizer") if isinstance(hf_args.get("tokenizer"), str) else pretrained
+        remote = {k: hf_args[k] for k in ("revision", "trust_remote_code", "subfolder") if hf_args.get(k) is not None}
+        try:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(source, **remote)
+        except Exception:  # noqa: BLE001 - HFLM loads it its own way, and `for_run` checks it then
+            return
+        chat.check_thinking(tokenizer, hf_args, source)
 
 
 def measure_engine_floor(model: Any, exact: Any, split: int, max_length: int, device: Any) -> dict[str, Any]:

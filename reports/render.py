@@ -257,21 +257,22 @@ def write_reports(
     markdown: str | Path | None = None,
     json_path: str | Path | None = None,
     latex_standalone: bool = False,
+    overwrite: bool = False,
 ) -> list[Path]:
     """Write each requested format; return the paths written (LaTeX: a fragment unless `latex_standalone`;
-    JSON: the summary itself, every figure the tables show, before rounding)."""
-    written = []
+    JSON: the summary itself, every figure the tables show, before rounding). Every output is checked
+    (`rf_eval.outputs.check_outputs`: no folder, no file rf-eval did not write unless `overwrite`) and
+    rendered before the first is written, so a refusal or a failed rendering leaves every file as it was;
+    each carries rf-eval's output mark."""
+    from rf_eval.outputs import check_outputs, stamp, stamp_json, write_output
 
-    def tex(summary: dict[str, Any]) -> str:
-        return render_latex(summary, standalone=latex_standalone)
-
-    def as_json(summary: dict[str, Any]) -> str:
-        return json.dumps(summary, indent=1, default=_json_value) + "\n"
-
-    for target, render in ((html, render_html), (latex, tex), (markdown, render_markdown), (json_path, as_json)):
-        if target is not None:
-            path = Path(target)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(render(summary), encoding="utf-8")
-            written.append(path)
-    return written
+    paths = check_outputs({"--html": html, "--latex": latex, "--markdown": markdown, "--json": json_path},
+                          overwrite=overwrite)
+    texts = {
+        "--html": lambda: stamp(render_html(summary), "html"),
+        "--latex": lambda: stamp(render_latex(summary, standalone=latex_standalone), "tex"),
+        "--markdown": lambda: stamp(render_markdown(summary), "md"),
+        "--json": lambda: json.dumps(stamp_json(summary), indent=1, default=_json_value) + "\n",
+    }
+    rendered = {option: texts[option]() for option in paths}
+    return [write_output(paths[option], text) for option, text in rendered.items()]

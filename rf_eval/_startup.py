@@ -23,7 +23,10 @@ puts a small finder on `sys.meta_path`. When lm-eval itself later imports
   get their data, before it loads the model (`rf_eval.tasks.data_needs.preflight`);
 - `lm_eval._cli.harness`: under the `lm_eval` command an rf-eval `UserError`
   (bad model_args, missing data) prints as one line with exit status 2
-  (`rf_eval.errors.one_line`).
+  (`rf_eval.errors.one_line`);
+- `lm_eval.loggers.evaluation_tracker`: the per-item results a run of one of
+  rf-eval's models writes are sealed (sha256, size, lines) once written, so
+  `rf-eval report` refuses them edited or truncated (`rf_eval.seal`).
 
 Any failure is swallowed: this module must never break an unrelated start.
 Set RF_EVAL_NO_LM_EVAL_HOOK=1 to switch it off.
@@ -99,6 +102,12 @@ def _check_data_first(module) -> None:
     check_before_model(module)
 
 
+def _seal_samples(module) -> None:
+    from rf_eval.seal import wrap_tracker
+
+    wrap_tracker(module)
+
+
 def _one_line_errors(module) -> None:
     from rf_eval.errors import one_line
 
@@ -113,6 +122,7 @@ _HOOKS = {
     "lm_eval.tasks._index": _cache_task_index,  # only when RF_EVAL_TASK_INDEX_CACHE names a folder
     "lm_eval.evaluator": _check_data_first,
     "lm_eval._cli.harness": _one_line_errors,
+    "lm_eval.loggers.evaluation_tracker": _seal_samples,
 }
 
 

@@ -2,7 +2,8 @@
 
 `file_sha256` is what `sha256sum` prints (read in chunks); `named_files_sha256` digests a list of files
 as (name, file digest) pairs, the name relative to a root folder, so renaming or moving a file changes
-it; `sha256_of_files` digests the files' bytes one after another (names left out)."""
+it; `sha256_of_files` digests the files' bytes one after another (names left out); `file_sha256_and_lines`
+adds the size and line count that a results seal records (`rf_eval.seal`)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,14 @@ def sha256_of_files(paths: Sequence[str | Path]) -> str:
     for raw in paths:
         _feed(digest, raw)
     return digest.hexdigest()
+
+
+def file_sha256_and_lines(path: str | Path) -> tuple[str, int, int]:
+    """(sha256 hex, bytes, newline count) of a file, read once: what a results seal records (`rf_eval.seal`)."""
+    digest, size, lines = hashlib.sha256(), 0, 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+            lines += chunk.count(b"\n")
+    return digest.hexdigest(), size, lines

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rf_eval.hashing import file_sha256
+from rf_eval.seal import PREFIX as SEAL_PREFIX
 
 #: task config fields that change how a document is scored without changing its prompt (`rf_eval.stats.comparable`)
 PROTOCOL_FIELDS = ("output_type", "metric_list", "generation_kwargs", "filter_list", "process_results", "repeats",
@@ -49,7 +50,7 @@ def config_hashes(files: Sequence[Any]) -> frozenset[str]:
                 except OSError:  # not a path (too long, bad characters)
                     pass
         for p in rf.path.parent.iterdir():
-            if p.is_file() and not p.name.startswith(("results_", "samples_")):
+            if p.is_file() and not p.name.startswith(("results_", "samples_", SEAL_PREFIX)):  # lm-eval's and the seal
                 candidates.add(p.resolve())
     return frozenset(file_sha256(p) for p in candidates if p.stat().st_size <= MAX_HASHED_BYTES)
 

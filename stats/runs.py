@@ -29,6 +29,8 @@ Per-item cost, as rf-eval's tasks record it beside their metrics
 ratio, the measured `prefill_seconds`, the budget and its knob's value, the
 cache entries, ...), becomes columns of the same rows; an arm run without them
 (another lm-eval model) has them empty.
+Every samples file is checked against the seal its run wrote (`rf_eval.seal`): one edited, truncated or
+removed since is refused; an arm whose files carry no seal gets a note that it is unsealed.
 An arm run with `reference=exact` records its engine floor in the results'
 config (`rf_eval.engine_floor`, paper sections 4.3 and 9): `ArmRun.engine_floor`.
 """
@@ -46,6 +48,7 @@ from typing import Any
 import pandas as pd
 
 from rf_eval.prefill_cost import COST_FIELDS
+from rf_eval.seal import check as check_seal
 from rf_eval.stats.arms import name_arms, parse_model_args
 from rf_eval.stats.measures import default_metrics, missing_note, missing_reason
 from rf_eval.stats.provenance import (
@@ -340,8 +343,11 @@ def load_runs(
         used = [(task, rf) for (k, task), rf in chosen.items() if k == key]
         n_rows = len(rows)
         samples_files: list[str] = []
+        unsealed: list[str] = []
         for task, rf in used:
             samples = rf.path.parent / f"samples_{task}_{rf.date_id}.jsonl"
+            if not check_seal(samples, rf.date_id) and samples.is_file():  # a changed sealed file is refused
+                unsealed.append(samples.name)
             if not samples.is_file():
                 notes.append(f"{name}: no per-sample log for {task} in {rf.path.parent} (use --log_samples)")
                 continue
@@ -358,6 +364,9 @@ def load_runs(
         if len(rows) == n_rows:
             notes.append(f"{name}: no per-item results found; the arm is left out")
             continue
+        if unsealed:
+            notes.append(f"{name}: unsealed: {', '.join(unsealed)} carry no rf-eval seal (a run of another lm-eval "
+                         "model, or of an older rf-eval), so a change made after the run cannot be detected")
         files = list(dict.fromkeys(rf for _, rf in used))
         arms.append(
             ArmRun(

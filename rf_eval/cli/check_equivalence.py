@@ -17,7 +17,8 @@ of the last row's logits and every cache tensor (RidgeFill paper sections
   over the key rows; stock uses is_causal), its max |Δ| and KL(stock || partial)
   of the last row are the floor under every filled arm's difference.
 
-`--json PATH` saves every comparison. Exits 1 on any FAIL.
+`--json PATH` saves every comparison (never over a file rf-eval did not write, unless
+`--overwrite`: `rf_eval.outputs`). Exits 1 on any FAIL.
 
 `--base-url URL-A --base-url URL-B [--prompts FILE]`: the check across servers
 (paper section 4.3, e.g. a fork with the fill off against stock): identical
@@ -47,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="PATH", help="save every comparison (and the floors) as JSON")
+    p.add_argument("--overwrite", action="store_true", help="replace a --json file rf-eval did not write")
     remote = p.add_argument_group("across servers")
     remote.add_argument("--base-url", action="append", default=[], metavar="URL",
                         help="an OpenAI-compatible server; give two (or more): each is compared with the first")
@@ -95,7 +97,7 @@ def check_lengths(model: str, lengths: list[int]) -> None:
 
 def check_inputs(args: argparse.Namespace) -> None:
     """What the in-process check can refuse before the weights load: the model folder, device, dtype, maps,
-    fills, lengths and split (the last two against the model's config)."""
+    fills, lengths and split (the last two against the model's config), and the --json file."""
     from rf_eval.devices import check_device, check_model_source, parse_dtype
     from rf_eval.fills import arm_fills
 
@@ -106,6 +108,10 @@ def check_inputs(args: argparse.Namespace) -> None:
             check()
         except ValueError as err:
             raise UserError(f"{option}: {err}") from None
+    if args.json:  # never over a file rf-eval did not write (`rf_eval.outputs`)
+        from rf_eval.outputs import check_output
+
+        check_output("--json", args.json, overwrite=args.overwrite)
     if args.maps and not Path(args.maps).expanduser().exists():
         raise UserError(f"--maps {args.maps}: no such file or folder (give the folder `rf-eval fit` wrote)")
     args.fills = list(arm_fills()) if args.fills is None else args.fills
@@ -211,8 +217,9 @@ def run(args: argparse.Namespace) -> int:
         for ids in prompts:
             dispatch(ids, Plan(rf.plan.split, tail=ids.shape[1], fill=fill), plain_prefill(rf.model, ids))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"failures": failures, "comparisons": records}, f, indent=1)
+        from rf_eval.outputs import stamp_json, write_output
+
+        write_output(args.json, json.dumps(stamp_json({"failures": failures, "comparisons": records}), indent=1))
     return 1 if failures else 0
 
 

@@ -5,7 +5,8 @@ text, reads each late Gated DeltaNet layer's state every `--every` (2,048)
 tokens from the true inputs and from the fill's predicted inputs, and saves
 the mean difference per layer and value head beside `--out`. The file
 records the model, split, fill, maps and `--map-split` it was fitted for; `RidgeFill(...,
-corrections="terminal_state(path=FILE)")` refuses any other combination.
+corrections="terminal_state(path=FILE)")` refuses any other combination. An `--out FILE.safetensors` that
+exists is replaced only with `--overwrite` (refused before the model loads).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration", nargs="+", required=True,
                    help="prompts kept apart from the maps' calibration text (text files or JSONL 'text')")
     p.add_argument("--out", required=True, help="output folder (or .safetensors file)")
+    p.add_argument("--overwrite", action="store_true", help="replace the .safetensors file --out names")
     p.add_argument("--every", type=int, default=2048, help="read the state every this many tokens")
     p.add_argument("--max-tokens", type=int, default=131072, help="truncate prompts to this many tokens")
     p.add_argument("--map-split", dest="map_split", action=argparse.BooleanOptionalAction,
@@ -47,6 +49,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.every < 1:
         raise UserError("--every must be >= 1")
+    if str(args.out).endswith(".safetensors"):  # a file the user names: never replaced unasked (`rf_eval.outputs`)
+        from rf_eval.outputs import check_output
+
+        check_output("--out", args.out, overwrite=args.overwrite)
     from rf_eval.fills import fill_method
 
     method = fill_method(args.fill)

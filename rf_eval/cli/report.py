@@ -21,6 +21,11 @@ task protocol than the reference (`rf_eval.stats.comparable`) unless
 recorded must be unchanged, the results and samples files read are recorded
 in it (`rf_eval.stats.ledger_results`), and the report records the head it saw. `--latex` writes a fragment to `\\input` (`--latex-standalone`:
 a whole document).
+
+Outputs never replace a file rf-eval did not write (`rf_eval.outputs`): every output path is checked before
+anything is read or written, and an existing file without rf-eval's output mark (a `--latex paper.tex` that
+names the paper itself) stops the report unless `--overwrite` is given. Every samples file read is checked
+against the seal its run wrote (`rf_eval.seal`): one edited or truncated since stops the report.
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", metavar="FILE", help="also write Markdown tables")
     parser.add_argument("--json", metavar="FILE",
                         help="also write every figure of the report as JSON (what the tables are rendered from)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace output files rf-eval did not write (refused otherwise; its own earlier "
+                             "outputs are replaced without it)")
     parser.add_argument(
         "--control",
         action="append",
@@ -115,17 +123,13 @@ def check_recorded_heads(runs: Any, ledger: list[Any]) -> None:
                                 f"{head['hash']}:{head.get('count')}, which the ledger no longer holds: {err}") from None
 
 
-def check_distinct_outputs(args: argparse.Namespace) -> None:
-    """Two output options naming one file would write one report over the other: refused."""
-    seen: dict[Path, str] = {}
-    for option in ("html", "latex", "markdown", "json"):
-        value = getattr(args, option, None)
-        if not value:
-            continue
-        path = Path(value).expanduser().resolve()
-        if path in seen:
-            raise UserError(f"--{seen[path]} and --{option} both name {value}; give each output its own file")
-        seen[path] = option
+def check_report_outputs(args: argparse.Namespace) -> None:
+    """Every output file checked before anything is read or written (`rf_eval.outputs.check_outputs`): no two
+    naming one file, none a folder, none an existing file rf-eval did not write unless --overwrite."""
+    from rf_eval.outputs import check_outputs
+
+    check_outputs({f"--{option}": getattr(args, option, None) for option in ("html", "latex", "markdown", "json")},
+                  overwrite=args.overwrite)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -141,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.latex_standalone and not args.latex:
             raise UserError("--latex-standalone needs --latex FILE")
-        check_distinct_outputs(args)
+        check_report_outputs(args)
         runs = load_runs(args.runs, metrics=_mapping("--metric", args.metric), allow_empty=args.allow_empty)
         ledger = verify_ledger(args.ledger) if args.ledger else None
         if ledger is not None:
@@ -171,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
         head = ledger_head(args.ledger)
         summary["ledger_head"] = {"path": str(Path(args.ledger).resolve()), "hash": head.hash, "count": head.count}
     for path in write_reports(summary, html=args.html, latex=args.latex, markdown=args.markdown,
-                              json_path=args.json, latex_standalone=args.latex_standalone):
+                              json_path=args.json, latex_standalone=args.latex_standalone,
+                              overwrite=args.overwrite):
         print(f"wrote {path}")
     for note in summary["notes"]:
         print(f"note: {note}")

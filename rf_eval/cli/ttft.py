@@ -48,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tail", type=int, default=None, help="arm B's T, for servers that do not report it")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--out", default=None, metavar="FILE", help="write the results JSON here")
+    p.add_argument("--overwrite", action="store_true", help="replace an --out file rf-eval did not write")
     p.add_argument("--quiet", action="store_true", help="no per-request lines")
 
 
@@ -66,6 +67,7 @@ def cut_prompts(server, text: str, lengths: list[int], tokenizer: str | None) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    from rf_eval.outputs import check_output, stamp_json, write_output
     from rf_eval.serving.arms import ArmError
     from rf_eval.serving.client import Server, ServerError
     from rf_eval.serving.timing import dumps, format_table, measure, parse_arm
@@ -75,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.prompt)
     if not path.is_file():
         raise UserError(f"--prompt {path}: no such file")
+    if args.out:  # before any request: never over a file rf-eval did not write (`rf_eval.outputs`)
+        check_output("--out", args.out, overwrite=args.overwrite)
     text = path.read_text(encoding="utf-8")
     try:
         arm_a, arm_b = parse_arm(args.arm_a, "A"), parse_arm(args.arm_b, "B")
@@ -97,6 +101,6 @@ def run(args: argparse.Namespace) -> int:
     result.update(started=started, prompt={"file": str(path), "sha256": hashlib.sha256(text.encode()).hexdigest()})
     print(format_table(result))
     if args.out:
-        Path(args.out).write_text(dumps(result) + "\n", encoding="utf-8")
+        write_output(args.out, dumps(stamp_json(result)) + "\n")
         print(f"wrote {args.out}")
     return 0

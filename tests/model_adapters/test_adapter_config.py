@@ -154,12 +154,31 @@ def test_thinking_is_off_by_default_and_recorded(thinking_model, tiny_model_dir)
     record = plain.get_model_info()["rf_eval"]["chat_template"]
     assert record["thinking_switch"] is False and record["enable_thinking"] is None
     assert "enable_thinking" not in plain.chat_template_args
-    # a value given to a template without the switch renders nothing different, and is recorded as ignored
-    asked = RidgeFillLM(pretrained=tiny_model_dir("llama"), fill="exact", device="cpu", enable_thinking=True,
-                        think_end_token="</think>")
-    record = asked.get_model_info()["rf_eval"]["chat_template"]
-    assert record["enable_thinking"] is None and record["enable_thinking_ignored"] is True
-    assert asked.apply_chat_template(chat) == plain.apply_chat_template(chat)
+
+
+@pytest.mark.parametrize("given", [{"enable_thinking": True, "think_end_token": "</think>"},
+                                   {"enable_thinking": False}, {"chat_template_args": {"enable_thinking": True}}])
+def test_a_thinking_setting_the_template_cannot_render_is_refused_before_the_weights_load(
+        tiny_model_dir, monkeypatch, given):
+    """A template without the switch renders the same prompt with enable_thinking True and False: the run
+    would be labelled (its model_args name the arm) with a thinking setting its prompts never had. Refused,
+    naming the key and the checkpoint, before any weights load (issue #41, item 3)."""
+    import transformers
+
+    from rf_eval.errors import UserError
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("the weights loaded before the thinking setting was checked")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
+    llama = tiny_model_dir("llama")
+    key = "enable_thinking" if "enable_thinking" in given else "chat_template_args enable_thinking"
+    value = given.get("enable_thinking", (given.get("chat_template_args") or {}).get("enable_thinking"))
+    with pytest.raises(UserError) as err:
+        RidgeFillLM(pretrained=llama, fill="exact", device="cpu", **given)
+    message = str(err.value)
+    assert message.startswith(f"{key}={value!r}: the chat template of {llama} renders the same prompt")
+    assert "leave enable_thinking out" in message
 
 
 def test_revision_and_trust_remote_code_reach_from_pretrained(tiny_model_dir, monkeypatch):

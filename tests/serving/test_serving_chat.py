@@ -55,6 +55,31 @@ def test_the_chat_rule(hf_args, template, expected):
     assert chat.template_args(hf_args, template) == expected
 
 
+def test_the_switch_is_what_the_template_renders(thinking_dir, serve_model_dir):
+    """`renders_thinking` renders the template both ways; a thinking setting it cannot render is refused, by
+    the server as by the adapter (the adapter's refusal: tests/model_adapters/test_adapter_config.py)."""
+    from transformers import AutoTokenizer
+
+    from rf_eval.errors import UserError
+    from rf_eval.serving.backend import Backend
+
+    switch, plain = AutoTokenizer.from_pretrained(thinking_dir), AutoTokenizer.from_pretrained(serve_model_dir)
+    assert chat.renders_thinking(switch, {}) and not chat.renders_thinking(plain, {})
+    # the text names the switch, the rendering never reads it: no switch
+    plain.chat_template = "{# enable_thinking #}" + plain.chat_template
+    assert chat.template_has_thinking_switch(plain.chat_template) and not chat.renders_thinking(plain, {})
+    chat.check_thinking(switch, {"enable_thinking": True})
+    chat.check_thinking(plain, {})
+    with pytest.raises(UserError, match=r"^enable_thinking=True: the chat template of x renders the same prompt"):
+        chat.check_thinking(plain, {"enable_thinking": True}, "x")
+    plain.chat_template = None
+    with pytest.raises(UserError, match=r"^chat_template_args enable_thinking=False: the tokenizer has no chat"):
+        chat.check_thinking(plain, {"chat_template_args": {"enable_thinking": False}})
+    with pytest.raises(UserError, match="renders the same prompt with enable_thinking=True and False"):
+        Backend.from_model_args({"pretrained": serve_model_dir, "fill": "exact", "device": "cpu",
+                                 "enable_thinking": True, "think_end_token": "</think>"})
+
+
 def test_served_chat_prompts_and_answers_are_the_adapters_item_by_item(thinking_server, thinking_dir):
     """Same messages, same settings: the server's rendered prompt ids (vLLM's `return_token_ids`), its
     prompt string, its greedy answers (also through lm-eval's `local-chat-completions`) and its
@@ -103,7 +128,6 @@ def test_served_chat_prompts_and_answers_are_the_adapters_item_by_item(thinking_
     (True, {"chat_template_args": {"enable_thinking": True}}),
     (True, {"enable_thinking": False}),
     (False, {}),
-    (False, {"enable_thinking": True, "think_end_token": "</think>"}),  # no switch: recorded as ignored
 ])
 def test_server_and_adapter_render_alike_under_every_setting(thinking_dir, serve_model_dir, switch, model_args):
     """The server's backend, configured by the same model_args, renders, tokenizes and records as the adapter."""
@@ -121,6 +145,5 @@ def test_server_and_adapter_render_alike_under_every_setting(thinking_dir, serve
     thinking = model_args.get("enable_thinking", (model_args.get("chat_template_args") or {}).get("enable_thinking"))
     expected = (False if thinking is None else thinking) if switch else None
     assert backend.chat_template["enable_thinking"] is expected
-    assert backend.chat_template.get("enable_thinking_ignored") is (None if switch else thinking)
     assert backend.chat_template["thinking_switch"] is switch
     assert lm.apply_chat_template(CHATS[0]).endswith(THINK_OFF) is (expected is False and switch)
