@@ -100,11 +100,50 @@ def split_model_args(args: dict[str, Any], own: Iterable[str], model: str | None
     return mine, hf
 
 
+@functools.cache
+def from_pretrained_keys() -> frozenset[str] | None:
+    """The keyword arguments transformers' `from_pretrained` takes itself: its parameters and every name its
+    source quotes (what it pops from **kwargs, singly or from a list of names it drops; read from the
+    source, so any transformers version answers, erring towards taking a key); None where its source
+    cannot be read (then no key is refused for being unknown)."""
+    import re
+
+    from transformers import PreTrainedModel
+
+    method = PreTrainedModel.from_pretrained
+    try:
+        quoted = re.findall(r"[\"'](\w+)[\"']", inspect.getsource(method))
+    except (OSError, TypeError):
+        return None
+    return frozenset([*inspect.signature(method).parameters, *quoted])
+
+
+def check_unknown_hf_keys(hf: dict[str, Any], config: Any) -> None:
+    """Refuse, before any weights load, a key that neither `HFLM`, `from_pretrained` nor the model's config
+    takes: transformers would pass it to the model's `__init__`, which fails with a TypeError after the
+    config and the model class are built (`hf` ends there in a traceback)."""
+    taken = from_pretrained_keys()
+    if taken is None:
+        return
+    unknown = [k for k in hf if k not in taken and k not in hf_keys() and not hasattr(config, k)]
+    if unknown:
+        import difflib
+
+        pool = sorted({*taken, *hf_keys(), *config.to_dict()} - {k for k in taken if k.startswith("_")})
+        close = difflib.get_close_matches(unknown[0], pool, n=3)
+        raise ModelArgsError(
+            f"model_args key(s) {', '.join(map(repr, unknown))} are taken by neither lm-eval's hf model, "
+            f"transformers' from_pretrained nor {type(config).__name__}"
+            + (f" (closest: {', '.join(close)})" if close else "") + "; remove or correct them")
+
+
 def check_hf_args(hf: dict[str, Any]) -> dict[str, Any]:
     """The `hf` keys whose bad values `HFLM` would only find after loading: refused now, as `hf` would refuse them."""
     dtype = hf.get("dtype")
-    if isinstance(dtype, str) and dtype != "auto" and not isinstance(getattr(torch, dtype, None), torch.dtype):
-        raise ModelArgsError(f"dtype={dtype!r} is not valid; valid dtypes: auto, float32, bfloat16, float16, ...")
+    named = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if dtype is not None and dtype != "auto" and not (isinstance(named, torch.dtype) and named.is_floating_point):
+        raise ModelArgsError(f"dtype={dtype!r} is not valid: the weights need a floating-point dtype; valid: auto, "
+                             "float32, bfloat16, float16 (and torch's other float dtypes)")
     batch = hf.get("batch_size")
     if batch is not None:
         head, _, tail = str(batch).partition(":")
@@ -135,19 +174,41 @@ def check_reference(value: Any) -> None:
         raise ModelArgsError(f"reference={value!r} is not valid; valid: {', '.join(REFERENCES)}")
 
 
-def model_config(pretrained: str, hf: dict[str, Any]):
-    """The checkpoint's config (no weights), loaded as `hf` loads it; a clear error when it cannot be found."""
+def model_config(pretrained: str, hf: dict[str, Any], *, checks_keys: bool = True):
+    """The checkpoint's config (no weights), loaded as `hf` loads it; a clear error when it cannot be found.
+    For the model the `hf` keys load (`checks_keys`; not a RaReCache source or a speculator), a key nothing
+    takes is refused (`check_unknown_hf_keys`)."""
     from transformers import AutoConfig
 
     remote = {k: hf[k] for k in ("revision", "trust_remote_code", "subfolder") if hf.get(k) is not None}
+    if not str(pretrained).strip():
+        raise ModelArgsError("pretrained='' names no model; give pretrained=<hub id or local folder>")
     try:
         check_model_source(pretrained)
     except ValueError as err:
         raise ModelArgsError(f"pretrained={pretrained!r}: {err}") from None
     try:
-        return AutoConfig.from_pretrained(pretrained, **remote)
-    except OSError as err:
-        raise ModelArgsError(f"pretrained={pretrained!r}: {err}") from None
+        config = AutoConfig.from_pretrained(pretrained, **remote)
+    except (OSError, ValueError) as err:  # no config.json, or one without a model type transformers knows
+        raise ModelArgsError(f"pretrained={pretrained!r}: {' '.join(str(err).split())}") from None
+    if checks_keys:
+        check_unknown_hf_keys(hf, config)
+        check_tokenizer(pretrained, hf, remote)
+    return config
+
+
+def check_tokenizer(pretrained: str, hf: dict[str, Any], remote: dict[str, Any]) -> None:
+    """The run's tokenizer (`tokenizer=`, else the model's own) loads, before any weights do: a folder without
+    tokenizer files otherwise fails in transformers after the model is built."""
+    from transformers import AutoTokenizer
+
+    name = hf.get("tokenizer") if isinstance(hf.get("tokenizer"), str) else pretrained
+    try:
+        AutoTokenizer.from_pretrained(name, **remote)
+    except (OSError, ValueError, TypeError) as err:
+        what = f"tokenizer={name!r}" if name != pretrained else f"pretrained={pretrained!r}"
+        raise ModelArgsError(f"{what}: its tokenizer does not load ({' '.join(str(err).split())[:300]}); give "
+                             "tokenizer=<a folder or hub id with tokenizer files> in model_args") from None
 
 
 def take_model_args(args: dict[str, Any], own: tuple[str, ...], needed: tuple[str, ...],

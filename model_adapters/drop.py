@@ -73,7 +73,7 @@ def parse_drop_args(args: dict[str, Any]) -> tuple[DropSettings, dict[str, Any]]
         if (arm.method == "specprefill") != (source is not None):
             raise ModelArgsError(f"method={arm.method} " + ("needs source=<a speculator of the same tokenizer>"
                                                            if source is None else "reads no source= (specprefill's speculator)"))
-        configs = [model_config(mine["pretrained"], hf)] + ([model_config(source, hf)] if source else [])
+        configs = [model_config(mine["pretrained"], hf)] + ([model_config(source, hf, checks_keys=False)] if source else [])
         if source:
             target_tok = hf.get("tokenizer") if isinstance(hf.get("tokenizer"), str) else mine["pretrained"]
             check_tokenizers(AutoTokenizer.from_pretrained(source, **remote),
@@ -107,8 +107,7 @@ class DropLM(PrefillLM):
         if self.settings.source is None:
             return []
         from rf_eval.fills import FILL_OFF
-        from rf_eval.fills.base import check_loaded
-        from rf_eval.loading_report import recording_missing_keys
+        from rf_eval.loading_report import check_loaded, recording_missing_keys
 
         remote = bool(self._hf_args.get("trust_remote_code", False))
         with recording_missing_keys():

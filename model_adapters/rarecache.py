@@ -83,7 +83,7 @@ def parse_rarecache_args(args: dict[str, Any]) -> tuple[RaReCacheSettings, dict[
         check_tokenizers(AutoTokenizer.from_pretrained(mine["source"], **remote),
                          AutoTokenizer.from_pretrained(target_tok, **remote))
         maps = load_transfer_maps(mine["maps"])
-        source_config, target_config = model_config(mine["source"], hf), model_config(mine["pretrained"], hf)
+        source_config, target_config = model_config(mine["source"], hf, checks_keys=False), model_config(mine["pretrained"], hf)
         maps.check_pair(source_config, target_config)
         if arm.budget is not None:  # a budget no recompute count meets is refused before any weights load
             knob_for(arm, maps, source_config, target_config).check_reachable()
@@ -128,8 +128,7 @@ class RaReCacheLM(PrefillLM):
         from transformers import AutoModelForCausalLM
 
         from rf_eval.fills import FILL_OFF
-        from rf_eval.fills.base import check_loaded
-        from rf_eval.loading_report import recording_missing_keys
+        from rf_eval.loading_report import check_loaded, recording_missing_keys
         from rf_eval.rarecache.api import RaReCache
         from rf_eval.ridgefill.api import RidgeFill
 

@@ -2,7 +2,7 @@
 
 `from_pretrained` initialises a parameter the checkpoint does not hold at random and only logs it (its
 "LOAD REPORT ... MISSING"); `hf` then runs on it. rf-eval refuses an arm that would read such a tensor
-(`rf_eval.fills.base.check_loaded`). While `recording_missing_keys()` is active, every model
+(`check_loaded`). While `recording_missing_keys()` is active, every model
 `transformers` loads carries the keys its checkpoint lacked (`missing_keys(model)`), taken from the
 loading information `from_pretrained(..., output_loading_info=True)` returns, without changing what
 `from_pretrained` returns (lm-eval's `HFLM` calls it). On a `transformers` without that loading step the
@@ -45,3 +45,25 @@ def recording_missing_keys() -> Iterator[None]:
 def missing_keys(model: Any) -> frozenset[str] | None:
     """The keys `model`'s checkpoint lacked (initialised at random), or None when its loading was not recorded."""
     return getattr(model, MISSING_ATTR, None)
+
+
+def check_loaded(model: Any, fill: str, role: str = "the model") -> None:
+    """Refuse (`ArmError`) a model whose checkpoint lacked a tensor that fill `fill` reads (`FILL_OFF`: the
+    model's own forward), which `transformers` initialised at random (`rf_eval.loading_report`); the tensors
+    beyond the base model's that a method alone reads (`FillMethod.extra_tensors`) matter to that method only.
+    `role` names the model in the message (a speculator, a RaReCache source)."""
+    from rf_eval.fields import ArmError
+    from rf_eval.fills import FILL_OFF, fill_method, registered_fills
+    from rf_eval.loading_report import missing_keys
+
+    missing = missing_keys(model)
+    if not missing:
+        return
+    extras = {m.extra_tensors for m in map(fill_method, registered_fills()) if m.extra_tensors}
+    mine = "" if fill == FILL_OFF else fill_method(fill).extra_tensors
+    read = sorted(k for k in missing if not any(mark in k for mark in extras) or (mine and mine in k))
+    if read:
+        shown = ", ".join(read[:4]) + (f" and {len(read) - 4} more" if len(read) > 4 else "")
+        reader = "its forward" if fill == FILL_OFF else f"fill={fill}"
+        raise ArmError(f"{role}'s checkpoint lacks {len(read)} tensor(s) that {reader} reads ({shown}); "
+                       "transformers initialised them at random. Use a checkpoint that holds them")

@@ -119,9 +119,16 @@ def samples_file(tracker: Any, task_name: str) -> Path | None:
 
 def seals(tracker: Any) -> bool:
     """Whether this tracker saves a run of an rf-eval model (lm-eval records the `--model` name it was given)."""
-    from rf_eval._startup import MODELS
+    return getattr(tracker.general_config_tracker, "model_source", None) in rf_eval_models()
 
-    return getattr(tracker.general_config_tracker, "model_source", None) in MODELS
+
+@functools.cache
+def rf_eval_models() -> frozenset[str]:
+    """The lm-eval model names rf-eval declares (its `lm_eval.models` entry points, which
+    tests/test_packaging.py checks against the startup hook's `MODELS`)."""
+    from importlib.metadata import entry_points
+
+    return frozenset(ep.name for ep in entry_points(group="lm_eval.models") if ep.value.startswith("rf_eval."))
 
 
 def wrap_tracker(module: Any) -> None:

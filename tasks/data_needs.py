@@ -125,10 +125,42 @@ def check_before_model(evaluator) -> None:
             names, metadata = [], {}
         if names:
             preflight(names, metadata)
+        check_run_options(bound if names else {})
         return original(*args, **kwargs)
 
     simple_evaluate._rf_eval = True
     evaluator.simple_evaluate = simple_evaluate
+
+
+def check_run_options(bound: dict[str, Any]) -> None:
+    """lm_eval options that would fail only after the model loaded, refused now in one line: `--limit` 0 or
+    below (lm-eval stops at "did not find any docs"), `--apply_chat_template` with a tokenizer that has no
+    chat template (transformers stops at the first prompt)."""
+    from rf_eval.errors import UserError
+
+    limit = bound.get("limit")
+    if limit is not None and float(limit) <= 0:
+        raise UserError(f"--limit {limit} runs no sample; give a count >= 1, a fraction in (0, 1), or leave it out")
+    if bound.get("apply_chat_template") in (None, False, ""):
+        return
+    model_args = bound.get("model_args") or {}
+    if isinstance(model_args, str):
+        from lm_eval.utils import simple_parse_args_string
+
+        model_args = simple_parse_args_string(model_args)
+    name = model_args.get("tokenizer") or model_args.get("pretrained")
+    if not isinstance(name, str) or not name or not isinstance(bound.get("apply_chat_template"), bool):
+        return  # a named template (--apply_chat_template NAME) or no local tokenizer: left to lm-eval
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(name, revision=model_args.get("revision") or "main",
+                                                  trust_remote_code=bool(model_args.get("trust_remote_code")))
+    except Exception:  # a tokenizer that does not load is the model load's to report
+        return
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError(f"--apply_chat_template: the tokenizer of {name} has no chat template; leave out "
+                        "--apply_chat_template, or give tokenizer=<a tokenizer with one> in --model_args")
 
 
 def _run_metadata(bound: dict[str, Any]) -> dict[str, Any]:

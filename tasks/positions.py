@@ -56,7 +56,11 @@ def config_max_length(metadata: dict[str, Any]) -> tuple[int | None, str]:
     check, with the loaded model, still runs)."""
     given = metadata.get("max_length")
     if given not in (None, ""):
-        return int(given), f"max_length={given}"
+        try:
+            value = int(float(given))
+        except (TypeError, ValueError):
+            return None, ""  # the adapter names a bad max_length itself
+        return (value, f"max_length={given}") if value >= 2 else (None, "")
     pretrained = metadata.get("pretrained")
     if not isinstance(pretrained, str) or not pretrained:
         return None, ""

@@ -37,3 +37,59 @@ def test_user_error_in_follows_causes_and_contexts_without_looping():
     with pytest.raises(RuntimeError) as info:
         _raises_wrapped()
     assert str(user_error_in(info.value)).startswith("split=99")
+
+
+def _json():
+    import json
+
+    json.loads('{"a": 1,')
+
+
+def _not_utf8():
+    b"\xff\xfe text".decode("utf-8")
+
+
+def _folder(tmp_path):
+    return lambda: open(tmp_path).read()
+
+
+def _yaml():
+    import yaml
+
+    yaml.safe_load("a: [1, 2")
+
+
+def _transformers_value():
+    from transformers import AutoConfig
+
+    AutoConfig.for_model("no_such_model_type")
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda tmp: _json, "not valid JSON: Expecting property name enclosed in double quotes (line 1, column 9)"),
+    (lambda tmp: _not_utf8, "a file is not UTF-8 text (invalid start byte at byte 0)"),
+    (_folder, ": a folder where a file is expected"),
+    (lambda tmp: _yaml, "not valid YAML: while parsing a flow sequence"),
+    (lambda tmp: _transformers_value, "transformers refused the input: Unrecognized model identifier: no_such_model_type"),
+])
+def test_errors_of_the_layers_below_are_one_line_and_exit_2(tmp_path, capsys, make, says):
+    with pytest.raises(SystemExit) as stop:
+        one_line(make(tmp_path), "prog")()
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("prog: ") and err.count("\n") == 1 and says in err
+
+
+def test_a_bug_in_rf_eval_keeps_its_traceback():
+    """A ValueError or KeyError raised in rf-eval's own code (not a library's input check) is a bug."""
+    from rf_eval.errors import explain
+
+    def ours():
+        raise ValueError("internal invariant broken")
+
+    with pytest.raises(ValueError):
+        one_line(ours)()
+    try:
+        {}["x"]
+    except KeyError as err:
+        assert explain(err) is None

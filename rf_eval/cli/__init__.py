@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from rf_eval.errors import UserError
+from rf_eval.errors import UserError, explain, traceback_wanted
 
 __all__ = ["COMMANDS", "UserError", "as_argv", "main", "options"]
 
@@ -44,9 +44,28 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its errors on one line (the usage is `--help`'s), exit status 2 as argparse's."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (`{self.prog} --help` lists the options)\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        """argparse's, refusing an empty value: no option of rf-eval means anything by "" (a path "" would
+        be the current folder, written into or read as a file)."""
+        parsed, rest = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            value = getattr(parsed, action.dest, None)
+            values = value if isinstance(value, list) else [value]
+            if any(isinstance(v, str) and not v.strip() for v in values):
+                name = "/".join(action.option_strings) or action.dest
+                self.error(f"argument {name}: an empty value; give a {action.metavar or action.dest}")
+        return parsed, rest
+
+
 def _parser(name: str) -> argparse.ArgumentParser:
     module_name, help_ = COMMANDS[name]
-    parser = argparse.ArgumentParser(prog=f"rf-eval {name}", description=help_)
+    parser = OneLineParser(prog=f"rf-eval {name}", description=help_)
     importlib.import_module(module_name).add_arguments(parser)
     return parser
 
@@ -107,11 +126,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rf-eval: unknown command {name!r}; valid commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
-    args = _parser(name).parse_args(rest)
+    try:
+        args = _parser(name).parse_args(rest)
+    except SystemExit as stop:  # --help (0), or a bad argument already printed in one line (2)
+        return stop.code if isinstance(stop.code, int) else 2
     try:
         return int(module.run(args) or 0)
-    except UserError as err:  # bad input: a clear message, no traceback
-        print(f"rf-eval {name}: error: {err}", file=sys.stderr)
+    except Exception as err:  # bad input (ours, or a file or value a library below refused): one line
+        message = explain(err)
+        if message is None or traceback_wanted():
+            raise
+        print(f"rf-eval {name}: error: {message}", file=sys.stderr)
         return 2
 
 

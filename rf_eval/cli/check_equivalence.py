@@ -35,18 +35,19 @@ from pathlib import Path
 import torch
 
 from rf_eval.cli import UserError
+from rf_eval.cli.values import nonnegative_int, positive_int
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model folder (the in-process check)")
     p.add_argument("--maps", default=None, help="maps folder or file (checked against the model)")
-    p.add_argument("--split", type=int, default=None)
-    p.add_argument("--lengths", type=int, nargs="+", default=[64, 512])
+    p.add_argument("--split", type=positive_int, default=None)
+    p.add_argument("--lengths", type=positive_int, nargs="+", default=[64, 512])
     p.add_argument("--fills", nargs="+", default=None, metavar="FILL",
                    help="fills to check with the tail covering the whole prompt (default: every fill)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--json", default=None, metavar="PATH", help="save every comparison (and the floors) as JSON")
     p.add_argument("--overwrite", action="store_true", help="replace a --json file rf-eval did not write")
     remote = p.add_argument_group("across servers")
@@ -56,8 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         help=".jsonl/.json list of prompts (strings or token lists), or a text file (one prompt)")
     remote.add_argument("--arm", action="append", default=None, metavar="JSON",
                         help="rf_arm sent to each server in order (`none`: no field; default none)")
-    remote.add_argument("--max-tokens", type=int, default=16, help="greedy tokens per prompt (default 16)")
-    remote.add_argument("--top-logprobs", type=int, default=10, help="top-k log-probabilities compared (default 10)")
+    remote.add_argument("--max-tokens", type=positive_int, default=16, help="greedy tokens per prompt (default 16)")
+    remote.add_argument("--top-logprobs", type=positive_int, default=10, help="top-k log-probabilities compared (default 10)")
 
 
 def cache_tensors(cache) -> list[torch.Tensor]:

@@ -20,23 +20,24 @@ import tempfile
 from pathlib import Path
 
 from rf_eval.cli import UserError
+from rf_eval.cli.values import positive_float, positive_int
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="HF model folder or id (required unless --from-sums with one lambda)")
-    p.add_argument("--splits", type=int, nargs="+", help="split layers S (one capture pass serves all)")
+    p.add_argument("--splits", type=positive_int, nargs="+", help="split layers S (one capture pass serves all)")
     p.add_argument("--fill", default=None, metavar="FILL",
                    help="the fill method the maps serve (default ridge; `rf-eval fills` lists those with maps)")
     p.add_argument("--calibration", nargs="+", default=[], help="plain-text files or JSONL with a 'text' field")
     p.add_argument("--heldout", nargs="+", default=[], help="held-out documents for choosing lambda")
-    p.add_argument("--lambdas", type=float, nargs="+", default=None,
+    p.add_argument("--lambdas", type=positive_float, nargs="+", default=None,
                    help="lambda grid (default: nine values 1e-4..1 with --heldout, else 0.03)")
     p.add_argument("--from-sums", dest="from_sums", help="folder of saved sums: new solves, no capture")
     p.add_argument("--out", required=True, help="folder for the map files (and the sums); must be empty or new")
     p.add_argument("--overwrite", action="store_true",
                    help="write into a non-empty --out, replacing files of the same name")
-    p.add_argument("--max-tokens", type=int, default=32768, help="truncate documents to this many tokens")
+    p.add_argument("--max-tokens", type=positive_int, default=32768, help="truncate documents to this many tokens")
     p.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
     p.add_argument("--map-split", dest="map_split", action=argparse.BooleanOptionalAction,
@@ -62,8 +63,7 @@ def load_model(args):
 
     from rf_eval.devices import check_device, parse_dtype
     from rf_eval.fills import FILL_OFF
-    from rf_eval.fills.base import check_loaded
-    from rf_eval.loading_report import recording_missing_keys
+    from rf_eval.loading_report import check_loaded, recording_missing_keys
 
     device = check_device(args.device)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and device.startswith("cuda"):

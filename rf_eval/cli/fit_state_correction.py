@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 from rf_eval.cli import UserError
+from rf_eval.cli.values import positive_int
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 
 
@@ -24,13 +25,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--maps", help="maps folder or file (for a fill that reads maps); omit for one that does not")
     p.add_argument("--fill", default=Ridge.name, choices=predicting_fills(), help="the fill the arm uses")
-    p.add_argument("--split", type=int, help="split layer (default: the maps' split)")
+    p.add_argument("--split", type=positive_int, help="split layer (default: the maps' split)")
     p.add_argument("--calibration", nargs="+", required=True,
                    help="prompts kept apart from the maps' calibration text (text files or JSONL 'text')")
     p.add_argument("--out", required=True, help="output folder (or .safetensors file)")
     p.add_argument("--overwrite", action="store_true", help="replace the .safetensors file --out names")
-    p.add_argument("--every", type=int, default=2048, help="read the state every this many tokens")
-    p.add_argument("--max-tokens", type=int, default=131072, help="truncate prompts to this many tokens")
+    p.add_argument("--every", type=positive_int, default=2048, help="read the state every this many tokens")
+    p.add_argument("--max-tokens", type=positive_int, default=131072, help="truncate prompts to this many tokens")
     p.add_argument("--map-split", dest="map_split", action=argparse.BooleanOptionalAction,
                    default=DEFAULT_MAP_SPLIT,
                    help="the arm's layer S reads its own map (as the arm's map_split; default: no, it reads x_S)")

@@ -35,12 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from rf_eval.cli import UserError
+from rf_eval.cli.values import nonnegative_float, nonnegative_int, positive_int, probability
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="lm-eval --output_path folders (or results files)")
     parser.add_argument("--reference", required=True, metavar="NAME", help="the arm every other arm is compared with")
-    parser.add_argument("--margin", type=float, default=2.0, help="non-inferiority margin in points (default 2)")
+    parser.add_argument("--margin", type=nonnegative_float, default=2.0, help="non-inferiority margin in points (default 2)")
     parser.add_argument("--ledger", metavar="FILE", help="run ledger: mark comparisons registered or follow-up")
     parser.add_argument("--html", required=True, metavar="FILE", help="write the HTML report here")
     parser.add_argument("--latex", metavar="FILE", help="also write LaTeX tables (booktabs), a fragment to \\input")
@@ -75,9 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--ttft", action="append", default=[], metavar="FILE",
                         help="`rf-eval ttft` results: their speed rows join the report's speed table (repeatable)")
-    parser.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default 10,000)")
-    parser.add_argument("--confidence", type=float, default=0.95, help="interval level (default 0.95)")
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    parser.add_argument("--resamples", type=positive_int, default=10_000, help="bootstrap resamples (default 10,000)")
+    parser.add_argument("--confidence", type=probability, default=0.95, help="interval level (default 0.95)")
+    parser.add_argument("--seed", type=nonnegative_int, default=0, help="bootstrap seed (default 0)")
 
 
 def _mapping(option: str, specs: list[str]) -> dict[str, list[str]]:

@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 from rf_eval.cli import UserError
+from rf_eval.cli.values import port, positive_int
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,19 +36,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help=f"{' | '.join(arm_fills())} (RidgeFill; default {FILL_OFF}: fill off; `rf-eval fills` "
                           "lists the methods)")
     arm.add_argument("--maps", default=None, help="maps folder or file written by `rf-eval fit` (loaded once)")
-    arm.add_argument("--split", type=int, default=None, help="first filled layer (default: the maps' split, else L/2)")
-    arm.add_argument("--tail", type=int, default=None, help="last prompt rows kept exact (default 4096)")
-    arm.add_argument("--chunk-size", type=int, default=None, help="lower layers run in chunks of this many rows")
+    arm.add_argument("--split", type=positive_int, default=None, help="first filled layer (default: the maps' split, else L/2)")
+    arm.add_argument("--tail", type=positive_int, default=None, help="last prompt rows kept exact (default 4096)")
+    arm.add_argument("--chunk-size", type=positive_int, default=None, help="lower layers run in chunks of this many rows")
     arm.add_argument("--model-args", default=None, metavar="K=V,...",
                      help="any other model_args of the method's adapter (as for lm_eval --model_args); "
                           "method=rarecache serves RaReCache (pretrained=TARGET,source=...,maps=...)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--max-length", type=int, default=None, help="prompt + generation limit (default: the model's)")
+    p.add_argument("--max-length", type=positive_int, default=None, help="prompt + generation limit (default: the model's)")
     p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's own choice)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port, default=8000)
     p.add_argument("--served-model-name", default=None, help="the `model` name /v1/models reports")
     p.add_argument("--request-log", default=None, metavar="FILE", help="append request records (JSONL) here")
 

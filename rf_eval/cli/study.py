@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from rf_eval.cli import UserError
+from rf_eval.cli.values import positive_int
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,12 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     run.add_argument("--follow-up", action="store_true", help="register claims although results exist")
     run.add_argument("--no-report", action="store_true", help="run the arms only")
     run.add_argument("--launcher", default="local", choices=("local", "accelerate", "slurm"))
-    run.add_argument("--parallel", type=int, default=None,
+    run.add_argument("--parallel", type=positive_int, default=None,
                      help="local: arms at once (default 1); slurm: arms of the array at once (default 64)")
-    run.add_argument("--processes", type=int, default=1, help="accelerate: processes (devices) per arm")
+    run.add_argument("--processes", type=positive_int, default=1, help="accelerate: processes (devices) per arm")
     run.add_argument("--partition", default=None, help="slurm partition")
-    run.add_argument("--gpus", type=int, default=1, help="slurm: GPUs per arm")
-    run.add_argument("--minutes", type=int, default=240, help="slurm: time limit per arm")
+    run.add_argument("--gpus", type=positive_int, default=1, help="slurm: GPUs per arm")
+    run.add_argument("--minutes", type=positive_int, default=240, help="slurm: time limit per arm")
     run.add_argument("--slurm-cluster", default=None,
                      help="submitit cluster (default slurm where sbatch is on PATH; `local`: its local executor)")
     run.add_argument("--detach", action="store_true",

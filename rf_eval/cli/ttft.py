@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rf_eval.cli import UserError
+from rf_eval.cli.values import nonnegative_int, positive_float, positive_int
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,21 +33,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arm-b", default="none", help="timed arm (default none: the server's own arm)")
     p.add_argument("--name-a", default=None, help="name of arm A in the results")
     p.add_argument("--name-b", default=None, help="name of arm B in the results")
-    p.add_argument("--lengths", type=int, nargs="+", required=True, help="prompt lengths in tokens")
+    p.add_argument("--lengths", type=positive_int, nargs="+", required=True, help="prompt lengths in tokens")
     p.add_argument("--prompt", required=True, metavar="FILE", help="text file the prompts are cut from")
-    p.add_argument("--repeats", type=int, default=5, help="timed requests per arm and length (default 5)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed requests per arm and length first (default 1)")
-    p.add_argument("--max-tokens", type=int, default=1, help="tokens generated per request (default 1)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed requests per arm and length (default 5)")
+    p.add_argument("--warmup", type=nonnegative_int, default=1, help="untimed requests per arm and length first (default 1)")
+    p.add_argument("--max-tokens", type=positive_int, default=1, help="tokens generated per request (default 1)")
     p.add_argument("--timing", choices=("client", "server"), default="client",
                    help="which times the speed rows use (both are recorded; default client)")
     p.add_argument("--model", default=None, help="`model` field of the requests")
     p.add_argument("--arm-field", default="rf_arm",
                    help="body field the arms are sent in (default rf_arm; e.g. vllm_xargs for a vLLM fork)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder/id, when the server has no /tokenize")
-    p.add_argument("--layers", type=int, default=None, help="arm B's L, for servers that do not report it")
-    p.add_argument("--split", type=int, default=None, help="arm B's S, for servers that do not report it")
-    p.add_argument("--tail", type=int, default=None, help="arm B's T, for servers that do not report it")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--layers", type=positive_int, default=None, help="arm B's L, for servers that do not report it")
+    p.add_argument("--split", type=positive_int, default=None, help="arm B's S, for servers that do not report it")
+    p.add_argument("--tail", type=positive_int, default=None, help="arm B's T, for servers that do not report it")
+    p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds per request")
     p.add_argument("--out", default=None, metavar="FILE", help="write the results JSON here")
     p.add_argument("--overwrite", action="store_true", help="replace an --out file rf-eval did not write")
     p.add_argument("--quiet", action="store_true", help="no per-request lines")

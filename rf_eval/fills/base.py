@@ -84,28 +84,6 @@ def check_model_forward(model: Any, fill: str) -> None:
                          f"it); fill={fill} needs the model loaded again")
 
 
-def check_loaded(model: Any, fill: str, role: str = "the model") -> None:
-    """Refuse (`ArmError`) a model whose checkpoint lacked a tensor that fill `fill` reads (`FILL_OFF`: the
-    model's own forward), which `transformers` initialised at random (`rf_eval.loading_report`); the tensors
-    beyond the base model's that a method alone reads (`FillMethod.extra_tensors`) matter to that method only.
-    `role` names the model in the message (a speculator, a RaReCache source)."""
-    from rf_eval.fields import ArmError
-    from rf_eval.fills import FILL_OFF, fill_method, registered_fills
-    from rf_eval.loading_report import missing_keys
-
-    missing = missing_keys(model)
-    if not missing:
-        return
-    extras = {m.extra_tensors for m in map(fill_method, registered_fills()) if m.extra_tensors}
-    mine = "" if fill == FILL_OFF else fill_method(fill).extra_tensors
-    read = sorted(k for k in missing if not any(mark in k for mark in extras) or (mine and mine in k))
-    if read:
-        shown = ", ".join(read[:4]) + (f" and {len(read) - 4} more" if len(read) > 4 else "")
-        reader = "its forward" if fill == FILL_OFF else f"fill={fill}"
-        raise ArmError(f"{role}'s checkpoint lacks {len(read)} tensor(s) that {reader} reads ({shown}); "
-                       "transformers initialised them at random. Use a checkpoint that holds them")
-
-
 def check_ragged_cache(fill: str, model_config: Any) -> None:
     """Refuse (`ArmError`) a fill whose late layers hold fewer rows than the prompt on a model that cannot
     decode from such a cache: a sliding-window layer's mask assumes every row, and eager attention adds
@@ -145,7 +123,7 @@ class FillMethod:
     #: True: `bind` makes the model's own forward the method's (`FORWARD_MARK`)
     replaces_forward: ClassVar[bool] = False
     #: the name part of the checkpoint tensors beyond the base model's that this method reads (SwiftKV's
-    #: `_swiftkv`); no other method reads them, so their absence matters to this one alone (`check_loaded`)
+    #: `_swiftkv`); no other method reads them, so their absence matters to this one alone (`rf_eval.loading_report.check_loaded`)
     extra_tensors: ClassVar[str] = ""
 
     @property

@@ -13,8 +13,8 @@ from rf_eval import engine
 from rf_eval.devices import default_device, parse_dtype
 from rf_eval.engine import Plan, PrefillResult
 from rf_eval.fields import ArmError
-from rf_eval.fills.base import check_loaded, check_model_forward
-from rf_eval.loading_report import recording_missing_keys
+from rf_eval.fills.base import check_model_forward
+from rf_eval.loading_report import check_loaded, recording_missing_keys
 from rf_eval.method import check_prompt, generate, input_device, method_forward, model_identity, prefill_each
 from rf_eval.prefill_cost import PrefillCost
 from rf_eval.ridgefill.arm import Arm

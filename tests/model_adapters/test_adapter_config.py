@@ -54,6 +54,12 @@ def test_values_are_typed_and_lm_eval_flags_merge(tiny_model_dir):
                                                  "lies below split 3"),
         ("fill=identity,selector=attention(layers=5),split=4", "no attention layer among layers [5] lies below split 4"),
         ("fill=identity,allow_other_weights=maybe", "allow_other_weights='maybe' has the wrong type; expected bool"),
+        ("fill=exact,foo=1", "model_args key(s) 'foo' are taken by neither lm-eval's hf model, transformers' "
+                             "from_pretrained nor LlamaConfig"),
+        ("fill=exact,rope_theta=20000", "'rope_theta' are taken by neither"),
+        ("fill=exact,attn_implementaton=eager", "(closest: attn_implementation"),
+        ("fill=exact,dtype=int8", "dtype='int8' is not valid: the weights need a floating-point dtype"),
+        ("fill=exact,dtype=bool", "dtype='bool' is not valid"),
     ],
 )
 def test_bad_model_args_name_the_key(tiny_model_dir, args, message):
@@ -226,3 +232,12 @@ def test_a_broken_run_ledger_is_refused_before_the_weights_load(tiny_model_dir, 
     monkeypatch.setenv("RF_EVAL_LEDGER", str(tmp_path / "none.jsonl"))
     with pytest.raises(ModelArgsError, match=r"\$RF_EVAL_LEDGER: no ledger at"):
         RidgeFillLM(pretrained=tiny_model_dir("llama"), fill="exact", device="cpu")
+
+
+def test_keys_from_pretrained_or_the_config_take_pass(tiny_model_dir):
+    """The unknown-key check refuses nothing transformers would take: from_pretrained's own keyword arguments
+    and the config's attributes (which from_pretrained sets on the config)."""
+    llama = tiny_model_dir("llama")
+    _settings, hf = parse({"pretrained": llama, "fill": "exact", "attn_implementation": "eager",
+                           "low_cpu_mem_usage": True, "vocab_size": 300, "use_safetensors": True})
+    assert hf["attn_implementation"] == "eager" and hf["vocab_size"] == 300
