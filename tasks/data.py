@@ -105,15 +105,58 @@ def data_dir(metadata: dict[str, Any] | None) -> Path | None:
 
 
 def local_copy(name: str, metadata: dict[str, Any] | None) -> Path | None:
-    """The local copy of source `name`: the file its option names, else the data folder's, else None."""
+    """The local copy of source `name`: the file its option names, else the data folder's (checked against
+    the folder's fetch manifest, `check_against_manifest`), else None."""
     source = SOURCES[name]
     given = (metadata or {}).get(source.option) if source.option else None
     if given:
         return Path(str(given)).expanduser()
     folder = data_dir(metadata)
     if folder is not None and (folder / source.path).exists():
+        check_against_manifest(folder, name)
         return folder / source.path
     return None
+
+
+def source_sha256(path: Path) -> str:
+    """A file's sha256 (what `sha256sum` prints); a folder's over its files' relative paths and sha256s."""
+    from rf_eval.hashing import file_sha256, named_files_sha256
+
+    if path.is_file():
+        return file_sha256(path)
+    return named_files_sha256(sorted(p for p in path.rglob("*") if p.is_file()), root=path)
+
+
+_checked: dict[tuple[str, str], tuple[int, str]] = {}  # (folder, source) -> (files' stamp, sha256 found)
+
+
+def check_against_manifest(folder: Path, name: str) -> None:
+    """Refuse a data-folder piece whose sha256 is not the one `rf-eval fetch-data` recorded in the folder's
+    manifest (a file edited or replaced since: the run would score data that is not what was fetched). A
+    folder without a manifest, or a piece it does not list, is the user's own and is read as it is. Each
+    piece is hashed once per process, and again only when it or the manifest changes (mtime, size)."""
+    from rf_eval.tasks.data_files import read_json
+
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        return
+    recorded = (read_json(manifest_path, MANIFEST).get("sources") or {}).get(name) or {}
+    want = recorded.get("sha256") if isinstance(recorded, dict) else None
+    if not want:
+        return
+    piece = folder / SOURCES[name].path
+    files = [piece] if piece.is_file() else sorted(p for p in piece.rglob("*") if p.is_file())
+    key = (str(folder.resolve()), name)
+    stamp = hash((manifest_path.stat().st_mtime_ns, *((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)))
+    if key in _checked and _checked[key][0] == stamp:
+        found = _checked[key][1]
+    else:
+        found = source_sha256(folder / SOURCES[name].path)
+        _checked[key] = (stamp, found)
+    if found != want:
+        raise UserError(f"{folder / SOURCES[name].path}: its sha256 {found[:12]}... is not the {want[:12]}... "
+                        f"that fetch-data recorded in {manifest_path} (edited or replaced since); fetch it again "
+                        f"(rf-eval fetch-data ... --out {folder} --force) or restore it")
 
 
 def use_nltk_data(metadata: dict[str, Any] | None) -> None:

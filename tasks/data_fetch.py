@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from rf_eval.errors import UserError
-from rf_eval.tasks.data import LONGBENCH_DATASET, MANIFEST, SOURCES, write_text
+from rf_eval.tasks.data import LONGBENCH_DATASET, MANIFEST, SOURCES, source_sha256, write_text
 from rf_eval.tasks.data_files import check_fields, read_json
 from rf_eval.tasks.data_needs import sources_of, task_configs
 from rf_eval.tasks.ruler_data import ruler_module
@@ -50,22 +50,13 @@ def fetch(tasks: Iterable[str], out: Path, *, force: bool = False, log: Callable
         except Exception as err:
             raise UserError(f"fetch-data: could not download {source.what} from {source.host} "
                             f"({type(err).__name__}: {err}); run it where the network is reachable") from err
-        manifest["sources"][name] = {"path": source.path, "sha256": _sha256(target), "host": source.host,
+        manifest["sources"][name] = {"path": source.path, "sha256": source_sha256(target), "host": source.host,
                                      "fetched": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                      "seconds": round(time.time() - t0, 1)}
         write_text(manifest_path, json.dumps(manifest, indent=2, sort_keys=True))
         log(f"{name}: wrote {target}")
     write_text(manifest_path, json.dumps(manifest, indent=2, sort_keys=True))
     return manifest
-
-
-def _sha256(path: Path) -> str:
-    """A file's sha256 (what `sha256sum` prints); a folder's over its files' relative paths and sha256s."""
-    from rf_eval.hashing import file_sha256, named_files_sha256
-
-    if path.is_file():
-        return file_sha256(path)
-    return named_files_sha256(sorted(p for p in path.rglob("*") if p.is_file()), root=path)
 
 
 # ---- fetchers: the tasks' own download functions, their results written to files

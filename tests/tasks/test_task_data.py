@@ -204,3 +204,28 @@ def test_lm_eval_offline_refuses_before_the_model_then_runs_from_fetched_data(
     assert proc.returncode == 0, log[-3000:]
     results = json.loads(sorted(out.rglob("results_*.json"))[-1].read_text())
     assert results["results"]["ruler_filled"]["n_filled,none"] + results["results"]["ruler_filled"]["n_excluded,none"] == 4
+
+
+def test_a_fetched_file_edited_since_is_refused_where_it_is_read(stand_in_sources, monkeypatch, tmp_path):
+    """The data folder's pieces are checked against the sha256 fetch-data recorded: an edited file is named,
+    not scored; a folder without a manifest is the user's own and is read as it is."""
+    out = tmp_path / "data"
+    data_fetch.fetch(["ruler_filled", "longbench_v2_cot"], out, log=lambda line: None)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    essays = out / "paul_graham_essays.txt"
+    original = essays.read_bytes()
+    essays.write_bytes(original + b" one more sentence.")
+    with pytest.raises(data.UserError, match=r"paul_graham_essays.txt: its sha256 .* is not the .* that fetch-data "
+                                             r"recorded in .*manifest.json \(edited or replaced since\)"):
+        data_needs.preflight(["ruler_filled"], {"data_dir": str(out)})
+    with pytest.raises(data.UserError, match="paul_graham_essays.txt: its sha256"):  # where RULER reads it
+        with ruler_data.local_sources({"data_dir": str(out)}, "niah_multikey_1"):
+            pass
+    essays.write_bytes(original)
+    data_needs.preflight(["ruler_filled", "longbench_v2_cot"], {"data_dir": str(out)})  # restored: read again
+    items = out / "longbench_v2.json"
+    items.write_text(items.read_text().replace('"A"', '"B"', 1))
+    with pytest.raises(data.UserError, match="longbench_v2.json: its sha256"):
+        data.local_copy("longbench_v2", {"data_dir": str(out)})
+    (out / data.MANIFEST).unlink()
+    assert data.local_copy("longbench_v2", {"data_dir": str(out)}) == items  # no manifest: the user's own folder
