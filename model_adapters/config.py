@@ -191,6 +191,12 @@ def model_config(pretrained: str, hf: dict[str, Any], *, checks_keys: bool = Tru
         config = AutoConfig.from_pretrained(pretrained, **remote)
     except (OSError, ValueError) as err:  # no config.json, or one without a model type transformers knows
         raise ModelArgsError(f"pretrained={pretrained!r}: {' '.join(str(err).split())}") from None
+    from rf_eval.families import family_class_for
+
+    try:  # every rf-eval model reads the layers through the model's family
+        family_class_for(config)
+    except ValueError as err:
+        raise ModelArgsError(f"pretrained={pretrained!r}: {err}") from None
     if checks_keys:
         check_unknown_hf_keys(hf, config)
         check_tokenizer(pretrained, hf, remote)

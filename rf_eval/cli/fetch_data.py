@@ -25,7 +25,10 @@ def run(args: argparse.Namespace) -> int:
     from rf_eval.tasks.data import DATA_ENV, DATA_OPTION, offline
     from rf_eval.tasks.data_fetch import fetch
 
-    tasks = [t for item in args.tasks for t in item.split(",") if t]
+    tasks = [t.strip() for item in args.tasks for t in item.split(",") if t.strip()]
+    if not tasks:
+        raise UserError(f"--tasks {' '.join(args.tasks)!r} names no task; give rf-eval task names, e.g. "
+                        "--tasks ruler_filled longbench_v2_cot")
     if offline():
         raise UserError("fetch-data downloads, but HF_HUB_OFFLINE is set: unset it, on a machine with a network")
     out = args.out.expanduser().resolve()

@@ -142,6 +142,12 @@ def check_fill(args: argparse.Namespace) -> None:
             config = AutoConfig.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
         except (OSError, ValueError):
             return
+        from rf_eval.families import family_class_for
+
+        try:  # the capture reads the layers through the model's family: none, and it cannot run
+            family_class_for(config)
+        except ValueError as err:
+            raise UserError(f"--model {args.model}: {err}") from None
         try:
             fill_method(args.fill).check_fit(config)
         except ValueError as err:

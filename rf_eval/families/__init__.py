@@ -23,6 +23,7 @@ import os
 import pkgutil
 from functools import cache
 
+from rf_eval.errors import UserError
 from rf_eval.families.base import Family, execution_device
 
 FAMILY_PATH_ENV = "RF_EVAL_FAMILY_PATH"
@@ -52,7 +53,7 @@ def registered_families() -> tuple[str, ...]:
 def family_class(name: str) -> type[Family]:
     """The `Family` subclass that the module `rf_eval.families.<name>` defines."""
     if name not in registered_families():
-        raise ValueError(f"unknown family {name!r}; valid families: {', '.join(registered_families())}")
+        raise UserError(f"unknown family {name!r}; valid families: {', '.join(registered_families())}")
     module = importlib.import_module(f"{__name__}.{name}")
     found = [
         value for value in vars(module).values()
@@ -89,7 +90,7 @@ def family_class_for(config) -> type[Family]:
     model_type = getattr(config, "model_type", None)
     families = _model_types(tuple(__path__))
     if model_type not in families:
-        raise ValueError(
+        raise UserError(
             f"model_type {model_type!r} has no rf-eval family; supported: {', '.join(sorted(families))}. "
             "Add one module under rf_eval/families/ (see README, 'Adding a model family')."
         )

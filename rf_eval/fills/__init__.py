@@ -23,6 +23,7 @@ from functools import cache
 from importlib.metadata import entry_points
 
 from rf_eval.engine.plan import FILL_OFF  # the arm with the fill off: every prompt runs the plain model
+from rf_eval.errors import UserError
 from rf_eval.fills.base import STRATEGIES, FillMethod
 
 __all__ = ["FILL_OFF", "ENTRY_POINTS", "FILL_PATH_ENV", "FillMethod", "absent_fills", "arm_fills", "fill_method",
@@ -33,17 +34,40 @@ ENTRY_POINTS = "rf_eval.fills"
 _NOT_FILLS = frozenset({"base"})
 _added: dict[str, type[FillMethod]] = {}
 
-__path__ = [*__path__, *(p for p in os.environ.get(FILL_PATH_ENV, "").split(os.pathsep) if p)]
+_plugin_folders = [p for p in os.environ.get(FILL_PATH_ENV, "").split(os.pathsep) if p]
+__path__ = [*__path__, *_plugin_folders]
+
+
+class FillPluginError(UserError, TypeError):
+    """A fill method (a plugin on RF_EVAL_FILL_PATH, an entry point, a registered class) that cannot run:
+    refused, in one line naming it, when the registry is first read, not at the first request."""
 
 
 def _check(cls: object, where: str) -> type[FillMethod]:
     if not (isinstance(cls, type) and issubclass(cls, FillMethod)) or not cls.name:
-        raise TypeError(f"{where} must define a FillMethod subclass that sets name")
+        raise FillPluginError(f"{where} must define a FillMethod subclass that sets name")
     if cls.strategy not in STRATEGIES:
-        raise TypeError(f"{where}: strategy {cls.strategy!r} is not one of {', '.join(STRATEGIES)}")
+        raise FillPluginError(f"{where}: strategy {cls.strategy!r} is not one of {', '.join(STRATEGIES)}")
     if cls.name == FILL_OFF:
-        raise TypeError(f"{where}: {FILL_OFF!r} is the fill switched off, not a fill method's name")
+        raise FillPluginError(f"{where}: {FILL_OFF!r} is the fill switched off, not a fill method's name")
+    if cls.strategy == "inputs" and cls.fill_fn is FillMethod.fill_fn and cls.bind is FillMethod.bind:
+        raise FillPluginError(f"{where}: fill {cls.name!r} (strategy 'inputs') must define fill_fn (or bind): "
+                              "the function that predicts a late layer's input from the split states")
+    if cls.strategy == "kv" and cls.row_fill is FillMethod.row_fill:
+        raise FillPluginError(f"{where}: fill {cls.name!r} (strategy 'kv') must define row_fill")
     return cls
+
+
+def _import_fill_module(name: str, folder: str):
+    """A fill module; a plugin that does not import (a syntax error, a missing import) is one line naming
+    its file and the variable that put it there."""
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except Exception as err:
+        where = f" (on {FILL_PATH_ENV})" if folder in _plugin_folders else ""
+        detail = f"{type(err).__name__}: {err}"
+        raise FillPluginError(f"fill module {os.path.join(folder, name)}.py{where} does not import ({detail}); "
+                              f"fix it, or take its folder off {FILL_PATH_ENV}") from err
 
 
 @cache
@@ -53,16 +77,16 @@ def _module_fills(path: tuple[str, ...]) -> dict[str, type[FillMethod]]:
         for info in pkgutil.iter_modules([folder]):
             if info.name.startswith("_") or info.name in _NOT_FILLS:
                 continue
-            module = importlib.import_module(f"{__name__}.{info.name}")
+            module = _import_fill_module(info.name, folder)
             classes = [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, FillMethod)
                        and v.__module__ == module.__name__ and v.name]
             if len(classes) != 1:
-                raise TypeError(f"fill module {module.__name__} ({folder}) must define exactly one FillMethod "
+                raise FillPluginError(f"fill module {module.__name__} ({folder}) must define exactly one FillMethod "
                                 f"subclass that sets name; it defines {[c.__name__ for c in classes]}")
             cls = _check(classes[0], module.__name__)
             if cls.name in found:
-                raise ValueError(f"fill {cls.name!r} is defined twice: in {found[cls.name].__module__} and "
-                                 f"{module.__name__}")
+                raise FillPluginError(f"fill {cls.name!r} is defined twice: in {found[cls.name].__module__} and "
+                                      f"{module.__name__}")
             found[cls.name] = cls
     return found
 

@@ -126,6 +126,18 @@ class Exact(FillMethod):
 class Twin(FillMethod):
     name = "ridge"
 
+    def fill_fn(self, maps, dtype, device):
+        return lambda layer, x: x
+
+
+class NoFillFunction(FillMethod):
+    name = "no_fill_function"
+
+
+class KvWithoutRowFill(FillMethod):
+    name = "kv_without_row_fill"
+    strategy = "kv"
+
 
 @pytest.mark.parametrize("cls, message", [
     (NoName, "must define a FillMethod subclass that sets name"),
@@ -133,6 +145,8 @@ class Twin(FillMethod):
     (Exact, "'exact' is the fill switched off, not a fill method's name"),
     (Twin, "fill 'ridge' is already registered (rf_eval.fills.ridge)"),
     (int, "must define a FillMethod subclass"),
+    (NoFillFunction, "fill 'no_fill_function' (strategy 'inputs') must define fill_fn (or bind)"),
+    (KvWithoutRowFill, "fill 'kv_without_row_fill' (strategy 'kv') must define row_fill"),
 ])  # fmt: skip
 def test_the_registry_refuses_a_bad_fill_method(cls, message):
     with pytest.raises((TypeError, ValueError)) as err:
@@ -146,6 +160,7 @@ def test_entry_points_add_fill_methods(monkeypatch):
 
     class FromAPackage(FillMethod):
         name = "from_a_package"
+        strategy = "absent"
 
     class EntryPoint:
         name, value = "from_a_package", "a_package.fills:FromAPackage"
@@ -227,3 +242,26 @@ def test_a_ragged_cache_is_refused_where_it_cannot_decode_and_decodes_where_it_i
             RidgeFill(model, tok, fill="nofill", split=SPLIT, tail=TAIL)  # allowed
     assert isinstance(results["sdpa"], torch.Tensor) and torch.isfinite(results["sdpa"]).all()
     assert isinstance(results["eager"], RuntimeError), "eager decodes a ragged cache now: drop the refusal"
+
+
+@pytest.mark.parametrize("source, says", [
+    ("def broken(:\n", "fill module {folder}/broken.py (on RF_EVAL_FILL_PATH) does not import (SyntaxError"),
+    ("import no_such_module_anywhere\n", "does not import (ModuleNotFoundError: No module named"),
+    ("from rf_eval.fills.base import FillMethod\n\nclass Half(FillMethod):\n    name = 'half'\n",
+     "fill 'half' (strategy 'inputs') must define fill_fn (or bind)"),
+])
+def test_a_broken_fill_plugin_is_one_line_even_for_another_fill(tmp_path, source, says):
+    """A plugin folder on RF_EVAL_FILL_PATH is read when the registry is: a module that does not import, or a
+    class that could not run, is refused in one line naming the file, before any request."""
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "broken.py").write_text(source)
+    env = {**os.environ, "RF_EVAL_FILL_PATH": str(folder)}
+    done = subprocess.run([sys.executable, "-m", "rf_eval", "fills"], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1 and says.format(folder=folder) in done.stderr

@@ -241,3 +241,19 @@ def test_keys_from_pretrained_or_the_config_take_pass(tiny_model_dir):
     _settings, hf = parse({"pretrained": llama, "fill": "exact", "attn_implementation": "eager",
                            "low_cpu_mem_usage": True, "vocab_size": 300, "use_safetensors": True})
     assert hf["attn_implementation"] == "eager" and hf["vocab_size"] == 300
+
+
+def test_a_model_of_no_rf_eval_family_is_refused_before_the_weights(tmp_path, tiny_model_dir, monkeypatch):
+    """A checkpoint whose model_type no family module claims (GPT-2 here) would end in an AttributeError
+    inside the engine after loading; the adapters refuse it from the config."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+    folder = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=300)).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{tiny_model_dir('llama')}/{name}", folder / name)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    with pytest.raises(ModelArgsError, match="model_type 'gpt2' has no rf-eval family; supported: .*llama"):
+        parse({"pretrained": str(folder), "fill": "exact"})

@@ -142,6 +142,8 @@ def test_preflight_refuses_local_copies_that_are_not_there(metadata, says):
     (["--tasks", "ruler_filed", "--out", "{tmp}/d"], {}, "'ruler_filed' is not an rf-eval task; valid: "),
     (["--tasks", "ruler_filled", "--out", "{tmp}/file"], {}, "is a file; give a folder"),
     (["--tasks", "ruler_filled", "--out", "{tmp}/d"], {"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"),
+    (["--tasks", ",", "--out", "{tmp}/d"], {}, "--tasks ',' names no task"),
+    (["--tasks", " , ,", "--out", "{tmp}/d"], {}, "names no task"),
 ])
 def test_fetch_data_bad_input(argv, env, says, tmp_path, monkeypatch, capsys):
     from rf_eval.cli import main
