@@ -53,3 +53,17 @@ def test_swiftkv_tensors_missing_refuse_the_swiftkv_fills_only(tmp_path):
             RidgeFill.from_pretrained(folder, fill=fill, tail=2, device="cpu")
     for fill in ("exact", "identity"):
         RidgeFill.from_pretrained(folder, fill=fill, tail=2, split=3, device="cpu")
+
+
+def test_a_config_naming_another_architecture_over_the_weights_is_refused(tmp_path):
+    """config.json says qwen2 over a Llama checkpoint: transformers builds Qwen2's q/k/v biases at random (the
+    weights hold none) and `hf` runs on them; the arm refuses, naming them."""
+    import json
+
+    folder = make_tiny_model("llama", tmp_path / "relabelled")
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ArmError, match=r"checkpoint lacks \d+ tensor\(s\) that its forward reads "
+                                       r"\(model.layers.0.self_attn.k_proj.bias"):
+        RidgeFill.from_pretrained(folder, fill="exact", tail=4, device="cpu")
