@@ -97,6 +97,8 @@ WALK = {
     "ledger": (["add", "--claim", "c", "--prediction", "p", "--config", "{file}", "--ledger", "{out}/l.jsonl"],
                {"--config": "file", "--ledger": "outfile"}),
     "study": (["plan", "{file}"], {"study": "text"}),
+    "overlap": (["--calibration", "{cal}", "--eval", "{file}", "--json", "{out}/o.json"],
+                {"--calibration": "text", "--eval": "docs", "--json": "outfile"}),
 }
 
 
@@ -106,9 +108,11 @@ def walk_table():
 
 
 def hostile_values(kind: str) -> list[str]:
-    """text: a text file read; file: any file read (hashed); outfile: a file written; folder: a folder."""
+    """text: a text file read; file: any file read (hashed); outfile: a file written; folder: a folder; docs:
+    documents as keytoken_nll reads them (a folder of them or one file)."""
     return {"text": ["folder", "binary", "missing", "empty"], "file": ["folder", "missing", "empty"],
-            "outfile": ["folder", "empty"], "folder": ["file", "empty"]}.get(kind, ["empty"])
+            "outfile": ["folder", "empty"], "folder": ["file", "empty"],
+            "docs": ["binary", "missing", "empty"]}.get(kind, ["empty"])
 
 
 def cases() -> list[tuple[str, str, str]]:

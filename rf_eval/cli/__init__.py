@@ -26,6 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "rf_eval.cli.convert_projector",
         "a released RidgeFill projector folder (int8 or bf16) as an rf-eval map file for its model",
     ),
+    "overlap": (
+        "rf_eval.cli.overlap",
+        "calibration texts vs evaluation texts: same sha256, or a shared run of 50+ words (exit 1 if any)",
+    ),
     "fit-transfer": ("rf_eval.cli.fit_transfer", "fit RaReCache's source -> target KV-cache maps"),
     "fit-state-correction": (
         "rf_eval.cli.fit_state_correction",

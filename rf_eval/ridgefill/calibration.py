@@ -22,18 +22,27 @@ class CalibrationError(UserError):
 def iter_documents(paths: Sequence[str | Path]) -> Iterator[str]:
     """Documents in the order given: a .jsonl file yields one per line, any other file one (blank ones
     skipped). JSONL is read line by line, so a large file is never held whole."""
+    for _, text in iter_named_documents(paths):
+        yield text
+
+
+def iter_named_documents(paths: Sequence[str | Path]) -> Iterator[tuple[str, str]]:
+    """(name, text) of each document of `iter_documents`: the file's path, or `path:line` (from 1) for a
+    JSONL line, so a report can name the document (`rf_eval.overlap`)."""
     for raw in paths:
         path = Path(raw)
+        if path.is_dir():
+            raise CalibrationError(f"{WHAT} {path} is a folder; give the files in it (e.g. {path}/*.jsonl)")
         if not path.is_file():
             raise CalibrationError(f"{WHAT} {path} does not exist")
         if path.suffix == ".jsonl":
-            for _, record in iter_jsonl(path, {"text": str}, WHAT, JSONL_HINT):
+            for number, record in iter_jsonl(path, {"text": str}, WHAT, JSONL_HINT):
                 if record["text"].strip():
-                    yield record["text"]
+                    yield f"{path}:{number}", record["text"]
         else:
             text = read_text(path, WHAT)
             if text.strip():
-                yield text
+                yield str(path), text
 
 
 def check_disjoint(calibration: Sequence[str | Path], heldout: Sequence[str | Path]) -> None:

@@ -221,7 +221,10 @@ def maps_ready(study: Study, out: Path) -> bool:
 
 
 def fit_maps_once(study: Study, out: Path) -> str | None:
-    """The study's maps: its `maps`, or those its `fit:` block fits into OUT/maps (once: a re-run reuses them)."""
+    """The study's maps: its `maps`, or those its `fit:` block fits into OUT/maps (once: a re-run reuses them).
+    Before a fit, when the study names `docs`, the calibration and held-out files are checked against them
+    (`rf_eval.overlap.check_before_fit`: OUT/overlap.json, summarised in OUT/maps/fit.json); overlap warns,
+    or stops the study with `fit: {overlap: refuse}`."""
     if maps_ready(study, out):
         return maps_location(study, out)
     folder = out / "maps"
@@ -231,12 +234,21 @@ def fit_maps_once(study: Study, out: Path) -> str | None:
     from rf_eval.cli.fit import run as fit
 
     given: dict[str, Any] = dict(study.fit_options(), out=str(folder), no_progress=False)
+    overlap = None
+    if study.metadata.get("docs"):  # calibration vs the evaluated documents first (RidgeFill Appendix G)
+        from rf_eval.overlap import WARN, check_before_fit
+
+        try:
+            overlap = check_before_fit([*given["calibration"], *given["heldout"]], study.metadata["docs"],
+                                       out / "overlap.json", study.fit.get("overlap", WARN))
+        except UserError as err:
+            raise StudyError(f"the study's overlap check, before its fit: {err}") from None
     print(f"[fit] maps for split {study.fit['split']} into {folder}", flush=True)
     try:
         fit(options("fit", **given))
     except UserError as err:
         raise StudyError(f"the study's fit: block failed: {err}") from None
-    marker.write_text(json.dumps({"fit": want}))
+    marker.write_text(json.dumps({"fit": want, "overlap": overlap}))
     return str(folder)
 
 

@@ -5,6 +5,8 @@
       args: {dtype: bfloat16}    # any other `hf` model_args (device, parallelize, revision, ...)
     maps: /maps/llama            # RidgeFill maps, or `fit:` below to fit them first
     fit: {calibration: [cal.jsonl], heldout: [held.jsonl], split: 16, lambdas: [0.01, 0.03]}
+                                 # (+ overlap: refuse: stop, not warn, when the calibration text overlaps
+                                 # the metadata's docs; `rf_eval.overlap`)
     tasks: [niah_single_1_filled, keytoken_nll]
     include_path: ./my_tasks     # optional: a folder of task YAMLs (lm_eval --include_path)
     lengths: [4096, 8192]        # --metadata max_seq_lengths
@@ -117,7 +119,9 @@ _TOP = {
     "budgets": (list, False),
 }
 _MODEL = {"pretrained": (str, True), "args": (dict, False)}
-_FIT = {"calibration": (list, True), "heldout": (list, False), "split": (int, True), "lambdas": (list, False)}
+_FIT = {"calibration": (list, True), "heldout": (list, False), "split": (int, True), "lambdas": (list, False),
+        "overlap": (str, False)}
+OVERLAP_ACTIONS = ("warn", "refuse")  # fit.overlap: what calibration text that overlaps `docs` does (`rf_eval.overlap`)
 _ARM = {"model": (str, False), "args": (dict, False)}
 _CLAIM = {"claim": (str, True), "prediction": (str, True)}
 
@@ -185,6 +189,9 @@ def load_study(path: str | Path) -> Study:
     _check(f"{name}: model", data["model"], _key_nodes(values["model"]), _MODEL, values["model"])
     if "fit" in data:
         _check(f"{name}: fit", data["fit"], _key_nodes(values["fit"]), _FIT, values["fit"])
+        if data["fit"].get("overlap", OVERLAP_ACTIONS[0]) not in OVERLAP_ACTIONS:
+            raise StudyError(f"{name}: fit.overlap must be {' or '.join(OVERLAP_ACTIONS)}, not "
+                             f"{data['fit']['overlap']!r} ({_line(_key_nodes(values['fit'])['overlap'])})")
         if "maps" in data:
             raise StudyError(f"{name}: give maps or fit, not both ({_line(_key_nodes(root)['fit'])})")
     arm_nodes = _value_nodes(values["arms"])
