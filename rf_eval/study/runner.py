@@ -233,7 +233,9 @@ def fit_maps_once(study: Study, out: Path) -> str | None:
     from rf_eval.cli import UserError, options
     from rf_eval.cli.fit import run as fit
 
-    given: dict[str, Any] = dict(study.fit_options(), out=str(folder), no_progress=False)
+    # a refit (its inputs changed since the maps there were fitted) replaces them: same file names
+    given: dict[str, Any] = dict(study.fit_options(), out=str(folder), no_progress=False,
+                                 overwrite=folder.is_dir() and any(folder.iterdir()))
     overlap = None
     if study.metadata.get("docs"):  # calibration vs the evaluated documents first (RidgeFill Appendix G)
         from rf_eval.overlap import WARN, check_before_fit

@@ -366,6 +366,7 @@ def test_an_edited_calibration_file_refits_the_maps_and_a_same_one_reuses_them(t
 
     def fake_fit(args):  # stands in for the capture and solve; writes maps that depend on the calibration text
         folder = Path(args.out)
+        assert args.overwrite == (folder.is_dir() and any(folder.iterdir())), "a refit must replace the old maps"
         folder.mkdir(parents=True, exist_ok=True)
         text = "".join(Path(c).read_text() for c in args.calibration)
         (folder / "maps.safetensors").write_text(text)
