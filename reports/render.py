@@ -201,7 +201,8 @@ def build_view(summary: dict[str, Any]) -> dict[str, Any]:
     return {
         "budgets": [], "frontier": front, "score_set": "",
         "ledger_head": None, "metrics": {"points": "none", "tasks": "none", "losses": "none"}, "standalone": False,
-        "measures": [], "strata_rule": "", "cross_model": [], "notes": [],
+        "measures": [], "strata_rule": "", "cross_model": [], "notes": [], "copyable": None,
+        "cap_hits": {"rows": [], "description": ""},
         **summary,
         "charts": {
             "forest": forest_plot(summary["forest"], margin=summary["margin"], colours=colours)

@@ -29,7 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["KEYTOKEN", "Measure", "TaskMeasures", "default_metrics", "missing_note", "missing_reason", "task_measures"]
+__all__ = ["KEYTOKEN", "Measure", "TaskMeasures", "default_metrics", "missing_note", "missing_reason", "task_label",
+           "task_measures"]
 
 KEYTOKEN_TASK = "keytoken_nll"
 FILLED_SUFFIX = "_filled"
@@ -61,6 +62,12 @@ class TaskMeasures:
         return list(dict.fromkeys(m.metric for m in self.measures))
 
     @property
+    def columns(self) -> list[dict[str, Any]]:
+        """The columns as plain data, for a report's table."""
+        return [{"key": m.key, "label": m.label, "metric": m.metric, "kind": m.kind, "secondary": m.secondary}
+                for m in self.measures]
+
+    @property
     def own_metrics(self) -> set[str]:
         """The metrics an arm measured against its own exact pass: read per arm, never paired."""
         return {m.metric for m in self.measures if m.kind == "own"}
@@ -89,6 +96,12 @@ _MISSING = {
     "kl": "KL(exact‖arm) needs the arm's same-run exact pass (reference=exact in --model_args)",
     "nll_all": "no document was scored",
 }
+
+
+def task_label(task: str, filt: str, metric: str | None = None) -> str:
+    """A task as a report's tables name it: "task", "task [filter]", then ": metric" where one is given."""
+    label = task if filt == "none" else f"{task} [{filt}]"
+    return label if metric is None else f"{label}: {metric}"
 
 
 def task_measures(task: str) -> TaskMeasures | None:

@@ -14,11 +14,14 @@ from __future__ import annotations
 import pandas as pd
 
 from rf_eval.prefill_cost import COST_FIELDS
+from rf_eval.stats.runs import ITEM_FIELDS
 
 __all__ = ["PAIR_KEYS", "PairingError", "pair_arms"]
 
 PAIR_KEYS = ["task", "filter", "metric", "doc_id"]
-_SHARED = ["primary", "unit", "higher_is_better", "length", "domain", "subtask"]
+#: facts of the item both arms share (the arm's value, else the reference's); `copyable` is the copyable-share
+#: bin a report asks for (`rf_eval.stats.copyable`), a column only then (None where `items` lacks it)
+_SHARED = ["primary", "unit", "higher_is_better", "length", "domain", "subtask", "copyable"]
 
 
 class PairingError(ValueError):
@@ -34,9 +37,11 @@ def pair_arms(items: pd.DataFrame, arm: str, ref: str) -> pd.DataFrame:
     """Aligned scores of `arm` and `ref` on the items both have.
 
     Returns one row per paired item: the keys, the shared item facts (metric,
-    unit, length, domain, subtask: the facts bootstrap strata are made of),
-    `arm` and `ref` scores, and the cost columns of both arms
-    (`rf_eval.prefill_cost.COST_FIELDS`, suffixed `_arm` and `_ref`). `attrs["unpaired"]` counts the items only one of the two arms has.
+    unit, length, domain, subtask, copyable: the facts bootstrap strata are made of),
+    `arm` and `ref` scores, and the per-sample fields and cost columns of both arms
+    (`rf_eval.stats.runs.ITEM_FIELDS`, `rf_eval.prefill_cost.COST_FIELDS`, suffixed `_arm`
+    and `_ref`; None where `items` lacks one). `attrs["unpaired"]` counts the items only one
+    of the two arms has.
     """
     a = items[items["arm"] == arm]
     r = items[items["arm"] == ref]
@@ -51,11 +56,14 @@ def pair_arms(items: pd.DataFrame, arm: str, ref: str) -> pd.DataFrame:
             )
     out = merged[PAIR_KEYS].copy()
     for column in _SHARED:
+        if f"{column}_arm" not in merged:
+            out[column] = None
+            continue
         out[column] = merged[f"{column}_arm"].where(merged[f"{column}_arm"].notna(), merged[f"{column}_ref"])
     out["arm"] = merged["score_arm"].to_numpy()
     out["ref"] = merged["score_ref"].to_numpy()
-    for column in COST_FIELDS:
-        out[f"{column}_arm"] = merged[f"{column}_arm"].to_numpy()
-        out[f"{column}_ref"] = merged[f"{column}_ref"].to_numpy()
+    for column in (*ITEM_FIELDS, *COST_FIELDS):
+        for side in ("_arm", "_ref"):
+            out[column + side] = merged[column + side].to_numpy() if column + side in merged else None
     out.attrs["unpaired"] = len(a) + len(r) - 2 * len(merged)
     return out.sort_values(PAIR_KEYS, kind="stable").reset_index(drop=True)

@@ -24,11 +24,13 @@ length from the metric's name; otherwise the length is the doc's `max_length`
 the subtask its `ruler_task` (pooled `ruler_filled`): the facts of the
 bootstrap strata (`rf_eval.stats.strata`). Accuracy-like metrics (higher is
 better, all in [0, 1]) are put in points (x100, section 3.4).
-Per-item cost, as rf-eval's tasks record it beside their metrics
+Per-sample facts (`ITEM_FIELDS`: the length-cap flag `cap_hits` of the
+generation tasks, keytoken_nll's `copyable_share`) and per-item cost, as
+rf-eval's tasks record them beside their metrics
 (`rf_eval.prefill_cost.COST_FIELDS`: the arm's and exact's prefill MACs, their
 ratio, the measured `prefill_seconds`, the budget and its knob's value, the
-cache entries, ...), becomes columns of the same rows; an arm run without them
-(another lm-eval model) has them empty.
+cache entries, ...), become columns of the same rows; an arm run without them
+(another lm-eval model, or an older rf-eval) has them empty.
 Every samples file is checked against the seal its run wrote (`rf_eval.seal`): one edited, truncated or
 removed since is refused; an arm whose files carry no seal gets a note that it is unsealed.
 An arm run with `reference=exact` records its engine floor in the results'
@@ -62,11 +64,15 @@ from rf_eval.stats.provenance import (
     task_protocol,
 )
 
-__all__ = ["ArmRun", "EmptyMetricError", "ITEM_COLUMNS", "RunFormatError", "Runs", "load_runs"]
+__all__ = ["ArmRun", "EmptyMetricError", "ITEM_COLUMNS", "ITEM_FIELDS", "RunFormatError", "Runs", "load_runs"]
 
+#: per-sample facts rf-eval's tasks record beside their metrics, read onto every item of the sample whatever
+#: metric is reported: `cap_hits` (the answer hit max_gen_toks, `rf_eval.tasks.common.cap_hit`) and
+#: `copyable_share` (keytoken_nll, the strata of `rf_eval.stats.copyable`)
+ITEM_FIELDS = ("cap_hits", "copyable_share")
 ITEM_COLUMNS = (
     "arm", "task", "filter", "doc_id", "metric", "primary", "doc_hash", "prompt_hash", "target_hash", "higher_is_better",
-    "unit", "score", "length", "domain", "subtask", *COST_FIELDS,
+    "unit", "score", "length", "domain", "subtask", *ITEM_FIELDS, *COST_FIELDS,
 )  # fmt: skip
 RULER_SCORE = "score"
 LENGTH_KEYS = ("max_length", "max_seq_length", "context_length", "length")
@@ -287,7 +293,7 @@ def _sample_rows(
             "length": _doc_length(doc),
             "domain": str(domain) if isinstance(domain, (str, int)) else None,
             "subtask": _subtask(sample, doc),
-            **{k: _number(sample.get(k)) for k in COST_FIELDS},
+            **{k: _number(sample.get(k)) for k in (*ITEM_FIELDS, *COST_FIELDS)},
         }
         for i, metric in enumerate(metrics):
             if metric == RULER_SCORE:

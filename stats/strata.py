@@ -11,7 +11,10 @@ comparison resamples within each combination of those that split its items:
   `keytoken_nll`, LongBench v2's domains;
 - the length (the doc's `max_length`, or a RULER length metric): where the
   items span several lengths (the paper runs the same number of samples per
-  task and length, section 3.2).
+  task and length, section 3.2);
+- the copyable-share bin of a `keytoken_nll` document, where the report asks
+  for it (`--strata copyable`, `rf_eval.stats.copyable`; section 4.7, Table 13):
+  the column `copyable`, absent otherwise.
 
 A fact with one value over the items (one task, one length) splits nothing
 and is left out of the statement; an item without a value (no domain) is a
@@ -29,10 +32,12 @@ import pandas as pd
 __all__ = ["RULE", "STRATA_FACTS", "Strata", "strata_of"]
 
 #: (item column, the name a report prints), in the order a statement names them.
-STRATA_FACTS = (("task", "task"), ("subtask", "RULER task"), ("domain", "domain"), ("length", "length"))
+STRATA_FACTS = (("task", "task"), ("subtask", "RULER task"), ("domain", "domain"), ("length", "length"),
+                ("copyable", "copyable share"))
 #: The rule in words, for a report's preamble.
 RULE = ("resampled within strata: each combination of task, RULER task, domain and length "
-        "that splits a comparison's items, as each row's strata column names it")
+        "(and copyable-share bin, with --strata copyable) that splits a comparison's items, as each row's "
+        "strata column names it")
 _SEP = "\x1f"
 
 

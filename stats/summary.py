@@ -7,26 +7,34 @@ novel-token ΔNLL, the novel-token perplexity gap, KL; all-token ΔNLL beside
 them), and adds speed against the ceiling where timings were recorded
 (section 5.3), each arm's prefill cost and the quality-cost frontier, with
 the arms that share a budget compared with each other (`frontier`; sections
-6.2, 6.4, 8), selections against their count-matched controls (section 3.3)
-and registration status (section 9). Every interval resamples within the
-strata of `rf_eval.stats.strata` (section 3.4), named in each row's `strata`.
+6.2, 6.4, 8), selections against their count-matched controls (section 3.3),
+registration status (section 9), each arm's length-cap hits on the generation
+tasks beside the reference's (`cap_hits`, sections 4.5, 4.6) and, with
+`strata=("copyable",)`, keytoken_nll's measures per copyable-share bin
+(`copyable`, section 4.7, Table 13; `rf_eval.stats.copyable`). Every interval
+resamples within the strata of `rf_eval.stats.strata` (section 3.4), named in
+each row's `strata`.
 The result holds only dicts, lists, strings, numbers and None, unrounded.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from rf_eval.stats.cap_hits import cap_hit_table
 from rf_eval.stats.comparable import check_comparable
 from rf_eval.stats.contrasts import loss_contrast, own_measure, points_contrast
 from rf_eval.stats.controls import control_margin
+from rf_eval.stats.copyable import COLUMN as COPYABLE
+from rf_eval.stats.copyable import DEFAULT_EDGES, STRATA, check_edges, copyable_tables, with_copyable_bins
 from rf_eval.stats.frontier import cost_of, frontier, matched_budgets, measured_speedup
 from rf_eval.stats.ledger import LedgerEntry
+from rf_eval.stats.measures import task_label as _label
 from rf_eval.stats.measures import task_measures
 from rf_eval.stats.pairing import PAIR_KEYS, pair_arms
 from rf_eval.stats.registration import registration
@@ -35,11 +43,6 @@ from rf_eval.stats.speed import speed_rows
 from rf_eval.stats.strata import RULE, STRATA_FACTS, strata_of
 
 __all__ = ["study_summary"]
-
-
-def _label(task: str, filt: str, metric: str | None = None) -> str:
-    label = task if filt == "none" else f"{task} [{filt}]"
-    return label if metric is None else f"{label}: {metric}"
 
 
 def _length_value(value: Any) -> int | str:
@@ -202,20 +205,24 @@ class _Study:
                 p = self.pairs[arm]
                 p = p[(p["task"] == task) & (p["filter"] == filt)]
                 own = items[(items["arm"] == arm) & (items["task"] == task) & (items["filter"] == filt)]
-                cells = self.measure_cells(spec, p, own)
-                if any(c is not None for c in cells.values()):
-                    widest = max((c for c in cells.values() if c is not None), key=lambda c: c["n"])
-                    rows.append({"arm": arm, "n": widest["n"], "cells": cells, "strata": widest["strata"],
-                                 "registration": self.status(arm, task)})
+                row = self.measure_row(arm, spec, p, own)
+                if row is not None:
+                    rows.append({**row, "registration": self.status(arm, task)})
             loaded = set(items.loc[(items["task"] == task) & (items["filter"] == filt), "metric"])
             tables.append({
                 "task": _label(task, filt), "title": spec.title, "description": spec.description,
-                "columns": [{"key": m.key, "label": m.label, "metric": m.metric, "kind": m.kind,
-                             "secondary": m.secondary} for m in spec.measures],
-                "metrics": ", ".join(m for m in spec.metrics if m in loaded) or "none",
+                "columns": spec.columns, "metrics": ", ".join(m for m in spec.metrics if m in loaded) or "none",
                 "rows": rows,
             })  # fmt: skip
         return tables
+
+    def measure_row(self, arm: str, spec: Any, pairs: pd.DataFrame, own: pd.DataFrame) -> dict[str, Any] | None:
+        """One arm's row of a measures table on these items (None where no measure has any)."""
+        cells = self.measure_cells(spec, pairs, own)
+        if all(c is None for c in cells.values()):
+            return None
+        widest = max((c for c in cells.values() if c is not None), key=lambda c: c["n"])
+        return {"arm": arm, "n": widest["n"], "cells": cells, "strata": widest["strata"]}
 
     def measure_cells(self, spec: Any, pairs: pd.DataFrame, own: pd.DataFrame) -> dict[str, Any]:
         """Each measure of `spec` on one arm's items (None where its metric has no paired items)."""
@@ -305,11 +312,15 @@ def study_summary(
     ledger: Sequence[LedgerEntry] | None = None,
     controls: Mapping[str, Sequence[str]] | None = None,
     cross_model: bool = False,
+    strata: Sequence[str] = (),
+    copyable_bins: Sequence[float] = DEFAULT_EDGES,
 ) -> dict[str, Any]:
     """Compare every arm of `runs` with `reference`; see the module docstring.
 
     Arms on other weights or another task protocol than the reference are
     refused (`rf_eval.stats.comparable`) unless `cross_model`, which labels them.
+    `strata` adds facts to the bootstrap strata and a table per value: `copyable`, keytoken_nll's
+    copyable-share bins cut at `copyable_bins` (`rf_eval.stats.copyable`).
     """
     names = [a.name for a in runs.arms]
     for name, where in [(reference, "")] + [(n, " (in --control)") for s, c in (controls or {}).items() for n in (s, *c)]:
@@ -318,6 +329,12 @@ def study_summary(
     if len(names) < 2:
         raise ValueError(f"a report compares arms, and the runs given hold one arm ({', '.join(names)}); "
                          "give the lm-eval output folders of at least two arms")
+    unknown = [s for s in strata if s not in STRATA]
+    if unknown:
+        raise ValueError(f"--strata {', '.join(unknown)}: unknown; the strata a report adds: {', '.join(STRATA)}")
+    edges = check_edges(copyable_bins)
+    if COPYABLE in strata:
+        runs = replace(runs, items=with_copyable_bins(runs.items, reference, edges))
     labels = check_comparable(runs, reference, cross_model=cross_model)
     opts = {"confidence": confidence, "n_resamples": n_resamples, "seed": seed}
     study = _Study(runs, reference, margin, opts, None if ledger is None else list(ledger))
@@ -343,7 +360,9 @@ def study_summary(
         "forest": forest + [{"group": r["arm"], "label": "overall", **r} for r in overall],
         "speed": study.speed(), "controls": study.controls(controls or {}),
         "has_ledger": ledger is not None, "ledger_head": None, "notes": notes, "cross_model": labels, "strata_rule": RULE,
-        "metrics": _metrics_used(tasks, losses),
+        "metrics": _metrics_used(tasks, losses), "cap_hits": cap_hit_table(study.pairs, reference),
+        "copyable": copyable_tables(study.runs.items, study.pairs, reference, edges, study.measure_row)
+        if COPYABLE in strata else None,
     }  # fmt: skip
 
 

@@ -58,6 +58,38 @@ def cost_fields(prompt: Any) -> dict[str, Any]:
     return run_context.prompt_cost(prompt) or empty_fields()
 
 
+#: the per-sample length-cap flag of the generation tasks (`cap_hit`): 1 or 0 per sample, summed to a count
+CAP_METRICS: dict[str, tuple[Callable[[Iterable[Any]], float], bool]] = {"cap_hits": (sum_present, False)}
+
+
+def max_gen_toks(generation_kwargs: Any) -> int | None:
+    """The length cap of a task's generation settings (`max_gen_toks`), None where they set none."""
+    if not isinstance(generation_kwargs, dict) or generation_kwargs.get("max_gen_toks") is None:
+        return None
+    return int(generation_kwargs["max_gen_toks"])
+
+
+def cap_hit(tokenizer: Any, response: Any, cap: int | None) -> int | None:
+    """1 when an answer hit its length cap, 0 when it stopped before it, None without a cap or answer (RidgeFill
+    paper sections 4.5 and 4.6: "RidgeFill's cwe answers also hit the length cap more often, 12 against 8";
+    "the first pass hit its 1,024-token cap on 301 items").
+
+    The rule, one for every lm-eval model (`hf` hands a task only the answer's text): the answer, re-tokenized
+    with the run's tokenizer without special tokens, has at least `cap` (max_gen_toks) tokens. An answer that
+    ended at a stop sequence or at EOS spent one of its `cap` tokens or more on the stop, and lm-eval's text
+    leaves the stop out (cut at the stop string; EOS is a special token, skipped when decoding), so it
+    re-tokenizes to fewer. Where decoding and re-encoding do not round-trip the count can be off: a split of a
+    word other than the tokenizer's own re-encodes to fewer tokens, the bytes of an incomplete character
+    decode to U+FFFD and re-encode to more, special tokens other than EOS are dropped from the text, and a
+    thinking model's text after its think-end marker is only its answer. Every arm of a comparison is counted
+    by this rule on the same tokenizer.
+    """
+    if cap is None or response is None:
+        return None
+    ids = tokenizer(str(response), add_special_tokens=False)["input_ids"]
+    return int(len(ids) >= cap)
+
+
 def option(metadata: dict[str, Any] | None, key: str, default: Any, kind: Callable[[Any], Any] = lambda x: x) -> Any:
     """An option from task metadata (`--metadata` JSON or `--model_args`), typed by `kind`."""
     meta = metadata or {}

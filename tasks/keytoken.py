@@ -315,7 +315,6 @@ class KeyTokenTask(ConfigurableTask):
         arm_lp = list(resp["logprobs"])
         seq, start = self.token_sequence(doc, resp)
         novel = token_masks.novel_mask(seq, start, self.ngram)
-        copyable = token_masks.copyable_mask(seq, start, self.ngram)
         key, exact_lp = self.key_tokens(doc, results)
         nll = [-x for x in arm_lp]
         out: dict[str, Any] = {
@@ -325,7 +324,7 @@ class KeyTokenTask(ConfigurableTask):
             "n_tokens": len(nll),
             "n_novel": sum(novel),
             "n_key": sum(key),
-            "copyable_share": sum(copyable) / len(copyable) if copyable else None,
+            "copyable_share": token_masks.copyable_share(seq, start, self.ngram),
             "arm_exact": int(self.arm_exact),
         }
         if exact_lp is not None:

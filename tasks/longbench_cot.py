@@ -29,7 +29,9 @@ longbench_v2_cot` writes (metadata `data_dir` or RF_EVAL_DATA; `rf_eval.tasks.da
 
 Metrics: `acc` overall, by difficulty (`acc_easy`, `acc_hard`), by length
 (`acc_short`, `acc_medium`, `acc_long`) and by domain (`acc_domain_<name>`);
-`answered` (an answer could be extracted).
+`answered` (an answer could be extracted); `cap_hits`, the items whose first
+pass hit its `cot_tokens` cap (`common.cap_hit`; section 4.6: "The first pass
+hit its 1,024-token cap on 301 items").
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ from lm_eval.api.task import ConfigurableTask
 from rf_eval.errors import UserError
 from rf_eval.tasks import request_types
 from rf_eval.tasks.common import (
+    CAP_METRICS,
     COST_METRICS,
+    cap_hit,
     cost_fields,
     mean_present,
     metric_list,
@@ -220,7 +224,7 @@ class LongBenchCoTTask(ConfigurableTask):
     def metric_spec(self) -> dict[str, tuple[Any, bool]]:
         names = ["acc", "answered", "acc_easy", "acc_hard", "acc_short", "acc_medium", "acc_long"]
         names += [f"acc_domain_{slug(d)}" for d in self.domains]
-        return {**{n: (mean_present, True) for n in names}, **COST_METRICS}
+        return {**{n: (mean_present, True) for n in names}, **CAP_METRICS, **COST_METRICS}
 
     def download(self, dataset_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         import datasets
@@ -252,7 +256,9 @@ class LongBenchCoTTask(ConfigurableTask):
     def process_results(self, doc: dict[str, Any], results: list[Any]) -> dict[str, Any]:
         pred = extract_choice(results[0]["response"])
         correct = float(pred == doc["answer"])
-        out: dict[str, Any] = {"acc": correct, "answered": float(pred is not None)}
+        out: dict[str, Any] = {"acc": correct, "answered": float(pred is not None),
+                               "cap_hits": cap_hit(tokenizer_from(self.config.metadata), results[0]["cot"],
+                                                   self.cot_tokens)}
         for level in ("easy", "hard"):
             out[f"acc_{level}"] = correct if doc["difficulty"] == level else None
         for level in ("short", "medium", "long"):

@@ -46,7 +46,8 @@ recomputed from a samples file). Filled-region metrics are
 
 Metrics: `acc_filled` (filled-region accuracy), `acc_all` (the official
 score on every sample), `n_filled` / `n_excluded` (counts), `filled` (share),
-and per length L: `acc_filled_L`, `acc_all_L`, `n_filled_L`, `n_excluded_L`.
+`cap_hits` (answers that hit `max_gen_toks`, counted over every sample by
+`common.cap_hit`; 0/1 per sample, section 4.5), and per length L: `acc_filled_L`, `acc_all_L`, `n_filled_L`, `n_excluded_L`.
 Scores are RULER's, in [0, 1].
 
 Options (`--metadata` JSON; `--model_args` values are seen too): `tail`,
@@ -66,9 +67,12 @@ from lm_eval.api.task import ConfigurableTask
 from rf_eval.ridgefill.arm_spec import DEFAULT_TAIL
 from rf_eval.tasks import needles, prompts, ruler_data
 from rf_eval.tasks.common import (
+    CAP_METRICS,
     COST_METRICS,
+    cap_hit,
     cost_fields,
     filled_tail,
+    max_gen_toks,
     mean_present,
     median_present,
     metric_list,
@@ -199,7 +203,11 @@ class RulerFilledTask(ConfigurableTask):
             spec[f"acc_all_{length}"] = (mean_present, True)
             spec[f"n_filled_{length}"] = (sum_present, True)
             spec[f"n_excluded_{length}"] = (sum_present, False)
-        return {**spec, **COST_METRICS}
+        return {**spec, **CAP_METRICS, **COST_METRICS}
+
+    def cap_hit(self, response: Any) -> int | None:
+        """Whether `response` hit the task's length cap (`common.cap_hit`, the run's tokenizer)."""
+        return cap_hit(tokenizer_from(self.config.metadata), response, max_gen_toks(self.config.generation_kwargs))
 
     # ---- data and prompts
 
@@ -268,6 +276,7 @@ class RulerFilledTask(ConfigurableTask):
             "n_excluded": int(not filled),
             "filled": int(filled),
             "needle_rows_from_end": m.rows_from_end,
+            "cap_hits": self.cap_hit(results[0]),
             **cost_fields(self._requests.get(self.key_of(doc))),
         }
         length = int(doc["max_length"])

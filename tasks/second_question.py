@@ -14,7 +14,8 @@ score of the first answer). `second_filled` records whether the second
 needle lies in the filled region of the first prompt (tail from metadata
 `tail`, default 4,096); `acc_strict_filled` / `acc_strict_tail` split the
 strict score by it. With the adapter's `reference=exact`, `acc_strict_ref`
-scores the exact arm's own two-turn run.
+scores the exact arm's own two-turn run. `cap_hits` counts second answers that
+hit `max_gen_toks` (`common.cap_hit`), `cap_hits_first` first answers.
 
 Turn formatting: with `--apply_chat_template` the second turn is the chat
 template's rendering of [answer, user question, assistant prefix] after the
@@ -32,7 +33,15 @@ from collections.abc import Callable
 from typing import Any
 
 from rf_eval.tasks import needles, prompts, request_types
-from rf_eval.tasks.common import COST_METRICS, cost_fields, mean_present, option, sum_present, tokenizer_from
+from rf_eval.tasks.common import (
+    CAP_METRICS,
+    COST_METRICS,
+    cost_fields,
+    mean_present,
+    option,
+    sum_present,
+    tokenizer_from,
+)
 from rf_eval.tasks.ruler_filled import RulerFilledTask, doc_key, ruler_score
 
 BASE_TASK = "niah_multikey_1"  # the RULER task whose samples carry the four keyed needles
@@ -142,6 +151,8 @@ class SecondQuestionTask(RulerFilledTask):
             "acc_strict_tail": (mean_present, True),
             "acc_ruler_filled": (mean_present, True),
             "acc_strict_ref": (mean_present, True),
+            "cap_hits_first": (sum_present, False),
+            **CAP_METRICS,
         }
         for length in self.lengths:
             spec[f"acc_strict_{length}"] = (mean_present, True)
@@ -196,6 +207,8 @@ class SecondQuestionTask(RulerFilledTask):
             "acc_strict_tail": None if filled else strict,
             "acc_ruler_filled": ruler if filled else None,
             "acc_strict_ref": strict_score(ref[1], value2) if ref else None,
+            "cap_hits": self.cap_hit(answers[1]),
+            "cap_hits_first": self.cap_hit(answers[0]),
             **cost_fields(self._requests.get(key)),
         }
         for length in self.lengths:

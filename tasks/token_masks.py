@@ -7,7 +7,10 @@ scored token.
 - novel: not inside any `n`-token run (default 8) that also occurs earlier in
   the sequence (section 3.1);
 - copyable: the token and the `n` tokens before it already occur earlier in
-  the sequence (section 4.7's slightly stricter rule);
+  the sequence (section 4.7's slightly stricter rule: "the token and the 8
+  tokens before it already occur earlier in the window"; the sequence is the
+  window the model read, context then scored tokens); a document's copyable
+  share is the fraction of its scored tokens that are copyable;
 - key: the exact loss rises by more than `threshold` nats (default 2) when the
   context is cut to its last 4,096 tokens (section 3.1); with none in a document
   set, `no_key_tokens` says why (the key-token measures have nothing to average).
@@ -43,6 +46,13 @@ def copyable_mask(tokens: Sequence[int], start: int, n: int = 8) -> list[bool]:
     """Scored tokens whose run of n+1 tokens ending at them occurs earlier in the sequence."""
     rep = repeated_starts(tokens, n + 1)
     return [i - n >= 0 and rep[i - n] for i in range(start, len(tokens))]
+
+
+def copyable_share(tokens: Sequence[int], start: int, n: int = 8) -> float | None:
+    """The share of the scored tokens that are copyable (`copyable_mask`): section 4.7's "copyable share" of a
+    document, the fact its Table 13 splits documents by (`rf_eval.stats.copyable`); None with none scored."""
+    mask = copyable_mask(tokens, start, n)
+    return sum(mask) / len(mask) if mask else None
 
 
 def key_mask(full_logprobs: Sequence[float], cut_logprobs: Sequence[float], threshold: float = 2.0) -> list[bool]:

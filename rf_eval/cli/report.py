@@ -8,7 +8,11 @@ read by its paper measures unless `--metric` names others (`keytoken_nll`: key-
 and novel-token ΔNLL, the novel-token perplexity gap and KL, all-token ΔNLL
 beside them; RULER: acc_filled; `rf_eval.stats.measures`), and every interval
 resamples within the strata each row names (task, RULER task, domain, length:
-`rf_eval.stats.strata`).
+`rf_eval.stats.strata`). `--strata copyable` adds keytoken_nll's copyable-share
+bins (`--copyable-bins`, `rf_eval.stats.copyable`; paper section 4.7, Table 13) to
+the strata and shows its measures per bin; every generation task's length-cap
+hits are counted per arm beside the reference's (`rf_eval.stats.cap_hits`;
+sections 4.5, 4.6).
 
 Nothing is reported silently wrong: a task whose primary metric has no value
 on any item (e.g. a `*_filled` task whose tail covers every needle) stops the
@@ -36,6 +40,7 @@ from typing import Any
 
 from rf_eval.cli import UserError
 from rf_eval.cli.values import nonnegative_float, nonnegative_int, positive_int, probability
+from rf_eval.stats.copyable import DEFAULT_EDGES, STRATA, parse_edges
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="metrics to report for a task, the first primary (default: the task's paper measures, "
              "else its first metric with values)",
     )
+    parser.add_argument("--strata", action="append", default=[], choices=STRATA,
+                        help="add a stratification: `copyable` resamples keytoken_nll's comparisons within "
+                             "copyable-share bins and shows its measures table per bin (paper Table 13)")
+    parser.add_argument("--copyable-bins", dest="copyable_bins", metavar="CUT[,CUT...]",
+                        help="cut points of the copyable-share bins, increasing, each strictly between 0 and 1 "
+                             f"(default {','.join(f'{x:g}' for x in DEFAULT_EDGES)}: [0, 0.1), [0.1, 0.5), "
+                             "[0.5, 1]; a share on a cut point goes to the bin above)")
     parser.add_argument("--ttft", action="append", default=[], metavar="FILE",
                         help="`rf-eval ttft` results: their speed rows join the report's speed table (repeatable)")
     parser.add_argument("--resamples", type=positive_int, default=10_000, help="bootstrap resamples (default 10,000)")
@@ -146,6 +158,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.latex_standalone and not args.latex:
             raise UserError("--latex-standalone needs --latex FILE")
+        if args.copyable_bins is not None and "copyable" not in args.strata:
+            raise UserError("--copyable-bins needs --strata copyable")
+        edges = DEFAULT_EDGES if args.copyable_bins is None else parse_edges(args.copyable_bins)
         check_report_outputs(args)
         runs = load_runs(args.runs, metrics=_mapping("--metric", args.metric), allow_empty=args.allow_empty)
         ledger = verify_ledger(args.ledger) if args.ledger else None
@@ -162,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
             ledger=ledger,
             controls=_mapping("--control", args.control),
             cross_model=args.cross_model,
+            strata=list(dict.fromkeys(args.strata)),
+            copyable_bins=edges,
         )
     except LedgerError as err:
         raise UserError(f"ledger {args.ledger}: {err}") from None

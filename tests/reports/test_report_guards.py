@@ -127,7 +127,8 @@ def test_latex_is_a_fragment_a_paper_inputs(tmp_path, lmeval_format):
 #  {f1}, {f2}: two arms of a filled task with no filled item; {w}, {w2}: arm ridge on other weights,
 #  fingerprinted; {p}: on another pretrained; {n}: with another parameter count; {g}: other generation
 #  settings; {v}: another task version; {m}: another metric list; {t}: other targets; {x}: exact's run of
-#  another task on other weights), message fragment, exit code)
+#  another task on other weights; {k1}, {k2}: two arms of keytoken_nll that logged no copyable share),
+#  message fragment, exit code)
 BAD_REPORT = [
     (["{tmp}/missing"], [], "no such folder or lm-eval results file", 2),
     (["{tmp}/empty"], [], "no lm-eval results_*.json found", 2),
@@ -154,6 +155,15 @@ BAD_REPORT = [
     (["{a}", "{t}"], [], "the targets differ between arm 'ridge' and reference 'exact'", 2),
     (["{w}", "{x}", "{w2}"], [], "arm exact: its runs were made on different weights with the same model_args", 2),
     (["{a}", "{p}"], ["--cross-model", "--reference", "nope"], "no arm named 'nope'", 2),
+    (["{a}", "{b}"], ["--strata", "copyable"], "--strata copyable: no arm ran keytoken_nll", 2),
+    (["{k1}", "{k2}"], ["--strata", "copyable"], "no keytoken_nll document recorded copyable_share", 2),
+    (["{a}", "{b}"], ["--strata", "nope"], "argument --strata: invalid choice: 'nope'", 2),
+    (["{a}", "{b}"], ["--copyable-bins", "0.2"], "--copyable-bins needs --strata copyable", 2),
+    (["{a}", "{b}"], ["--strata", "copyable", "--copyable-bins", "0.1,1.5"], "1.5 is not strictly between 0 and 1", 2),
+    (["{a}", "{b}"], ["--strata", "copyable", "--copyable-bins", "0,0.5"], "0 is not strictly between 0 and 1", 2),
+    (["{a}", "{b}"], ["--strata", "copyable", "--copyable-bins", "0.5,0.1"], "0.5,0.1 is not increasing", 2),
+    (["{a}", "{b}"], ["--strata", "copyable", "--copyable-bins", "0.1,x"], "'x' is not a number", 2),
+    (["{a}", "{b}"], ["--strata", "copyable", "--copyable-bins", "nan"], "nan is not strictly between 0 and 1", 2),
 ]  # fmt: skip
 
 
@@ -174,6 +184,8 @@ def _other_runs(fmt, tmp_path: Path) -> None:
     fmt.accuracy_run(tmp_path / "m", "ridge", {"t": [True, True, True]},
                      task_extra={"metric_list": [{"metric": "acc", "aggregation": "median"}]}, **later)
     fmt.accuracy_run(tmp_path / "t", "ridge", {"t": [True, True, True]}, target_suffix="0", **later)
+    for folder, arm, started in (("k1", "exact", 1.79e9), ("k2", "ridge", 1.8e9)):  # no copyable_share logged
+        fmt.keytoken_run(tmp_path / folder, arm, [{"nll_all": 2.0, "nll_novel": 3.0}], started=started)
 
 
 @pytest.mark.parametrize("runs, extra, message, code", BAD_REPORT)
@@ -187,7 +199,7 @@ def test_report_bad_inputs(tmp_path, lmeval_format, capsys, runs, extra, message
     (tmp_path / "empty").mkdir()
     (tmp_path / "a.txt").write_text("not json")
     values = {"tmp": str(tmp_path), **{k: str(tmp_path / k) for k in ("a", "b", "c", "f1", "f2", "w", "w2", "p", "n",
-                                                                        "g", "v", "m", "t", "x")}}
+                                                                        "g", "v", "m", "t", "x", "k1", "k2")}}
     argv = [a.format(**values) for a in runs + extra]
     if "--reference" not in argv:
         argv += ["--reference", "exact"]

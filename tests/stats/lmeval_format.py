@@ -196,8 +196,9 @@ def keytoken_run(
 ) -> Path:
     """A `keytoken_nll` run as rf-eval's task logs it: `docs[i]` holds document i's `domain` and its
     per-document metrics (nll_all, nll_novel, nll_key, kl, ...; None where one does not apply);
-    `task_extra` joins the task's config (e.g. its `metadata`)."""
+    `task_extra` joins the task's config (e.g. its `metadata`); a `copyable_share` in any doc is logged too."""
     names = ("nll_all", "nll_novel", "nll_key", "dnll_all", "dnll_novel", "dnll_key", "kl", "top1_agree", "n_tokens")
+    names += ("copyable_share",) if any("copyable_share" in d for d in docs) else ()  # recorded since issue #42
     lines = []
     for i, d in enumerate(docs):
         doc = {"doc_id": f"doc{i}", "domain": d.get("domain", ""), "text": f"document {i}"}

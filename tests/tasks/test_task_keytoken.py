@@ -24,6 +24,23 @@ def test_novel_and_copyable_masks():
     assert token_masks.novel_mask(seq, start=8, n=7) == [False] * 7 + [True]
 
 
+def test_copyable_share_by_hand():
+    """Section 4.7's rule: a scored token is copyable when it and the 8 tokens before it already occur earlier
+    in the window (context then scored tokens); the share is over the scored tokens."""
+    context = list(range(100, 120))  # 20 distinct tokens
+    scored = context[:12] + [7, 7, 7] + context[3:13]  # a copy, three new tokens, another copy
+    seq = context + scored
+    mask = token_masks.copyable_mask(seq, start=20, n=8)
+    # the first copy's run of 9 lies in the scored text from its 9th token on (100..108 occurs at 0): 4 tokens;
+    # the three 7s are not; the second copy's from its 9th token on (103..111, 104..112): 2 tokens
+    assert [i for i, m in enumerate(mask) if m] == [8, 9, 10, 11, 23, 24]
+    assert token_masks.copyable_share(seq, start=20, n=8) == 6 / 25
+    assert token_masks.copyable_share(context, start=20) is None  # nothing scored
+    # scored text repeating the whole context: its first 8 tokens' runs reach back over the seam (119 then 100
+    # never occurred), the other 12 are copies
+    assert token_masks.copyable_share(context * 2, start=20) == 12 / 20
+
+
 def test_key_mask():
     full = [-1.0, -1.0, -5.0, -0.5]
     cut = [-4.0, -2.9, -5.0, -2.5]  # cutting raises the loss by 3, 1.9, 0, 2 nats

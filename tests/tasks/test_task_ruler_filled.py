@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from rf_eval.tasks import needles, prompts, ruler_data
+from rf_eval.tasks import common, needles, prompts, ruler_data
 from rf_eval.tasks.ruler_filled import RulerFilledTask
 
 LENGTHS = [1024]
@@ -155,10 +155,12 @@ def test_essay_task_without_haystack_names_the_option(tiny_llama, th):
 
 
 def test_scores_and_counts(tiny_llama, task_data, th):
+    """Scores, subset counts, and the length-cap flag (`cap_hits`, paper section 4.5) of constructed answers."""
     task = th.load_task("niah_single_1_filled", {**meta(tiny_llama, task_data), "tail": 300})
     assert isinstance(task, RulerFilledTask)
     filled_flags(task)
     docs = list(task.eval_docs)[:2]
+    cap = task.config.generation_kwargs["max_gen_toks"]
     for doc in docs:
         m = task._marks[(doc["max_length"], doc["index"])]
         right = task.process_results(doc, [f"It is {doc['outputs'][0]}."])
@@ -167,6 +169,24 @@ def test_scores_and_counts(tiny_llama, task_data, th):
         assert right["filled"] == int(m.filled) and right["n_excluded"] == int(not m.filled)
         assert right["acc_filled"] == (1.0 if m.filled else None)
         assert right[f"acc_all_{LENGTHS[0]}"] == 1.0
+        # the tiny tokenizer has one token per ASCII character: an answer of `cap` digits spent the whole
+        # budget without a stop; one a token shorter stopped (EOS or a stop string, left out of the text)
+        assert right["cap_hits"] == 0
+        assert task.process_results(doc, [doc["outputs"][0] * (cap // 7 + 1)])["cap_hits"] == 1
+        assert task.process_results(doc, ["7" * cap])["cap_hits"] == 1
+        assert task.process_results(doc, ["7" * (cap - 1)])["cap_hits"] == 0
+    assert task.aggregation()["cap_hits"]([1, 0, None, 1]) == 2 and not task.higher_is_better()["cap_hits"]
+
+
+def test_cap_hit_rule():
+    from rf_eval.testing import build_tokenizer
+
+    tok = build_tokenizer()  # byte-level: one token per byte
+    assert common.cap_hit(tok, "a" * 16, 16) == 1 and common.cap_hit(tok, "a" * 20, 16) == 1
+    assert common.cap_hit(tok, "a" * 15, 16) == 0 and common.cap_hit(tok, "", 16) == 0
+    assert common.cap_hit(tok, "é" * 8, 16) == 1  # tokens, not characters: 2 bytes each
+    assert common.cap_hit(tok, "a" * 16, None) is None and common.cap_hit(tok, None, 16) is None
+    assert common.max_gen_toks({"max_gen_toks": "32", "until": []}) == 32 and common.max_gen_toks(None) is None
 
 
 def test_chat_api_messages_are_marked_in_their_rendering(tiny_llama, task_data, th):

@@ -46,10 +46,11 @@ def test_second_key_is_another_needle_and_seeded():
 
 
 def from_scratch(model, tokenizer, turns, max_new):
-    """Greedy two-turn run with the plain model, each turn prefilled from scratch over the whole text."""
+    """Greedy two-turn run with the plain model, each turn prefilled from scratch over the whole text: the
+    answers, and whether each spent all `max_new` tokens without EOS (hit the length cap)."""
     eos = tokenizer.eos_token_id
     seq = tokenizer(turns[0], add_special_tokens=False)["input_ids"]
-    answers = []
+    answers, capped = [], []
     for i, turn in enumerate(turns):
         if i:
             seq = seq + tokenizer(turn, add_special_tokens=False)["input_ids"]
@@ -59,7 +60,8 @@ def from_scratch(model, tokenizer, turns, max_new):
         new = out[0, len(seq):].tolist()
         seq = seq + new
         answers.append(tokenizer.decode(new, skip_special_tokens=True))
-    return answers
+        capped.append(int(len(new) == max_new and eos not in new))
+    return answers, capped
 
 
 @pytest.mark.parametrize("chat", [False, True])
@@ -80,9 +82,11 @@ def test_carried_cache_equals_whole_conversation(chat, tiny_llama, task_data, th
     for req, got in zip(reqs, carried):
         turns = list(req.args[0])
         assert len(turns) == 2 and turns[0] == req.args[0][0]
-        assert got["answers"] == from_scratch(model, tokenizer, turns, 12)
+        answers, capped = from_scratch(model, tokenizer, turns, 12)
+        assert got["answers"] == answers
         if chat:  # the answer's EOS closes the assistant turn; the turn opens the next user message
             assert turns[1].startswith("\n<|im_start|>user\n")
             assert "<|im_end|>\n<|im_start|>assistant\nThe special magic number for " in turns[1]
         metrics = task.process_results(req.doc, [got])
         assert metrics["second_filled"] in (0, 1) and metrics["acc_strict"] in (0.0, 1.0)
+        assert (metrics["cap_hits_first"], metrics["cap_hits"]) == tuple(capped)  # the rule against the tokens

@@ -76,3 +76,35 @@ def test_longbench_seeds_shared_by_arms(runs):
     for doc_id, out in by_model["hf"].items():
         assert out["cot"] == by_model["ridgefill"][doc_id]["cot"]
         assert out["response"] == by_model["ridgefill"][doc_id]["response"]
+
+
+def _answer(task: str, sample: dict) -> str:
+    """The answer whose length cap `cap_hits` records: RULER's reply, the second question's second reply,
+    LongBench's first (CoT) pass."""
+    resp = sample["filtered_resps"][0]
+    if task == "ruler_second_question":
+        return parse(resp)["answers"][1]
+    return parse(resp)["cot"] if task == "longbench_v2_cot" else resp
+
+
+@pytest.mark.parametrize("name, task", [("hf", "niah_single_1_filled"), ("hf", "longbench_v2_cot"),
+                                        ("ridgefill", "niah_single_1_filled"),
+                                        ("ridgefill", "ruler_second_question"), ("ridgefill", "longbench_v2_cot")])
+def test_generation_tasks_record_cap_hits(runs, name, task):
+    """Each sample logs `cap_hits` (the cap rule of `common.cap_hit` on its answer, with the run's tokenizer and
+    the cap the run set); lm-eval's aggregate is their count (paper sections 4.5, 4.6)."""
+    from transformers import AutoTokenizer
+
+    from rf_eval.stats.arms import parse_model_args
+    from rf_eval.tasks.common import cap_hit
+
+    results = runs[name]["results"]
+    tok = AutoTokenizer.from_pretrained(parse_model_args(results["config"]["model_args"])["pretrained"])
+    config = results["configs"][task]
+    cap = config["metadata"]["cot_tokens"] if task == "longbench_v2_cot" else config["generation_kwargs"]["max_gen_toks"]
+    assert cap == 16  # --gen_kwargs max_gen_toks=16 / cot_tokens 16
+    flags = [s["cap_hits"] for s in runs[name]["samples"][task]]
+    assert len(flags) == 2 and set(flags) <= {0, 1}
+    assert flags == [cap_hit(tok, _answer(task, s), cap) for s in runs[name]["samples"][task]]
+    assert results["results"][task]["cap_hits,none"] == sum(flags)
+    assert results["higher_is_better"][task]["cap_hits"] is False
