@@ -1,10 +1,13 @@
-"""Choose the demo's maps by measurement: calibration size, chat copies, the lambda grid, map_split.
+"""Choose the demo's maps by measurement: calibration size, chat copies, the lambda grid, map_split, split.
 
 For each candidate, maps are fitted on the demo corpus (`rf_eval.demo.corpus`: standard-library
 docstrings) for the demo split, and the demo model's arms are measured in process
 (`rf_eval.demo.quality`) at the quick and the full demo's sizes: key-token and novel-token ΔNLL and
-KL(exact || arm) on the corpus's evaluation documents (never fitted on, never used to choose lambda),
-and filled-region needles of lm-eval's niah_single_1. identity and nofill are measured once.
+KL(exact || arm) on the corpus's development documents (its `heldout` set: never fitted on), and
+filled-region needles of lm-eval's niah_single_1 from the development samples (after the first
+`quality.REPORT_NEEDLES` of each length). Nothing here reads the report data (the corpus's `evaluation`
+set, the first needles) that the demo's tables and the quality tests measure on: the settings are chosen
+out of sample. identity and nofill are measured once.
 
     python benchmarks/demo_sweep.py --out sweep.json            # every candidate, both sizes
     python benchmarks/demo_sweep.py --candidates c24-chat-grid --needles 8
@@ -87,6 +90,15 @@ def fit(model, tokenizer, candidate: Candidate, folder: Path, split: int, fill: 
     return out
 
 
+def development_documents(tokenizer, folder: Path, n_docs: int, lo: int, hi: int) -> list[str]:
+    """The sweep's documents: the corpus's development set (`rf_eval.demo.corpus.DEVELOPMENT`) at a demo
+    size, never the report set the demo's tables read."""
+    from rf_eval.demo.corpus import DEVELOPMENT, write_demo_corpus
+
+    write_demo_corpus(folder, 0, n_docs, tokenizer, min_tokens=lo, max_tokens=hi)
+    return [json.loads(line)["text"] for line in (folder / f"{DEVELOPMENT}.jsonl").read_text().splitlines()]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES))
@@ -103,7 +115,6 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rf_eval.demo import quality
-    from rf_eval.demo.corpus import write_demo_corpus
     from rf_eval.demo.model import demo_model_dir
     from rf_eval.demo.study import SPLIT
     from rf_eval.ridgefill.api import RidgeFill
@@ -117,11 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {}
     for size in args.sizes:
         lengths, tail, n_docs, (lo, hi), score, key_context = SIZES[size]
-        folder = args.maps_dir / f"evaluation-{size}"
-        write_demo_corpus(folder, 0, 0, tok, n_evaluation=n_docs, min_tokens=lo, max_tokens=hi)
-        docs = [tok(json.loads(line)["text"], return_tensors="pt").input_ids
-                for line in (folder / "evaluation.jsonl").read_text().splitlines()]
-        samples = quality.needle_samples(tok, str(model_dir), lengths, args.needles, tail)
+        docs = [tok(text, return_tensors="pt").input_ids
+                for text in development_documents(tok, args.maps_dir / f"development-{size}", n_docs, lo, hi)]
+        samples = quality.needle_samples(tok, str(model_dir), lengths, args.needles, tail, development=True)
         exact = RidgeFill(model, tok, fill="exact", split=split, tail=tail)
         arms = {"identity": RidgeFill(model, tok, fill="identity", split=split, tail=tail),
                 "nofill": RidgeFill(model, tok, fill="nofill", split=split, tail=tail)}

@@ -3,9 +3,15 @@
 The text is the documentation strings of the running Python's own standard library (PSF licence),
 gathered at run time with `inspect.getdoc` from a fixed list of modules in a fixed order; nothing is
 shipped in the repository. Modules are split between three sets: every `HELDOUT_EVERY`-th module is
-held out, and the held-out modules alternate between `heldout` (text that chooses the ridge penalty) and
-`evaluation` (text the demo measures on, never fitted on and never used to choose anything); paragraphs
-repeated anywhere are kept once, so the sets share no text. Documents are packed
+held out, and the held-out modules alternate between `heldout` and `evaluation`; paragraphs repeated
+anywhere are kept once, so the sets share no text.
+
+- `heldout` is the development text: it chooses the ridge penalty, and every setting the demo fixes
+  (calibration size, lambda grid, split, document count) is chosen on it by `benchmarks/demo_sweep.py`
+  (with the development needles, `rf_eval.demo.quality.REPORT_NEEDLES`).
+- `evaluation` is the report text: the demo's tables, the README's figures and the quality tests measure
+  on it; it is never fitted on and never used to choose anything (RidgeFill section 3: "a fix had to be
+  a general rule, not a pattern matched to the test"). Documents are packed
 from whole paragraphs to `min_tokens`..`max_tokens` tokens of the given tokenizer. The output is
 deterministic for one Python version and tokenizer; the manifest records both and each document's
 modules.
@@ -43,6 +49,7 @@ MODULES = (
 )
 HELDOUT_EVERY = 4
 SETS = ("calibration", "heldout", "evaluation")
+DEVELOPMENT, REPORT = "heldout", "evaluation"  # the sets settings are chosen on, and the set reported on
 SEPARATOR = "\n\n"
 
 

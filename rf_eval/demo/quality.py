@@ -51,6 +51,9 @@ class LossReport:
     n_key: int = 0
     n_novel: int = 0
     documents: int = 0
+    #: per arm and measure ("key", "novel", "kl"), one value per document (for "key" and "novel": the
+    #: documents with such tokens, the same ones for every arm), for paired intervals between arms
+    per_document: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {"dnll_key": self.dnll_key, "dnll_novel": self.dnll_novel, "kl": self.kl,
@@ -113,6 +116,7 @@ def loss_report(arms: Mapping[str, Any], exact: Any, documents: Sequence[torch.T
                 if value is not None:
                     per_doc[name][subset].append(value)
             per_doc[name]["kl"].append(sum(loss.kl) / len(loss.kl))
+    report.per_document = per_doc
     for name, values in per_doc.items():
         report.dnll_key[name] = _mean(values["key"])
         report.dnll_novel[name] = _mean(values["novel"])
@@ -135,19 +139,29 @@ class NeedleSample:
     filled: bool
 
 
+#: The first this many samples of each length (lm-eval's RULER generator at its default seeds) are report
+#: data: the demo's study and the quality tests draw from them; development (`benchmarks/demo_sweep.py`,
+#: `development=True`) only from the samples after them, so no needle that chose a setting is reported.
+REPORT_NEEDLES = 32
+
+
 def needle_samples(tokenizer: Any, tokenizer_path: str, lengths: Sequence[int], per_length: int, tail: int,
-                   base_task: str = "niah_single_1", filled_only: bool = True) -> list[NeedleSample]:
+                   base_task: str = "niah_single_1", filled_only: bool = True, development: bool = False
+                   ) -> list[NeedleSample]:
     """The first `per_length` samples of each length (filled ones only, by default) of lm-eval's RULER
-    `base_task`, each rendered as one chat turn plus the generator's answer prefix."""
+    `base_task`, each rendered as one chat turn plus the generator's answer prefix; from the report samples
+    (the first `REPORT_NEEDLES` of each length), or with `development` from those after them."""
     from rf_eval.tasks import needles, prompts, ruler_data
 
     kind = ruler_data.RULER_TASKS[base_task][2]
     data = ruler_data.generate(base_task, {"tokenizer": tokenizer_path, "max_seq_lengths": list(lengths)})["test"]
     taken: dict[int, int] = {}
+    seen: dict[int, int] = {}  # samples of each length met so far, filled or not: their rank in the set
     out = []
     for doc in data:
         length = int(doc["max_length"])
-        if taken.get(length, 0) >= per_length:
+        rank = seen[length] = seen.get(length, 0) + 1
+        if (rank <= REPORT_NEEDLES) == development or taken.get(length, 0) >= per_length:
             continue
         user, prefix = prompts.ruler_prompt(doc, "official")
         text = tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,

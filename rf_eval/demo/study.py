@@ -182,8 +182,8 @@ def demo_defaults(args: dict) -> dict:
 
 
 def keytoken_docs_dir(model_dir: Path, out: Path, s: DemoSettings) -> Path:
-    """Long documents for keytoken_nll: the corpus's evaluation text (never fitted on, never used to choose
-    lambda)."""
+    """Long documents for keytoken_nll: the corpus's report text, its evaluation set (never fitted on, never
+    used to choose anything)."""
     from transformers import AutoTokenizer
 
     from rf_eval.demo.corpus import write_demo_corpus
