@@ -221,9 +221,11 @@ def _read_samples(path: Path) -> list[dict[str, Any]]:
 
 
 def _task_metrics(
-    names: list[str], samples: list[dict[str, Any]], requested: Sequence[str], where: str, task: str, notes: list[str]
+    names: list[str], samples: list[dict[str, Any]], requested: Sequence[str], where: str, task: str, notes: list[str],
+    settings: dict[str, Any] | None = None,
 ) -> list[str]:
-    """The metrics to report: `requested`, the task's default measures, or its first metric (which must have values)."""
+    """The metrics to report: `requested`, the task's default measures, or its first metric (which must have values).
+    `settings`: the run's task metadata, which the reason for an empty measure names (`missing_reason`)."""
     if names and all(n.isdigit() for n in names):
         available = [RULER_SCORE]
     else:
@@ -239,14 +241,15 @@ def _task_metrics(
     # the first default measure with values is the primary one; none with values is an empty primary
     primary = next((m for m in defaults if m in available), defaults[0]) if defaults else (names or [None])[0]
     if primary is not None and available[:1] != [RULER_SCORE] and primary not in available:
-        why = f" ({missing_reason(task, primary)})" if missing_reason(task, primary) else ""
+        reason = missing_reason(task, primary, settings)
+        why = f" ({reason})" if reason else ""
         raise EmptyMetricError(
             f"{where}: the primary metric {primary!r} has no value on any item{_why_empty(samples)}{why}; "
             f"name a metric with --metric TASK=METRIC (with values: {', '.join(available) or 'none'}), "
             "or pass --allow-empty to leave the task out"
         )
     if defaults:
-        notes += [f"{where}: {missing_note(task, m)}" for m in defaults if m not in available]
+        notes += [f"{where}: {missing_note(task, m, settings)}" for m in defaults if m not in available]
         return [m for m in defaults if m in available]
     return available[:1]
 
@@ -278,7 +281,8 @@ def _sample_rows(
     tail = (task_config.get("metadata") or {}).get("tail") or rf.model_args.get("tail")
     if tail is not None:
         samples = [{"tail": tail, **s} for s in samples]
-    metrics = _task_metrics(names, samples, requested, f"{task} ({samples_path.name})", task, notes)
+    metrics = _task_metrics(names, samples, requested, f"{task} ({samples_path.name})", task, notes,
+                            task_config.get("metadata"))
     hib = (rf.data.get("higher_is_better") or {}).get(task) or {}
     for sample in samples:
         doc = sample.get("doc") if isinstance(sample.get("doc"), dict) else {}
@@ -342,6 +346,11 @@ def load_runs(
             if (key, task) in chosen:
                 notes.append(f"{task}: {rf.path} replaces the earlier run {chosen[(key, task)].path}")
             chosen[(key, task)] = rf
+    ran = sorted({task for _key, task in chosen})
+    absent = [task for task in (metrics or {}) if task not in ran]
+    if absent:
+        raise RunFormatError(f"--metric names task(s) {', '.join(map(repr, absent))} that no run has; the runs' "
+                             f"tasks: {', '.join(ran)}")
     names = name_arms([k[0] for k in arm_keys], [json.loads(k[1]) for k in arm_keys])
     rows: list[dict[str, Any]] = []
     arms: list[ArmRun] = []

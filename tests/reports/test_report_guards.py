@@ -139,6 +139,8 @@ BAD_REPORT = [
     (["{a}", "{b}"], ["--latex-standalone"], "--latex-standalone needs --latex FILE", 2),
     (["{a}", "{b}"], ["--metric", "t"], "--metric 't': expected NAME=VALUE", 2),
     (["{a}", "{b}"], ["--metric", "t=nope"], "no per-item values of metric 'nope'", 2),
+    (["{a}", "{b}"], ["--metric", "keytoken_nll=kl"], "--metric names task(s) 'keytoken_nll' that no run has; "
+                                                      "the runs' tasks: t", 2),
     (["{a}", "{b}"], ["--margin", "-1"], "argument --margin: '-1' must be a number >= 0", 2),
     (["{a}", "{b}"], ["--ledger", "{tmp}/none.jsonl"], "no ledger at", 2),
     (["{a}", "{b}"], ["--control", "ridge=ghost"], "no arm named 'ghost' (in --control)", 2),
