@@ -169,6 +169,10 @@ def check_serving(root: Path, ran: Ran, values: dict) -> None:
     ttft = json.loads((root / "ttft.json").read_text())
     assert ttft["kind"] == "rf-eval-ttft" and [r["length"] for r in ttft["speed"]] == [600, 1100]
     assert ttft["speed"][0]["arm"] == "fill=ridge,tail=128"
+    load = json.loads((root / "load.json").read_text())
+    assert load["kind"] == "rf-eval-load" and [(r["length"], r["rate"]) for r in load["rows"]] == [(256, 20), (256, 40)]
+    assert all(s["completed"] + s["cut"] + s["failed"] == s["sent"] for s in load["sweeps"])
+    assert load["server_scheduler"]["max_batch"] == 32 and "saturation_a" in load["lengths"][0]
     assert re.search(r"^OK: 0 of \d+ prompts differ$", ran.output, re.M), ran.output[-2000:]
     for port in (values["port_a"], values["port_b"]):  # `kill $(jobs -p)` ended both servers
         with socket.socket() as s:

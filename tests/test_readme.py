@@ -26,6 +26,7 @@ something else.
 | ports 8000 / 8001, sleep 5 | free loopback ports, sleep 1 | parallel test runs |
 | max_length=131072 | 8192 | the tiny model's context |
 | ttft --lengths 9216 16384 --repeats 5 | 600 1100, --repeats 2 | time |
+| load --lengths 4096 --rates 2 4 8 --requests 500 --discard 50 | 256, rates 20 40, 12 requests, 2 discarded | time |
 
 The "Two commands" block is not run (it installs packages): its parts are
 checked against .ci/run and tests/demo/test_demo.py. The "Adding a model family"
@@ -110,6 +111,8 @@ STEPS = (
         Sub('"tail":2048', '"tail":128', "short prompts"),
         Sub("--lengths 9216 16384", "--lengths 600 1100", "short prompts"),
         Sub("--repeats 5", "--repeats 2", "time"),
+        Sub("--lengths 4096 --rates 2 4 8 --requests 500 --discard 50",
+            "--lengths 256 --rates 20 40 --requests 12 --discard 2", "time"),
     ), 400, "check_serving"),
     Step("Reports and the run ledger", "bash", "run", (), 180, "check_reports"),
     Step("Adding a model family", "python", "family"),

@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "serve": ("rf_eval.cli.serve", "serve a model's arms behind an OpenAI-compatible API (completions, chat)"),
     "ttft": ("rf_eval.cli.ttft", "time to first token of two arms on one server (median, ratio of medians)"),
+    "load": ("rf_eval.cli.load", "time to first token of two arms under Poisson load (median, p99, saturation mu)"),
     "report": ("rf_eval.cli.report", "paired statistics of lm-eval runs as HTML, LaTeX and Markdown"),
     "ledger": ("rf_eval.cli.ledger", "register claims in the hash-chained run ledger; verify it"),
     "study": ("rf_eval.cli.study", "a whole registered study in one command: plan, run (resumable), status"),

@@ -13,6 +13,16 @@ time) to --request-log, or to stdout. The port is bound before the model
 loads (a port in use fails at once); a bad request is a 400 naming the field;
 a stream the client drops is logged (status 499). Needs the `serve` extra
 (`pip install 'rf-eval[serve]'`).
+
+Requests queue in a first-come-first-served dynamic batching scheduler
+(RaReCache appendix B.3): when the model is idle, up to --max-batch queued
+requests (default 32, the paper's), oldest first, are served as one batch.
+Prompts of one arm and one length in a batch share one prefill call (run
+together where the engine can: RidgeFill arms without a selector, and plain
+prompts through one stock forward; RaReCache, droppers and selector arms
+prefill one by one inside it); first tokens and decoding then run request by
+request, oldest first. --max-batch 1 serves one request at a time, in arrival
+order. `rf-eval load` drives it with Poisson arrivals.
 """
 
 from __future__ import annotations
@@ -51,6 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=port, default=8000)
     p.add_argument("--served-model-name", default=None, help="the `model` name /v1/models reports")
     p.add_argument("--request-log", default=None, metavar="FILE", help="append request records (JSONL) here")
+    p.add_argument("--max-batch", type=positive_int, default=32,
+                   help="most queued requests served as one batch, oldest first (default 32, RaReCache B.3's "
+                        "FCFS scheduler; prompts of one arm and length share a prefill call, decoding runs request "
+                        "by request; 1: one request at a time)")
 
 
 def model_args_from(args: argparse.Namespace) -> dict[str, Any]:
@@ -95,14 +109,14 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(max(1, args.threads))
     try:
-        backend = Backend.from_model_args(model_args, served_name=args.served_model_name)
+        backend = Backend.from_model_args(model_args, served_name=args.served_model_name, max_batch=args.max_batch)
     except (ValueError, OSError) as err:  # bad model_args, maps or model folder
         sock.close()
         what = "" if isinstance(err, ModelArgsError) else f"cannot load {model_args['pretrained']!r}: "
         raise UserError(f"{what}{err}") from None
     app = create_app(backend, RequestLog(args.request_log, None if args.request_log else sys.stdout))
     print(f"rf-eval serve: {backend.served_name} on http://{args.host}:{args.port}/v1 "
-          f"(arm {backend.default_arm.info})", file=sys.stderr, flush=True)
+          f"(arm {backend.default_arm.info}, max batch {backend.max_batch})", file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False))
     server.run(sockets=[sock])
     return 0

@@ -65,8 +65,16 @@ Install: `pip install 'rf-eval[serve]'` (FastAPI, uvicorn, and lm-eval's API-mod
 
        rf-eval check-equivalence --base-url http://stock:8000 --base-url http://fork:8000 --prompts p.jsonl
 
+5. Time to first token under Poisson load, RaReCache's serving protocol (section 4.6, appendix B.3;
+   `rf-eval load`): the server's FCFS dynamic batching scheduler (`rf-eval serve --max-batch 32`) and
+   a client that sends each sweep's requests at their Poisson arrivals::
+
+       rf-eval load --base-url http://127.0.0.1:8000 --arm-a '{"fill":"exact"}' \
+           --arm-b '{"fill":"ridge","tail":2048}' --lengths 4096 --rates 2 4 8 --saturation --out load.json
+
 Modules: `arms` (per-request arm), `backend` (model and engines),
-`protocol` (request/response bodies), `app` (FastAPI routes; the only
-module that imports FastAPI), `client` (stdlib HTTP client), `timing`
-(TTFT protocol), `equivalence` (cross-server check).
+`scheduler` (FCFS dynamic batching), `protocol` (request/response bodies),
+`app` (FastAPI routes; the only module that imports FastAPI), `client`
+(stdlib HTTP client), `timing` (TTFT protocol), `load` (TTFT under Poisson
+load), `equivalence` (cross-server check).
 """

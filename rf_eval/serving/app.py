@@ -11,6 +11,15 @@ Chat responses and `/rf/info` also carry `rf_chat_template`, the record
 served arm shows it rendered messages as the adapter arm it pairs with.
 Streaming responses carry these in their last chunk. Every request is one
 JSON line in the request log.
+
+Requests queue for the model in the backend's first-come-first-served batching
+scheduler (`rf_eval.serving.scheduler`); each response reports its batch as
+`rf_batch` (a streamed response: one record; a completion: one per prompt),
+and `/rf/info` the scheduler's state (`scheduler`: max_batch, queued, running,
+batches, served). A streamed request whose client disconnects before its
+batch starts is dropped from the queue (logged with status 499). Requests wait
+in worker threads; their pool is raised from anyio's 40 to `WORKER_THREADS`,
+so that a load run's queue is not capped at 40 requests in flight.
 """
 
 from __future__ import annotations
@@ -20,7 +29,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
@@ -34,8 +44,11 @@ from rf_eval.serving import protocol
 from rf_eval.serving.arms import ArmError, as_fields, parse_spec
 from rf_eval.serving.backend import Arm, Backend, Generation
 from rf_eval.serving.protocol import Parsed, RequestError
+from rf_eval.serving.scheduler import Cancelled
 
 log = logging.getLogger(__name__)
+
+WORKER_THREADS = 2048  # requests waiting for their batch at once (each holds a worker thread)
 
 
 class RequestLog:
@@ -58,8 +71,42 @@ def _error(status: int, message: str, param: str | None = None, kind: str = "inv
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status)
 
 
+class _Stream(StreamingResponse):
+    """A streamed response that sets `cancel` when its client disconnects (a queued request is then dropped,
+    a running one stops at its next token), and closes its generator when it ends, so that a dropped stream
+    is logged then, not whenever the generator is garbage-collected."""
+
+    def __init__(self, content: Iterator[str], cancel: threading.Event, **kwargs: Any):
+        super().__init__(content, **kwargs)
+        self.content, self.cancel = content, cancel
+
+    async def listen_for_disconnect(self, receive: Any) -> None:
+        await super().listen_for_disconnect(receive)
+        self.cancel.set()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            close = getattr(self.content, "close", None)
+            if close is not None:
+                try:
+                    close()  # suspended at a yield (a cancelled `next` waits for its thread): runs its `finally`
+                except ValueError:  # still running in its thread: it finishes, and is collected, by itself
+                    pass
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    import anyio.to_thread
+
+    limiter = anyio.to_thread.current_default_thread_limiter()
+    limiter.total_tokens = max(limiter.total_tokens, WORKER_THREADS)
+    yield
+
+
 def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastAPI:
-    app = FastAPI(title="rf-eval serve", docs_url=None, redoc_url=None)
+    app = FastAPI(title="rf-eval serve", docs_url=None, redoc_url=None, lifespan=_lifespan)
     logger = request_log or RequestLog()
 
     def arm_for(req: Parsed, path_spec: str | None) -> tuple[Arm, str]:
@@ -104,8 +151,9 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
         rid = protocol.new_id(chat)
         model = req.model or backend.served_name
         if req.stream:
-            return StreamingResponse(_stream(backend, logger, req, arm, rid, model, record, started),
-                                     media_type="text/event-stream")
+            cancel = threading.Event()
+            return _Stream(_stream(backend, logger, req, arm, rid, model, record, started, cancel), cancel,
+                           media_type="text/event-stream")
         try:
             return JSONResponse(await run_in_threadpool(_complete, backend, logger, req, arm, rid, model, record, started))
         except Exception as err:  # the server keeps serving; the log and the client get the reason
@@ -146,7 +194,7 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
                 "served_name": backend.served_name, "layers": backend.n_layers,
                 "max_model_len": backend.max_length, "default_arm": backend.default_arm.info,
                 "arm_fields": list(backend.arm_fields), "maps": backend.settings.maps,
-                "rf_chat_template": backend.chat_template}
+                "rf_chat_template": backend.chat_template, "scheduler": backend.scheduler.state()}
 
     async def json_body(request: Request) -> Any:
         try:
@@ -181,14 +229,16 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
     return app
 
 
-def _rf(backend: Backend, req: Parsed, arm: Arm, n_prompt: int, timings: dict[str, float]) -> dict[str, Any]:
-    out = {"rf_arm": arm.info, "rf_timings": {**timings, "prompt_tokens": n_prompt, **backend.ceilings(arm, n_prompt)}}
+def _rf(backend: Backend, req: Parsed, arm: Arm, n_prompt: int, timings: dict[str, float], batch: Any = None
+        ) -> dict[str, Any]:
+    out = {"rf_arm": arm.info, "rf_timings": {**timings, "prompt_tokens": n_prompt, **backend.ceilings(arm, n_prompt)},
+           "rf_batch": batch}
     return {**out, "rf_chat_template": backend.chat_template} if req.chat else out
 
 
 def _complete(backend: Backend, logger: RequestLog, req: Parsed, arm: Arm, rid: str, model: str,
               record: dict[str, Any], started: float) -> dict[str, Any]:
-    choices, n_prompt, n_gen, timings = [], 0, 0, {}
+    choices, n_prompt, n_gen, timings, batches = [], 0, 0, {}, []
     for index, ids in enumerate(req.prompts):
         prompt_scores = None
         if req.echo and req.params.logprobs is not None:
@@ -197,9 +247,10 @@ def _complete(backend: Backend, logger: RequestLog, req: Parsed, arm: Arm, rid: 
         choices.append(protocol.choice(backend, req, index, gen, prompt_scores))
         n_prompt, n_gen = n_prompt + len(ids), n_gen + len(gen.tokens)
         timings = {k: timings.get(k, 0.0) + v for k, v in gen.timings.items()}
-    rf = _rf(backend, req, arm, n_prompt, timings)
+        batches.append(gen.batch)
+    rf = _rf(backend, req, arm, n_prompt, timings, batches)
     logger.write({**record, "status": 200, "prompt_tokens": n_prompt, "completion_tokens": n_gen,
-                  **timings, "wall_seconds": time.perf_counter() - started})
+                  **timings, "batch": batches, "wall_seconds": time.perf_counter() - started})
     return protocol.response(req, rid, model, choices, protocol.usage(n_prompt, n_gen, timings.get("prompt_seconds")), rf)
 
 
@@ -223,19 +274,28 @@ def _sse(obj: Any) -> str:
 
 
 def _stream(backend: Backend, logger: RequestLog, req: Parsed, arm: Arm, rid: str, model: str,
-            record: dict[str, Any], started: float) -> Iterator[str]:
+            record: dict[str, Any], started: float, cancel: threading.Event) -> Iterator[str]:
+    """The request queued now (in arrival order, before its response starts), and the generator of its events."""
     ids = req.prompts[0]
     events: queue.Queue = queue.Queue()
-    cancel = threading.Event()
 
     def work() -> None:
         try:
             events.put(("done", backend.generate(ids, arm, req.params, on_token=lambda t: events.put(("token", t)),
                                                  cancel=cancel)))
+        except Cancelled:  # the client went away while the request queued
+            events.put(("cancelled", None))
         except Exception as err:  # reported to the client as an error event
             events.put(("error", err))
 
     threading.Thread(target=work, name=f"rf-eval-{rid}", daemon=True).start()
+    return _stream_events(backend, logger, req, arm, rid, model, record, started, cancel, events)
+
+
+def _stream_events(backend: Backend, logger: RequestLog, req: Parsed, arm: Arm, rid: str, model: str,
+                   record: dict[str, Any], started: float, cancel: threading.Event,
+                   events: queue.Queue) -> Iterator[str]:
+    ids = req.prompts[0]
     tokens: list[int] = []
     sent = ""
     finished = False
@@ -249,13 +309,15 @@ def _stream(backend: Backend, logger: RequestLog, req: Parsed, arm: Arm, rid: st
                     delta, sent = (text[len(sent):], text) if text.startswith(sent) else ("", sent)
                     yield _sse(protocol.chunk(req, rid, model, delta, first=len(tokens) == 1))
                 continue
+            if kind == "cancelled":
+                return  # `finally` logs the dropped request (status 499)
             if kind == "error":
                 logger.write({**record, "status": 500, "error": repr(value)})
                 yield _sse({"error": {"message": f"internal error: {value!r}", "type": "server_error"}})
                 break
             gen: Generation = value
             delta = gen.text[len(sent):] if gen.text.startswith(sent) else ""
-            rf = _rf(backend, req, arm, len(ids), gen.timings)
+            rf = _rf(backend, req, arm, len(ids), gen.timings, gen.batch)
             if not tokens:
                 yield _sse(protocol.chunk(req, rid, model, "", first=True))
             yield _sse(protocol.chunk(req, rid, model, delta, finish=gen.finish_reason, extra=rf))
@@ -264,13 +326,14 @@ def _stream(backend: Backend, logger: RequestLog, req: Parsed, arm: Arm, rid: st
                 yield _sse({"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
                             "created": int(time.time()), "model": model, "choices": [], "usage": use})
             logger.write({**record, "status": 200, "prompt_tokens": len(ids), "completion_tokens": len(gen.tokens),
-                          **gen.timings, "wall_seconds": time.perf_counter() - started})
+                          **gen.timings, "batch": gen.batch, "wall_seconds": time.perf_counter() - started})
             break
         finished = True
         yield "data: [DONE]\n\n"
     finally:
         cancel.set()
-        if not finished:  # the client went away mid-stream: say so (the log would otherwise hold nothing)
+        if not finished:  # the client went away (queued, or mid-stream): say so (the log would otherwise hold nothing)
             log.warning("stream %s dropped by the client after %d tokens", rid, len(tokens))
-            logger.write({**record, "status": 499, "error": "client disconnected mid-stream",
+            logger.write({**record, "status": 499, "error": "client disconnected mid-stream" if tokens else
+                          "client disconnected before the first token",
                           "completion_tokens": len(tokens), "wall_seconds": time.perf_counter() - started})

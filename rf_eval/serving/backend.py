@@ -1,4 +1,4 @@
-"""The model behind `rf-eval serve`: one lm-eval adapter, one prefill method per arm, one request at a time.
+"""The model behind `rf-eval serve`: one lm-eval adapter, one prefill method per arm, batches served in turn.
 
 The server is an lm-eval adapter (`--model ridgefill` or `--model rarecache`,
 a `PrefillLM`, built from the same model_args): HFLM loads the model and
@@ -11,6 +11,21 @@ its method is used only through the prefill-method protocol
 stock model, a generation prompt is prefilled by `generation_cache`, sampled
 requests are seeded by `sampling_seed`. So a server request and an adapter
 request with the same arm and prompt tokens generate the same tokens.
+
+Requests queue in a first-come-first-served dynamic batching scheduler
+(`rf_eval.serving.scheduler`, RaReCache appendix B.3): when the model is idle
+it takes up to `max_batch` queued requests, oldest first. In a batch, the
+prompts of one arm and one length are prefilled by one `prefill_batch` call of
+the arm's method (the engine runs them together where their rows are the same:
+RidgeFill arms without a selector; RaReCache, the droppers and selector arms
+prefill them one by one inside that call, as their `prefill_batch` says), and
+plain prompts (no filled row) of one length by one forward of the stock model,
+its cache split per prompt. Then each request's first token and the rest of
+its generation run one request after another, oldest first: decoding is not
+batched. A batch of one request is exactly the one-request path (the stock
+`generate` over a plain prompt, `generation_cache` otherwise); a batched
+prompt's tokens equal its one-request tokens within rounding (bitwise where
+the engine's batch is, `rf_eval.engine.batch`).
 """
 
 from __future__ import annotations
@@ -28,9 +43,19 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from rf_eval.drop.result import generation_inputs
-from rf_eval.engine import decoder_layers
-from rf_eval.method import PrefillMethod, check_token_ids, generation_cache, method_forward, sampling_seed
+from rf_eval.engine import PrefillResult, decoder_layers, new_cache
+from rf_eval.engine.batch import split_cache
+from rf_eval.method import (
+    PrefillMethod,
+    check_token_ids,
+    generation_cache,
+    generation_cache_needed,
+    generation_prompt,
+    method_forward,
+    sampling_seed,
+)
 from rf_eval.serving import arms
+from rf_eval.serving.scheduler import MAX_BATCH, BatchScheduler, Cancelled, Job
 from rf_eval.serving.scoring import TokenScore, token_score
 
 MAX_ENGINES = 16  # arms kept built (least recently used dropped)
@@ -63,6 +88,7 @@ class Generation:
     finish_reason: str  # "stop" | "length"
     scores: list[TokenScore] | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    batch: dict[str, Any] | None = None  # the scheduler's record (`rf_eval.serving.scheduler`); None: no batch ran
 
 
 class _TokenStreamer(BaseStreamer):
@@ -86,30 +112,48 @@ class _TokenStreamer(BaseStreamer):
         pass
 
 
-class Backend:
-    """Serves one lm-eval adapter's model (`PrefillLM`), one request at a time."""
+@dataclass(frozen=True)
+class _Request:
+    """A queued generation (a `Job`'s payload)."""
 
-    def __init__(self, lm: Any, served_name: str | None = None):
+    ids: list[int]
+    arm: Arm
+    params: GenParams
+    on_token: Callable[[int], None] | None
+    cancel: threading.Event | None
+
+
+class Backend:
+    """Serves one lm-eval adapter's model (`PrefillLM`): requests queue, and batches of up to `max_batch` of
+    them are served in turn (see the module docstring)."""
+
+    def __init__(self, lm: Any, served_name: str | None = None, max_batch: int = MAX_BATCH):
         self.lm, self.settings = lm, lm.settings
         self.model, self.tokenizer = lm.model, lm.tokenizer
         self.chat_template = lm.chat.record()
         self.n_layers = len(decoder_layers(self.model))
         self.max_length = int(lm.max_length)
         self.served_name = served_name or self.settings.pretrained.rstrip("/").rsplit("/", 1)[-1]
-        self.lock = threading.Lock()  # the model: one request at a time
+        self.lock = threading.Lock()  # the model: one batch (or prompt scoring) at a time
+        self.scheduler = BatchScheduler(self._run_batch, max_batch)
         self._arms_lock = threading.Lock()
         self._arms: OrderedDict[str, Arm] = OrderedDict()  # by resolved arm
         self._asked: dict[str, Arm] = {}  # by the fields a request gave
         self.default_arm = self.arm({})
 
     @classmethod
-    def from_model_args(cls, model_args: dict[str, Any], served_name: str | None = None) -> Backend:
+    def from_model_args(cls, model_args: dict[str, Any], served_name: str | None = None,
+                        max_batch: int = MAX_BATCH) -> Backend:
         """The adapter named by `method` (default ridgefill) built from the rest of `model_args`."""
         from rf_eval.model_adapters.registry import adapter_class
 
         name = str(model_args.get("method") or "ridgefill")
         args = {k: v for k, v in model_args.items() if k != "method"}
-        return cls(adapter_class(name)(**args), served_name)
+        return cls(adapter_class(name)(**args), served_name, max_batch)
+
+    @property
+    def max_batch(self) -> int:
+        return self.scheduler.max_batch
 
     @property
     def arm_fields(self) -> tuple[str, ...]:
@@ -184,24 +228,103 @@ class Backend:
         on_token: Callable[[int], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> Generation:
-        """Generate after `ids` under `arm`; `on_token` sees each token as it is made."""
-        from lm_eval.models.utils import postprocess_generated_text
-
+        """Generate after `ids` under `arm`; `on_token` sees each token as it is made. The request queues for
+        its batch (`Cancelled` if `cancel` is set before it runs)."""
         self.check_length(len(ids), params.max_tokens)
-        t_wait = time.perf_counter()
+        if params.max_tokens < 1:
+            return Generation([], "", "length", [] if params.logprobs is not None else None,
+                              {"queue_seconds": 0.0, "prefill_seconds": 0.0, "prompt_seconds": 0.0,
+                               "decode_seconds": 0.0, "total_seconds": 0.0})
+        return self.scheduler.call(_Request(list(ids), arm, params, on_token, cancel), cancel)
+
+    # ---- a batch (the scheduler's worker thread)
+
+    def _run_batch(self, jobs: list[Job], finish: Callable[..., None]) -> None:
+        """Serve one batch: the prefills (grouped by arm and length), then each request's generation in turn."""
         with self.lock:
             t0 = time.perf_counter()
-            if params.max_tokens < 1:
-                return Generation([], "", "length", [] if params.logprobs is not None else None,
-                                  {"queue_seconds": t0 - t_wait, "prefill_seconds": 0.0, "prompt_seconds": 0.0,
-                                   "decode_seconds": 0.0, "total_seconds": 0.0})
-            first: list[float] = []
-            with method_forward(arm.method):  # the method's forward (a fill that replaced it: the base's)
-                cached = generation_cache(arm.method, ids)
-                t1 = time.perf_counter()
-                out, fed = self._run_generate(ids, cached, params, on_token, cancel,
-                                              lambda: first.append(time.perf_counter()))
-            t2 = time.perf_counter()
+            caches = self._prefill_batch(jobs, finish)
+            t1 = time.perf_counter()
+            for job in jobs:
+                if job.done.is_set():  # its prefill failed
+                    continue
+                if job.gone:
+                    finish(job, error=Cancelled())
+                    continue
+                request: _Request = job.payload
+                cached, together = caches.get(job, (None, 1))
+                try:
+                    gen = self._generate_after(request, cached, t0, t1 if job in caches else None)
+                except Exception as err:  # this request's failure, not its batch's
+                    finish(job, error=err)
+                    continue
+                gen.timings["queue_seconds"] = t0 - job.submitted
+                if job.batch is not None:  # the same record: `finish` stamps its end before the caller wakes
+                    job.batch.update(prefilled_together=together, queued_seconds=t0 - job.submitted)
+                gen.batch = job.batch
+                finish(job, gen)
+
+    def _prefill_batch(self, jobs: list[Job], finish: Callable[..., None]
+                       ) -> dict[Job, tuple[PrefillResult, int]]:
+        """{job: (the cache its generation continues from, how many prompts were prefilled in its call)} for
+        the jobs that `generation_cache` would prefill, and for plain prompts of a group of two or more; the
+        others (a plain prompt alone, a one-token prompt) are prefilled by the stock `generate`, as alone."""
+        groups: dict[tuple[int, int, bool], list[Job]] = {}
+        for job in jobs:
+            request: _Request = job.payload
+            if job.gone or len(request.ids) < 2:
+                continue
+            needed = generation_cache_needed(request.arm.method, request.ids)
+            groups.setdefault((id(request.arm.method), len(request.ids), needed), []).append(job)
+        out: dict[Job, tuple[PrefillResult, int]] = {}
+        for (_, _, needed), group in groups.items():
+            if not needed and len(group) == 1:
+                continue
+            method = group[0].payload.arm.method
+            try:
+                with method_forward(method):
+                    if needed and len(group) == 1:
+                        results = [generation_cache(method, group[0].payload.ids)]
+                    elif needed:
+                        heads = torch.tensor([generation_prompt(method, j.payload.ids) for j in group],
+                                             device=self.lm.input_device)
+                        results = method.prefill_batch(heads, for_generation=True)
+                    else:
+                        results = self._plain_prefill_batch([j.payload.ids[:-1] for j in group])
+            except Exception as err:  # the group's prompts fail together (a one-prompt group: its own failure)
+                for job in group:
+                    finish(job, error=err)
+                continue
+            for job, result in zip(group, results, strict=True):
+                together = int(result.timings.get("batch", 1)) if result.timings else 1
+                out[job] = (result, together)
+        return out
+
+    @torch.no_grad()
+    def _plain_prefill_batch(self, heads: list[list[int]]) -> list[PrefillResult]:
+        """Prompts of one length with no filled row, all but their last token, through one forward of the stock
+        model; its cache split per prompt (`rf_eval.engine.batch.split_cache`)."""
+        ids = torch.tensor(heads, device=self.lm.input_device)
+        cache = new_cache(self.model)
+        self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        batch, n = ids.shape
+        rows = torch.arange(n, device=ids.device)
+        return [PrefillResult(split_cache(cache, b, batch), None, rows, {"batch": batch}, prompt_length=n)
+                for b in range(batch)]
+
+    def _generate_after(self, request: _Request, cached: PrefillResult | None, t0: float,
+                        prefilled: float | None) -> Generation:
+        """One request's generation after its batch's prefills (`cached`: its cache, None: `generate` runs the
+        whole prompt; `prefilled`: when the batch's prefills ended, None when this one's ran inside generate)."""
+        from lm_eval.models.utils import postprocess_generated_text
+
+        ids, arm, params = request.ids, request.arm, request.params
+        first: list[float] = []
+        t_gen = time.perf_counter()
+        with method_forward(arm.method):  # the method's forward (a fill that replaced it: the base's)
+            out, fed = self._run_generate(ids, cached, params, request.on_token, request.cancel,
+                                          lambda: first.append(time.perf_counter()))
+        t2 = time.perf_counter()
         tokens = out.sequences[0, fed:].tolist()
         raw = self.decode(tokens)
         text = postprocess_generated_text(raw, stop=list(params.stop), think_end_token=None)
@@ -213,9 +336,10 @@ class Backend:
             scores = [token_score(row[0], tok, params.logprobs) for row, tok in zip(out.logits, tokens)]
         t_first = first[0] if first else t2
         timings = {
-            "queue_seconds": t0 - t_wait,
-            "prefill_seconds": t1 - t0 if cached is not None else t_first - t0,  # engine: all but the last row
-            "prompt_seconds": t_first - t0,  # to the first generated token (the whole prompt)
+            "queue_seconds": 0.0,  # set by the batch
+            # the batch's prefills (the engine's: all but the last row), else this prompt's inside generate
+            "prefill_seconds": prefilled - t0 if prefilled is not None else t_first - t_gen,
+            "prompt_seconds": t_first - t0,  # batch start to the first generated token (the whole prompt)
             "decode_seconds": t2 - t_first,
             "total_seconds": t2 - t0,
         }

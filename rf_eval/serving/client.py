@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -35,6 +36,7 @@ class StreamResult:
     chunks: int
     last: dict[str, Any] = field(default_factory=dict)  # the chunk with finish_reason (rf_arm, rf_timings, ...)
     usage: dict[str, Any] | None = None
+    started: float = 0.0  # time.perf_counter() when the request was about to be sent
 
 
 class Server:
@@ -61,10 +63,15 @@ class Server:
         kind = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
         return kind(self.host, self.port, timeout=self.timeout)
 
-    def _send(self, method: str, path: str, body: dict | None) -> tuple[http.client.HTTPConnection, Any]:
-        """`path` is under the URL's prefix; a path starting with `//` is under the server root."""
+    def _send(self, method: str, path: str, body: dict | None,
+              on_connect: Callable[[http.client.HTTPConnection], None] | None = None
+              ) -> tuple[http.client.HTTPConnection, Any]:
+        """`path` is under the URL's prefix; a path starting with `//` is under the server root. `on_connect`
+        is handed the connection before the request is sent (another thread may then shut it)."""
         path = self.root + path[1:] if path.startswith("//") else self.prefix + path
         conn = self._connect()
+        if on_connect is not None:
+            on_connect(conn)
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
         try:
@@ -93,9 +100,10 @@ class Server:
     def completion(self, body: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", "/v1/completions", {**body, "stream": False})
 
-    def stream_completion(self, body: dict[str, Any]) -> StreamResult:
+    def stream_completion(self, body: dict[str, Any],
+                          on_connect: Callable[[http.client.HTTPConnection], None] | None = None) -> StreamResult:
         start = time.perf_counter()
-        conn, resp = self._send("POST", "/v1/completions", {**body, "stream": True})
+        conn, resp = self._send("POST", "/v1/completions", {**body, "stream": True}, on_connect)
         first: float | None = None
         text, chunks, last, usage = [], 0, {}, None
         try:
@@ -126,7 +134,7 @@ class Server:
         end = time.perf_counter()
         if first is None:
             raise ServerError(f"{self.base_url}: the stream ended without a completion chunk")
-        return StreamResult(first - start, end - start, "".join(text), chunks, last, usage)
+        return StreamResult(first - start, end - start, "".join(text), chunks, last, usage, start)
 
     def tokenize(self, text: str) -> list[int] | None:
         """The server's tokens of `text` (`POST /tokenize`), or None if it has no such endpoint."""

@@ -1,0 +1,355 @@
+"""Time to first token under load: RaReCache's serving protocol (section 4.6, appendix B.3).
+
+Per prompt length and request rate lambda, each arm gets one *sweep*: `requests`
+streamed completions whose arrivals follow a homogeneous Poisson process of
+rate lambda (exponential gaps drawn from `numpy.random.default_rng(seed)`: the
+same draws for every sweep, scaled by 1/lambda, so both arms of a rate see the
+identical arrival trace). Each request is sent from its own thread at its
+scheduled arrival, so arrivals never wait for responses. TTFT is wall clock:
+the arrival of the first streamed chunk that carries a token minus the
+request's *scheduled* arrival (queueing, prefill and any lateness of the client
+in sending all count). The first `discard` requests of a sweep (by arrival)
+are left out of its statistics, the paper's warm-up of the queue; the median
+and the 99th percentile of the rest are numpy's `percentile` with
+`method="linear"` (numpy's default). A sweep ends when every request has its
+answer, or at `max_seconds` of wall clock: then no further request is sent,
+requests still waiting are cut (their connections shut, so `rf-eval serve`
+drops them from its queue), and the statistics cover the completed requests
+only, a lower bound, marked `cut`. Per request the result keeps its scheduled,
+sent, first-token and end times, so a report can recompute everything.
+
+Saturation throughput (eq. 10): with the server idle, `5 * max_batch` requests
+of the arm are sent at once; from the batch records the server returns
+(`rf_batch` of `rf-eval serve`), mu = 3 * max_batch / (end of the third -
+start of the first) of the first three consecutive full batches, on the
+server's clock. Offered load u = lambda / mu of arm A (the paper's target).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from rf_eval.serving.client import Server, ServerError
+from rf_eval.serving.timing import TimedArm
+
+PERCENTILE_METHOD = "linear"  # numpy.percentile's default (Hyndman & Fan type 7)
+SATURATION_BATCHES = 5  # a burst of this many full batches: room for three consecutive full ones after the
+# first batches, dispatched while the rest of the burst still arrives, run part-full
+CUT_GRACE = 10.0  # seconds to wait for cut requests' threads to end after their connections are shut
+
+
+class _Cut(Exception):
+    """The sweep's deadline passed before this request was answered."""
+
+
+def arrival_times(rate: float, n: int, seed: int) -> np.ndarray:
+    """The scheduled arrivals (seconds from the sweep's start) of `n` requests of a Poisson process of `rate`
+    requests per second: cumulative sums of exponential gaps of mean 1/rate, from `default_rng(seed)`."""
+    if not rate > 0 or not np.isfinite(rate):
+        raise ValueError(f"rate must be a finite number > 0, got {rate}")
+    gaps = np.random.default_rng(seed).exponential(1.0, size=int(n)) / float(rate)
+    return np.cumsum(gaps)
+
+
+def ttft_stats(ttfts: list[float | None], discard: int) -> dict[str, Any]:
+    """Median and 99th percentile of `ttfts` (in arrival order; None: no first token) after the first `discard`."""
+    kept = [t for t in ttfts[discard:] if t is not None]
+    if not kept:
+        return {"n": 0, "median_seconds": None, "p99_seconds": None, "mean_seconds": None}
+    median, p99 = np.percentile(np.asarray(kept, dtype=float), [50, 99], method=PERCENTILE_METHOD)
+    return {"n": len(kept), "median_seconds": float(median), "p99_seconds": float(p99),
+            "mean_seconds": float(np.mean(kept))}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def scheduler_state(server: Server) -> dict[str, Any] | None:
+    """The scheduler record of `rf-eval serve`'s /rf/info, or None from another server."""
+    try:
+        info = server.request("GET", "//rf/info")
+    except ServerError:
+        return None
+    state = info.get("scheduler") if isinstance(info, dict) else None
+    return state if isinstance(state, dict) else None
+
+
+def wait_idle(server: Server, timeout: float, poll: float = 0.05) -> bool:
+    """Wait until the server's queue is empty and no batch runs (True), or `timeout` passes (False). A server
+    without a scheduler record counts as idle."""
+    deadline = time.perf_counter() + timeout
+    while True:
+        state = scheduler_state(server)
+        if state is None or (not state.get("queued") and not state.get("running")):
+            return True
+        if time.perf_counter() >= deadline:
+            return False
+        time.sleep(poll)
+
+
+class _Requests:
+    """The requests of one sweep or burst in flight: their threads, connections and records."""
+
+    def __init__(self, server: Server, body: dict[str, Any], n: int):
+        self.server, self.body = server, body
+        self.records: list[dict[str, Any]] = [{"index": i, "status": "unsent"} for i in range(n)]
+        self.threads: list[threading.Thread] = []
+        self.connections: dict[int, Any] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.start = time.perf_counter()
+
+    def _connected(self, i: int, conn: Any) -> None:
+        with self.lock:
+            if self.stop.is_set():
+                raise _Cut()
+            self.connections[i] = conn
+
+    def _one(self, i: int, go: threading.Event | None) -> None:
+        rec = self.records[i]
+        if go is not None:
+            go.wait()
+        rec["sent"] = time.perf_counter() - self.start
+        try:
+            result = self.server.stream_completion(self.body, on_connect=lambda conn: self._connected(i, conn))
+        except (_Cut, ServerError, OSError, ValueError) as err:
+            rec["status"] = "cut" if self.stop.is_set() else "failed"
+            rec["error"] = "cut at the deadline" if isinstance(err, _Cut) else str(err)
+            return
+        finally:
+            with self.lock:
+                self.connections.pop(i, None)
+        rec["sent"] = result.started - self.start
+        rec["first_token"] = result.started + result.ttft_seconds - self.start
+        rec["end"] = result.started + result.total_seconds - self.start
+        rec["finished"] = bool(result.last)  # the chunk with finish_reason came (else cut after the first token)
+        last = result.last or {}
+        timings = last.get("rf_timings") or {}
+        rec["server"] = {k: timings[k] for k in ("queue_seconds", "prefill_seconds", "prompt_seconds")
+                         if isinstance(timings.get(k), (int, float))} or None
+        rec["batch"] = last.get("rf_batch") if isinstance(last.get("rf_batch"), dict) else None
+        rec["status"] = "completed"
+
+    def send(self, i: int, go: threading.Event | None = None) -> None:
+        self.records[i]["status"] = "sending"
+        thread = threading.Thread(target=self._one, args=(i, go), name=f"rf-eval-load-{i}", daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def wait(self, deadline: float) -> bool:
+        """Join the threads until `deadline` (perf_counter); past it, cut the rest. True if anything was cut."""
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.perf_counter()))
+        if not any(t.is_alive() for t in self.threads):
+            return False
+        self.stop.set()
+        grace = time.perf_counter() + CUT_GRACE
+        while any(t.is_alive() for t in self.threads) and time.perf_counter() < grace:
+            with self.lock:
+                socks = [getattr(c, "sock", None) for c in self.connections.values()]
+            for sock in socks:
+                if sock is not None:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+            for thread in self.threads:
+                thread.join(0.05)
+        for rec in self.records:  # a thread that outlived the grace: still cut
+            if rec["status"] == "sending":
+                rec.update(status="cut", error="no answer after the deadline")
+        return True
+
+
+def request_body(arm: TimedArm, ids: list[int], max_tokens: int, model: str | None, arm_field: str) -> dict[str, Any]:
+    body: dict[str, Any] = {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "seed": 0}
+    if model:
+        body["model"] = model
+    if arm.fields is not None:
+        body[arm_field] = arm.fields
+    return body
+
+
+def sweep(server: Server, body: dict[str, Any], rate: float, n: int, discard: int, max_seconds: float,
+          seed: int) -> dict[str, Any]:
+    """One arm at one rate: `n` Poisson arrivals, each request streamed; see the module docstring."""
+    times = arrival_times(rate, n, seed)
+    run = _Requests(server, body, n)
+    for i, at in enumerate(times):
+        run.records[i]["scheduled"] = float(at)
+    deadline = run.start + max_seconds
+    for i, at in enumerate(times):
+        due = run.start + float(at)
+        if due >= deadline:
+            break
+        delay = due - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        run.send(i)
+    cut = run.wait(deadline)
+    wall = time.perf_counter() - run.start
+    records = run.records
+    for rec in records:
+        if rec["status"] == "completed":
+            rec["ttft"] = rec["first_token"] - rec["scheduled"]
+    counts = {s: sum(r["status"] == s for r in records) for s in ("completed", "cut", "failed", "unsent")}
+    cut = cut or counts["unsent"] > 0  # the deadline came before the last arrival, or before the last answer
+    stats = ttft_stats([r.get("ttft") for r in records], discard)
+    kept_batches = {r["batch"]["id"]: r["batch"]["size"] for r in records[discard:]
+                    if r["status"] == "completed" and r.get("batch")}
+    return {"rate": rate, "requests": n, "discard": discard, "sent": n - counts["unsent"], **counts,
+            "cut_at_deadline": cut, "wall_seconds": wall, "max_seconds": max_seconds, **stats,
+            "mean_batch_size": float(np.mean(list(kept_batches.values()))) if kept_batches else None,
+            "records": records}
+
+
+def saturation(server: Server, body: dict[str, Any], max_batch: int, max_seconds: float) -> dict[str, Any]:
+    """Eq. 10: `SATURATION_BATCHES * max_batch` requests at once; mu from three consecutive full batches."""
+    n = SATURATION_BATCHES * max_batch
+    run = _Requests(server, body, n)
+    go = threading.Event()
+    for i in range(n):
+        run.records[i]["scheduled"] = 0.0
+        run.send(i, go)
+    run.start = time.perf_counter()
+    go.set()
+    cut = run.wait(run.start + max_seconds)
+    batches: dict[int, dict[str, Any]] = {}
+    for rec in run.records:
+        b = rec.get("batch") if rec["status"] == "completed" else None
+        if not b or not isinstance(b.get("finished"), (int, float)):
+            continue
+        entry = batches.setdefault(b["id"], {"id": b["id"], "size": b["size"], "started": b["started"],
+                                             "ended": b["finished"], "ours": 0})
+        entry["ended"] = max(entry["ended"], b["finished"])
+        entry["ours"] += 1
+    ordered = [batches[k] for k in sorted(batches)]
+    out: dict[str, Any] = {"sent": n, "max_batch": max_batch, "cut_at_deadline": cut, "batches": ordered,
+                           "mu": None, "window": None,
+                           "completed": sum(r["status"] == "completed" for r in run.records)}
+    for k in range(len(ordered) - 2):
+        three = ordered[k : k + 3]
+        ids = [b["id"] for b in three]
+        if ids == list(range(ids[0], ids[0] + 3)) and all(b["size"] == b["ours"] == max_batch for b in three):
+            seconds = three[2]["ended"] - three[0]["started"]
+            out.update(mu=3 * max_batch / seconds if seconds > 0 else None, window=ids, seconds=seconds)
+            break
+    else:
+        out["reason"] = (f"no three consecutive full batches of {max_batch} among the {len(ordered)} batches the "
+                         f"{n} requests were served in (sizes {[b['size'] for b in ordered]}): the queue did not "
+                         "stay full (longer prompts, or a smaller --max-batch on the server)")
+    return out
+
+
+def measure(
+    server: Server,
+    arms: tuple[TimedArm, TimedArm],
+    prompts: dict[int, list[int]],
+    rates: list[float],
+    requests: int,
+    discard: int,
+    max_seconds: float,
+    seed: int,
+    *,
+    warmup: int = 1,
+    max_tokens: int = 1,
+    model: str | None = None,
+    arm_field: str = "rf_arm",
+    with_saturation: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """The protocol over `prompts` ({length: token ids}) and `rates`; the results object (JSON-ready)."""
+    say = progress or (lambda message: None)
+    state = scheduler_state(server)
+    max_batch = state.get("max_batch") if state else None
+    if with_saturation and not isinstance(max_batch, int):
+        raise ServerError(f"{server.base_url} reports no batching scheduler (/rf/info `scheduler`): --saturation "
+                          "needs `rf-eval serve`'s batch records")
+    lengths, sweeps, rows = [], [], []
+    for length, ids in prompts.items():
+        bodies = {side: request_body(arm, ids, max_tokens, model, arm_field) for side, arm in zip("ab", arms)}
+        for side in "ab":
+            for _ in range(warmup):
+                server.stream_completion(bodies[side])
+        entry: dict[str, Any] = {"length": length, "prompt_tokens": len(ids)}
+        if with_saturation:
+            for side, arm in zip("ab", arms):
+                wait_idle(server, max_seconds)
+                entry[f"saturation_{side}"] = sat = saturation(server, bodies[side], int(max_batch), max_seconds)
+                say(f"N={length} {arm.name}: mu = {sat['mu']} req/s" if sat["mu"] is not None
+                    else f"N={length} {arm.name}: mu not measured: {sat['reason']}")
+        mu_a = (entry.get("saturation_a") or {}).get("mu")
+        lengths.append(entry)
+        for rate in rates:
+            row: dict[str, Any] = {"length": length, "rate": rate, "u": _ratio(rate, mu_a)}
+            for side, arm in zip("ab", arms):
+                wait_idle(server, max_seconds)
+                result = sweep(server, bodies[side], rate, requests, discard, max_seconds, seed)
+                sweeps.append({"length": length, "arm": side, "name": arm.name, "rf_arm": arm.fields, **result})
+                row[side] = {k: result[k] for k in ("sent", "completed", "cut", "failed", "unsent", "n",
+                                                    "median_seconds", "p99_seconds", "mean_seconds",
+                                                    "mean_batch_size", "cut_at_deadline")}
+                say(f"N={length} rate={rate:g} {arm.name}: {result['completed']}/{result['sent']} completed, median "
+                    f"{_ms(result['median_seconds'])} ms, p99 {_ms(result['p99_seconds'])} ms"
+                    + (" (cut at --max-seconds)" if result["cut_at_deadline"] else ""))
+            row["ratio_median"] = _ratio(row["a"]["median_seconds"], row["b"]["median_seconds"])
+            row["ratio_p99"] = _ratio(row["a"]["p99_seconds"], row["b"]["p99_seconds"])
+            rows.append(row)
+    return {"kind": "rf-eval-load", "version": 1, "base_url": server.base_url,
+            "arms": {"a": arms[0].name, "b": arms[1].name},
+            "rf_arms": {"a": arms[0].fields, "b": arms[1].fields}, "rates": list(rates), "requests": requests,
+            "discard": discard, "max_seconds": max_seconds, "seed": seed, "warmup": warmup,
+            "max_tokens": max_tokens, "server_scheduler": state,
+            "protocol": {"arrivals": "homogeneous Poisson: cumulative exponential gaps, "
+                                     "numpy.random.default_rng(seed).exponential(1.0, requests) / rate",
+                         "ttft": "first streamed token (client clock) minus the scheduled arrival",
+                         "statistics": f"after the first `discard` requests by arrival, completed requests only; "
+                                       f"numpy.percentile(method={PERCENTILE_METHOD!r}) at 50 and 99",
+                         "ratio": "arm A / arm B (> 1: B is faster)",
+                         "saturation": "eq. 10: 3 * max_batch / (end of the third - start of the first of three "
+                                       "consecutive full batches), server clock",
+                         "u": "rate / mu of arm A"},
+            "lengths": lengths, "rows": rows, "sweeps": sweeps}
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{1000 * x:.1f}"
+
+
+def format_table(result: dict[str, Any]) -> str:
+    def times(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}x"
+
+    def done(side: dict[str, Any]) -> str:
+        return f"{side['completed']}/{side['sent']}" + ("*" if side["cut_at_deadline"] else "")
+
+    a, b = result["arms"]["a"], result["arms"]["b"]
+    lines = [f"A = {a}   B = {b}   ({result['requests']} requests per sweep, first {result['discard']} discarded; "
+             f"TTFT = first token - scheduled arrival; percentiles: numpy {PERCENTILE_METHOD!r})"]
+    for entry in result["lengths"]:
+        if "saturation_a" in entry:
+            mus = [entry[f"saturation_{s}"]["mu"] for s in "ab"]
+            lines.append(f"saturation (eq. 10), N={entry['length']}: mu(A) = "
+                         + "   mu(B) = ".join("-" if m is None else f"{m:.2f} req/s" for m in mus))
+    lines.append(f"{'N':>7} {'rate/s':>8} {'u':>6} {'A done':>9} {'A med ms':>9} {'A p99 ms':>9} {'B done':>9} "
+                 f"{'B med ms':>9} {'B p99 ms':>9} {'A/B med':>8} {'A/B p99':>8}")
+    for r in result["rows"]:
+        u = "-" if r["u"] is None else f"{r['u']:.2f}"
+        lines.append(f"{r['length']:>7} {r['rate']:>8g} {u:>6} {done(r['a']):>9} {_ms(r['a']['median_seconds']):>9} "
+                     f"{_ms(r['a']['p99_seconds']):>9} {done(r['b']):>9} {_ms(r['b']['median_seconds']):>9} "
+                     f"{_ms(r['b']['p99_seconds']):>9} {times(r['ratio_median']):>8} {times(r['ratio_p99']):>8}")
+    if any(r[s]["cut_at_deadline"] for r in result["rows"] for s in "ab"):
+        lines.append("* cut at --max-seconds: statistics over the completed requests only (a lower bound)")
+    return "\n".join(lines)
+
+
+def dumps(result: dict[str, Any]) -> str:
+    return json.dumps(result, indent=2)
