@@ -9,7 +9,10 @@ family is one new module.
 Folders named in the environment variable `RF_EVAL_FAMILY_PATH` (separated
 like PATH) are searched too, read once when this package is first imported:
 their modules import as `rf_eval.families.<name>`. This is how a family is
-tried out, or tested, without writing into the installed package.
+tried out, or tested, without writing into the installed package. Installed
+packages add families through the `rf_eval.families` entry-point group (the
+entry point's name is the family's), and `register_family` adds one at run
+time: the one plug-in pattern of `rf_eval.plugins`.
 
 Family modules import only when needed (each pulls in a `transformers`
 modeling file): `registered_families()` imports none, `family_class(name)`
@@ -18,60 +21,45 @@ one, and the first `family_for(config)` all of them, to map model types.
 
 from __future__ import annotations
 
-import importlib
-import os
-import pkgutil
 from functools import cache
 
 from rf_eval.errors import UserError
 from rf_eval.families.base import Family, execution_device
+from rf_eval.plugins import Registry
 
 FAMILY_PATH_ENV = "RF_EVAL_FAMILY_PATH"
-_NOT_FAMILIES = frozenset({"base"})
-
-__path__ = [*__path__, *(p for p in os.environ.get(FAMILY_PATH_ENV, "").split(os.pathsep) if p)]
-
-
-@cache
-def _scan(path: tuple[str, ...]) -> tuple[str, ...]:
-    where: dict[str, str] = {}
-    for folder in path:
-        for info in pkgutil.iter_modules([folder]):
-            if info.name.startswith("_") or info.name in _NOT_FAMILIES:
-                continue
-            if info.name in where:
-                raise ValueError(f"family {info.name!r} is defined twice: in {where[info.name]} and in {folder}")
-            where[info.name] = folder
-    return tuple(sorted(where))
+ENTRY_POINTS = "rf_eval.families"
+#: every family by name (`rf_eval.plugins.Registry`; a family's module names it and is imported when looked up)
+FAMILIES: Registry[Family] = Registry("family", Family, __name__, env=FAMILY_PATH_ENV, group=ENTRY_POINTS,
+                                      marker="model_types", by_module=True)
 
 
 def registered_families() -> tuple[str, ...]:
     """The names of every family (its module's name), sorted; imports no family module."""
-    return _scan(tuple(__path__))
+    return tuple(sorted(FAMILIES))
 
 
 def family_class(name: str) -> type[Family]:
     """The `Family` subclass that the module `rf_eval.families.<name>` defines."""
-    if name not in registered_families():
+    if name not in FAMILIES:
         raise UserError(f"unknown family {name!r}; valid families: {', '.join(registered_families())}")
-    module = importlib.import_module(f"{__name__}.{name}")
-    found = [
-        value for value in vars(module).values()
-        if isinstance(value, type) and issubclass(value, Family) and value.__module__ == module.__name__
-        and value.model_types
-    ]  # fmt: skip
-    if len(found) != 1:
-        raise TypeError(
-            f"family module {module.__name__} must define exactly one Family subclass that sets model_types; "
-            f"it defines {[cls.__name__ for cls in found]}"
-        )
-    return found[0]
+    return FAMILIES[name]
+
+
+def register_family(cls: type[Family], name: str) -> type[Family]:
+    """Add a family class at run time under `name` (a test's, a notebook's). Returns `cls`."""
+    return FAMILIES.register(cls, name)
+
+
+def unregister_family(name: str) -> None:
+    """Remove a family `register_family` added."""
+    FAMILIES.unregister(name)
 
 
 @cache
-def _model_types(path: tuple[str, ...]) -> dict[str, str]:
+def _model_types(version: object) -> dict[str, str]:
     families: dict[str, str] = {}
-    for name in _scan(path):
+    for name in registered_families():
         for model_type in family_class(name).model_types:
             if model_type in families:
                 raise ValueError(f"model_type {model_type!r} is claimed by families {families[model_type]!r} "
@@ -82,13 +70,13 @@ def _model_types(path: tuple[str, ...]) -> dict[str, str]:
 
 def supported_model_types() -> dict[str, str]:
     """Every supported `model_type` -> the name of the family that serves it (imports every family)."""
-    return dict(_model_types(tuple(__path__)))
+    return dict(_model_types(FAMILIES.version()))
 
 
 def family_class_for(config) -> type[Family]:
     """The family class of a config's `model_type`; a clear error for unsupported types."""
     model_type = getattr(config, "model_type", None)
-    families = _model_types(tuple(__path__))
+    families = _model_types(FAMILIES.version())
     if model_type not in families:
         raise UserError(
             f"model_type {model_type!r} has no rf-eval family; supported: {', '.join(sorted(families))}. "
@@ -124,8 +112,8 @@ def sliding_window(config) -> int | None:
 
 
 __all__ = [
-    "FAMILY_PATH_ENV", "Family", "execution_device", "family_class", "family_class_for", "family_for",
-    "registered_families", "sliding_window", "supported_model_types",
+    "FAMILIES", "FAMILY_PATH_ENV", "Family", "execution_device", "family_class", "family_class_for", "family_for",
+    "register_family", "registered_families", "sliding_window", "supported_model_types", "unregister_family",
 ]  # fmt: skip
 
 

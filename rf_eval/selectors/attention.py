@@ -139,20 +139,16 @@ class Attention(Selector):
         if share_of not in ("prompt", "prefix"):
             raise ValueError(f"share_of must be 'prompt' or 'prefix', got {share_of!r}")
         self.share, self.window, self.share_of = float(share), int(window), share_of
-        self.layer_ids = tuple(int(i) for i in (layers if isinstance(layers, (list, tuple)) else [layers]))
-
-    def params(self):
-        return {"share": self.share, "window": self.window, "layers": list(self.layer_ids),
-                "share_of": self.share_of}
+        self.layers = [int(i) for i in (layers if isinstance(layers, (list, tuple)) else [layers])]
 
     def check_layers(self, model_config: Any, split: int) -> None:
         """At least one attention layer among `layers` below the split (what `selector_layers` needs)."""
         types = getattr(model_config, "layer_types", None) or []
-        below = [i for i in self.layer_ids if 0 <= i < split
+        below = [i for i in self.layers if 0 <= i < split
                  and not (i < len(types) and types[i] == "linear_attention")]
         if not below:
             raise ValueError(
-                f"no attention layer among layers {list(self.layer_ids)} lies below split {split}; "
+                f"no attention layer among layers {self.layers} lies below split {split}; "
                 f"pass layers= with attention layers below {split} (e.g. layers=0), or a later split"
             )
 
@@ -161,7 +157,7 @@ class Attention(Selector):
 
     def captures(self, req):
         start, stop = self.window_rows(req)
-        return {i: (start, stop) for i in selector_layers(req, self.layer_ids)}
+        return {i: (start, stop) for i in selector_layers(req, self.layers)}
 
     def k(self, req: Request) -> int:
         """round(share * N), or the rows an arm's budget grants (`Request.row_budget`)."""
@@ -172,7 +168,7 @@ class Attention(Selector):
 
     def scores(self, req: Request) -> torch.Tensor:
         start, stop = self.window_rows(req)
-        return lower_attention(req, selector_layers(req, self.layer_ids), start, stop)
+        return lower_attention(req, selector_layers(req, self.layers), start, stop)
 
     def select(self, req):
         return Selection(top_rows(self.scores(req), req.candidates(), self.k(req)))
@@ -188,9 +184,6 @@ class QuestionHidden(Attention):
         super().__init__(share, window, layers, share_of)
         self.offset = self.window if offset is None else int(offset)
         self.marker = marker
-
-    def params(self):
-        return {**super().params(), "offset": self.offset, "marker": self.marker}
 
     def question_start(self, req: Request) -> int:
         if self.marker:

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 
 from rf_eval.engine import FillFn, Plan, PrefillContext, Selection, decoder_layers
+from rf_eval.plugins import param_values
 
 
 class Request:
@@ -103,7 +104,8 @@ def as_rows(rows: torch.Tensor | list[int]) -> torch.Tensor:
 
 
 class Selector:
-    """Base class: subclasses set `name`, implement `select`, and list parameters in `params`."""
+    """Base class: subclasses set `name` and implement `select`; their constructor's parameters are the spec's
+    (`make_selector`), each kept as an attribute of its name (`name_` where a method has it: `params`)."""
 
     name: ClassVar[str] = ""
     on_top: ClassVar[bool] = False
@@ -118,7 +120,8 @@ class Selector:
         return 0
 
     def params(self) -> dict[str, Any]:
-        return {}
+        """The parameters it was built with, read back from its constructor's signature (`rf_eval.plugins`)."""
+        return param_values(self)
 
     def captures(self, req: Request) -> dict[int, tuple[int, int]]:
         """Lower layers whose inputs this selector reads: layer -> (start row, stop row)."""
@@ -161,9 +164,6 @@ class Union(Selector):
         if not parts:
             raise ValueError("a union needs at least one selector")
         self.parts = list(parts)
-
-    def params(self):
-        return {}
 
     def probe_rows(self) -> int:
         return sum(p.probe_rows() for p in self.parts)

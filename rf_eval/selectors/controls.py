@@ -28,10 +28,7 @@ class _Counted(Selector):
             raise ValueError(f"count must be >= 0, got {count}")
         if share is not None and not 0 <= share <= 1:
             raise ValueError(f"share must lie in [0, 1], got {share}")
-        self.of, self.count_, self.share = of, count, share
-
-    def params(self):
-        return {"of": self.of, "count": self.count_, "share": self.share}
+        self.of, self.count_, self.share = of, count, share  # count_: `count` is the method
 
     def captures(self, req):
         return self.of.captures(req) if self.of is not None else {}
@@ -55,9 +52,6 @@ class RandomRows(_Counted):
                  seed: int = 0):
         super().__init__(of, count, share)
         self.seed = int(seed)
-
-    def params(self):
-        return {**super().params(), "seed": self.seed}
 
     def select(self, req):
         k = self.matched_count(req)

@@ -145,10 +145,6 @@ class LexicalNet(Selector):
         self.window, self.run, self.max_count = int(window), int(run), int(max_count)
         self.sentence_rows, self.cap = int(sentence_rows), float(cap)
 
-    def params(self):
-        return {"window": self.window, "run": self.run, "max_count": self.max_count,
-                "sentence_rows": self.sentence_rows, "cap": self.cap}
-
     def limit(self, req: Request) -> int:
         return int(self.cap * req.prefix_end)
 

@@ -2,10 +2,10 @@
 
 They read the source's cache mapped into the target (`reads = "mapped_cache"`), not the split layer's state
 that RidgeFill's selectors read, and live in the one registry (`rf_eval.selectors.registry`) under names of
-their own. Each returns one set of positions shared by every target layer, except `layer-prefix`, which
-recomputes whole layers instead (`whole_layers`). The budget, ceil(rho * T) positions with the last prompt
-row counted (or ceil(rho * L) layers), is the method's (`rf_eval.rarecache.budget`); a selector is told how
-many candidates it may pick (`CachePrompt.pick`).
+their own (found there as any selector is: no list names them). Each returns one set of positions shared
+by every target layer, except `layer-prefix`, which recomputes whole layers instead (`whole_layers`). The
+budget, ceil(rho * T) positions with the last prompt row counted (or ceil(rho * L) layers), is the method's
+(`rf_eval.rarecache.budget`); a selector is told how many candidates it may pick (`CachePrompt.pick`).
 
 - `rank`: rank disagreement (eq. 2 / eq. 9), the method.
 - `random-positions`: uniform positions, seeded per prompt (sha256 of the seed and the candidate rows'
@@ -132,9 +132,6 @@ class LayerPrefix(CacheSelector):
     def choose(self, prompt):
         raise TypeError("layer-prefix recomputes whole layers, not positions")
 
-
-CACHE_SELECTORS: tuple[type[CacheSelector], ...] = (RankDisagreement, RandomPositions, SourceAttention,
-                                                    OracleAttention, OracleL2, LayerPrefix)
 
 
 def random_rows(n: int, count: int, seed: int, input_ids: torch.Tensor) -> torch.Tensor:

@@ -126,13 +126,11 @@ class Probe(Selector):
         self.protected = ProtectedTokens(rarest=protected_share, unigram=unigram)
         self.attention = Attention(share=attention_share, window=window, layers=layers, share_of="prefix")
         self.lexical = LexicalNet(window=lexical_window, cap=lexical_cap)
-
-    def params(self):
-        return {"rows": self.rows, "budget": self.budget, "protected_share": self.protected.rarest,
-                "attention_share": self.attention.share, "window": self.attention.window,
-                "layers": list(self.attention.layer_ids), "lexical_cap": self.lexical.cap,
-                "lexical_window": self.lexical.window,
-                "unigram": self.protected.params()["unigram"]}
+        # its parameters as its parts keep them (what `params` reads back)
+        self.protected_share, self.unigram = self.protected.rarest, self.protected.unigram
+        self.attention_share, self.window = self.attention.share, self.attention.window
+        self.layers = self.attention.layers
+        self.lexical_cap, self.lexical_window = self.lexical.cap, self.lexical.window
 
     def captures(self, req):
         return self.attention.captures(req)

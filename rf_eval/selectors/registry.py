@@ -4,36 +4,58 @@
     make_selector("random", of="attention(share=0.1)", seed=3)
     make_selector("probe+special")                  # a union; special tokens on top
     selector_from("random(seed=3;of=attention)")    # the same grammar in one string
+
+No list names the selectors (the one plug-in pattern, `rf_eval.plugins`): every module of this package but
+this one defines `Selector` subclasses that set `name`, and so do the modules of the folders in
+`RF_EVAL_SELECTOR_PATH` (separated like PATH, read when the package is first imported; they import as
+`rf_eval.selectors.<module>`), the classes of installed packages' `rf_eval.selectors` entry points, and the
+classes given to `register_selector`. A selector's spec parameters are its constructor's: a parameter
+annotated with `Selector` (`of=`, a union's `parts`) takes a nested spec. So a new selector is one file.
 """
 
 from __future__ import annotations
 
-import inspect
+import typing
+from collections.abc import Sequence
 from typing import Any
 
-from rf_eval.selectors.attention import Attention, QuestionHidden
+from rf_eval.plugins import PluginError, Registry, mentions, parameters
 from rf_eval.selectors.base import Selector, Union
-from rf_eval.selectors.controls import LongerTail, RandomRows
-from rf_eval.selectors.lexical import LexicalNet
-from rf_eval.selectors.mapped_cache import CACHE_SELECTORS, CacheSelector
-from rf_eval.selectors.probe import Probe
-from rf_eval.selectors.tokens import ProtectedTokens, SpecialTokens
-from rf_eval.selectors.tsp import TokenSelectivePropagation
+from rf_eval.selectors.mapped_cache import CacheSelector
 from rf_eval.spec import check_params, parse_spec
 
-SELECTORS: dict[str, type[Selector]] = {
-    cls.name: cls
-    for cls in (Attention, QuestionHidden, RandomRows, LongerTail, Probe, ProtectedTokens, LexicalNet,
-                SpecialTokens, TokenSelectivePropagation, Union, *CACHE_SELECTORS)
-}
+SELECTOR_PATH_ENV = "RF_EVAL_SELECTOR_PATH"
+ENTRY_POINTS = "rf_eval.selectors"
 # what a selector reads, by method: RidgeFill's the split layer's state, RaReCache's the mapped cache
 READS = {"ridgefill": "split_state", "rarecache": "mapped_cache"}
-_SELECTOR_PARAMS = ("of",)  # parameters whose value is itself a selector
 
 
-def parameters(cls: type[Selector]) -> tuple[str, ...]:
-    sig = inspect.signature(cls.__init__)
-    return tuple(p for p in sig.parameters if p != "self")
+def _check(cls: type[Selector], where: str) -> None:
+    """A selector's contract beyond its name: it reads what one method gives, and chooses rows from it."""
+    if cls.reads not in READS.values():
+        raise PluginError(f"{where}: selector {cls.name!r} reads {cls.reads!r}, not one of "
+                          f"{', '.join(READS.values())}")
+    if cls.reads == "split_state" and cls.select is Selector.select:
+        raise PluginError(f"{where}: selector {cls.name!r} must define select(req)")
+    if cls.reads == "mapped_cache" and not (issubclass(cls, CacheSelector) and cls.choose is not CacheSelector.choose):
+        raise PluginError(f"{where}: selector {cls.name!r} reads the mapped cache: it must subclass CacheSelector "
+                          "and define choose(prompt)")
+
+
+#: every selector by name, RidgeFill's and RaReCache's (`rf_eval.plugins.Registry`)
+SELECTORS: Registry[Selector] = Registry("selector", Selector, "rf_eval.selectors", env=SELECTOR_PATH_ENV,
+                                         group=ENTRY_POINTS, skip=("registry",), one_per_module=False,
+                                         check=_check)
+
+
+def register_selector(cls: type[Selector]) -> type[Selector]:
+    """Add a selector class at run time (a test's throwaway; a notebook's own). Returns `cls`."""
+    return SELECTORS.register(cls)
+
+
+def unregister_selector(name: str) -> None:
+    """Remove a selector `register_selector` added."""
+    SELECTORS.unregister(name)
 
 
 def names_for(method: str) -> tuple[str, ...]:
@@ -66,12 +88,12 @@ def make_selector(name: str, **params: Any) -> Selector:
             raise ValueError(f"parameters for the spec {name!r} go inside it, e.g. 'attention(share=0.1)+special'")
         return selector_from(name)
     cls = _check_reads(name, "ridgefill")
-    check_params("selector", name, params, parameters(cls))
-    if name == "union":
-        params["parts"] = [as_selector(p) for p in params.get("parts", [])]
-    for key in _SELECTOR_PARAMS:
-        if params.get(key) is not None:
-            params[key] = as_selector(params[key])
+    accepted = {p.name: p for p in parameters(cls)}
+    check_params("selector", name, params, tuple(accepted))
+    for key, value in params.items():
+        if value is not None and mentions(accepted[key].annotation, Selector):  # a nested spec, dict or object
+            many = typing.get_origin(accepted[key].annotation) in (list, tuple, Sequence)
+            params[key] = [as_selector(v) for v in value] if many else as_selector(value)
     try:
         return cls(**params)
     except TypeError as err:  # a bad value type for a known parameter

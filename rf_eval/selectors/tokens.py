@@ -167,11 +167,8 @@ class ProtectedTokens(Selector):
     def __init__(self, rarest: float = 0.25, unigram: str | None = None):
         if not 0 <= rarest <= 1:
             raise ValueError(f"rarest must lie in [0, 1], got {rarest}")
-        self.rarest, self.unigram = float(rarest), unigram
+        self.rarest, self.unigram = float(rarest), str(unigram) if unigram else None
         self._counts: torch.Tensor | None = None
-
-    def params(self):
-        return {"rarest": self.rarest, "unigram": str(self.unigram) if self.unigram else None}
 
     def counts(self, req: Request) -> torch.Tensor:
         if self._counts is None:

@@ -58,15 +58,11 @@ class TokenSelectivePropagation(Selector):
         if window < 1 or kernel < 1 or kernel % 2 == 0:
             raise ValueError(f"tsp needs window >= 1 and an odd kernel >= 1; got window={window}, kernel={kernel}")
         self.keep, self.keep_share = (None if keep is None else int(keep)), keep_share
-        self.window, self.kernel, self.layer_id = int(window), int(kernel), layer
-
-    def params(self):
-        return {"keep": self.keep, "keep_share": self.keep_share, "window": self.window, "kernel": self.kernel,
-                "layer": self.layer_id}
+        self.window, self.kernel, self.layer_ = int(window), int(kernel), layer  # layer_: `layer` is the method
 
     def tsp_layer(self, split: int) -> int:
         """The layer whose attention decides: S - 1 (FastKV's TSP layer), unless `layer` names a lower one."""
-        return split - 1 if self.layer_id is None else int(self.layer_id)
+        return split - 1 if self.layer_ is None else int(self.layer_)
 
     def check_layers(self, model_config, split: int) -> None:
         """The TSP layer must be a full-attention layer below the split (its keys and queries are read)."""

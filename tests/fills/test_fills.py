@@ -157,6 +157,7 @@ def test_the_registry_refuses_a_bad_fill_method(cls, message):
 
 def test_entry_points_add_fill_methods(monkeypatch):
     import rf_eval.fills as fills
+    from rf_eval import plugins
 
     class FromAPackage(FillMethod):
         name = "from_a_package"
@@ -168,13 +169,13 @@ def test_entry_points_add_fill_methods(monkeypatch):
         def load(self):
             return FromAPackage
 
-    monkeypatch.setattr(fills, "entry_points", lambda group: [EntryPoint()] if group == fills.ENTRY_POINTS else [])
-    fills._entry_point_fills.cache_clear()
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [EntryPoint()] if group == fills.ENTRY_POINTS else [])
+    fills.FILLS.refresh()
     try:
         assert "from_a_package" in registered_fills() and isinstance(fill_method("from_a_package"), FromAPackage)
     finally:
         monkeypatch.undo()
-        fills._entry_point_fills.cache_clear()
+        fills.FILLS.refresh()
     assert "from_a_package" not in registered_fills()
 
 
