@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from rf_eval.cli import UserError
-from rf_eval.cli.values import positive_float, positive_int
+from rf_eval.cli.values import nonnegative_int, positive_float, positive_int
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="the model whose cache is predicted (HF folder or id)")
     p.add_argument("--calibration", nargs="+", required=True, help="plain-text files or JSONL with a 'text' field")
     p.add_argument("--k", type=positive_int, default=8, help="source layers per target layer, chosen by R² (default 8)")
-    p.add_argument("--rank", type=positive_int, default=128, help="r of the well-described subspace V_r (default 128)")
+    p.add_argument("--rank", type=nonnegative_int, default=128, help="r of the well-described subspace V_r (default 128)")
     p.add_argument("--lambda", dest="lam", type=positive_float, default=0.01, help="ridge penalty of eq. 1 (default 0.01)")
     p.add_argument("--stride", type=positive_int, default=1, help="keep every N-th position of each document (default 1)")
     p.add_argument("--out", required=True, help="folder for rarecache_maps.safetensors")

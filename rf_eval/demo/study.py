@@ -35,8 +35,11 @@ from rf_eval.ridgefill.ridge import LAMBDA_GRID
 log = logging.getLogger(__name__)
 
 # 3/5 depth of the demo model's 30 layers. The recipe asks for half depth or deeper on a model without
-# QK-norm; on this 135M model identity and ridge fills both lose every needle at splits 15-17 and keep
-# them at 18 (measured on the quick demo's samples), so 18 is where the arms' differences are worth showing.
+# QK-norm; the demo takes the shallowest split at which the identity fill, too, keeps most filled-region
+# needles, so every fill's arm is worth comparing. Measured on development data only
+# (`benchmarks/demo_sweep.py --candidates demo --sizes quick --split S`: 6 development needles, 12
+# development documents; issue #42's note): at 16 identity and ridge keep 0 of 6, at 17 identity 0 and
+# ridge 6, at 18 identity 4 and ridge 6; ridge's key-token dNLL is +2.44, +0.82 and +0.43.
 SPLIT = 18
 
 
@@ -67,12 +70,13 @@ STUDY_FILE = "demo_study.yaml"  # the arms, tasks and reference; sizes and run-t
 def settings(quick: bool) -> DemoSettings:
     """The demo's sizes. Both share one set of maps: 48 calibration documents (about 73K rows) and the
     ridge penalty chosen from the paper's nine-value grid on 4 held-out documents. The sweep
-    (`benchmarks/demo_sweep.py`, issue #23's note) chose them: 3 documents at lambda 0.03, the quick demo's
-    maps before, lost 2 of 6 filled needles; 24 kept every needle but left ridge's key-token loss at 0.46
-    of identity's on the full demo, 48 at 0.39. Keytoken documents: as many as the corpus holds at the
-    full demo's length (15), and 12 in the quick demo (94 key tokens; its first 4 had 21, too few to tell
-    the fills apart). Key tokens need the context beyond the last `keytoken_context` tokens, the tail:
-    what the fill replaces (section 3.1)."""
+    (`benchmarks/demo_sweep.py`, on development data only; issue #42's note) confirms them: at the quick
+    size ridge's key-token dNLL is +0.54 with 12 calibration documents, +0.50 with 24 and +0.43 with 48
+    (identity +1.14), KL and novel-token dNLL falling likewise, each keeping 6 of 6 development needles.
+    Keytoken documents: as many as the corpus holds at the full demo's length (15), and 12 in the quick
+    demo (a sample size: 4 documents held about 20 key tokens, too few to tell the fills apart). Key
+    tokens need the context beyond the last `keytoken_context` tokens, the tail: what the fill replaces
+    (section 3.1)."""
     maps = dict(calibration_docs=48, heldout_docs=4)
     if quick:
         return DemoSettings(lengths=(1024,), tail=256, ruler_tasks=("niah_single_1_filled",),

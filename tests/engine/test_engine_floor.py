@@ -135,7 +135,7 @@ BAD_CHECK_EQUIVALENCE = [
     (["--lengths", "12", "9000"], "--lengths 9000: each length must be in 2..8192 (the model's max_position_embeddings)"),
     (["--lengths", "1"], "--lengths 1: each length must be in 2..8192"),
     (["--split", "6"], "--split: split 6 is outside 1..5 for this 6-layer model"),
-    (["--split", "0"], "--split: split 0 is outside 1..5"),
+    (["--split", "0"], "argument --split: '0' must be an integer >= 1"),
     (["--fills", "exact", "swift_kv"], "--fills swift_kv: not a fill; valid fills: exact, identity, kv_ridge, nofill, ridge, swiftkv, swiftkv_released"),
     (["--maps", "./no-maps"], "--maps ./no-maps: no such file or folder"),
     (["--dtype", "fp9"], "--dtype: unknown dtype 'fp9'; valid: auto"),

@@ -8,10 +8,11 @@ from rf_eval.cli import main
 
 # (arguments replacing or joining the defaults, with {source}, {target}, {tmp}, {cal} filled in; message)
 BAD_FIT_TRANSFER = [
-    (["--k", "0"], "need --k >= 1, --rank >= 0, --stride >= 1 and --lambda > 0"),
-    (["--rank", "-1"], "need --k >= 1, --rank >= 0"),
-    (["--lambda", "0"], "and --lambda > 0"),
-    (["--stride", "0"], "--stride >= 1"),
+    (["--k", "0"], "argument --k: '0' must be an integer >= 1"),
+    (["--rank", "-1"], "argument --rank: '-1' must be an integer >= 0"),
+    (["--lambda", "0"], "argument --lambda: '0' must be a number > 0"),
+    (["--lambda", "nan"], "argument --lambda: 'nan' is not a finite number"),
+    (["--stride", "0"], "argument --stride: '0' must be an integer >= 1"),
     (["--max-tokens", "1"], "--max-tokens 1: a document needs at least 2 tokens"),
     (["--k", "99"], "--k 99: must be in 1..4 (the source's layer count)"),
     (["--source", "./no-source"], "--source: model './no-source': no such local folder"),

@@ -168,9 +168,9 @@ def test_map_errors_are_clear(fitted, tiny_model, tmp_path):
     "extra, message",
     [
         (["--splits", "6"], "split 6 is outside 1..5"),
-        (["--splits", "0"], "split 0 is outside 1..5"),
-        (["--splits", "3", "--lambdas", "0"], "lambda must be > 0"),
-        (["--splits", "3", "--lambdas", "-0.5", "0.1"], "lambda must be > 0"),
+        (["--splits", "0"], "argument --splits: '0' must be an integer >= 1"),
+        (["--splits", "3", "--lambdas", "0"], "argument --lambdas: '0' must be a number > 0"),
+        (["--splits", "3", "--lambdas", "-0.5", "0.1"], "argument --lambdas: '-0.5' must be a number > 0"),
         (["--splits", "3", "--lambdas", "0.1", "0.2"], "needs held-out documents"),
     ],
 )
