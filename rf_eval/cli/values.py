@@ -20,36 +20,33 @@ def _number(text: str, kind: type) -> int | float:
     return value
 
 
+def _at_least(text: str, kind: type, low: float, strict: bool) -> int | float:
+    """`text` as `kind`, refused in argparse's words unless it is >= `low` (> `low` when `strict`)."""
+    value = _number(text, kind)
+    if value < low or (strict and value == low):
+        what = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} must be {what} {'>' if strict else '>='} {low:g}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An integer >= 1 (a count of tokens, requests, layers, processes)."""
-    value = int(_number(text, int))
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 1")
-    return value
+    return int(_at_least(text, int, 1, strict=False))
 
 
 def nonnegative_int(text: str) -> int:
     """An integer >= 0 (a seed, a layer index, warm-up requests)."""
-    value = int(_number(text, int))
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 0")
-    return value
+    return int(_at_least(text, int, 0, strict=False))
 
 
 def positive_float(text: str) -> float:
-    """A finite number > 0 (a ridge penalty, a margin, seconds)."""
-    value = float(_number(text, float))
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number > 0")
-    return value
+    """A finite number > 0 (a ridge penalty, seconds)."""
+    return float(_at_least(text, float, 0, strict=True))
 
 
 def nonnegative_float(text: str) -> float:
     """A finite number >= 0 (a margin, where 0 asks for superiority)."""
-    value = float(_number(text, float))
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number >= 0")
-    return value
+    return float(_at_least(text, float, 0, strict=False))
 
 
 def probability(text: str) -> float:
