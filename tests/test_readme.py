@@ -48,7 +48,7 @@ from pathlib import Path
 
 import pytest
 import readme_checks
-from readme_blocks import ROOT, TESTS, Ran, Sub, Workspace, load_helper, readme_blocks, substitute
+from readme_blocks import ROOT, Ran, Sub, Workspace, load_helper, readme_blocks, substitute
 
 LLAMA = Sub("meta-llama/Llama-3.1-8B-Instruct", "<llama>", "a tiny local llama")
 SPLITS = Sub("--splits 12 16", "--splits 2 3", "the tiny model has 6 layers")
@@ -154,9 +154,10 @@ def test_two_commands_are_what_ci_runs():
     assert demo == "rf-eval demo --quick"
     assert installs and all(part in ci for part in installs), installs
     assert 'rf-eval = "rf_eval.cli:main"' in (ROOT / "pyproject.toml").read_text()  # `python -m rf_eval` is the same
-    test_demo = (TESTS / "demo" / "test_demo.py").read_text()
-    assert '"-m", "rf_eval", "demo", "--quick"' in test_demo
-    assert re.search(r"@pytest\.mark\.slow\s+def test_quick_demo_runs_end_to_end", test_demo)
+    test_demo = load_helper("demo/test_demo.py")  # the end-to-end test that runs command 1 in CI
+    assert " ".join(test_demo.QUICK_DEMO) == demo
+    marks = {m.name for m in test_demo.test_quick_demo_runs_end_to_end_and_is_deterministic.pytestmark}
+    assert "slow" in marks  # selected by command 2's `-m "slow or not slow"`
 
 
 def test_adding_a_model_family(one_torch_thread):
@@ -166,17 +167,14 @@ def test_adding_a_model_family(one_torch_thread):
 
 
 def test_adding_a_fill_method_runs_what_the_plugin_test_runs():
-    """The fill module is the one the plugin test saves and runs; the command line beside it sets the
-    variable that test sets, to the folder it saves the module into, and names the module's fill."""
+    """The command line beside the fill module sets the variable to the folder the module is saved in and
+    names the module's fill. The module itself runs through lm_eval in
+    tests/model_adapters/test_adapter_fill_plugin.py, which reads it from this README section."""
     sections = [b for b in readme_blocks() if b.section == "Adding a fill method"]
     code, command = (b.text for b in sections)
     name = re.search(r'^    name = "(\w+)"', code, re.M).group(1)
     assert command.startswith("RF_EVAL_FILL_PATH=fills lm_eval --model ridgefill ")
     assert f",fill={name}," in command
-    source = (TESTS / "model_adapters" / "test_adapter_fill_plugin.py").read_text()
-    for used in ('split("## Adding a fill method", 1)', 're.search(r"```python\\n(.*?)```", section, re.S)',
-                 'fills = tmp_path / "fills"', 'setenv("RF_EVAL_FILL_PATH", str(fills))'):
-        assert used in source, used
 
 
 # ---------------------------------------------------------------------------------------------- the runs

@@ -81,8 +81,12 @@ def _samples(out: Path) -> dict[str, str]:
     return {f"{f.parts[-3]}/{f.name.split('_20')[0]}": _unmeasured(f.read_text()) for f in files}
 
 
+#: the README's first command, as this test runs it (tests/test_readme.py checks the README names it)
+QUICK_DEMO = ["rf-eval", "demo", "--quick"]
+
+
 def _demo(out: Path) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "rf_eval", "demo", "--quick", "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "rf_eval", *QUICK_DEMO[1:], "--out", str(out)],
                           capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (out / "report.html").is_file() and (out / "report.md").is_file() and "report:" in done.stdout
