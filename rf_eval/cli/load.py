@@ -78,12 +78,10 @@ def default_text(n_tokens: int, seed: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.cli.ttft import cut_prompts
+    from rf_eval.cli.ttft import cut_prompts, server_and_arms
     from rf_eval.outputs import check_output, stamp_json, write_output
-    from rf_eval.serving.arms import ArmError
-    from rf_eval.serving.client import Server, ServerError
+    from rf_eval.serving.client import ServerError
     from rf_eval.serving.load import dumps, format_table, measure
-    from rf_eval.serving.timing import parse_arm
 
     if min(args.lengths) < 2:
         raise UserError("every --lengths value must be >= 2 (a prompt and its last token)")
@@ -105,13 +103,7 @@ def run(args: argparse.Namespace) -> int:
         text = default_text(max(args.lengths), args.seed)
         prompt_record = {"generated": f"{max(args.lengths) + 16} words drawn with seed {args.seed}",
                          "sha256": hashlib.sha256(text.encode()).hexdigest()}
-    try:
-        arm_a, arm_b = parse_arm(args.arm_a, "A"), parse_arm(args.arm_b, "B")
-        server = Server(args.base_url, timeout=args.timeout)
-    except (ArmError, ValueError) as err:
-        raise UserError(str(err)) from None
-    arm_a = type(arm_a)(args.name_a or arm_a.name, arm_a.fields)
-    arm_b = type(arm_b)(args.name_b or arm_b.name, arm_b.fields)
+    server, arm_a, arm_b = server_and_arms(args)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     try:
         prompts = cut_prompts(server, text, sorted(args.lengths), args.tokenizer)

@@ -67,11 +67,26 @@ def cut_prompts(server, text: str, lengths: list[int], tokenizer: str | None) ->
     return {n: list(tokens[:n]) for n in lengths}
 
 
+def server_and_arms(args: argparse.Namespace) -> tuple:
+    """The server of `--base-url` and the two arms `--arm-a/--arm-b` (named by `--name-a/--name-b`), as
+    `ttft` and `load` both take them; a bad arm or URL is a UserError."""
+    from rf_eval.serving.arms import ArmError
+    from rf_eval.serving.client import Server
+    from rf_eval.serving.timing import parse_arm
+
+    try:
+        arm_a, arm_b = parse_arm(args.arm_a, "A"), parse_arm(args.arm_b, "B")
+        server = Server(args.base_url, timeout=args.timeout)
+    except (ArmError, ValueError) as err:
+        raise UserError(str(err)) from None
+    return (server, type(arm_a)(args.name_a or arm_a.name, arm_a.fields),
+            type(arm_b)(args.name_b or arm_b.name, arm_b.fields))
+
+
 def run(args: argparse.Namespace) -> int:
     from rf_eval.outputs import check_output, stamp_json, write_output
-    from rf_eval.serving.arms import ArmError
-    from rf_eval.serving.client import Server, ServerError
-    from rf_eval.serving.timing import dumps, format_table, measure, parse_arm
+    from rf_eval.serving.client import ServerError
+    from rf_eval.serving.timing import dumps, format_table, measure
 
     if args.repeats < 1 or args.warmup < 0 or args.max_tokens < 1 or min(args.lengths) < 2:
         raise UserError("--repeats and --max-tokens must be >= 1, --warmup >= 0 and every length >= 2")
@@ -81,13 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:  # before any request: never over a file rf-eval did not write (`rf_eval.outputs`)
         check_output("--out", args.out, overwrite=args.overwrite)
     text = path.read_text(encoding="utf-8")
-    try:
-        arm_a, arm_b = parse_arm(args.arm_a, "A"), parse_arm(args.arm_b, "B")
-        server = Server(args.base_url, timeout=args.timeout)
-    except (ArmError, ValueError) as err:
-        raise UserError(str(err)) from None
-    arm_a = type(arm_a)(args.name_a or arm_a.name, arm_a.fields)
-    arm_b = type(arm_b)(args.name_b or arm_b.name, arm_b.fields)
+    server, arm_a, arm_b = server_and_arms(args)
     fallback = None
     if args.layers is not None and args.split is not None and args.tail is not None:
         fallback = {"fill": "filled", "layers": args.layers, "split": args.split, "tail": args.tail}
