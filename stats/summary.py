@@ -34,8 +34,7 @@ from rf_eval.stats.copyable import COLUMN as COPYABLE
 from rf_eval.stats.copyable import DEFAULT_EDGES, STRATA, check_edges, copyable_tables, with_copyable_bins
 from rf_eval.stats.frontier import cost_of, frontier, matched_budgets, measured_speedup
 from rf_eval.stats.ledger import LedgerEntry
-from rf_eval.stats.measures import task_label as _label
-from rf_eval.stats.measures import task_measures
+from rf_eval.stats.measures import task_label, task_measures
 from rf_eval.stats.pairing import PAIR_KEYS, pair_arms
 from rf_eval.stats.registration import registration
 from rf_eval.stats.runs import Runs
@@ -101,7 +100,7 @@ class _Study:
             first = block.iloc[0]
             unit, hib, primary = first["unit"], bool(first["higher_is_better"]), bool(first["primary"])
             entry: dict[str, Any] = {
-                "task": _label(task, filt, None if primary else metric),
+                "task": task_label(task, filt, None if primary else metric),
                 "primary": primary, "metric": metric, "unit": unit, "higher_is_better": hib,
                 "reference": {"n": len(block), "score": float(block["score"].mean())},
                 "rows": [],
@@ -170,8 +169,8 @@ class _Study:
                 n = int((cell["arm"] == self.reference).sum())
                 paired = {a: p[(p["task"] == task) & (p["filter"] == filt) & (p["length"] == length)]
                           for a, p in pooled.items()}
-                per_task.append({"task": _label(task, filt), "length": length, "n": n,
-                                 "scores": self.fixed_set_scores(cell, paired, f"{_label(task, filt)} at {length}")})
+                per_task.append({"task": task_label(task, filt), "length": length, "n": n,
+                                 "scores": self.fixed_set_scores(cell, paired, f"{task_label(task, filt)} at {length}")})
         return {"lengths": lengths, "by_length": rows, "task_length": per_task}
 
     def fixed_set_scores(self, items: pd.DataFrame, paired: dict[str, pd.DataFrame], where: Any) -> dict[str, float]:
@@ -210,7 +209,7 @@ class _Study:
                     rows.append({**row, "registration": self.status(arm, task)})
             loaded = set(items.loc[(items["task"] == task) & (items["filter"] == filt), "metric"])
             tables.append({
-                "task": _label(task, filt), "title": spec.title, "description": spec.description,
+                "task": task_label(task, filt), "title": spec.title, "description": spec.description,
                 "columns": spec.columns, "metrics": ", ".join(m for m in spec.metrics if m in loaded) or "none",
                 "rows": rows,
             })  # fmt: skip
