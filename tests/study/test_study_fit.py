@@ -1,0 +1,47 @@
+"""A study's `fit:` block: keyed by the sha256 of the files it reads, refitted (over the old maps) when they
+change, reused when they do not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from test_study import STUDY, write_study
+
+from rf_eval.study.spec import load_study
+
+
+def test_an_edited_calibration_file_refits_the_maps_and_a_same_one_reuses_them(tmp_path, monkeypatch):
+    """The `fit:` block is keyed by the sha256 of the files it reads: the same text reuses the fitted maps, an
+    edited calibration (or held-out) file fits them again, so the arms that read them rerun (their
+    fingerprints hold the maps' sha256)."""
+    import rf_eval.cli.fit as fit_command
+    from rf_eval.study.runner import fit_maps_once, maps_ready
+
+    fits: list[str] = []
+
+    def fake_fit(args):  # stands in for the capture and solve; writes maps that depend on the calibration text
+        folder = Path(args.out)
+        assert args.overwrite == (folder.is_dir() and any(folder.iterdir())), "a refit must replace the old maps"
+        folder.mkdir(parents=True, exist_ok=True)
+        text = "".join(Path(c).read_text() for c in args.calibration)
+        (folder / "maps.safetensors").write_text(text)
+        fits.append(text)
+        return 0
+
+    monkeypatch.setattr(fit_command, "run", fake_fit)
+    (tmp_path / "cal.jsonl").write_text('{"text": "first"}\n')
+    (tmp_path / "held.jsonl").write_text('{"text": "held"}\n')
+    text = STUDY.replace("margin: 5.0", "margin: 5.0\nfit: {{calibration: [cal.jsonl], heldout: [held.jsonl], split: 3}}")
+    study = load_study(write_study(tmp_path, "/m", tmp_path, text))
+    out = tmp_path / "out"
+    assert not maps_ready(study, out)
+    fit_maps_once(study, out)
+    assert maps_ready(study, out) and len(fits) == 1
+    fit_maps_once(study, out)
+    assert len(fits) == 1  # same inputs: reused
+    (tmp_path / "cal.jsonl").write_text('{"text": "second"}\n')
+    assert not maps_ready(study, out)
+    fit_maps_once(study, out)
+    assert fits == ['{"text": "first"}\n', '{"text": "second"}\n']
+    (tmp_path / "held.jsonl").write_text('{"text": "other"}\n')
+    assert not maps_ready(study, out)
