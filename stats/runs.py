@@ -40,7 +40,6 @@ config (`rf_eval.engine_floor`, paper sections 4.3 and 9): `ArmRun.engine_floor`
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -52,7 +51,7 @@ import pandas as pd
 from rf_eval.prefill_cost import COST_FIELDS
 from rf_eval.seal import check as check_seal
 from rf_eval.stats.arms import name_arms, parse_model_args
-from rf_eval.stats.measures import default_metrics, missing_note, missing_reason
+from rf_eval.stats.metric_choice import RULER_SCORE, doc_length, number, task_metrics
 from rf_eval.stats.provenance import (
     EmptyMetricError,
     RunFormatError,
@@ -74,8 +73,6 @@ ITEM_COLUMNS = (
     "arm", "task", "filter", "doc_id", "metric", "primary", "doc_hash", "prompt_hash", "target_hash", "higher_is_better",
     "unit", "score", "length", "domain", "subtask", *ITEM_FIELDS, *COST_FIELDS,
 )  # fmt: skip
-RULER_SCORE = "score"
-LENGTH_KEYS = ("max_length", "max_seq_length", "context_length", "length")
 SUBTASK_KEY = "ruler_task"
 
 
@@ -170,13 +167,6 @@ def _read_results(path: Path) -> _ResultsFile:
     )
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
 def _metric_order(task_config: dict[str, Any], samples: list[dict[str, Any]]) -> list[str]:
     names = [m.get("metric") for m in task_config.get("metric_list") or [] if isinstance(m, dict)]
     for sample in samples:
@@ -184,22 +174,10 @@ def _metric_order(task_config: dict[str, Any], samples: list[dict[str, Any]]) ->
     return [str(n) for i, n in enumerate(names) if isinstance(n, str) and n not in names[:i]]
 
 
-def _doc_length(doc: dict[str, Any]) -> int | str | None:
-    for key in LENGTH_KEYS:
-        value = doc.get(key)
-        if isinstance(value, bool) or value is None:
-            continue
-        if isinstance(value, (int, float)) and float(value).is_integer():
-            return int(value)
-        if isinstance(value, str) and value.strip():
-            return int(value) if value.strip().isdigit() else value.strip()
-    return None
-
-
 def _ruler_score(sample: dict[str, Any], names: list[str]) -> tuple[float, int] | None:
     """RULER's per-length metrics (named by length, -1 elsewhere): (score, length) or None."""
     for name in names:
-        value = _number(sample.get(name))
+        value = number(sample.get(name))
         if value is not None and value != -1:
             return value, int(name)
     return None
@@ -220,53 +198,6 @@ def _read_samples(path: Path) -> list[dict[str, Any]]:
     return samples
 
 
-def _task_metrics(
-    names: list[str], samples: list[dict[str, Any]], requested: Sequence[str], where: str, task: str, notes: list[str],
-    settings: dict[str, Any] | None = None,
-) -> list[str]:
-    """The metrics to report: `requested`, the task's default measures, or its first metric (which must have values).
-    `settings`: the run's task metadata, which the reason for an empty measure names (`missing_reason`)."""
-    if names and all(n.isdigit() for n in names):
-        available = [RULER_SCORE]
-    else:
-        available = [n for n in names if any(_number(s.get(n)) is not None for s in samples)]
-    for metric in requested:
-        if metric not in available:
-            raise RunFormatError(
-                f"{where}: no per-item values of metric {metric!r}; metrics with values: {', '.join(available)}"
-            )
-    if requested:
-        return list(requested)
-    defaults = [m for m in default_metrics(task) if m in names]
-    # the first default measure with values is the primary one; none with values is an empty primary
-    primary = next((m for m in defaults if m in available), defaults[0]) if defaults else (names or [None])[0]
-    if primary is not None and available[:1] != [RULER_SCORE] and primary not in available:
-        reason = missing_reason(task, primary, settings)
-        why = f" ({reason})" if reason else ""
-        raise EmptyMetricError(
-            f"{where}: the primary metric {primary!r} has no value on any item{_why_empty(samples)}{why}; "
-            f"name a metric with --metric TASK=METRIC (with values: {', '.join(available) or 'none'}), "
-            "or pass --allow-empty to leave the task out"
-        )
-    if defaults:
-        notes += [f"{where}: {missing_note(task, m, settings)}" for m in defaults if m not in available]
-        return [m for m in defaults if m in available]
-    return available[:1]
-
-
-def _why_empty(samples: list[dict[str, Any]]) -> str:
-    """For filled-region tasks: the tail and lengths (no needle lay before the exact tail)."""
-    rows = [_number(s.get("needle_rows_from_end")) for s in samples]
-    rows = [int(r) for r in rows if r is not None]
-    if not rows and not any("filled" in s for s in samples):
-        return ""
-    lengths = sorted({str(_doc_length(s.get("doc") or {})) for s in samples})
-    tail = next((s.get("tail") for s in samples if s.get("tail") is not None), None)
-    far = f", the farthest needle {max(rows)} rows from the end" if rows else ""
-    return (f" (no item is filled: the exact tail{'' if tail is None else f' {tail}'} covers every needle; "
-            f"lengths {', '.join(lengths)}{far}; use a shorter tail or longer max_seq_lengths)")
-
-
 def _subtask(sample: dict[str, Any], doc: dict[str, Any]) -> str | None:
     value = doc.get(SUBTASK_KEY, sample.get(SUBTASK_KEY))
     return str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
@@ -281,7 +212,7 @@ def _sample_rows(
     tail = (task_config.get("metadata") or {}).get("tail") or rf.model_args.get("tail")
     if tail is not None:
         samples = [{"tail": tail, **s} for s in samples]
-    metrics = _task_metrics(names, samples, requested, f"{task} ({samples_path.name})", task, notes,
+    metrics = task_metrics(names, samples, requested, f"{task} ({samples_path.name})", task, notes,
                             task_config.get("metadata"))
     hib = (rf.data.get("higher_is_better") or {}).get(task) or {}
     for sample in samples:
@@ -294,10 +225,10 @@ def _sample_rows(
             "doc_hash": str(sample.get("doc_hash") or ""),
             "prompt_hash": str(sample.get("prompt_hash") or ""),
             "target_hash": str(sample.get("target_hash") or ""),
-            "length": _doc_length(doc),
+            "length": doc_length(doc),
             "domain": str(domain) if isinstance(domain, (str, int)) else None,
             "subtask": _subtask(sample, doc),
-            **{k: _number(sample.get(k)) for k in (*ITEM_FIELDS, *COST_FIELDS)},
+            **{k: number(sample.get(k)) for k in (*ITEM_FIELDS, *COST_FIELDS)},
         }
         for i, metric in enumerate(metrics):
             if metric == RULER_SCORE:
@@ -307,7 +238,7 @@ def _sample_rows(
                 value, length = scored
                 row = {**base, "length": length, "higher_is_better": True}
             else:
-                value = _number(sample.get(metric))
+                value = number(sample.get(metric))
                 if value is None:  # the metric does not apply to this item (e.g. a needle in the tail)
                     continue
                 row = {**base, "higher_is_better": bool(hib.get(metric, True))}

@@ -155,12 +155,12 @@ def test_the_scored_text_of_a_loss_task_is_noted_once_or_per_arm(tmp_path, lmeva
 def test_a_measure_with_no_items_is_said_with_the_runs_settings_not_nan():
     """Issue #41 item 2: no key tokens is a note naming the run's key_threshold and key_context, not a nan."""
     from rf_eval.stats.measures import default_metrics
-    from rf_eval.stats.runs import _task_metrics
+    from rf_eval.stats.metric_choice import task_metrics
 
     names = list(default_metrics("keytoken_nll"))
     samples = [{**{n: None for n in names}, "kl": 0.1, "nll_all": 0.2, "nll_novel": 0.3, "doc_id": 0}]
     notes: list[str] = []
-    _task_metrics(names, samples, (), "keytoken_nll (s.jsonl)", "keytoken_nll", notes,
+    task_metrics(names, samples, (), "keytoken_nll (s.jsonl)", "keytoken_nll", notes,
                   {"key_threshold": 2.0, "key_context": 4096})
     said = [n for n in notes if "nll_key" in n]
     assert said and "no key tokens in these documents (key_threshold=2.0 nats, key_context=4096 tokens)" in said[0]
