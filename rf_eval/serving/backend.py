@@ -39,8 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
-from transformers.generation.streamers import BaseStreamer
+from transformers import StoppingCriteriaList
 
 from rf_eval.drop.result import generation_inputs
 from rf_eval.engine import PrefillResult, decoder_layers, new_cache
@@ -57,6 +56,7 @@ from rf_eval.method import (
 from rf_eval.serving import arms
 from rf_eval.serving.scheduler import MAX_BATCH, BatchScheduler, Cancelled, Job
 from rf_eval.serving.scoring import TokenScore, token_score
+from rf_eval.serving.streaming import ClientGone, TokenStreamer
 
 MAX_ENGINES = 16  # arms kept built (least recently used dropped)
 
@@ -89,27 +89,6 @@ class Generation:
     scores: list[TokenScore] | None = None
     timings: dict[str, float] = field(default_factory=dict)
     batch: dict[str, Any] | None = None  # the scheduler's record (`rf_eval.serving.scheduler`); None: no batch ran
-
-
-class _TokenStreamer(BaseStreamer):
-    """Calls `on_token(id)` for every generated token (generate first puts the prompt: skipped)."""
-
-    def __init__(self, on_token: Callable[[int], None] | None, first: Callable[[], None]):
-        self.on_token, self.first, self.seen_prompt, self.count = on_token, first, False, 0
-
-    def put(self, value: torch.Tensor) -> None:
-        if not self.seen_prompt:
-            self.seen_prompt = True
-            return
-        for token in value.reshape(-1).tolist():
-            if self.count == 0:
-                self.first()
-            self.count += 1
-            if self.on_token is not None:
-                self.on_token(int(token))
-
-    def end(self) -> None:
-        pass
 
 
 @dataclass(frozen=True)
@@ -363,7 +342,7 @@ class Backend:
         criteria = stop_sequences_criteria(self.tokenizer, stop, len(fed), 1) if stop else None
         if cancel is not None:
             criteria = criteria or StoppingCriteriaList()
-            criteria.append(_Cancelled(cancel))
+            criteria.append(ClientGone(cancel))
         kwargs: dict[str, Any] = {"do_sample": False}
         if params.temperature > 0:
             kwargs = {"do_sample": True, "temperature": params.temperature}
@@ -381,7 +360,7 @@ class Backend:
             stopping_criteria=criteria,
             pad_token_id=self.tokenizer.pad_token_id,
             use_cache=True,
-            streamer=_TokenStreamer(on_token, on_first),
+            streamer=TokenStreamer(on_token, on_first),
             return_dict_in_generate=True,
             output_logits=params.logprobs is not None,
             **kwargs,
@@ -395,13 +374,3 @@ class Backend:
         self.check_length(len(ids), 0)
         with self.lock, method_forward(arm.method):
             return score_prompt(self.model, arm.method, ids, k)
-
-
-class _Cancelled(StoppingCriteria):
-    """A stopping criterion that ends generation when the client has gone."""
-
-    def __init__(self, event: threading.Event):
-        self.event = event
-
-    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor | bool:
-        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
