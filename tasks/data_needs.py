@@ -85,9 +85,9 @@ def needs(tasks: Iterable[str]) -> dict[str, list[str]]:
 def preflight(tasks: Iterable[str], metadata: dict[str, Any] | None) -> None:
     """Refuse, in one line per task, a run whose rf-eval tasks cannot get their data (see the module doc)."""
     problems, hosts = [], {}
-    configs = task_configs()
-    ruler_tasks = {t for t in tasks if _class_name(configs.get(t, {})) in RULER_CLASSES}
-    for task, names in needs(tasks).items():
+    configs = task_configs()  # every rf-eval task YAML, read once
+    ours = [t for t in tasks if t in configs]
+    for task, names in ((t, sources_of(configs[t])) for t in ours):
         for name in names:
             given = local_copy(name, metadata)
             if given is not None and not given.exists():
@@ -95,7 +95,7 @@ def preflight(tasks: Iterable[str], metadata: dict[str, Any] | None) -> None:
         absent = [n for n in names if not available(n, metadata, hosts)]
         if absent:
             problems.append(missing_message(task, absent, why_missing(absent)))
-        if task in ruler_tasks:
+        if _class_name(configs[task]) in RULER_CLASSES:
             problems += check_lengths_fit([task], metadata or {})
         if task in ("keytoken_nll", "decode_agreement"):
             docs = (metadata or {}).get("docs")
