@@ -43,7 +43,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-import rf_eval
 from rf_eval.devices import rank_and_world
 from rf_eval.engine import num_layers
 from rf_eval.hashing import sha256_of_files
@@ -53,6 +52,7 @@ from rf_eval.ridgefill.calibration import check_nonempty
 from rf_eval.ridgefill.fitting import tokenized
 from rf_eval.ridgefill.maps import config_hash
 from rf_eval.ridgefill.ridge import RidgeSums
+from rf_eval.version import __version__
 from rf_eval.weights import weights_fingerprint
 
 log = logging.getLogger(__name__)
@@ -254,7 +254,7 @@ def fit_transfer(
         "calibration_sha256": sha256_of_files(calibration),
         "calibration_files": json.dumps([Path(p).name for p in calibration]),
         "r2": json.dumps(report),
-        "rf_eval_version": rf_eval.__version__,
+        "rf_eval_version": __version__,
         "fit_seconds": f"{time.perf_counter() - t0:.1f}",
     }
     path = None

@@ -19,7 +19,6 @@ import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm
 
-import rf_eval
 from rf_eval.devices import all_reduce, rank_and_world
 from rf_eval.engine import num_layers
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, check_split
@@ -39,6 +38,7 @@ from rf_eval.ridgefill.fit_memory import (
 from rf_eval.ridgefill.maps import RidgeMaps, config_hash
 from rf_eval.ridgefill.ridge import LAMBDA_GRID, RidgeSums, sums_filename
 from rf_eval.ridgefill.unigram import UnigramCounter
+from rf_eval.version import __version__
 from rf_eval.weights import weights_fingerprint
 
 log = logging.getLogger(__name__)
@@ -236,7 +236,7 @@ def fit_maps(
         "heldout_sha256": sha256_of_files(heldout) if heldout else "",
         "max_tokens": str(max_tokens),
         "map_split": str(bool(map_split)).lower(),
-        "rf_eval_version": rf_eval.__version__,
+        "rf_eval_version": __version__,
         "fill": fill,
         "target": target,
         "storage": "int8" if int8 else "float32",

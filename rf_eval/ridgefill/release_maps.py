@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-import rf_eval
 from rf_eval.hashing import file_sha256
 from rf_eval.ridgefill.maps import FORMAT, MapError, RidgeMaps, config_hash, int8_weights, map_filename
 from rf_eval.tensor_files import read_tensors, save_tensors
+from rf_eval.version import __version__
 
 MANIFEST = "ridgefill.json"
 #: `projector.dtype` -> the tensors each layer's file holds, after `proj.{l}.`
@@ -113,7 +113,7 @@ def convert_release(folder: str | Path, config, out_dir: str | Path) -> RidgeMap
     maps.metadata["config_hash"] = config_hash(config)
     maps.metadata["model"] = str(getattr(config, "_name_or_path", ""))
     maps.check_model(config)  # before anything is written
-    meta = {**maps.metadata, "format": FORMAT, "split": str(maps.split), "rf_eval_version": rf_eval.__version__}
+    meta = {**maps.metadata, "format": FORMAT, "split": str(maps.split), "rf_eval_version": __version__}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     maps.path = save_tensors(stored, out / map_filename(maps.split), meta)
