@@ -89,7 +89,7 @@ def run(out: Path) -> dict:
     from rf_eval.demo.study import SPLIT, demo_maps, keytoken_docs_dir, ridge_budget, settings
     from rf_eval.study.launch import InProcessLauncher
     from rf_eval.study.runner import run_study, write_report
-    from rf_eval.study.spec import load_study
+    from rf_eval.study.study_file import load_study
 
     s = settings(quick=True)
     model_dir = demo_model_dir()

@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rf_eval.cli import UserError
     from rf_eval.demo.study import run_demo
-    from rf_eval.study.spec import StudyError
+    from rf_eval.study.study_file import StudyError
 
     try:
         run_demo(Path(args.out), quick=args.quick, readme=args.readme)

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from rf_eval.study.plan import plan_text
     from rf_eval.study.preflight import build_task_data, check_study
     from rf_eval.study.runner import run_study, status_text
-    from rf_eval.study.spec import StudyError, load_study
+    from rf_eval.study.study_file import StudyError, load_study
 
     if args.action == "status":
         print(status_text(Path(args.out)))

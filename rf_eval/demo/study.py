@@ -250,7 +250,7 @@ def run_demo(out: Path, quick: bool = False, readme: Path | None = None) -> Path
     from rf_eval.demo.table import readme_block, replace_block, write_table
     from rf_eval.study.launch import InProcessLauncher
     from rf_eval.study.runner import run_study, write_report
-    from rf_eval.study.spec import load_study
+    from rf_eval.study.study_file import load_study
 
     if readme is not None and readme_block(readme.read_text(encoding="utf-8"), quick) is None:
         replace_block(readme, "", quick)  # raises, naming the markers to add

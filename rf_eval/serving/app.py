@@ -42,7 +42,7 @@ from starlette.concurrency import run_in_threadpool
 
 from rf_eval.serving import protocol
 from rf_eval.serving.arms import ArmError, as_fields, parse_spec
-from rf_eval.serving.backend import Arm, Backend, Generation
+from rf_eval.serving.backend import Backend, Generation, ServedArm
 from rf_eval.serving.protocol import Parsed, RequestError
 from rf_eval.serving.scheduler import Cancelled
 
@@ -109,7 +109,7 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
     app = FastAPI(title="rf-eval serve", docs_url=None, redoc_url=None, lifespan=_lifespan)
     logger = request_log or RequestLog()
 
-    def arm_for(req: Parsed, path_spec: str | None) -> tuple[Arm, str]:
+    def arm_for(req: Parsed, path_spec: str | None) -> tuple[ServedArm, str]:
         fields, source = {}, "server"
         if path_spec:
             fields, source = parse_spec(path_spec, backend.arm_fields), "path"
@@ -229,14 +229,14 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
     return app
 
 
-def _rf(backend: Backend, req: Parsed, arm: Arm, n_prompt: int, timings: dict[str, float], batch: Any = None
+def _rf(backend: Backend, req: Parsed, arm: ServedArm, n_prompt: int, timings: dict[str, float], batch: Any = None
         ) -> dict[str, Any]:
     out = {"rf_arm": arm.info, "rf_timings": {**timings, "prompt_tokens": n_prompt, **backend.ceilings(arm, n_prompt)},
            "rf_batch": batch}
     return {**out, "rf_chat_template": backend.chat_template} if req.chat else out
 
 
-def _complete(backend: Backend, logger: RequestLog, req: Parsed, arm: Arm, rid: str, model: str,
+def _complete(backend: Backend, logger: RequestLog, req: Parsed, arm: ServedArm, rid: str, model: str,
               record: dict[str, Any], started: float) -> dict[str, Any]:
     choices, n_prompt, n_gen, timings, batches = [], 0, 0, {}, []
     for index, ids in enumerate(req.prompts):
@@ -273,7 +273,7 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-def _stream(backend: Backend, logger: RequestLog, req: Parsed, arm: Arm, rid: str, model: str,
+def _stream(backend: Backend, logger: RequestLog, req: Parsed, arm: ServedArm, rid: str, model: str,
             record: dict[str, Any], started: float, cancel: threading.Event) -> Iterator[str]:
     """The request queued now (in arrival order, before its response starts), and the generator of its events."""
     ids = req.prompts[0]
@@ -292,7 +292,7 @@ def _stream(backend: Backend, logger: RequestLog, req: Parsed, arm: Arm, rid: st
     return _stream_events(backend, logger, req, arm, rid, model, record, started, cancel, events)
 
 
-def _stream_events(backend: Backend, logger: RequestLog, req: Parsed, arm: Arm, rid: str, model: str,
+def _stream_events(backend: Backend, logger: RequestLog, req: Parsed, arm: ServedArm, rid: str, model: str,
                    record: dict[str, Any], started: float, cancel: threading.Event,
                    events: queue.Queue) -> Iterator[str]:
     ids = req.prompts[0]

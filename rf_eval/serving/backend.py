@@ -62,7 +62,7 @@ MAX_ENGINES = 16  # arms kept built (least recently used dropped)
 
 
 @dataclass(frozen=True)
-class Arm:
+class ServedArm:
     """A resolved arm: its spec, its method and what responses report about it."""
 
     spec: Any  # the adapter's arm spec (RidgeFillArm, RaReCacheArm)
@@ -96,7 +96,7 @@ class _Request:
     """A queued generation (a `Job`'s payload)."""
 
     ids: list[int]
-    arm: Arm
+    arm: ServedArm
     params: GenParams
     on_token: Callable[[int], None] | None
     cancel: threading.Event | None
@@ -116,8 +116,8 @@ class Backend:
         self.lock = threading.Lock()  # the model: one batch (or prompt scoring) at a time
         self.scheduler = BatchScheduler(self._run_batch, max_batch)
         self._arms_lock = threading.Lock()
-        self._arms: OrderedDict[str, Arm] = OrderedDict()  # by resolved arm
-        self._asked: dict[str, Arm] = {}  # by the fields a request gave
+        self._arms: OrderedDict[str, ServedArm] = OrderedDict()  # by resolved arm
+        self._asked: dict[str, ServedArm] = {}  # by the fields a request gave
         self.default_arm = self.arm({})
 
     @classmethod
@@ -141,7 +141,7 @@ class Backend:
 
     # ---- arms
 
-    def arm(self, fields: dict[str, Any]) -> Arm:
+    def arm(self, fields: dict[str, Any]) -> ServedArm:
         """The method of the server's arm with `fields` applied (an ArmError if they are bad)."""
         asked = json.dumps(fields, sort_keys=True, default=str)
         with self._arms_lock:
@@ -150,7 +150,7 @@ class Backend:
         spec = arms.resolve(self.settings.arm, fields, self.lm.arm_with, self.arm_fields)
         key = arms.key(spec)
         with self._arms_lock:
-            arm = self._arms.get(key) or Arm(spec, self.lm.method_for(spec),
+            arm = self._arms.get(key) or ServedArm(spec, self.lm.method_for(spec),
                                              {**arms.describe(spec), "layers": self.n_layers})
             self._arms[key] = arm
             self._arms.move_to_end(key)
@@ -161,7 +161,7 @@ class Backend:
             self._asked[asked] = arm
             return arm
 
-    def ceilings(self, arm: Arm, n: int) -> dict[str, float]:
+    def ceilings(self, arm: ServedArm, n: int) -> dict[str, float]:
         """Speedup ceilings of `arm` on an n-token prompt (the method's own: RidgeFill's 1/r and MAC model,
         RaReCache's eq. 11)."""
         return arm.method.speedup_ceilings(n)
@@ -202,7 +202,7 @@ class Backend:
     def generate(
         self,
         ids: list[int],
-        arm: Arm,
+        arm: ServedArm,
         params: GenParams,
         on_token: Callable[[int], None] | None = None,
         cancel: threading.Event | None = None,
@@ -367,7 +367,7 @@ class Backend:
         )
         return out, len(fed)
 
-    def score_prompt(self, ids: list[int], arm: Arm, k: int) -> list[TokenScore]:
+    def score_prompt(self, ids: list[int], arm: ServedArm, k: int) -> list[TokenScore]:
         """Log-probabilities of the prompt's own tokens under `arm`; see `scoring.score_prompt`."""
         from rf_eval.serving.scoring import score_prompt
 

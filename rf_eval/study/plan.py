@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rf_eval.study.runner import KEY_REFERENCE_PLACEHOLDER, KEY_TASK, dependants, lm_eval_command
-from rf_eval.study.spec import Arm, Study
+from rf_eval.study.study_file import Study, StudyArm
 
 
 def plan_text(study: Study, out: Path, launcher: Any) -> str:
@@ -45,7 +45,7 @@ def maps_split(study: Study, split: int | None) -> int | None:
         return None
 
 
-def resolved_arm(study: Study, arm: Arm) -> tuple[Any, Any] | None:
+def resolved_arm(study: Study, arm: StudyArm) -> tuple[Any, Any] | None:
     """(the model's config, a ridgefill arm's spec resolved as its run resolves it: defaults, a preset's
     split), without maps: a split the maps would set is the fit block's or the map file's; None where the
     config cannot be read here."""
@@ -67,7 +67,7 @@ def resolved_arm(study: Study, arm: Arm) -> tuple[Any, Any] | None:
     return config, spec
 
 
-def arm_costs(study: Study, arm: Arm) -> dict[int, float]:
+def arm_costs(study: Study, arm: StudyArm) -> dict[int, float]:
     """The MAC model's cost of a ridgefill arm relative to exact prefill at each study length (paper section
     2.5), at the value its budget's knob takes there (`arm_knobs`); {} where unknown."""
     if arm.model != "ridgefill" or not study.lengths:
@@ -90,7 +90,7 @@ def arm_costs(study: Study, arm: Arm) -> dict[int, float]:
     return out
 
 
-def arm_knobs(study: Study, arm: Arm) -> dict[int, str]:
+def arm_knobs(study: Study, arm: StudyArm) -> dict[int, str]:
     """What a ridgefill arm's budget sets at each study length ("tail 812"); {} for an arm without one."""
     resolved = resolved_arm(study, arm) if arm.model == "ridgefill" and "budget" in arm.args else None
     if resolved is None:

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rf_eval.study.runner import model_args
-from rf_eval.study.spec import Study, StudyError
+from rf_eval.study.study_file import Study, StudyError
 
 
 @contextmanager

@@ -32,7 +32,7 @@ from typing import Any
 
 from rf_eval.hashing import file_sha256
 from rf_eval.study.jobs import ArmJob, Progress, cached_requests
-from rf_eval.study.spec import ADAPTERS, Arm, Study, StudyError
+from rf_eval.study.study_file import ADAPTERS, Study, StudyArm, StudyError
 
 STATE = "study.json"
 KEY_TASK = "keytoken_nll"  # the task whose key tokens come from the reference arm
@@ -55,7 +55,7 @@ def _reads_maps(fill: Any) -> bool:
     return fill in arm_fills()[1:] and fill_method(fill).needs_maps
 
 
-def model_args(study: Study, arm: Arm, maps: str | None) -> dict[str, Any]:
+def model_args(study: Study, arm: StudyArm, maps: str | None) -> dict[str, Any]:
     """The arm's model_args: the study's model, then the arm's own (the study's maps for a ridge arm), and the
     arm's name in the study (`name`, which the report names it by: `rf_eval.stats.arms`)."""
     if arm.model in ADAPTERS:
@@ -90,7 +90,7 @@ def arm_folder(study: Study, out: Path, arm: str) -> Path:
     return out / study.arms_folder / arm
 
 
-def lm_eval_command(study: Study, arm: Arm, out: Path, maps: str | None, key_reference: str | None = None
+def lm_eval_command(study: Study, arm: StudyArm, out: Path, maps: str | None, key_reference: str | None = None
                     ) -> list[str]:
     """The arm's `lm_eval` argv (without a launcher prefix); `key_reference` for an arm that shares the
     reference arm's key tokens."""
@@ -115,7 +115,7 @@ def lm_eval_command(study: Study, arm: Arm, out: Path, maps: str | None, key_ref
     return cmd
 
 
-def fingerprint(study: Study, arm: Arm, maps: str | None, key_reference: str | None = None) -> str:
+def fingerprint(study: Study, arm: StudyArm, maps: str | None, key_reference: str | None = None) -> str:
     """What makes an arm's results what they are; a finished arm is skipped only when it matches. An arm
     that reads the reference's key tokens includes that samples file's sha256."""
     import lm_eval

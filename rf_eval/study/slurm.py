@@ -42,7 +42,7 @@ from rf_eval.study.runner import (
     maps_ready,
     save_state,
 )
-from rf_eval.study.spec import Study, StudyError
+from rf_eval.study.study_file import Study, StudyError
 
 FIT, REPORT = "fit", "report"  # the steps that are not arms
 

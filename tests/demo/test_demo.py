@@ -14,7 +14,7 @@ import pytest
 from rf_eval.demo.study import SPLIT, caption, render_study, settings
 from rf_eval.demo.table import readme_block, record_path, render_table
 from rf_eval.prefill_cost import MEASURED_FIELDS
-from rf_eval.study.spec import load_study
+from rf_eval.study.study_file import load_study
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = "ridge,selector=attention"

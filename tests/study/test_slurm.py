@@ -15,7 +15,7 @@ import pytest
 from rf_eval.cli import main as cli
 from rf_eval.study.runner import done_marker, fingerprint
 from rf_eval.study.slurm import SlurmLauncher, wait_for
-from rf_eval.study.spec import StudyError, load_study
+from rf_eval.study.study_file import StudyError, load_study
 
 STUDY = """\
 model:

@@ -19,7 +19,7 @@ from rf_eval.cli import main as cli
 from rf_eval.prefill_cost import MEASURED_FIELDS
 from rf_eval.study.jobs import cached_requests
 from rf_eval.study.runner import done_marker, run_study
-from rf_eval.study.spec import StudyError, load_study
+from rf_eval.study.study_file import StudyError, load_study
 
 STUDY = """\
 model:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rf_eval.study.spec import StudyError, load_study
+from rf_eval.study.study_file import StudyError, load_study
 
 STUDY = """\
 model:
@@ -110,7 +110,7 @@ def test_the_plan_states_each_budget_arms_cost_and_knob_per_length(tmp_path):
 
     from rf_eval.ridgefill.cost import prefill_macs
     from rf_eval.study.plan import arm_costs, arm_knobs
-    from rf_eval.study.spec import Arm
+    from rf_eval.study.study_file import StudyArm
 
     config = LlamaConfig(num_hidden_layers=32, hidden_size=256, intermediate_size=512, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=1000)
@@ -119,13 +119,13 @@ def test_the_plan_states_each_budget_arms_cost_and_knob_per_length(tmp_path):
     class Study:
         pretrained, model_args, lengths, maps, fit = str(tmp_path), {}, [1024, 4096], None, None
 
-    arm = Arm("nofill@0.6", "ridgefill", {"fill": "nofill", "split": 12, "budget": 0.6})
+    arm = StudyArm("nofill@0.6", "ridgefill", {"fill": "nofill", "split": 12, "budget": 0.6})
     costs, knobs = arm_costs(Study, arm), arm_knobs(Study, arm)
     for n in Study.lengths:
         tail = int(knobs[n].removeprefix("tail "))
         assert costs[n] == pytest.approx(prefill_macs(config, n, split=12, tail=tail, fill="nofill")
                                          / prefill_macs(config, n)) and costs[n] <= 0.6
-    assert arm_knobs(Study, Arm("nofill", "ridgefill", {"fill": "nofill", "split": 12})) == {}
+    assert arm_knobs(Study, StudyArm("nofill", "ridgefill", {"fill": "nofill", "split": 12})) == {}
 
 
 DROPPERS_STUDY = """\

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from test_study import STUDY, write_study
 
-from rf_eval.study.spec import load_study
+from rf_eval.study.study_file import load_study
 
 
 def test_an_edited_calibration_file_refits_the_maps_and_a_same_one_reuses_them(tmp_path, monkeypatch):

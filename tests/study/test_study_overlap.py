@@ -12,7 +12,7 @@ import pytest
 import rf_eval.cli.fit as fit_command
 from rf_eval.outputs import MARKER
 from rf_eval.study.runner import fit_maps_once, maps_ready
-from rf_eval.study.spec import StudyError, load_study
+from rf_eval.study.study_file import StudyError, load_study
 
 STUDY = """\
 model:

@@ -87,7 +87,7 @@ def test_second_question_docs_are_balanced_too(tiny_llama, task_data, th):
 
 def test_demo_samples_take_each_length_alike(tmp_path):
     from rf_eval.demo.study import render_study, settings
-    from rf_eval.study.spec import load_study
+    from rf_eval.study.study_file import load_study
 
     for s in (settings(quick=True), settings(quick=False)):
         study = load_study(render_study(tmp_path, s, tmp_path / "model", tmp_path / "maps", tmp_path / "docs", 0.7))

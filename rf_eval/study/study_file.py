@@ -59,7 +59,7 @@ class StudyError(ValueError):
 
 
 @dataclass(frozen=True)
-class Arm:
+class StudyArm:
     name: str
     model: str
     args: dict[str, Any]
@@ -72,7 +72,7 @@ class Study:
     pretrained: str
     model_args: dict[str, Any]
     tasks: tuple[str, ...]
-    arms: dict[str, Arm]
+    arms: dict[str, StudyArm]
     reference: str
     maps: str | None = None
     fit: dict[str, Any] | None = None
@@ -195,7 +195,7 @@ def load_study(path: str | Path) -> Study:
         if "maps" in data:
             raise StudyError(f"{name}: give maps or fit, not both ({_line(_key_nodes(root)['fit'])})")
     arm_nodes = _value_nodes(values["arms"])
-    arms: dict[str, Arm] = {}
+    arms: dict[str, StudyArm] = {}
     for arm_name, spec in data["arms"].items():
         where = f"{name}: arms.{arm_name}"
         if not isinstance(spec, dict):
@@ -208,7 +208,7 @@ def load_study(path: str | Path) -> Study:
 
             raise StudyError(f"{where}: a ridgefill arm needs args.fill ({' | '.join(arm_fills())}) "
                              f"({_line(arm_nodes[arm_name])})")
-        arms[str(arm_name)] = Arm(str(arm_name), model, args)
+        arms[str(arm_name)] = StudyArm(str(arm_name), model, args)
     if not arms:
         raise StudyError(f"{name}: arms is empty")
     budgets = _budgets(name, data.get("budgets"), values.get("budgets"))
@@ -278,7 +278,7 @@ def _budgets(name: str, values: list | None, node: yaml.Node | None) -> tuple[fl
     return tuple(out)
 
 
-def takes_budget(arm: Arm) -> bool:
+def takes_budget(arm: StudyArm) -> bool:
     """Whether an arm's settings take a budget: an rf-eval arm (of a fill, or RaReCache) without one of its
     own, whose arm spec accepts one (a fill that turns its tail, a selector that counts rows, ...)."""
     from rf_eval.errors import UserError
@@ -300,12 +300,12 @@ def takes_budget(arm: Arm) -> bool:
     return True
 
 
-def expand_budgets(arms: dict[str, Arm], budgets: tuple[float, ...]) -> tuple[dict[str, Arm], dict[str, list[str]]]:
+def expand_budgets(arms: dict[str, StudyArm], budgets: tuple[float, ...]) -> tuple[dict[str, StudyArm], dict[str, list[str]]]:
     """(the arms with each one that takes a budget replaced by one arm per budget, `<arm>@<budget>`, in the
     file's order; which arms were replaced by which)."""
     if not budgets:
         return arms, {}
-    out: dict[str, Arm] = {}
+    out: dict[str, StudyArm] = {}
     expanded: dict[str, list[str]] = {}
     for arm in arms.values():
         if not takes_budget(arm):
@@ -317,7 +317,7 @@ def expand_budgets(arms: dict[str, Arm], budgets: tuple[float, ...]) -> tuple[di
             if name in arms or name in out:
                 raise StudyError(f"the budgets name an arm {name!r} (arm {arm.name!r} at budget {budget:g}), and an "
                                  "arm of that name is declared already; rename it")
-            out[name] = Arm(name, arm.model, {**args, "budget": budget})
+            out[name] = StudyArm(name, arm.model, {**args, "budget": budget})
             expanded.setdefault(arm.name, []).append(name)
     return out, expanded
 
