@@ -35,9 +35,9 @@ import lm_eval.models  # noqa: F401  (lm-eval's own models first: its registry i
 import torch
 from lm_eval.api.registry import register_model
 
-from rf_eval.drop import drop_class
 from rf_eval.drop.arm_spec import DropArm
 from rf_eval.errors import UserError
+from rf_eval.methods import method_class
 from rf_eval.model_adapters.config import (
     AdapterSettings,
     ModelArgsError,
@@ -80,7 +80,8 @@ def parse_drop_args(args: dict[str, Any]) -> tuple[DropSettings, dict[str, Any]]
                              AutoTokenizer.from_pretrained(target_tok, **remote))
         with torch.device("meta"):
             models = [AutoModelForCausalLM.from_config(c) for c in configs]
-        drop_class(arm.method)(models[0], *models[1:], arm=arm)  # its rules for this model, before the weights
+        parts = {"source": models[1]} if source else {}
+        method_class(arm.method).build(models[0], None, arm, **parts)  # its rules for this model, before the weights
     except (UserError, TokenizerMismatch, ValueError) as err:
         raise ModelArgsError(f"drop: {err}") from err
     settings = DropSettings(pretrained=str(mine["pretrained"]), arm=arm, source=source,
@@ -120,8 +121,7 @@ class DropLM(PrefillLM):
         from rf_eval.ridgefill.api import RidgeFill
 
         self.speculators = self.speculator()
-        method = drop_class(self.settings.arm.method)(self.model, *self.speculators, self.tokenizer,
-                                                      arm=self.settings.arm)
+        method = self.dropper(self.settings.arm)
         return method, RidgeFill(self.model, self.tokenizer, fill="exact")
 
     def arm_with(self, fields: dict[str, Any]) -> DropArm:
@@ -130,7 +130,12 @@ class DropLM(PrefillLM):
     def method_for(self, arm: DropArm) -> Any:
         if arm == self.settings.arm:
             return self.method
-        return drop_class(arm.method)(self.model, *self.speculators, self.tokenizer, arm=arm)
+        return self.dropper(arm)
+
+    def dropper(self, arm: DropArm) -> Any:
+        """The dropper `arm.method` names (`rf_eval.methods`) over the loaded target (and speculator)."""
+        parts = {"source": self.speculators[0]} if self.speculators else {}
+        return method_class(arm.method).build(self.model, self.tokenizer, arm, **parts)
 
     def floor_split(self) -> int:
         """The engine floor of `reference=exact` runs is measured at half depth (a dropper has no split)."""

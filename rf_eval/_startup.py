@@ -1,6 +1,6 @@
 """Make the plain `lm_eval` command find rf-eval's models and tasks where lm-eval cannot discover them.
 
-pyproject.toml declares `ridgefill` and `rarecache` in the `lm_eval.models`
+pyproject.toml declares rf-eval's models (`MODELS`) in the `lm_eval.models`
 entry-point group, which lm-eval reads from the release that carries
 EleutherAI/lm-evaluation-harness#4013 on (its `lm_eval.api.registry.load_plugins`).
 lm-eval 0.4.13 and 0.5.0.dev1 read no entry points, and no lm-eval reads a
@@ -11,10 +11,10 @@ site-packages by setup.py). It imports nothing but `sys` and `os` and only
 puts a small finder on `sys.meta_path`. When lm-eval itself later imports
 
 - `lm_eval.models`: where lm-eval has no entry-point discovery, the
-  `ridgefill` and `rarecache` models are registered as lazy "module:Class"
+  models of `MODELS` are registered as lazy "module:Class"
   strings (lm-eval's registry loads them on first use, so `lm_eval --model hf`
   never imports rf-eval code); where it has discovery, the hook does nothing
-  and lm-eval finds the same two names through the entry points;
+  and lm-eval finds the same names through the entry points;
 - `lm_eval.tasks.manager`: every `TaskManager` also indexes the installed
   `rf_eval.tasks` folder (after lm-eval's own tasks and before --include_path);
 - `lm_eval.tasks._index`: with `RF_EVAL_TASK_INDEX_CACHE` set, the task index
@@ -37,12 +37,14 @@ from __future__ import annotations
 import os
 import sys
 
-# lm-eval model name -> "module:Class"; a new adapter adds one line here and one under
+# lm-eval model name -> "module:Class" (a new prefill *method* needs none: `--model prefill`, `rf_eval.methods`);
+# a new adapter adds one line here and one under
 # [project.entry-points."lm_eval.models"] in pyproject.toml (tests/test_packaging.py checks they agree).
 MODELS = {
     "ridgefill": "rf_eval.model_adapters.ridgefill:RidgeFillLM",
     "rarecache": "rf_eval.model_adapters.rarecache:RaReCacheLM",
     "drop": "rf_eval.model_adapters.drop:DropLM",
+    "prefill": "rf_eval.model_adapters.method_lm:MethodLM",  # any other method (`rf_eval.methods`)
 }
 
 

@@ -74,7 +74,7 @@ def model_args_from(args: argparse.Namespace) -> dict[str, Any]:
 
     from rf_eval.fills import FILL_OFF
     from rf_eval.model_adapters.config import ModelArgsError
-    from rf_eval.model_adapters.registry import adapter_class
+    from rf_eval.model_adapters.registry import adapter_args
 
     given = {"pretrained": args.model, "tokenizer": args.tokenizer, "fill": args.fill, "maps": args.maps,
              "split": args.split, "tail": args.tail, "chunk_size": args.chunk_size, "device": args.device,
@@ -86,7 +86,8 @@ def model_args_from(args: argparse.Namespace) -> dict[str, Any]:
     if method == "ridgefill" and "preset" not in merged:
         merged.setdefault("fill", FILL_OFF)
     try:
-        adapter_class(method).parse({k: v for k, v in merged.items() if k != "method"})
+        adapter, adapter_model_args = adapter_args(merged)
+        adapter.parse(adapter_model_args)
     except ModelArgsError as err:
         raise UserError(str(err)) from None
     return merged

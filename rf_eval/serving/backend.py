@@ -123,12 +123,11 @@ class Backend:
     @classmethod
     def from_model_args(cls, model_args: dict[str, Any], served_name: str | None = None,
                         max_batch: int = MAX_BATCH) -> Backend:
-        """The adapter named by `method` (default ridgefill) built from the rest of `model_args`."""
-        from rf_eval.model_adapters.registry import adapter_class
+        """The adapter of the method `method` names (default ridgefill; `rf_eval.methods`) built from `model_args`."""
+        from rf_eval.model_adapters.registry import adapter_args
 
-        name = str(model_args.get("method") or "ridgefill")
-        args = {k: v for k, v in model_args.items() if k != "method"}
-        return cls(adapter_class(name)(**args), served_name, max_batch)
+        adapter, args = adapter_args(model_args)
+        return cls(adapter(**args), served_name, max_batch)
 
     @property
     def max_batch(self) -> int:
