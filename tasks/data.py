@@ -21,78 +21,30 @@ that fails, and lm-eval builds its tasks only after loading the model.
   is one `UserError` line naming the fetch command and the local options.
   A piece is reachable when the network is (HF_HUB_OFFLINE unset and the
   source's host answers) or, offline, when the hub's datasets cache holds it.
+
+Each piece is one plug-in (`rf_eval.tasks.data_sources`: which tasks need it, how to fetch it, how a data
+folder's copy is checked); this module and `data_fetch`, `data_needs` read that registry and name none.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rf_eval.errors import UserError
+from rf_eval.tasks.data_sources import SOURCES, source
+from rf_eval.tasks.data_sources.base import MANIFEST
+
+__all__ = ["DATA_ENV", "DATA_OPTION", "MANIFEST", "SOURCES", "TaskDataMissing", "available", "data_dir",
+           "local_copy", "missing_message", "offline", "reachable", "use_nltk_data", "why_missing"]
 
 DATA_ENV = "RF_EVAL_DATA"
 DATA_OPTION = "data_dir"
-MANIFEST = "manifest.json"
-LONGBENCH_DATASET = "THUDM/LongBench-v2"  # the dataset of the LongBench v2 paper, one `train` split
 
 
 class TaskDataMissing(UserError):
     """A task's data is neither local nor downloadable here."""
-
-
-@dataclass(frozen=True)
-class Source:
-    """One piece of downloaded data: where it lands in a data folder (its fetcher: `data_fetch.FETCHERS`)."""
-
-    name: str
-    what: str  # in words, for messages
-    path: str  # file or folder inside the data folder
-    option: str | None  # the metadata key naming a local copy instead
-    host: str  # where it downloads from
-    cached: Callable[[], bool] = lambda: False  # offline: whether the tasks' own download finds it cached
-
-
-# ---- the pieces
-
-
-def _essays_cached() -> bool:
-    import datasets
-
-    try:
-        datasets.load_dataset("baber/paul_graham_essays", split="train")
-    except Exception:  # not in the datasets cache (offline), or any hub error
-        return False
-    return True
-
-
-def _punkt_installed() -> bool:
-    """Whether nltk finds punkt_tab where it looks (NLTK_DATA, its default folders)."""
-    import nltk
-
-    try:
-        nltk.data.find("tokenizers/punkt_tab/english/")
-    except LookupError:
-        return False
-    return True
-
-
-def write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-SOURCES: dict[str, Source] = {s.name: s for s in (
-    Source("essays", "the Paul Graham essays (RULER's essay haystack)", "paul_graham_essays.txt",
-           "essay_haystack", "huggingface.co", _essays_cached),
-    Source("punkt_tab", "nltk's punkt_tab sentence model", "nltk_data", None, "raw.githubusercontent.com"),
-    Source("squad", "SQuAD v2's dev set (RULER QA)", "squad.json", "squad_json", "rajpurkar.github.io"),
-    Source("hotpotqa", "HotpotQA's dev set (RULER QA)", "hotpotqa.json", "hotpotqa_json", "huggingface.co"),
-    Source("longbench_v2", "the LongBench v2 dataset", "longbench_v2.json", "data", "huggingface.co"),
-)}
 
 
 # ---- where a piece is
@@ -106,57 +58,16 @@ def data_dir(metadata: dict[str, Any] | None) -> Path | None:
 
 def local_copy(name: str, metadata: dict[str, Any] | None) -> Path | None:
     """The local copy of source `name`: the file its option names, else the data folder's (checked against
-    the folder's fetch manifest, `check_against_manifest`), else None."""
-    source = SOURCES[name]
-    given = (metadata or {}).get(source.option) if source.option else None
+    the folder's fetch manifest, `DataSource.check`), else None."""
+    piece = source(name)
+    given = (metadata or {}).get(piece.option) if piece.option else None
     if given:
         return Path(str(given)).expanduser()
     folder = data_dir(metadata)
-    if folder is not None and (folder / source.path).exists():
-        check_against_manifest(folder, name)
-        return folder / source.path
+    if folder is not None and (folder / piece.path).exists():
+        piece.check(folder)
+        return folder / piece.path
     return None
-
-
-def source_sha256(path: Path) -> str:
-    """A file's sha256 (what `sha256sum` prints); a folder's over its files' relative paths and sha256s."""
-    from rf_eval.hashing import file_sha256, named_files_sha256
-
-    if path.is_file():
-        return file_sha256(path)
-    return named_files_sha256(sorted(p for p in path.rglob("*") if p.is_file()), root=path)
-
-
-_checked: dict[tuple[str, str], tuple[int, str]] = {}  # (folder, source) -> (files' stamp, sha256 found)
-
-
-def check_against_manifest(folder: Path, name: str) -> None:
-    """Refuse a data-folder piece whose sha256 is not the one `rf-eval fetch-data` recorded in the folder's
-    manifest (a file edited or replaced since: the run would score data that is not what was fetched). A
-    folder without a manifest, or a piece it does not list, is the user's own and is read as it is. Each
-    piece is hashed once per process, and again only when it or the manifest changes (mtime, size)."""
-    from rf_eval.tasks.data_files import read_json
-
-    manifest_path = folder / MANIFEST
-    if not manifest_path.is_file():
-        return
-    recorded = (read_json(manifest_path, MANIFEST).get("sources") or {}).get(name) or {}
-    want = recorded.get("sha256") if isinstance(recorded, dict) else None
-    if not want:
-        return
-    piece = folder / SOURCES[name].path
-    files = [piece] if piece.is_file() else sorted(p for p in piece.rglob("*") if p.is_file())
-    key = (str(folder.resolve()), name)
-    stamp = hash((manifest_path.stat().st_mtime_ns, *((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)))
-    if key in _checked and _checked[key][0] == stamp:
-        found = _checked[key][1]
-    else:
-        found = source_sha256(folder / SOURCES[name].path)
-        _checked[key] = (stamp, found)
-    if found != want:
-        raise UserError(f"{folder / SOURCES[name].path}: its sha256 {found[:12]}... is not the {want[:12]}... "
-                        f"that fetch-data recorded in {manifest_path} (edited or replaced since); fetch it again "
-                        f"(rf-eval fetch-data ... --out {folder} --force) or restore it")
 
 
 def use_nltk_data(metadata: dict[str, Any] | None) -> None:
@@ -185,30 +96,30 @@ def reachable(host: str, timeout: float = 5.0) -> bool:
 
 
 def available(name: str, metadata: dict[str, Any] | None, hosts: dict[str, bool] | None = None) -> bool:
-    """Whether a run here gets source `name`: a local copy, nltk's own install (punkt_tab), the datasets
-    cache when offline, else the network (`hosts` caches the reachability of each host)."""
-    source = SOURCES[name]
+    """Whether a run here gets source `name`: a local copy, its library's own install (nltk's punkt_tab), the
+    datasets cache when offline, else the network (`hosts` caches the reachability of each host)."""
+    piece = source(name)
     if local_copy(name, metadata) is not None:
         return True
-    if name == "longbench_v2":  # the task reads a local file only
+    if piece.local_only:  # the task reads a local file only
         return False
-    if name == "punkt_tab" and _punkt_installed():
+    if piece.installed():
         return True
     if offline():
-        return source.cached()
+        return piece.cached()
     hosts = {} if hosts is None else hosts
-    if source.host not in hosts:
-        hosts[source.host] = reachable(source.host)
-    return hosts[source.host]
+    if piece.host not in hosts:
+        hosts[piece.host] = reachable(piece.host)
+    return hosts[piece.host]
 
 
 def missing_message(task: str, names: list[str], why: str) -> str:
     """One line: what `task` lacks, why, the fetch command and the local options."""
-    what = " and ".join(SOURCES[n].what for n in names)
-    options = [f'"{SOURCES[n].option}": "PATH"' for n in names if SOURCES[n].option]
+    pieces = [SOURCES[n] for n in names]
+    what = " and ".join(p.what for p in pieces)
+    options = [f'"{p.option}": "PATH"' for p in pieces if p.option]
     local = f"; or name a local copy: --metadata '{{{', '.join(options)}}}'" if options else ""
-    if "punkt_tab" in names:
-        local += "; nltk's punkt_tab can also be put under a folder listed in NLTK_DATA"
+    local += "".join(f"; {p.hint}" for p in pieces if p.hint)
     verb = "is" if len(names) == 1 else "are"
     return (f"{task} needs {what}, which {verb} {why}: run `rf-eval fetch-data --tasks {task} --out DIR` where the "
             f"network is reachable, then pass --metadata '{{\"{DATA_OPTION}\": \"DIR\"}}' (or set {DATA_ENV}=DIR)"
@@ -216,6 +127,7 @@ def missing_message(task: str, names: list[str], why: str) -> str:
 
 
 def why_missing(names: list[str]) -> str:
-    if "longbench_v2" in names:
+    """Why the sources `names` are missing here, for `missing_message`."""
+    if any(SOURCES[n].local_only for n in names):
         return "not in a local file here"
     return "not here and cannot be downloaded (" + ("HF_HUB_OFFLINE is set)" if offline() else "no network)")

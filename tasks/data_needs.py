@@ -1,6 +1,6 @@
 """Which rf-eval task needs which downloaded data, and the check that refuses a run lacking it before the
-model loads (`preflight`, wired into lm-eval's `simple_evaluate` by `check_before_model`). The pieces and
-where they are: `rf_eval.tasks.data`."""
+model loads (`preflight`, wired into lm-eval's `simple_evaluate` by `check_before_model`). Each piece says
+which tasks need it (`rf_eval.tasks.data_sources`); where the pieces are: `rf_eval.tasks.data`."""
 
 from __future__ import annotations
 
@@ -11,40 +11,32 @@ from typing import Any
 
 from rf_eval.tasks.data import SOURCES, TaskDataMissing, available, local_copy, missing_message, why_missing
 from rf_eval.tasks.positions import check_lengths_fit
-from rf_eval.tasks.ruler_data import ESSAY_HAYSTACK
 from rf_eval.tasks.second_question import BASE_TASK
 
-RULER_CLASSES = ("RulerFilledPool", "RulerFilledTask", "SecondQuestionTask")  # the length-sized RULER tasks
+DOCS_TASKS = ("keytoken_nll", "decode_agreement")  # the tasks that read the user's own documents (`docs`)
 
 
-def ruler_sources(base_tasks: Iterable[str]) -> list[str]:
-    need: list[str] = []
-    for task in base_tasks:
-        if task in ESSAY_HAYSTACK:
-            need += ["essays", "punkt_tab"]
-        elif task == "ruler_qa_squad":
-            need.append("squad")
-        elif task == "ruler_qa_hotpot":
-            need.append("hotpotqa")
-    return list(dict.fromkeys(need))
-
-
-def _class_name(config: dict[str, Any]) -> str:
+def class_name(config: dict[str, Any]) -> str:
+    """A task config's class (the last part of its `class`; "" for a plain YAML task)."""
     return str(config.get("class") or "").rsplit(".", 1)[-1]
 
 
-def sources_of(config: dict[str, Any]) -> list[str]:
-    """The SOURCES a task (its YAML config) downloads."""
-    kind = _class_name(config)
+def ruler_tasks(config: dict[str, Any]) -> list[str] | None:
+    """The RULER tasks a length-sized RULER task (its YAML config) is built on; None for another task."""
+    kind = class_name(config)
     if kind == "RulerFilledPool":
-        return ruler_sources(config.get("ruler_tasks") or ())
+        return list(config.get("ruler_tasks") or ())
     if kind == "RulerFilledTask":
-        return ruler_sources([config.get("ruler_task") or str(config["task"]).removesuffix("_filled")])
+        return [config.get("ruler_task") or str(config["task"]).removesuffix("_filled")]
     if kind == "SecondQuestionTask":
-        return ruler_sources([BASE_TASK])
-    if kind == "LongBenchCoTTask":
-        return ["longbench_v2"]
-    return []
+        return [BASE_TASK]
+    return None
+
+
+def sources_of(config: dict[str, Any]) -> list[str]:
+    """The data sources a task (its YAML config) downloads, in the registry's order."""
+    kind, ruler = class_name(config), ruler_tasks(config) or []
+    return [name for name, cls in SOURCES.items() if cls().needed_by(kind, ruler)]
 
 
 def load_task_yaml(path: Path) -> dict[str, Any]:
@@ -95,9 +87,9 @@ def preflight(tasks: Iterable[str], metadata: dict[str, Any] | None) -> None:
         absent = [n for n in names if not available(n, metadata, hosts)]
         if absent:
             problems.append(missing_message(task, absent, why_missing(absent)))
-        if _class_name(configs[task]) in RULER_CLASSES:
+        if ruler_tasks(configs[task]) is not None:
             problems += check_lengths_fit([task], metadata or {})
-        if task in ("keytoken_nll", "decode_agreement"):
+        if task in DOCS_TASKS:
             docs = (metadata or {}).get("docs")
             if docs and not Path(str(docs)).expanduser().exists():
                 problems.append(f"{task}: docs={docs} does not exist (a folder or file of .txt / .jsonl documents)")

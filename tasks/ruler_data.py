@@ -227,7 +227,7 @@ def local_sources(metadata: dict[str, Any], base_task: str) -> Iterator[None]:
         qa = ruler_module("qa_utils")
         from rf_eval.tasks import data
 
-        source = "squad" if base_task == "ruler_qa_squad" else "hotpotqa"
+        source = next(name for name, cls in SOURCES.items() if base_task in cls.ruler_tasks)
         local = data.local_copy(source, metadata)
         if not local:
             yield

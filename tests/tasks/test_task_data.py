@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from rf_eval.tasks import data, data_fetch, data_needs, ruler_data
+from rf_eval.tasks.data_sources import source
+from rf_eval.tasks.data_sources.longbench_v2 import LONGBENCH_DATASET
 
 
 @pytest.fixture
@@ -37,7 +39,7 @@ def stand_in_sources(monkeypatch, fx, tmp_path):
 
     def load_dataset(name, split=None, **kwargs):
         calls.append(name)
-        rows = {"baber/paul_graham_essays": [{"text": t} for t in essays], data.LONGBENCH_DATASET: items}[name]
+        rows = {"baber/paul_graham_essays": [{"text": t} for t in essays], LONGBENCH_DATASET: items}[name]
         return datasets.Dataset.from_list(rows)
 
     def download(info_or_id, download_dir=None, quiet=False, raise_on_error=False, **kwargs):
@@ -94,7 +96,7 @@ def test_fetch_writes_what_the_tasks_read(stand_in_sources, tmp_path):
     assert manifest["sources"]["essays"]["sha256"] == hashlib.sha256(essay_file.read_bytes()).hexdigest()
     # the fetched file splits into the very haystack lm-eval's get_haystack builds from the same source
     assert ruler_data.essay_haystack(essay_file) == ruler_data.ruler_module("prepare_niah").get_haystack("essay")
-    squad_url = data_fetch._qa_url("read_squad")
+    squad_url = source("squad").url()
     assert json.loads((out / "squad.json").read_text())["url"] == squad_url
     assert [i["_id"] for i in json.loads((out / "longbench_v2.json").read_text())] == \
         [i["_id"] for i in stand_in_sources["items"]]
