@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rf_eval.study.runner import model_args
-from rf_eval.study.study_file import Study, StudyError
+from rf_eval.study.study_file import ADAPTERS, Study, StudyError
 
 
 @contextmanager
@@ -67,11 +67,11 @@ def check_arm_args(study: Study, arm) -> None:
         from rf_eval.rarecache.arm_spec import RaReCacheArm as ArmSpec
 
         needed = ("pretrained", "source", "maps")
-    elif arm.model == "drop":  # the adapter's own checks, all made before any weights load
-        from rf_eval.model_adapters.drop import parse_drop_args
+    elif arm.model in ADAPTERS:  # another method's adapter (`rf_eval.methods`): its own checks, before any weights
+        from rf_eval.model_adapters.registry import adapter_class
 
         try:
-            parse_drop_args(model_args(study, arm, study.maps))
+            adapter_class(arm.model).parse(model_args(study, arm, study.maps))
         except (UserError, ValueError) as err:
             raise StudyError(f"{study.path.name}: arms.{arm.name}: {err}") from None
         return

@@ -51,7 +51,11 @@ from typing import Any
 
 import yaml
 
-ADAPTERS = ("ridgefill", "rarecache", "drop")  # the rf-eval models; any other name is an lm-eval model (API arms)
+from rf_eval._startup import MODELS
+
+#: the rf-eval models (`rf_eval._startup.MODELS`: the adapters of `rf_eval.methods`); any other name is an
+#: lm-eval model (API arms)
+ADAPTERS: tuple[str, ...] = tuple(MODELS)
 
 
 class StudyError(ValueError):
