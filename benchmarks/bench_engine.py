@@ -35,11 +35,11 @@ from bench_rows import make_prompt
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rf_eval.engine import Plan, partial_every_row_exact, plain_prefill, prefill
+from rf_eval.mac_model import ceiling_r, speedup_ceiling
+from rf_eval.ridge.capture import capture_sums
+from rf_eval.ridge.maps import RidgeMaps, config_hash
 from rf_eval.ridgefill.arm import Arm
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
-from rf_eval.ridgefill.capture import capture_sums
-from rf_eval.ridgefill.cost import ceiling_r, speedup_ceiling
-from rf_eval.ridgefill.maps import RidgeMaps, config_hash
 from rf_eval.testing import build_tokenizer
 
 PROBE_ROWS = 256  # the probe's sweep rows (rf_eval.selectors.probe default)
@@ -88,7 +88,7 @@ def fit_peak_rss(n_docs: int, doc_tokens: int, layers: int, hidden: int, vocab: 
     here = os.path.dirname(os.path.abspath(__file__))
     code = (
         f"import sys, resource, torch; sys.path.insert(0, {here!r});"
-        "from bench_engine import make_model; from rf_eval.ridgefill.capture import capture_sums;"
+        "from bench_engine import make_model; from rf_eval.ridge.capture import capture_sums;"
         f"m = make_model({layers}, {hidden}, 'cpu', torch.float32, {vocab}); g = torch.Generator().manual_seed(0);"
         f"docs = (torch.randint(0, {vocab}, (1, {doc_tokens}), generator=g) for _ in range({n_docs}));"
         f"capture_sums(m, docs, [{layers // 2}]);"

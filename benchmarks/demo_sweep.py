@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from rf_eval.ridgefill.ridge import LAMBDA_GRID
+from rf_eval.ridge.sums import LAMBDA_GRID
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ on a small machine), then runs, each in its own child process:
   - the real `rf-eval fit` CLI (`rf_eval.cli.main`) with the given --splits.
 Peak RSS of each child comes from os.wait4 (ru_maxrss); on CUDA also
 torch.cuda.max_memory_allocated. The fit's own memory is fit minus baseline.
-It prints that beside `fit_peak_bytes` (rf_eval.ridgefill.fit_memory: the
+It prints that beside `fit_peak_bytes` (rf_eval.ridge.fit_memory: the
 fp64 sums plus the solve's working set) and extrapolates the formula to
 Llama-3.1-8B and -70B.
 With --heldout-memory GIB the fit also chooses lambda from the nine-value grid
@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rf_eval.ridgefill.fit_memory import (
+from rf_eval.ridge.fit_memory import (
     fit_peak_bytes,
     gib,
     heldout_budget,
@@ -36,7 +36,7 @@ from rf_eval.ridgefill.fit_memory import (
     maps_bytes,
     sums_bytes,
 )
-from rf_eval.ridgefill.ridge import LAMBDA_GRID
+from rf_eval.ridge.sums import LAMBDA_GRID
 
 WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "1234", "north", "seven", "quiet", "the", "of"]
 REAL_MODELS = (("Llama-3.1-8B", 4096, 32, 16), ("Llama-3.1-70B", 8192, 80, 40))

@@ -33,10 +33,10 @@ from bench_rows import make_prompt
 
 from rf_eval.engine import Plan, extend, partial_every_row_exact, plain_prefill, prefill
 from rf_eval.engine.floor import compare_results, filled_kernel_every_row_exact
+from rf_eval.mac_model import ceiling_r, speedup_ceiling
+from rf_eval.ridge.capture import capture_sums
 from rf_eval.ridgefill.arm import Arm
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
-from rf_eval.ridgefill.capture import capture_sums
-from rf_eval.ridgefill.cost import ceiling_r, speedup_ceiling
 from rf_eval.testing import build_tokenizer
 
 #: model shapes: transformers config class name and its arguments (random weights at these shapes)

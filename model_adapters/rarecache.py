@@ -53,7 +53,7 @@ from rf_eval.model_adapters.config import (
 )
 from rf_eval.model_adapters.prefill_lm import PrefillLM
 from rf_eval.rarecache.arm_spec import RaReCacheArm
-from rf_eval.ridgefill.maps import MapError
+from rf_eval.ridge.maps import MapError
 
 OWN_KEYS = adapter_keys()["rarecache"]
 

@@ -73,8 +73,8 @@ from rf_eval.model_adapters.config import (
     take_model_args,
 )
 from rf_eval.model_adapters.prefill_lm import PrefillLM
+from rf_eval.ridge.maps import MapError
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
-from rf_eval.ridgefill.maps import MapError
 
 OWN_KEYS = adapter_keys()["ridgefill"]
 
@@ -92,7 +92,7 @@ class RidgeFillSettings(AdapterSettings):
 def parse_ridgefill_args(args: dict[str, Any]) -> tuple[RidgeFillSettings, dict[str, Any]]:
     """(settings, HFLM keyword arguments) from `--model_args`; every check that needs no weights."""
     from rf_eval.demo.study import demo_defaults
-    from rf_eval.ridgefill.maps import load_arm_maps
+    from rf_eval.ridge.maps import load_arm_maps
 
     demo = str(args.get("pretrained") or "demo").strip().lower() == "demo"
     needed = () if args.get("preset") not in (None, "") else ("fill",)  # a preset sets the fill

@@ -154,7 +154,7 @@ def words_of(text: str) -> list[str]:
 def calibration_texts(paths: Sequence[str | Path]) -> list[Text]:
     """The documents of calibration files, read as `rf-eval fit --calibration` reads them (plain text, one
     document a file; JSONL with a `text` field, one a line, named `file:line`)."""
-    from rf_eval.ridgefill.calibration import CalibrationError, iter_named_documents
+    from rf_eval.ridge.calibration import CalibrationError, iter_named_documents
 
     if not paths:
         raise CalibrationError("no calibration files given")

@@ -3,7 +3,7 @@
 rf-eval's question has two halves (DESIGN 3c): what an approximation costs in
 quality and what it saves. A method states its own cost through the prefill
 protocol (`rf_eval.method.PrefillMethod.prefill_cost`): RidgeFill through the
-MAC model of its paper's section 2.5 (`rf_eval.ridgefill.cost`, each fill's
+MAC model of its paper's section 2.5 (`rf_eval.mac_model`, each fill's
 `filled_row_macs`), RaReCache through eq. 11's accounting with the source
 model's prefill charged (`rf_eval.rarecache.cost`). The record is plain data,
 so a report reads every method the same way, with no per-method code.

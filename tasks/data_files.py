@@ -15,7 +15,7 @@ names nothing. Formats:
 The callers: `keytoken_nll` / `decode_agreement` documents and key references
 (`keytoken_files`), LongBench v2 items and prompt files (`longbench_cot`),
 RULER haystacks and QA sources (`ruler_data`), calibration text for fitting
-(`rf_eval.ridgefill.calibration`), the fetch manifest (`data_fetch`).
+(`rf_eval.ridge.calibration`), the fetch manifest (`data_fetch`).
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ def check_family_block(block: Block) -> None:
     from rf_eval import families
     from rf_eval.cli.check_equivalence import compare
     from rf_eval.engine import Plan, plain_prefill, prefill
+    from rf_eval.ridge.maps import identity_fill
     from rf_eval.ridgefill.api import RidgeFill
-    from rf_eval.ridgefill.maps import identity_fill
     from rf_eval.testing import random_model
 
     header = "# rf_eval/families/mistral.py\n"
@@ -85,7 +85,7 @@ def results(run_dir: Path) -> tuple[dict, list[dict]]:
 
 
 def check_fitting(root: Path, ran: Ran, values: dict) -> None:
-    from rf_eval.ridgefill.maps import load_maps
+    from rf_eval.ridge.maps import load_maps
 
     for split in (2, 3):
         fitted, refit, sharded = (load_maps(root / d, split) for d in ("maps", "maps-0.01", "maps-dp"))
@@ -99,7 +99,7 @@ def check_fitting(root: Path, ran: Ran, values: dict) -> None:
 
 
 def check_python_api(root: Path, ran: Ran, values: dict) -> None:
-    from rf_eval.ridgefill.maps import load_maps
+    from rf_eval.ridge.maps import load_maps
 
     line = next(x for x in reversed(ran.output.splitlines()) if x.startswith("{'method': 'ridgefill'"))
     provenance = ast.literal_eval(line)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from rf_eval import tensor_files
-from rf_eval.ridgefill.maps import MapError
-from rf_eval.ridgefill.state_correction import load_table, save_table
+from rf_eval.ridge.maps import MapError
+from rf_eval.ridge.state_correction import load_table, save_table
 
 
 def test_round_trip_keeps_tensors_and_stringifies_metadata(tmp_path):
@@ -45,7 +45,7 @@ def test_a_damaged_file_raises_the_callers_error_naming_it(tmp_path, reader):
 def test_state_correction_tables_are_written_through_it(tmp_path, monkeypatch):
     written = []
     real = tensor_files.save_tensors
-    monkeypatch.setattr("rf_eval.ridgefill.state_correction.save_tensors",
+    monkeypatch.setattr("rf_eval.ridge.state_correction.save_tensors",
                         lambda *a, **k: written.append(a[1]) or real(*a, **k))
     path = save_table({4: torch.ones(2, 3, 3)}, {"kind": "dM"}, tmp_path, 3)
     delta, meta = load_table(path)

@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoConfig
 
-    from rf_eval.ridgefill.maps import MapError, map_filename
+    from rf_eval.ridge.maps import MapError, map_filename
     from rf_eval.ridgefill.release_maps import convert_release, read_manifest
 
     try:

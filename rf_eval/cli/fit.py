@@ -159,7 +159,7 @@ def check_sums(folder: str, model: str | None) -> None:
     the model's config; the weights fingerprint is compared once the weights load)."""
     from transformers import AutoConfig
 
-    from rf_eval.ridgefill.maps import config_hash
+    from rf_eval.ridge.maps import config_hash
     from rf_eval.tensor_files import read_metadata
 
     files = sorted(Path(folder).glob("sums_split*.safetensors"))
@@ -216,8 +216,8 @@ def _publish(result, out: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.ridgefill.calibration import CalibrationError
-    from rf_eval.ridgefill.fit_memory import parse_heldout_memory
+    from rf_eval.ridge.calibration import CalibrationError
+    from rf_eval.ridge.fit_memory import parse_heldout_memory
     from rf_eval.ridgefill.fitting import fit_maps, refit_from_sums
 
     check_inputs(args)
@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             if not args.model or not args.splits:
                 raise UserError("fit needs --model and --splits (or --from-sums)")
-            from rf_eval.ridgefill.calibration import check_disjoint, check_nonempty
+            from rf_eval.ridge.calibration import check_disjoint, check_nonempty
             from rf_eval.ridgefill.fitting import check_lambdas
 
             check_lambdas(args.lambdas, bool(args.heldout))  # fail before loading the model

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from rf_eval.devices import default_device, parse_dtype
     from rf_eval.rarecache.fit import fit_transfer
     from rf_eval.rarecache.maps import check_tokenizers
-    from rf_eval.ridgefill.calibration import CalibrationError, check_nonempty
+    from rf_eval.ridge.calibration import CalibrationError, check_nonempty
 
     remote = dict(trust_remote_code=args.trust_remote_code)
     check_inputs(args)

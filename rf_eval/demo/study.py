@@ -30,7 +30,7 @@ from pathlib import Path
 from string import Template
 
 from rf_eval.demo.cache_lock import building
-from rf_eval.ridgefill.ridge import LAMBDA_GRID
+from rf_eval.ridge.sums import LAMBDA_GRID
 
 log = logging.getLogger(__name__)
 
@@ -202,13 +202,13 @@ def keytoken_docs_dir(model_dir: Path, out: Path, s: DemoSettings) -> Path:
 
 def ridge_budget(model_config, s: DemoSettings) -> float:
     """Ridge's MAC fraction of exact prefill at the demo's tail and needle length, rounded down to 3 decimals
-    (`rf_eval.ridgefill.cost`): the budget the demo's identity, ridge and nofill arms share, so the three
+    (`rf_eval.mac_model`): the budget the demo's identity, ridge and nofill arms share, so the three
     fills compare at one cost per prompt (nofill: RidgeFill section 6.2's control, the compute spent on a
     longer exact tail instead)."""
     import math
 
     from rf_eval.fills.ridge import Ridge
-    from rf_eval.ridgefill.cost import prefill_macs
+    from rf_eval.mac_model import prefill_macs
 
     n = s.lengths[0]
     fraction = prefill_macs(model_config, n, split=SPLIT, tail=s.tail, fill=Ridge.name) / prefill_macs(model_config, n)

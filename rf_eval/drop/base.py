@@ -26,9 +26,9 @@ from rf_eval.devices import input_device
 from rf_eval.drop.result import DroppedResult, extend_dropped
 from rf_eval.engine import PrefillResult, new_cache, plain_prefill
 from rf_eval.fields import ArmError
+from rf_eval.mac_model import cache_rows, prefill_macs
 from rf_eval.method import check_prompt, generate, model_identity, prefill_each
 from rf_eval.prefill_cost import PrefillCost
-from rf_eval.ridgefill.cost import cache_rows, prefill_macs
 from rf_eval.weights import weights_fingerprint
 
 __all__ = ["DropMethod"]

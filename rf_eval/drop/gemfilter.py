@@ -28,7 +28,7 @@ from rf_eval.drop.base import DropMethod
 from rf_eval.engine import decoder_layers, new_cache, run_lower_layers
 from rf_eval.families import family_for
 from rf_eval.fields import ArmError
-from rf_eval.ridgefill.cost import causal_pairs, layer_costs
+from rf_eval.mac_model import causal_pairs, layer_costs
 
 __all__ = ["GemFilter", "filter_layer"]
 

@@ -35,8 +35,8 @@ from rf_eval.drop.base import DropMethod
 from rf_eval.engine import decoder_layers, new_cache
 from rf_eval.families import family_for, sliding_window
 from rf_eval.fields import ArmError
+from rf_eval.mac_model import layer_costs, prefill_macs
 from rf_eval.rarecache.maps import check_tokenizers
-from rf_eval.ridgefill.cost import layer_costs, prefill_macs
 
 __all__ = ["SpeculativePrefill"]
 

@@ -177,7 +177,7 @@ class MappedKV(RowFill):
 
 class PredictedKV(RowFill):
     """Filled rows' late-layer keys and values from `kv_map(layer, x_S rows)`: [keys before RoPE; values]
-    per row (`rf_eval.ridgefill.targets`), the keys then rotated at their own positions (kv_ridge, swiftkv).
+    per row (`rf_eval.ridge.targets`), the keys then rotated at their own positions (kv_ridge, swiftkv).
 
     With `own_at_split` layer S's filled rows write the layer's own projections of x_S, which is exact
     (with `plan.map_split`, the map's); without it layer S reads the map too (SwiftKV's projections cover

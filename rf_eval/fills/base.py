@@ -11,18 +11,18 @@ and asks the arm's fill method for the rest. A method is one class with:
   `"absent"` (filled rows hold nothing in late layers: nofill), or `"kv"`
   (the method gives late layers' keys and values itself, its `row_fill`);
 - `needs_maps`: it reads fitted maps (`maps=`), loaded and checked against the
-  model and its weights by `rf_eval.ridgefill.maps`; their sha256 and
+  model and its weights by `rf_eval.ridge.maps`; their sha256 and
   fingerprint are recorded in every run's provenance;
 - `fill_fn(maps, dtype, device)`: the predicted-input function for
   `"inputs"` (None otherwise), and `row_fill(fill_fn)`: the engine strategy;
 - `filled_row_macs(config, layer, mapped)`: the multiply-accumulates a filled
-  row costs in one late layer (`rf_eval.ridgefill.cost`: the cost model,
+  row costs in one late layer (`rf_eval.mac_model`: the cost model,
   `cost_match`, the study plan, the server's ceilings all read it);
 - `check(model_config, maps)`: the method's own rules for a model (an
   `ArmError` naming what to change);
 - `fit_command`: the `rf-eval` command that fits its maps, if it has one, and
   `fit_target`: what `rf-eval fit --fill NAME` regresses each late layer's rows
-  on (`rf_eval.ridgefill.targets`: the layer's input, or its keys and values),
+  on (`rf_eval.ridge.targets`: the layer's input, or its keys and values),
   with `check_fit(config)` refusing a model it cannot be fitted on.
 
 Corrections, splices and the attention probe change or read predicted rows,
@@ -171,7 +171,7 @@ class FillMethod:
         raise NotImplementedError(f"fill {self.name!r} (strategy {self.strategy!r}) must define row_fill")
 
     def filled_row_macs(self, config: Any, layer: Any, mapped: bool) -> int:
-        """MACs one filled row costs in one late layer (`layer`: a `rf_eval.ridgefill.cost.LayerCost`;
+        """MACs one filled row costs in one late layer (`layer`: a `rf_eval.mac_model.LayerCost`;
         `mapped`: the layer reads the method's map, not x_S). Default: the layer's K/V or state update."""
         return 0 if self.strategy == "absent" else layer.write
 

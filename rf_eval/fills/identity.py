@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from rf_eval.fills.base import FillMethod
-from rf_eval.ridgefill.maps import identity_fill
+from rf_eval.ridge.maps import identity_fill
 
 
 class Identity(FillMethod):

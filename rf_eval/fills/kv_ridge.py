@@ -5,7 +5,7 @@ cache writes, not the layer input), fitted the way RidgeFill fits: one
 capture pass, the same running sums, a ridge map per late attention layer
 from x_S to its keys before RoPE (after k-norm) and its values, lambda chosen
 by the held-out cache-write cosine (`rf-eval fit --fill kv_ridge`;
-`rf_eval.ridgefill.targets`). It puts the paper's design choice to a test:
+`rf_eval.ridge.targets`). It puts the paper's design choice to a test:
 ridge against kv_ridge at equal split, tail and rows.
 
 Filled rows' keys are rotated at their own positions with the layer's RoPE;
@@ -13,10 +13,10 @@ layer S's filled rows write the layer's own projections of x_S, which is
 exact (with `map_split`, the map's). Exact rows run every layer over them.
 A Gated DeltaNet layer caches no keys and values: its map predicts what its
 stock mixer reads, the normed input, and the mixer scans that for the filled
-rows (`rf_eval.ridgefill.targets`). A projector trained elsewhere loads the
+rows (`rf_eval.ridge.targets`). A projector trained elsewhere loads the
 same way: a map file whose tensors
 `A.<layer>` (2 x kv_heads x head_dim, d) and `b.<layer>` give [keys; values]
-= A x_S + b, with metadata `target` "kv" (`rf_eval.ridgefill.maps`).
+= A x_S + b, with metadata `target` "kv" (`rf_eval.ridge.maps`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from rf_eval.fills.base import FillMethod
-from rf_eval.ridgefill.targets import kv_width
+from rf_eval.ridge.targets import kv_width
 
 
 class KvRidge(FillMethod):

@@ -66,7 +66,7 @@ class SwiftKVInPipeline(FillMethod):
                            f"(num_key_value_layers); give split >= {first}")
 
     def filled_row_macs(self, config: Any, layer: Any, mapped: bool) -> int:
-        from rf_eval.ridgefill.targets import kv_width
+        from rf_eval.ridge.targets import kv_width
 
         first, group = int(config.num_key_value_layers), int(config.key_value_group_size)
         return config.hidden_size * kv_width(config) if (layer.index - first) % group == 0 else 0

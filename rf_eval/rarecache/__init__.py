@@ -30,7 +30,7 @@ Choices the paper leaves open (each also stated where it is made):
   ||mapped - true||² / ||true||², keys and values of a layer together,
   averaged over layers (appendix C, figure 13; keys compared rotated).
 - Pair checks: one token -> id vocabulary (sha256); both configs' hashes (the
-  shape fields of `rf_eval.ridgefill.maps.config_hash`: two checkpoints of one
+  shape fields of `rf_eval.ridge.maps.config_hash`: two checkpoints of one
   architecture are not told apart).
 - Eq. 11's P_T: decoder layers and final norm (no embedding lookup, and the
   prefill's LM head runs on the last row only).

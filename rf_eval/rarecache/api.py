@@ -36,6 +36,7 @@ from torch import nn
 from rf_eval import engine
 from rf_eval.devices import default_device, parse_dtype
 from rf_eval.engine import MappedKV, Plan, PrefillResult, new_cache, num_layers
+from rf_eval.mac_model import cache_rows
 from rf_eval.method import check_prompt, generate, input_device, model_identity, prefill_each
 from rf_eval.prefill_cost import PrefillCost
 from rf_eval.rarecache.arm_spec import RaReCacheArm
@@ -44,7 +45,6 @@ from rf_eval.rarecache.cost import EquationCost
 from rf_eval.rarecache.features import cache_entries, check_attention_only, prefill_cache
 from rf_eval.rarecache.maps import SIDES, TransferMaps, check_tokenizers, load_transfer_maps
 from rf_eval.rarecache.transfer import MappedCache, Mapper
-from rf_eval.ridgefill.cost import cache_rows
 from rf_eval.selectors.mapped_cache import CachePrompt, prefill_with_attention
 from rf_eval.selectors.registry import cache_selector
 from rf_eval.weights import weights_fingerprint

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from rf_eval.hashing import file_sha256
-from rf_eval.ridgefill.maps import MapError, config_hash
+from rf_eval.ridge.maps import MapError, config_hash
 from rf_eval.tensor_files import read_tensors, save_tensors
 
 FORMAT = "rf-eval-rarecache-maps/1"

@@ -17,9 +17,9 @@ from rf_eval.fills.base import check_model_forward
 from rf_eval.loading_report import check_loaded, recording_missing_keys
 from rf_eval.method import check_prompt, generate, input_device, method_forward, model_identity, prefill_each
 from rf_eval.prefill_cost import PrefillCost
+from rf_eval.ridge.maps import RidgeMaps, load_arm_maps
 from rf_eval.ridgefill.arm import Arm
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
-from rf_eval.ridgefill.maps import RidgeMaps, load_arm_maps
 from rf_eval.weights import weights_fingerprint
 
 
@@ -181,8 +181,8 @@ class RidgeFill:
 
     def speedup_ceilings(self, n: int) -> dict[str, float]:
         """On an n-token prompt: `ceiling`, 1/r of layer passes, and `mac_ceiling`, the MAC model's (where it
-        knows the family; `rf_eval.ridgefill.cost`)."""
-        from rf_eval.ridgefill.cost import ceiling_r, speedup_ceiling
+        knows the family; `rf_eval.mac_model`)."""
+        from rf_eval.mac_model import ceiling_r, speedup_ceiling
 
         if self.is_plain(n):
             return {"ceiling": 1.0, "mac_ceiling": 1.0}

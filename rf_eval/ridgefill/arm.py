@@ -7,7 +7,7 @@ Parts (each named, with parameters, recorded by `describe()`):
 - splice: keys | values | both, from an exact reference prefill of the same prompt;
 - cost_match: the compute-matched `nofill` control (paper section 3.3): the
   tail is lengthened, per prompt length N, to the longest tail whose MAC
-  count (`rf_eval.ridgefill.cost`) does not exceed the matched arm's. The matched arm
+  count (`rf_eval.mac_model`) does not exceed the matched arm's. The matched arm
   is a fill with filled rows (identity, ridge, ...) with `tail` (default: this arm's tail),
   `exact_share` (exact prefix rows as a share of N, e.g. 0.1 for the
   attention selector's rows) or `exact_rows` (a count), and `probe_rows`.
@@ -28,8 +28,8 @@ from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, FILL_OFF
 from rf_eval.engine.rowfill import RowFill
 from rf_eval.fills import fill_method, registered_fills
 from rf_eval.fills.ridge import Ridge
+from rf_eval.mac_model import cost_matched_tail, prefill_macs
 from rf_eval.ridgefill.corrections import build_hooks
-from rf_eval.ridgefill.cost import cost_matched_tail, prefill_macs
 from rf_eval.selectors.base import Request, Selector
 from rf_eval.spec import check_params, parse_spec
 

@@ -1,6 +1,6 @@
 """What a RidgeFill arm costs per prompt, and the knob `budget=` turns on it.
 
-The cost is the MAC model of RidgeFill section 2.5 (`rf_eval.ridgefill.cost`)
+The cost is the MAC model of RidgeFill section 2.5 (`rf_eval.mac_model`)
 at the rows the prefill actually ran: the whole prompt's tail (a generation
 prefill holds back its last token, which decoding runs as a tail row), the
 selected prefix rows and a probe's sweep rows; 1/r counts the tail and the
@@ -19,8 +19,8 @@ import functools
 from typing import Any
 
 from rf_eval.budget import Knob
+from rf_eval.mac_model import cache_rows, ceiling_r, prefill_macs
 from rf_eval.prefill_cost import PrefillCost
-from rf_eval.ridgefill.cost import cache_rows, ceiling_r, prefill_macs
 
 __all__ = ["KNOBS", "knob_name", "ridgefill_knob", "ridgefill_prefill_cost", "selector_probe_rows"]
 

@@ -59,7 +59,7 @@ class RidgeFillArm:
     #: use maps fitted on other weights (a deliberate transfer); by default `resolve` refuses them
     allow_other_weights: bool = False
     #: where the maps live: "model" (on each layer's device) or "cpu" (host memory, each layer's map streamed
-    #: to its device ahead of use: `rf_eval.ridgefill.maps.StreamedMaps`)
+    #: to its device ahead of use: `rf_eval.ridge.maps.StreamedMaps`)
     maps_device: str = "model"
     #: a published configuration that sets fill, tail and split (`rf_eval.ridgefill.presets`)
     preset: str | None = None
@@ -231,7 +231,7 @@ class RidgeFillArm:
         when the maps' folder holds one) filled in; an `ArmError` for anything
         that does not fit (a `MapError` for maps that do not).
         """
-        from rf_eval.ridgefill.maps import config_hash
+        from rf_eval.ridge.maps import config_hash
 
         if maps is not None:
             maps.check_model(model_config)  # a MapError naming both config hashes

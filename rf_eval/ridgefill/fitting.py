@@ -24,9 +24,9 @@ from rf_eval.engine import num_layers
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, check_split
 from rf_eval.fills.ridge import Ridge
 from rf_eval.hashing import sha256_of_files
-from rf_eval.ridgefill.calibration import check_disjoint, check_nonempty, iter_documents
-from rf_eval.ridgefill.capture import capture_sums, heldout_cosines
-from rf_eval.ridgefill.fit_memory import (
+from rf_eval.ridge.calibration import check_disjoint, check_nonempty, iter_documents
+from rf_eval.ridge.capture import capture_sums, heldout_cosines
+from rf_eval.ridge.fit_memory import (
     choose_sums_device,
     gib,
     heldout_budget,
@@ -35,9 +35,9 @@ from rf_eval.ridgefill.fit_memory import (
     parse_heldout_memory,
     sums_bytes,
 )
-from rf_eval.ridgefill.maps import RidgeMaps, config_hash
-from rf_eval.ridgefill.ridge import LAMBDA_GRID, RidgeSums, sums_filename
-from rf_eval.ridgefill.unigram import UnigramCounter
+from rf_eval.ridge.maps import RidgeMaps, config_hash
+from rf_eval.ridge.sums import LAMBDA_GRID, RidgeSums, sums_filename
+from rf_eval.ridge.unigram import UnigramCounter
 from rf_eval.version import __version__
 from rf_eval.weights import weights_fingerprint
 
@@ -201,9 +201,9 @@ def fit_maps(
     release; default `DEFAULT_MAP_SPLIT`, no: layer S reads x_S), so the held-out
     lambda choice scores layer S too; the files record it (`map_split` metadata).
     `fill`: the fill method the maps serve (`rf_eval.fills`); its `fit_target`
-    says what each late layer's rows are regressed on (`rf_eval.ridgefill.targets`).
+    says what each late layer's rows are regressed on (`rf_eval.ridge.targets`).
     `int8`: the map files store A in the paper's release format (int8, one bf16 scale
-    per 128 weights of each row, a bf16 bias; `rf_eval.ridgefill.maps.quantize_int8`); the sums stay fp64.
+    per 128 weights of each row, a bf16 bias; `rf_eval.ridge.maps.quantize_int8`); the sums stay fp64.
     """
     target = fit_target(fill, model)
     splits = check_splits(splits, num_layers(model))

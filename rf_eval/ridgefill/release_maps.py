@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from rf_eval.hashing import file_sha256
-from rf_eval.ridgefill.maps import FORMAT, MapError, RidgeMaps, config_hash, int8_weights, map_filename
+from rf_eval.ridge.maps import FORMAT, MapError, RidgeMaps, config_hash, int8_weights, map_filename
 from rf_eval.tensor_files import read_tensors, save_tensors
 from rf_eval.version import __version__
 

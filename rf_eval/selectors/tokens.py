@@ -142,7 +142,7 @@ def request_classes(req: Request, who: str) -> list[str]:
 
 
 def load_unigram(path: str | Path) -> torch.Tensor:
-    from rf_eval.ridgefill.unigram import load_unigram as load
+    from rf_eval.ridge.unigram import load_unigram as load
 
     return load(path)
 

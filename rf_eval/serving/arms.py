@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rf_eval.fields import ArmError
-from rf_eval.ridgefill.maps import MapError
+from rf_eval.ridge.maps import MapError
 
 __all__ = ["ArmError", "as_fields", "describe", "key", "parse_spec", "resolve"]
 

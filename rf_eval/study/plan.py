@@ -36,7 +36,7 @@ def maps_split(study: Study, split: int | None) -> int | None:
         return int(study.fit["split"])
     if not getattr(study, "maps", None):
         return None
-    from rf_eval.ridgefill.maps import MapError, resolve_map_file
+    from rf_eval.ridge.maps import MapError, resolve_map_file
     from rf_eval.tensor_files import read_metadata
 
     try:
@@ -72,7 +72,7 @@ def arm_costs(study: Study, arm: StudyArm) -> dict[int, float]:
     2.5), at the value its budget's knob takes there (`arm_knobs`); {} where unknown."""
     if arm.model != "ridgefill" or not study.lengths:
         return {}
-    from rf_eval.ridgefill.cost import prefill_macs
+    from rf_eval.mac_model import prefill_macs
 
     resolved = resolved_arm(study, arm)
     if resolved is None:

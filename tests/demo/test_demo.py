@@ -42,7 +42,7 @@ def test_the_shared_budget_is_ridges_cost_at_the_demo_tail():
     from transformers import LlamaConfig
 
     from rf_eval.demo.study import ridge_budget
-    from rf_eval.ridgefill.cost import layer_costs
+    from rf_eval.mac_model import layer_costs
 
     config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192)

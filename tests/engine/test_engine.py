@@ -14,8 +14,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from rf_eval.cli.check_equivalence import compare
 from rf_eval.engine import NoFill, Plan, plain_prefill, prefill
 from rf_eval.fills import fill_method
+from rf_eval.ridge.maps import identity_fill
 from rf_eval.ridgefill.api import RidgeFill
-from rf_eval.ridgefill.maps import identity_fill
 from rf_eval.testing import FAMILIES  # every registered family
 
 N = 48

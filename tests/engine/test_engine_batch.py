@@ -6,7 +6,7 @@ import torch
 from rf_eval.cli.check_equivalence import cache_tensors, compare
 from rf_eval.engine import NoFill, Plan, extend, prefill, split_batch
 from rf_eval.families import family_for
-from rf_eval.ridgefill.maps import identity_fill
+from rf_eval.ridge.maps import identity_fill
 from rf_eval.testing import FAMILIES
 
 N, B, TAIL = 48, 3, 16  # 16 exact rows: past BLAS's small-matrix kernels (rf_eval.engine.batch)

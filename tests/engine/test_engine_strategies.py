@@ -32,7 +32,7 @@ from rf_eval.engine import (
     run_layers,
     run_lower_layers,
 )
-from rf_eval.ridgefill.maps import identity_fill
+from rf_eval.ridge.maps import identity_fill
 
 N, TAIL, SPLIT = 48, 8, 3
 SELECTED = torch.tensor([2, 9, 30])

@@ -29,10 +29,10 @@ from rf_eval.rarecache.budget import layer_budget
 from rf_eval.rarecache.features import cache_entries, prefill_cache, unsupported
 from rf_eval.rarecache.fit import fit_transfer
 from rf_eval.rarecache.maps import SIDES
+from rf_eval.ridge.maps import load_maps
+from rf_eval.ridge.state_correction import load_table
 from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.fitting import fit_maps
-from rf_eval.ridgefill.maps import load_maps
-from rf_eval.ridgefill.state_correction import load_table
 from rf_eval.selectors.registry import SELECTORS, names_for
 from rf_eval.testing import make_tiny_pair
 

@@ -8,7 +8,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 from rf_eval.cli.check_equivalence import compare
 from rf_eval.engine import Plan, extend, plain_prefill, prefill
 from rf_eval.families import family_for, sliding_window
-from rf_eval.ridgefill.maps import identity_fill
+from rf_eval.ridge.maps import identity_fill
 from rf_eval.testing import random_model, tiny_config
 
 N, WINDOW, SPLIT, TAIL = 48, 16, 2, 8

@@ -47,8 +47,8 @@ def throwaway():
 @pytest.fixture(scope="module")
 def maps_for(tiny_model, tmp_path_factory):
     """Maps fitted on a tiny model at SPLIT, for the methods that read maps."""
+    from rf_eval.ridge.maps import load_maps
     from rf_eval.ridgefill.fitting import fit_maps
-    from rf_eval.ridgefill.maps import load_maps
 
     made = {}
 

@@ -11,10 +11,10 @@ from rf_eval.cli import main
 from rf_eval.engine import Plan, prefill
 from rf_eval.fields import ArmError
 from rf_eval.fills import fill_method
+from rf_eval.mac_model import layer_costs, prefill_macs
+from rf_eval.ridge.maps import load_maps
 from rf_eval.ridgefill.api import RidgeFill
-from rf_eval.ridgefill.cost import layer_costs, prefill_macs
 from rf_eval.ridgefill.fitting import fit_maps
-from rf_eval.ridgefill.maps import load_maps
 
 SPLIT, LAM = 3, 0.1
 TEXTS = ["the cat sat on the mat and the dog ran to the red house by the river " * 6,
@@ -147,7 +147,7 @@ def test_on_a_hybrid_model_the_kv_strategy_with_the_layers_own_writes_is_the_ide
     layers is checked against the predicted-input strategy's, through the engine and with fitted maps."""
     from rf_eval.engine import PredictedKV
     from rf_eval.families import family_for
-    from rf_eval.ridgefill.targets import kv_rows
+    from rf_eval.ridge.targets import kv_rows
 
     model, tok = tiny_model("qwen3_5")
     family, layers = family_for(model.config), model.model.layers
@@ -213,7 +213,7 @@ def test_lambda_is_chosen_on_held_out_text_over_attention_and_gated_deltanet_lay
 def test_a_projector_trained_elsewhere_loads_from_the_documented_format(tiny_model, tmp_path):
     """The README's recipe: RidgeMaps with target kv and the model's config hash, saved, read by maps=;
     the filled rows' keys and values are then the file's A x_S + b (checked at the last layer's values)."""
-    from rf_eval.ridgefill.maps import RidgeMaps, config_hash
+    from rf_eval.ridge.maps import RidgeMaps, config_hash
 
     model, tok = tiny_model("llama")
     d, width = model.config.hidden_size, 2 * model.config.num_key_value_heads * 16

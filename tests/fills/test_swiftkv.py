@@ -18,8 +18,8 @@ from transformers import AutoModelForCausalLM
 
 from rf_eval.engine import Plan, plain_prefill, prefill
 from rf_eval.fields import ArmError
+from rf_eval.mac_model import layer_costs, prefill_macs
 from rf_eval.ridgefill.api import RidgeFill
-from rf_eval.ridgefill.cost import layer_costs, prefill_macs
 from rf_eval.testing import make_tiny_model, make_tiny_swiftkv
 from rf_eval.weights import weights_fingerprint
 

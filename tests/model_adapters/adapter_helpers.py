@@ -106,7 +106,7 @@ def identity_maps(model_dir: str, split: int, out_dir: Path) -> Path:
     import torch
     from transformers import AutoConfig
 
-    from rf_eval.ridgefill.maps import RidgeMaps, config_hash
+    from rf_eval.ridge.maps import RidgeMaps, config_hash
 
     config = AutoConfig.from_pretrained(model_dir)
     d = config.hidden_size

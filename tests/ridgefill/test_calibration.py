@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rf_eval.errors import UserError
-from rf_eval.ridgefill.calibration import CalibrationError, check_nonempty, iter_documents
+from rf_eval.ridge.calibration import CalibrationError, check_nonempty, iter_documents
 
 BAD_CALIBRATION = [
     ("cal.txt", b"plain text\nthen \xe9t\xe9\n", "cal.txt:2: not UTF-8 text (byte 0xe9 at byte offset 16)"),

@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import save_file
 
 from rf_eval.plugins import param_values
+from rf_eval.ridge.maps import config_hash
 from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.corrections import CORRECTIONS, HOOKS, make_correction
-from rf_eval.ridgefill.maps import config_hash
 
 FAMILY, SPLIT, TAIL, N = "qwen3_5", 3, 8, 40
 

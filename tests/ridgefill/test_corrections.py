@@ -8,10 +8,10 @@ from safetensors.torch import save_file
 
 from rf_eval.cli import main as cli_main
 from rf_eval.engine import LateLayerHooks, Plan, plain_prefill, prefill
+from rf_eval.mac_model import cost_matched_tail, prefill_macs
+from rf_eval.ridge.maps import config_hash, identity_fill
+from rf_eval.ridge.state_correction import filled_share, load_table, share_bound
 from rf_eval.ridgefill.api import RidgeFill
-from rf_eval.ridgefill.cost import cost_matched_tail, prefill_macs
-from rf_eval.ridgefill.maps import config_hash, identity_fill
-from rf_eval.ridgefill.state_correction import filled_share, load_table, share_bound
 
 N, TAIL = 48, 8
 

@@ -14,9 +14,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from rf_eval.cli import main
-from rf_eval.ridgefill import fit_memory, fitting
-from rf_eval.ridgefill.capture import capture_sums, heldout_cosines
-from rf_eval.ridgefill.fit_memory import (
+from rf_eval.ridge import fit_memory
+from rf_eval.ridge.capture import capture_sums, heldout_cosines
+from rf_eval.ridge.fit_memory import (
     GPU_MARGIN,
     HELDOUT_SHARE,
     choose_sums_device,
@@ -27,8 +27,9 @@ from rf_eval.ridgefill.fit_memory import (
     maps_held,
     sums_bytes,
 )
+from rf_eval.ridge.sums import RidgeSums
+from rf_eval.ridgefill import fitting
 from rf_eval.ridgefill.fitting import fit_maps
-from rf_eval.ridgefill.ridge import RidgeSums
 
 GIB = 2**30
 
@@ -283,7 +284,7 @@ def test_fit_maps_rejects_bad_heldout_memory_before_the_capture(tiny_model, cali
 
 def test_two_gloo_processes_score_lambdas_in_the_same_passes(tiny_model_dir, calibration, heldout, tmp_path,
                                                            run_in_gloo_processes):
-    from rf_eval.ridgefill.maps import load_maps
+    from rf_eval.ridge.maps import load_maps
 
     args = ["fit", "--model", tiny_model_dir("llama"), "--splits", "3", "--calibration", calibration, "--heldout",
             heldout, "--lambdas", "0.001", "0.1", "1.0", "--no-progress", "--device", "cpu", "--dtype", "float32"]

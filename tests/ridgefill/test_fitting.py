@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from rf_eval.cli import main
+from rf_eval.ridge.maps import MapError, RidgeMaps, load_maps, quantize_int8
 from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.fitting import fit_maps, refit_from_sums
-from rf_eval.ridgefill.maps import MapError, RidgeMaps, load_maps, quantize_int8
 
 
 def write_corpus(path, n_docs, seed):
@@ -212,7 +212,7 @@ def test_two_gloo_processes_give_the_one_process_maps(tiny_model_dir, corpus, tm
 def test_maps_kept_in_host_memory_stream_one_layer_ahead_and_fill_bitwise_as_resident(fitted, tiny_model):
     """maps_device=cpu: each layer's map reaches the device when its layer asks, the next one's copy already
     issued (on CUDA a side stream overlaps it with the layer), and the prefill is the resident maps', bitwise."""
-    from rf_eval.ridgefill.maps import StreamedMaps
+    from rf_eval.ridge.maps import StreamedMaps
 
     out, _ = fitted
     model, tok = tiny_model("qwen3")

@@ -10,10 +10,10 @@ import torch
 from rf_eval.cli import main
 from rf_eval.cli.check_equivalence import cache_tensors
 from rf_eval.fields import ArmError
+from rf_eval.ridge.capture import heldout_cosines
+from rf_eval.ridge.maps import RidgeMaps, config_hash, load_maps
 from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
-from rf_eval.ridgefill.capture import heldout_cosines
-from rf_eval.ridgefill.maps import RidgeMaps, config_hash, load_maps
 
 SPLIT, TAIL = 3, 6
 
@@ -48,7 +48,7 @@ def split_state(model, ids: torch.Tensor) -> torch.Tensor:
 
 def test_the_default_reads_x_s_and_model_args_parse_it():
     from rf_eval.engine import Plan
-    from rf_eval.ridgefill.cost import prefill_macs
+    from rf_eval.mac_model import prefill_macs
 
     assert RidgeFillArm().map_split is False and Plan(split=1, tail=1).map_split is False
     arm = RidgeFillArm.from_fields({"fill": "ridge", "map_split": "true"})

@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from rf_eval.ridge.maps import MapError, RidgeMaps, config_hash, load_maps, quantize_int8
 from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.fitting import fit_maps
-from rf_eval.ridgefill.maps import MapError, RidgeMaps, config_hash, load_maps, quantize_int8
 from rf_eval.weights import weights_fingerprint
 
 
@@ -68,7 +68,7 @@ def test_maps_without_a_fingerprint_load_with_a_warning(fitted, tiny_model, tmp_
     old = load_maps(fitted, 3)
     meta = {k: v for k, v in old.metadata.items() if k not in ("weights_sha256", "file_sha256")}
     path = RidgeMaps(split=3, A=old.A, b=old.b, metadata=meta).save(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="rf_eval.ridgefill.maps"):
+    with caplog.at_level(logging.WARNING, logger="rf_eval.ridge.maps"):
         RidgeFill(model, tok, maps=path, fill="ridge", tail=4)
     assert "records no weights fingerprint" in caplog.text
 

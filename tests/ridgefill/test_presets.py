@@ -8,9 +8,9 @@ from transformers import LlamaConfig
 
 from rf_eval.cli.check_equivalence import compare
 from rf_eval.fields import ArmError
+from rf_eval.mac_model import prefill_macs
 from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
-from rf_eval.ridgefill.cost import prefill_macs
 
 
 @pytest.mark.parametrize("layers, split", [(32, 22), (36, 24), (6, 4)])

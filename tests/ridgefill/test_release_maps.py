@@ -13,8 +13,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from rf_eval.cli import main
+from rf_eval.ridge.maps import dequantize_int8, load_maps, quantize_int8
 from rf_eval.ridgefill.api import RidgeFill
-from rf_eval.ridgefill.maps import dequantize_int8, load_maps, quantize_int8
 
 SPLIT, LAYERS = 3, 6  # the tiny llama: 6 layers, hidden size 64
 
@@ -90,7 +90,7 @@ def test_a_released_folder_converts_to_maps_that_fill_with_the_released_values(
                     assert torch.equal(maps.A[layer], r.get_tensor(f"proj.{layer}.weight").float())
                 assert torch.equal(maps.b[layer], bias.float())
     model, tok = tiny_model("llama")
-    with caplog.at_level(logging.WARNING, logger="rf_eval.ridgefill.maps"):
+    with caplog.at_level(logging.WARNING, logger="rf_eval.ridge.maps"):
         rf = RidgeFill(model, tok, maps=out, fill="ridge", tail=4)
     assert "converted from a released projector" in caplog.text
     assert rf.provenance()["maps_metadata"]["release_manifest_sha256"] == maps.metadata["release_manifest_sha256"]

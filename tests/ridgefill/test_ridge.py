@@ -1,6 +1,6 @@
 import torch
 
-from rf_eval.ridgefill.ridge import RidgeSums
+from rf_eval.ridge.sums import RidgeSums
 
 
 def make_docs(seed=0, d=32, n_docs=5):

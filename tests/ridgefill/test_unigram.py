@@ -2,10 +2,10 @@
 
 import torch
 
+from rf_eval.ridge.maps import load_maps
+from rf_eval.ridge.unigram import FILENAME, UnigramCounter, load_unigram
 from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.fitting import fit_maps
-from rf_eval.ridgefill.maps import load_maps
-from rf_eval.ridgefill.unigram import FILENAME, UnigramCounter, load_unigram
 
 
 def test_fit_saves_unigram_counts_beside_the_maps(tiny_model, tiny_model_dir, tmp_path):

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from rf_eval.engine import Plan, prefill
+from rf_eval.ridge.maps import identity_fill
 from rf_eval.ridgefill.api import RidgeFill
-from rf_eval.ridgefill.maps import identity_fill
 from rf_eval.selectors import Attention, Probe, Request, make_selector
 
 TAIL = 12

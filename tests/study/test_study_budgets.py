@@ -108,7 +108,7 @@ def test_the_plan_states_each_budget_arms_cost_and_knob_per_length(tmp_path):
     knob takes there, recounted by the cost model at that tail."""
     from transformers import LlamaConfig
 
-    from rf_eval.ridgefill.cost import prefill_macs
+    from rf_eval.mac_model import prefill_macs
     from rf_eval.study.plan import arm_costs, arm_knobs
     from rf_eval.study.study_file import StudyArm
 
@@ -153,7 +153,7 @@ def test_fills_and_drops_run_side_by_side_at_one_budget(tmp_path, tiny_model_dir
     import torch
     from transformers import AutoConfig
 
-    from rf_eval.ridgefill.maps import RidgeMaps, config_hash
+    from rf_eval.ridge.maps import RidgeMaps, config_hash
     from rf_eval.study.launch import InProcessLauncher
     from rf_eval.study.runner import run_study
 

@@ -59,7 +59,7 @@ def identity_maps(model_dir: str, folder) -> str:
     """A ridge map file of A = I, b = 0 (ridge then fills as identity, and is charged its maps)."""
     from transformers import AutoConfig
 
-    from rf_eval.ridgefill.maps import RidgeMaps, config_hash
+    from rf_eval.ridge.maps import RidgeMaps, config_hash
 
     cfg = AutoConfig.from_pretrained(model_dir)
     late = range(SPLIT, cfg.num_hidden_layers)

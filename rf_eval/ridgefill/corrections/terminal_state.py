@@ -1,5 +1,5 @@
 """`terminal_state(path=FILE)`: rho * Delta-M added once to each late Gated DeltaNet layer's state at the end
-of the prefix (paper appendix H; the table and rho: `rf_eval.ridgefill.state_correction`). `scale=one` adds
+of the prefix (paper appendix H; the table and rho: `rf_eval.ridge.state_correction`). `scale=one` adds
 Delta-M unscaled (the ablation appendix H compares)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from rf_eval.engine import LayerView, Plan
+from rf_eval.ridge.state_correction import filled_share, load_table
 from rf_eval.ridgefill.corrections.base import Correction
-from rf_eval.ridgefill.state_correction import filled_share, load_table
 
 
 class TerminalState(Correction):

@@ -124,12 +124,12 @@ class RidgeMaps:
         expected = list(range(self.split, n_layers))
         if self.layers != expected:
             raise MapError(f"maps hold layers {self.layers}, expected {expected} for split {self.split}")
-        from rf_eval.ridgefill.targets import target_width
+        from rf_eval.ridge.targets import target_width
 
         d = int(config.hidden_size)
         target = self.metadata.get("target", "inputs")
         for layer in self.layers:
-            d_out = target_width(config, layer, target)  # `rf_eval.ridgefill.targets`
+            d_out = target_width(config, layer, target)  # `rf_eval.ridge.targets`
             what = f"hidden size {d}" if d_out == d else f"2 x kv heads x head dim {d_out}, hidden size {d}"
             for name, tensor, shape in ((f"A.{layer}", self.A[layer], (d_out, d)), (f"b.{layer}", self.b[layer],
                                                                                      (d_out,))):

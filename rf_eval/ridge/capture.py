@@ -17,8 +17,8 @@ from torch import nn
 from rf_eval.engine import decoder_layers
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.families import Family, family_for
-from rf_eval.ridgefill.ridge import RidgeSums
-from rf_eval.ridgefill.targets import check_target, kv_rows, target_rows
+from rf_eval.ridge.sums import RidgeSums
+from rf_eval.ridge.targets import check_target, kv_rows, target_rows
 
 Hook = Callable[[int, torch.Tensor, dict], None]
 
@@ -57,7 +57,7 @@ def capture_sums(
 
     `device`: where the fp64 sums live (default: the model's); the fp32
     products are taken where the activations are (`RidgeSums`). `target`: what
-    each late layer's rows are regressed on (`rf_eval.ridgefill.targets`).
+    each late layer's rows are regressed on (`rf_eval.ridge.targets`).
     """
     check_target(target)
     layers = decoder_layers(model)
