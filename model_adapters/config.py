@@ -63,15 +63,20 @@ def merge_lm_eval_flags(args: dict[str, Any], flags: dict[str, Any] | None) -> d
 
 
 def adapter_keys() -> dict[str, tuple[str, ...]]:
-    """Each rf-eval adapter's own model_args keys, by lm-eval model name: the settings it reads beside its arm
-    spec's fields."""
-    from rf_eval.drop.arm_spec import DropArm
-    from rf_eval.rarecache.arm_spec import RaReCacheArm
-    from rf_eval.ridgefill.arm_spec import RidgeFillArm
+    """Each rf-eval adapter's own model_args keys, by lm-eval model name (`rf_eval.methods`: the adapters and
+    the methods each runs): the model, the files its methods load (`Method.keys`), `method` (the generic
+    adapter's choice), reference, seed, name, then its methods' arm fields."""
+    from rf_eval.methods import ADAPTERS, GENERIC_MODEL, METHODS
 
-    return {"ridgefill": ("pretrained", "maps", "reference", "seed", "name", *RidgeFillArm.fields()),
-            "rarecache": ("pretrained", "source", "maps", "reference", "name", *RaReCacheArm.fields()),
-            "drop": ("pretrained", "source", "reference", "seed", "name", *DropArm.fields())}
+    declared = [METHODS[name] for name in METHODS]
+    out = {}
+    for model in ADAPTERS:
+        methods = [m for m in declared if m.model == model]
+        loads = [key for m in methods for key in m.keys]
+        chosen = ("method",) if model == GENERIC_MODEL else ()
+        fields = [field for m in methods for field in m.arm_fields()]
+        out[model] = tuple(dict.fromkeys(("pretrained", *loads, *chosen, "reference", "seed", "name", *fields)))
+    return out
 
 
 def split_model_args(args: dict[str, Any], own: Iterable[str], model: str | None = None
@@ -81,11 +86,12 @@ def split_model_args(args: dict[str, Any], own: Iterable[str], model: str | None
     own = tuple(own)
     known = own + hf_keys()
     mine, hf = {}, {}
+    others = adapter_keys()
     for key, value in args.items():
         if key in own:
             mine[key] = value
             continue
-        theirs = [name for name, keys in adapter_keys().items() if name != model and key in keys and key not in known]
+        theirs = [name for name, keys in others.items() if name != model and key in keys and key not in known]
         if theirs:
             raise ModelArgsError(f"model_args {key}={value!r} is a key of --model {theirs[0]}, not of --model "
                                  f"{model or 'this model'}; its keys: {', '.join(own)} (and every key of "

@@ -11,6 +11,8 @@ says, once:
 - `model`: the lm-eval model that runs it (`prefill`, the generic adapter
   `rf_eval.model_adapters.method_lm`, unless the method has an adapter of its
   own that loads more than the model: maps, a source model);
+- `keys`: the model_args its adapter reads beside the arm's fields (the
+  files it loads: `maps`, `source`);
 - `build(model, tokenizer, arm, **parts)`: the method over a loaded model
   (`parts`: what its adapter loaded beside the model, e.g. `source`, `maps`);
 - its cost and provenance: the built method's `prefill_cost` and `provenance`.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import torch
@@ -34,7 +37,7 @@ from rf_eval.devices import input_device
 from rf_eval.drop.result import DroppedResult, extend_dropped
 from rf_eval.engine import PrefillResult, extend
 from rf_eval.fields import build as build_dataclass
-from rf_eval.method import PrefillMethod, generate, model_identity, prefill_each
+from rf_eval.method import PrefillMethod, generate, method_forward, model_identity, prefill_each
 from rf_eval.prefill_cost import PrefillCost
 from rf_eval.weights import weights_fingerprint
 
@@ -55,6 +58,8 @@ class Method:
     name: ClassVar[str] = ""
     Arm: ClassVar[type] = NoSettings
     model: ClassVar[str] = GENERIC_MODEL
+    #: the model_args its adapter reads beside the arm's fields (what it loads for `build`: `maps`, `source`)
+    keys: ClassVar[tuple[str, ...]] = ()
 
     # -- the declaration ------------------------------------------------------------------
     @classmethod
@@ -99,6 +104,10 @@ class Method:
 
     def is_plain(self, n: int) -> bool:
         raise NotImplementedError
+
+    def forward_context(self) -> AbstractContextManager:
+        """The context a request runs the model in (`rf_eval.method.method_forward`), entered once per request."""
+        return method_forward(self)
 
     def prefill_cost(self, n: int, result: PrefillResult | None = None) -> PrefillCost:
         raise NotImplementedError

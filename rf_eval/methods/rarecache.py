@@ -14,6 +14,7 @@ from rf_eval.rarecache.arm_spec import RaReCacheArm
 class RaReCacheMethod(Method):
     name = "rarecache"
     Arm = RaReCacheArm
+    keys = ("source", "maps")
     model = "rarecache"
 
     @classmethod

@@ -13,6 +13,7 @@ from rf_eval.ridgefill.arm_spec import RidgeFillArm
 class RidgeFillMethod(Method):
     name = "ridgefill"
     Arm = RidgeFillArm
+    keys = ("maps",)
     model = "ridgefill"
 
     @classmethod

@@ -15,6 +15,7 @@ from rf_eval.methods.base import Method
 class SpecPrefillMethod(Method):
     name = "specprefill"
     Arm = DropArm
+    keys = ("source",)
     model = "drop"
 
     @classmethod
