@@ -44,6 +44,7 @@ import lm_eval.models  # noqa: F401  (lm-eval's own models first: its registry i
 from lm_eval.api.registry import register_model
 
 from rf_eval.fields import ArmError
+from rf_eval.methods import method_class
 from rf_eval.model_adapters.config import (
     AdapterSettings,
     ModelArgsError,
@@ -129,7 +130,6 @@ class RaReCacheLM(PrefillLM):
 
         from rf_eval.fills import FILL_OFF
         from rf_eval.loading_report import check_loaded, recording_missing_keys
-        from rf_eval.rarecache.api import RaReCache
         from rf_eval.ridgefill.api import RidgeFill
 
         s = self.settings
@@ -139,18 +139,18 @@ class RaReCacheLM(PrefillLM):
                                                           trust_remote_code=remote)
         check_loaded(source, FILL_OFF, "the source model")
         # The tokenizers were compared in parse (before configure_pad_token could touch this one).
-        method = RaReCache(self.model, source.to(self.input_device).eval(), None, maps=s.maps_obj, arm=s.arm)
+        method = method_class(self.method_name).build(self.model, None, s.arm, source=source.to(self.input_device).eval(),
+                                                      maps=s.maps_obj)
         return method, RidgeFill(self.model, self.tokenizer, fill="exact")
 
     def arm_with(self, fields: dict[str, Any]) -> RaReCacheArm:
         return self.settings.arm.updated(fields, what="rf_arm")
 
     def method_for(self, arm: RaReCacheArm) -> Any:
-        from rf_eval.rarecache.api import RaReCache
-
         if arm == self.settings.arm:
             return self.method
-        return RaReCache(self.model, self.method.source, None, maps=self.settings.maps_obj, arm=arm)
+        return method_class(self.method_name).build(self.model, None, arm, source=self.method.source,
+                                                    maps=self.settings.maps_obj)
 
     def arm_info(self) -> dict[str, Any]:
         info = super().arm_info()
