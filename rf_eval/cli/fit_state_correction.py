@@ -43,10 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rf_eval.cli.fit import load_model
     from rf_eval.hashing import sha256_of_files
-    from rf_eval.ridge.calibration import CalibrationError, check_nonempty
+    from rf_eval.ridge.calibration import CalibrationError, check_nonempty, tokenized
     from rf_eval.ridge.maps import load_maps
     from rf_eval.ridge.state_correction import fit_delta, save_table, table_metadata
-    from rf_eval.ridgefill.fitting import tokenized
 
     if args.every < 1:
         raise UserError("--every must be >= 1")

@@ -1,6 +1,7 @@
 """Calibration documents: plain-text files (one document each) or JSONL with a `text` field, read by the
 shared data-file readers (`rf_eval.tasks.data_files`): a bad file is named with its line (or the byte
-offset of the first byte that is not UTF-8) and the field."""
+offset of the first byte that is not UTF-8) and the field; `tokenized` gives this process's share of them as
+token ids (the map fit, RaReCache's transfer fit, the state-correction fit)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import hashlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import torch
+from tqdm.auto import tqdm
+
+from rf_eval.devices import rank_and_world
 from rf_eval.errors import UserError
 from rf_eval.tasks.data_files import iter_jsonl, read_text
 
@@ -66,3 +71,17 @@ def check_nonempty(paths: Sequence[str | Path]) -> None:
         raise CalibrationError("no calibration files given")
     if sum(1 for _ in iter_documents(paths)) == 0:  # every line read, not just up to the first document
         raise CalibrationError(f"calibration input is empty: no non-blank document in {', '.join(map(str, paths))}")
+
+
+def tokenized(
+    tokenizer, paths: Sequence[str | Path], device, max_tokens: int, desc: str, progress: bool
+) -> Iterator[torch.Tensor]:
+    """This rank's share of the documents as 1 x n id tensors (truncated to max_tokens)."""
+    rank, world = rank_and_world()
+    docs = list(iter_documents(paths))
+    for i, text in enumerate(tqdm(docs, desc=desc, disable=not progress or rank != 0, unit="doc")):
+        if i % world != rank:
+            continue
+        ids = tokenizer(text, return_tensors="pt", truncation=True, max_length=max_tokens).input_ids
+        if ids.shape[1] >= 2:
+            yield ids.to(device)

@@ -16,8 +16,8 @@ from rf_eval.rarecache.features import cache_entries, prefill_cache, rope_tables
 from rf_eval.rarecache.fit import accumulate, fit_transfer, single_source_r2, top_layers
 from rf_eval.rarecache.maps import SIDES, TokenizerMismatch, load_transfer_maps
 from rf_eval.rarecache.transfer import Mapper
+from rf_eval.ridge.calibration import tokenized
 from rf_eval.ridge.maps import MapError
-from rf_eval.ridgefill.fitting import tokenized
 from rf_eval.testing import make_tiny_model
 
 LAM = 0.01

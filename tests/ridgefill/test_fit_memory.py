@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from rf_eval.cli import main
 from rf_eval.ridge import fit_memory
+from rf_eval.ridge import lambdas as lambda_choice
 from rf_eval.ridge.capture import capture_sums, heldout_cosines
 from rf_eval.ridge.fit_memory import (
     GPU_MARGIN,
@@ -28,7 +29,6 @@ from rf_eval.ridge.fit_memory import (
     sums_bytes,
 )
 from rf_eval.ridge.sums import RidgeSums
-from rf_eval.ridgefill import fitting
 from rf_eval.ridgefill.fitting import fit_maps
 
 GIB = 2**30
@@ -197,7 +197,7 @@ def fit_in_passes(model, tok, calibration, heldout, out, budget_gib, monkeypatch
         return heldout_cosines(model_, docs, split, candidates, map_split, target)
 
     monkeypatch.setattr(RidgeSums, "solve", solve_and_track)
-    monkeypatch.setattr(fitting, "heldout_cosines", counted)
+    monkeypatch.setattr(lambda_choice, "heldout_cosines", counted)
     handle = model.model.register_forward_hook(lambda *_: forwards.append(1))
     try:
         result = fit_maps(model, tok, splits=[3], calibration=[calibration], heldout=[heldout], lambdas=LAMBDAS,
@@ -214,7 +214,7 @@ def test_lambda_passes_within_a_budget_equal_one_pass_bitwise(tiny_model, calibr
     per = maps_bytes(model.config.hidden_size, model.config.num_hidden_layers - 3)
     runs = {}
     for group, budget in ((5, 1000.0), (2, 3 * per / GIB), (1, 2 * per / GIB)):
-        with caplog.at_level(logging.INFO, logger="rf_eval.ridgefill.fitting"):
+        with caplog.at_level(logging.INFO, logger="rf_eval.ridge.lambdas"):
             runs[group] = fit_in_passes(model, tok, calibration, heldout, tmp_path / str(group), budget, monkeypatch)
         n_passes = math.ceil(len(LAMBDAS) / group)
         passes_word = "pass" if n_passes == 1 else "passes"
