@@ -13,49 +13,6 @@ import pytest
 
 from rf_eval.tasks import data, data_fetch, data_needs, ruler_data
 from rf_eval.tasks.data_sources import source
-from rf_eval.tasks.data_sources.longbench_v2 import LONGBENCH_DATASET
-
-
-@pytest.fixture
-def no_punkt(monkeypatch, tmp_path):
-    """nltk finds no punkt_tab (the session's stand-in, on NLTK_DATA and nltk's path, is hidden)."""
-    import nltk
-
-    monkeypatch.delenv("NLTK_DATA", raising=False)
-    monkeypatch.setattr(nltk.data, "path", [str(tmp_path / "no-nltk-data")])
-    monkeypatch.delenv(data.DATA_ENV, raising=False)
-
-
-@pytest.fixture
-def stand_in_sources(monkeypatch, fx, tmp_path):
-    """The download functions the tasks use, answering from project-written data instead of the network:
-    datasets.load_dataset (the essays, LongBench v2), nltk.download (punkt_tab), lm-eval's download_json."""
-    import datasets
-    import nltk
-
-    essays = [p.read_text() for p in sorted(fx.write_essays(tmp_path / "essay_src", n_files=2).glob("*.txt"))]
-    items = fx.longbench_items(3)
-    calls: list[str] = []
-
-    def load_dataset(name, split=None, **kwargs):
-        calls.append(name)
-        rows = {"baber/paul_graham_essays": [{"text": t} for t in essays], LONGBENCH_DATASET: items}[name]
-        return datasets.Dataset.from_list(rows)
-
-    def download(info_or_id, download_dir=None, quiet=False, raise_on_error=False, **kwargs):
-        calls.append(info_or_id)
-        fx.write_punkt(Path(download_dir))
-        return True
-
-    qa = ruler_data.ruler_module("qa_utils")
-    haystack = ruler_data.ruler_module("prepare_niah").get_haystack  # lm-eval caches what it downloaded
-    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    monkeypatch.setattr(nltk, "download", download)
-    monkeypatch.setattr(qa, "download_json", lambda url: calls.append(url) or {"data": [], "url": url})
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    haystack.cache_clear()
-    yield {"essays": essays, "items": items, "calls": calls}
-    haystack.cache_clear()  # the stand-in essays must not reach a later test
 
 
 @pytest.mark.parametrize("task, sources", [
