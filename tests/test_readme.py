@@ -34,7 +34,8 @@ block is the shipped rf_eval/families/mistral.py, word for word, which the
 registry finds by itself and which is checked on a tiny Mistral model. The
 "Adding a fill method" module is saved as written and run through `lm_eval` by
 tests/model_adapters/test_adapter_fill_plugin.py, which runs its command line
-as the README gives it (checked here) on a tiny model.
+as the README gives it (checked here) on a tiny model; the "Adding a prefill method" module likewise by
+tests/model_adapters/test_adapter_method_plugin.py.
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ STEPS = (
     Step("Adding a model family", "python", "family"),
     Step("Adding a fill method", "python", "fill"),
     Step("Adding a fill method", "bash", "fill"),
+    Step("Adding a prefill method", "python", "method"),
+    Step("Adding a prefill method", "bash", "method"),
 )
 RUN_STEPS = [s for s in STEPS if s.kind == "run"]
 PLACEHOLDERS = {"llama": "/m/llama", "source": "/m/source", "target": "/m/target", "port_a": "1", "port_b": "2"}
@@ -175,6 +178,17 @@ def test_adding_a_fill_method_runs_what_the_plugin_test_runs():
     name = re.search(r'^    name = "(\w+)"', code, re.M).group(1)
     assert command.startswith("RF_EVAL_FILL_PATH=fills lm_eval --model ridgefill ")
     assert f",fill={name}," in command
+
+
+def test_adding_a_prefill_method_runs_what_the_plugin_test_runs():
+    """The command line beside the method module sets the variable to the folder the module is saved in and
+    names the module's method. The module itself runs through lm_eval in
+    tests/model_adapters/test_adapter_method_plugin.py, which reads it from this README section."""
+    sections = [b for b in readme_blocks() if b.section == "Adding a prefill method"]
+    code, command = (b.text for b in sections)
+    name = re.search(r'^    name = "(\w+)"', code, re.M).group(1)
+    assert command.startswith("RF_EVAL_METHOD_PATH=methods lm_eval --model prefill ")
+    assert f",method={name}," in command
 
 
 # ---------------------------------------------------------------------------------------------- the runs

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from rf_eval.method import PrefillMethod
+from rf_eval.method import PrefillMethod, generate
 from rf_eval.methods import (
     ADAPTERS,
     METHODS,
@@ -79,6 +79,8 @@ def test_every_method_keeps_the_prefill_protocol(name, pair):
     cost = method.prefill_cost(N, result)
     assert isinstance(cost, PrefillCost) and cost.prompt_tokens == N
     assert 0 < cost.prefill_macs and cost.exact_macs > 0 and 0 < cost.cache_entries <= cost.exact_cache_entries
+    out = generate(method, ids, max_new_tokens=2, do_sample=False)  # a generation prefill, then the stock decode
+    assert out.shape == (1, N + 2) and torch.equal(out[:, :N], ids)
     info = method.provenance()
     assert info["method"] == name
     assert {"model_type", "model_name", "weights_sha256"} <= set(info)
