@@ -146,14 +146,14 @@ def filled_tail(metadata: dict[str, Any] | None) -> int:
 
     Metadata `tail` (from `--metadata`, or from model_args, which lm-eval merges in),
     else the tail of the rf-eval arm being run, else the shared default
-    (`rf_eval.ridgefill.arm_spec.DEFAULT_TAIL`, 4,096, the paper's). A `tail` that
+    (`rf_eval.engine.plan.DEFAULT_TAIL`, 4,096, the paper's). A `tail` that
     contradicts the running arm's is refused: its subset would not be the arm's
     filled region. An arm that fills no rows (fill=exact, `hf`) takes the task's tail,
     so the exact arm is scored on the same subset as the others. Metadata `subset_tail`
     sets the subset's tail on purpose apart from the arm's (the controls that spend their
     rows on a longer tail are scored on the subset of the arms they control).
     """
-    from rf_eval.ridgefill.arm_spec import DEFAULT_TAIL
+    from rf_eval.engine.plan import DEFAULT_TAIL
 
     if (metadata or {}).get("subset_tail") not in (None, ""):
         return int(metadata["subset_tail"])

@@ -9,7 +9,7 @@ prompt protocol are included; with the tail length this fixes the
 filled-region subset, shared by every arm and split. The tail is the run's:
 metadata `tail` or model_args `tail` (lm-eval merges model_args into task
 metadata), else the running rf-eval arm's own tail, else the shared default
-(`rf_eval.ridgefill.arm_spec.DEFAULT_TAIL`, 4,096, the paper's); a `--metadata`
+(`rf_eval.engine.plan.DEFAULT_TAIL`, 4,096, the paper's); a `--metadata`
 tail that contradicts the arm's is refused (`common.filled_tail`).
 
 Needles (metadata `needles`, niah tasks): `all` (default, the paper's
@@ -64,7 +64,7 @@ from typing import Any
 
 from lm_eval.api.task import ConfigurableTask
 
-from rf_eval.ridgefill.arm_spec import DEFAULT_TAIL
+from rf_eval.engine.plan import DEFAULT_TAIL
 from rf_eval.tasks import needles, prompts, ruler_data
 from rf_eval.tasks.common import (
     CAP_METRICS,

@@ -14,6 +14,9 @@ from transformers import DynamicCache
 #: layer S and its MAC counts charge it (section 2.2 "Size and cost", section 2.5); `map_split=True`
 #: reproduces that accounting. The one place this default is stated: arms, fits and the cost model read it.
 DEFAULT_MAP_SPLIT = False
+#: The paper's tail T (its sections 2.6 and 9): the last prompt rows every layer computes exactly, when an arm
+#: does not say. The rf-eval tasks size their filled prompts by it too, so it sits here, below them and arms.
+DEFAULT_TAIL = 4096
 #: The fill switched off: every prompt runs the plain model (not a fill method: `rf_eval.fills` holds those).
 FILL_OFF = "exact"
 #: The fill of a RaReCache plan: keys and values mapped from another model's cache (given as a `MappedKV`).

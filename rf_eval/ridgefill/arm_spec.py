@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rf_eval.budget import check_budget
-from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, check_rows, check_split
+from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, DEFAULT_TAIL, check_rows, check_split
 from rf_eval.fields import ArmError, build
 from rf_eval.fills import FILL_OFF, absent_fills, arm_fills, fill_method, predicting_fills
 from rf_eval.ridgefill.arm_cost import knob_name
@@ -38,7 +38,6 @@ from rf_eval.ridgefill.arm_cost import knob_name
 SPLICES = ("keys", "values", "both")
 MAPS_DEVICES = ("model", "cpu")
 #: The exact tail's length when an arm does not name one.
-DEFAULT_TAIL = 4096  # the paper's tail (its sections 2.6 and 9); the rf-eval tasks share it
 
 
 @dataclass(frozen=True, kw_only=True)
