@@ -22,7 +22,7 @@ model_args (unknown, missing or contradictory keys fail before any weights load)
   reference, seed   as for `ridgefill`; every other key as for lm-eval's `hf` model
 
 Everything after the prompt is the stock model over the kept rows' cache, at
-the positions after the last kept row (`rf_eval.drop.result`); request types
+the positions after the last kept row (`rf_eval.dropped_result`); request types
 are `ridgefill`'s. A prompt whose every row is kept runs `hf`'s own code.
 """
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from rf_eval.drop.result import generation_inputs
+from rf_eval.dropped_result import generation_inputs
 from rf_eval.method import (
     batched_prefills,
     empty_result,

@@ -31,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from rf_eval.devices import input_device
-from rf_eval.drop.result import generation_inputs
+from rf_eval.dropped_result import generation_inputs
 from rf_eval.engine import PrefillResult, new_cache
 from rf_eval.prefill_cost import PrefillCost
 from rf_eval.prefill_timer import Stopwatch
@@ -165,7 +165,7 @@ def method_forward(method: PrefillMethod) -> AbstractContextManager:
 def generation_prompt(method: PrefillMethod, prompt: list[int]) -> list[int]:
     """What a generation prefill reads of `prompt`: all but its last token, which `generate` runs; the whole
     prompt for a method whose rule reads the last token (`reads_whole_prompt`: the droppers, whose caches then
-    hold their kept rows but the last, `rf_eval.drop.result.generation_inputs`)."""
+    hold their kept rows but the last, `rf_eval.dropped_result.generation_inputs`)."""
     return list(prompt) if getattr(method, "reads_whole_prompt", False) else list(prompt[:-1])
 
 

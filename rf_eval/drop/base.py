@@ -10,7 +10,7 @@ Keeping every row is the exact model: a prompt no longer than the rows kept
 is the plain model's prefill, bitwise (`is_plain`). A dropper reads the whole
 prompt, its last token included, for a generation prefill as well
 (`reads_whole_prompt`: the shells hand it the whole prompt and `generate`
-then runs the last kept row, `rf_eval.drop.result.generation_inputs`).
+then runs the last kept row, `rf_eval.dropped_result.generation_inputs`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch import nn
 
 from rf_eval.budget import Knob
 from rf_eval.devices import input_device
-from rf_eval.drop.result import DroppedResult, extend_dropped
+from rf_eval.dropped_result import DroppedResult, extend_dropped
 from rf_eval.engine import PrefillResult, new_cache, plain_prefill
 from rf_eval.fields import ArmError
 from rf_eval.mac_model import cache_rows, prefill_macs

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import torch
 
 from rf_eval.devices import input_device
-from rf_eval.drop.result import DroppedResult, extend_dropped
+from rf_eval.dropped_result import DroppedResult, extend_dropped
 from rf_eval.engine import PrefillResult, extend
 from rf_eval.fields import build as build_dataclass
 from rf_eval.method import PrefillMethod, generate, method_forward, model_identity, prefill_each

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from transformers import StoppingCriteriaList
 
-from rf_eval.drop.result import generation_inputs
+from rf_eval.dropped_result import generation_inputs
 from rf_eval.engine import PrefillResult, decoder_layers, new_cache
 from rf_eval.engine.batch import split_cache
 from rf_eval.method import (

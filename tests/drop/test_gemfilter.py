@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
 from rf_eval.drop.gemfilter import GemFilter
-from rf_eval.drop.result import DroppedResult
+from rf_eval.dropped_result import DroppedResult
 from rf_eval.engine import plain_prefill
 
 N, LAYER = 64, 2

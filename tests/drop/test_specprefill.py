@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
-from rf_eval.drop.result import DroppedResult
 from rf_eval.drop.specprefill import SpeculativePrefill
+from rf_eval.dropped_result import DroppedResult
 from rf_eval.engine import plain_prefill
 
 N, CHUNK, LOOKAHEAD = 100, 16, 4

@@ -13,7 +13,9 @@ the last kept row.
 `PrefillResult` fields; `generation_inputs` is the one rule for what
 `model.generate` is handed after a prefill (the kept tokens and their positions
 for a dropper, the prompt for every other method), and `extend_dropped` runs
-continuation tokens at their positions.
+continuation tokens at their positions. The module sits beside the prefill
+protocol (`rf_eval.method`), not in `rf_eval.drop`: every request path reads
+`generation_inputs`, and the droppers import that protocol.
 """
 
 from __future__ import annotations
