@@ -77,6 +77,7 @@ WALK = {
     "tiny-model": (["--family", "llama", "--out", "{out}"], {"--out": "folder"}),
     "families": (["--readme", "{file}"], {"--readme": "text"}),
     "fills": (["--readme", "{file}"], {"--readme": "text"}),
+    "methods": ([], {}),  # no options
     "demo": (["--quick", "--out", "{out}", "--readme", "{file}"], {"--readme": "text", "--out": "folder"}),
     "demo-model": (["--print-path", "--no-install", "--cache-dir", "{out}"], {"--cache-dir": "folder"}),
     "fit": (["--model", "{model}", "--splits", "3", "--calibration", "{cal}", "--out", "{out}"],
