@@ -29,7 +29,7 @@ typo of a known one is refused):
   reference   `exact`: also run the exact arm on the same inputs (see token_logprobs,
               multiturn_generate); other request types ignore it
   selector, corrections, splice, cost_match, unigram
-              the engine's parts, as one-line specs (rf_eval.spec; no commas, so they fit
+              the engine's parts, as one-line arm strings (rf_eval.arm_string; no commas, so they fit
               model_args): selector=attention(share=0.1), selector=random(seed=3;of=attention),
               corrections=value_rescale(c=512)+terminal_state(path=F), splice=keys|values|both,
               cost_match=ridge(tail=4096;exact_share=0.1) (fill=nofill). Rows are chosen once per

@@ -234,7 +234,7 @@ def describe(floor) -> str:
 
 
 def run_servers(args: argparse.Namespace) -> int:
-    from rf_eval.serving.arms import ArmError, parse_spec
+    from rf_eval.serving.arms import ArmError, parse_rf_arm
     from rf_eval.serving.client import Server, ServerError
     from rf_eval.serving.equivalence import check, default_prompts, load_prompts
 
@@ -244,7 +244,7 @@ def run_servers(args: argparse.Namespace) -> int:
     if len(arms) not in (0, 1, len(args.base_url)):
         raise UserError(f"give one --arm, or one per --base-url ({len(args.base_url)}); got {len(arms)}")
     try:
-        parsed = [None if a.strip().lower() in ("none", "") else parse_spec(a) for a in arms]
+        parsed = [None if a.strip().lower() in ("none", "") else parse_rf_arm(a) for a in arms]
         prompts = load_prompts(args.prompts) if args.prompts else default_prompts()
         servers = [Server(url) for url in args.base_url]
         failures = check(servers, prompts, args.max_tokens, args.top_logprobs,

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from rf_eval import engine
+from rf_eval.arm_string import check_params, parse_parts
 from rf_eval.engine import Plan, PrefillResult
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, FILL_OFF
 from rf_eval.engine.rowfill import RowFill
@@ -31,7 +32,6 @@ from rf_eval.fills.ridge import Ridge
 from rf_eval.mac_model import cost_matched_tail, prefill_macs
 from rf_eval.ridgefill.corrections import build_hooks
 from rf_eval.selectors.base import Request, Selector
-from rf_eval.spec import check_params, parse_spec
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def cost_match_from(spec: str | dict | CostMatch | None) -> CostMatch | None:
         return spec
     if isinstance(spec, dict):
         return CostMatch(**spec)
-    (name, params), *rest = parse_spec(spec)
+    (name, params), *rest = parse_parts(spec)
     if rest:
         raise ValueError(f"cost_match names one arm, got {spec!r}")
     check_params("cost_match", name, params, ("tail", "exact_share", "exact_rows", "probe_rows"))

@@ -42,7 +42,7 @@ MAPS_DEVICES = ("model", "cpu")
 
 @dataclass(frozen=True, kw_only=True)
 class RidgeFillArm:
-    """One RidgeFill arm; see the module docstring. Spec strings use the grammar of `rf_eval.spec`."""
+    """One RidgeFill arm; see the module docstring. Selector, correction and cost-match strings use the grammar of `rf_eval.arm_string`."""
 
     fill: str = FILL_OFF
     split: int | None = None  # None: the maps' split, else L // 2 (set by `resolve`)

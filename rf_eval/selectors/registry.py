@@ -1,4 +1,4 @@
-"""Selectors by name: `make_selector(name, **params)` and one-line specs (`rf_eval.spec`).
+"""Selectors by name: `make_selector(name, **params)` and one-line arm strings (`rf_eval.arm_string`).
 
     make_selector("attention", share=0.1, window=64)
     make_selector("random", of="attention(share=0.1)", seed=3)
@@ -19,10 +19,10 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
+from rf_eval.arm_string import check_params, parse_parts
 from rf_eval.plugins import PluginError, Registry, mentions, parameters
 from rf_eval.selectors.base import Selector, Union
 from rf_eval.selectors.mapped_cache import CacheSelector
-from rf_eval.spec import check_params, parse_spec
 
 SELECTOR_PATH_ENV = "RF_EVAL_SELECTOR_PATH"
 ENTRY_POINTS = "rf_eval.selectors"
@@ -109,7 +109,7 @@ def selector_from(spec: str | dict | Selector) -> Selector:
         if "name" not in params:
             raise ValueError(f"a selector dict needs a 'name'; got {spec}")
         return make_selector(params.pop("name"), **params)
-    parts = [make_selector(name, **params) for name, params in parse_spec(spec)]
+    parts = [make_selector(name, **params) for name, params in parse_parts(spec)]
     return parts[0] if len(parts) == 1 else Union(parts)
 
 

@@ -41,7 +41,7 @@ from lm_eval.models.utils import postprocess_generated_text
 from starlette.concurrency import run_in_threadpool
 
 from rf_eval.serving import protocol
-from rf_eval.serving.arms import ArmError, as_fields, parse_spec
+from rf_eval.serving.arms import ArmError, as_fields, parse_rf_arm
 from rf_eval.serving.backend import Backend, Generation, ServedArm
 from rf_eval.serving.protocol import Parsed, RequestError
 from rf_eval.serving.scheduler import Cancelled
@@ -112,7 +112,7 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
     def arm_for(req: Parsed, path_spec: str | None) -> tuple[ServedArm, str]:
         fields, source = {}, "server"
         if path_spec:
-            fields, source = parse_spec(path_spec, backend.arm_fields), "path"
+            fields, source = parse_rf_arm(path_spec, backend.arm_fields), "path"
         if req.arm_fields is not None:
             fields, source = {**fields, **as_fields(req.arm_fields, backend.arm_fields)}, "body"
         return backend.arm(fields), source

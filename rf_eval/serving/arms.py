@@ -20,14 +20,16 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rf_eval.arm_string import parse_fields
 from rf_eval.fields import ArmError
 from rf_eval.ridge.maps import MapError
 
-__all__ = ["ArmError", "as_fields", "describe", "key", "parse_spec", "resolve"]
+__all__ = ["ArmError", "as_fields", "describe", "key", "parse_rf_arm", "resolve"]
 
 
-def parse_spec(text: str, valid: tuple[str, ...] = ()) -> dict[str, str]:
-    """`key=value;key=value` (or `,` as separator, or a JSON object) as a dict (`valid`: named in errors)."""
+def parse_rf_arm(text: str, valid: tuple[str, ...] = ()) -> dict[str, Any]:
+    """An `rf_arm` string: a JSON object, or `key=value;key=value` (`,` separates too; the arm string's one
+    parser, `rf_eval.arm_string.parse_fields`) as a dict of the values' text (`valid`: named in errors)."""
     text = text.strip()
     if text.startswith("{"):
         try:
@@ -37,16 +39,10 @@ def parse_spec(text: str, valid: tuple[str, ...] = ()) -> dict[str, str]:
         if not isinstance(value, dict):
             raise ArmError(f"rf_arm must be an object, got {text!r}")
         return value
-    out: dict[str, str] = {}
-    for part in text.replace(",", ";").split(";"):
-        if not part.strip():
-            continue
-        key, sep, value = part.partition("=")
-        if not sep or not key.strip():
-            fields = f"; valid fields: {', '.join(valid)}" if valid else ""
-            raise ArmError(f"rf_arm part {part!r} is not key=value (spec {text!r}){fields}")
-        out[key.strip()] = value.strip()
-    return out
+    try:
+        return parse_fields(text, seps=";,", what="rf_arm")
+    except ArmError as err:
+        raise ArmError(f"{err}{'; valid fields: ' + ', '.join(valid) if valid else ''}") from None
 
 
 def as_fields(value: Any, valid: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -54,7 +50,7 @@ def as_fields(value: Any, valid: tuple[str, ...] = ()) -> dict[str, Any]:
     if value is None:
         return {}
     if isinstance(value, str):
-        return parse_spec(value, valid)
+        return parse_rf_arm(value, valid)
     if isinstance(value, Mapping):
         return dict(value)
     raise ArmError(f"rf_arm must be an object or a 'key=value;...' string, got {type(value).__name__}")

@@ -37,11 +37,11 @@ class TimedArm:
 
 def parse_arm(text: str | None, default_name: str) -> TimedArm:
     """`--arm-a/--arm-b` values: a JSON object, a `key=value;...` spec, or `none`/`server`."""
-    from rf_eval.serving.arms import parse_spec
+    from rf_eval.serving.arms import parse_rf_arm
 
     if text is None or text.strip().lower() in ("", "none", "server", "null"):
         return TimedArm(default_name, None)
-    fields = parse_spec(text)
+    fields = parse_rf_arm(text)
     name = ",".join(f"{k}={v}" for k, v in fields.items()) or default_name
     return TimedArm(name, fields)
 

@@ -2,11 +2,11 @@
 
 import pytest
 
+from rf_eval.arm_string import ArmStringError, parse_parts
 from rf_eval.selectors import make_selector, selector_from
 from rf_eval.selectors.lexical import content_mask, normalize_word, sentences, words
 from rf_eval.selectors.registry import cache_selector
 from rf_eval.selectors.tokens import ELIGIBLE, is_digit_token, token_class
-from rf_eval.spec import SpecError, parse_spec
 
 # -- token classes: one test per class ---------------------------------------------------------
 
@@ -114,13 +114,13 @@ def test_sentence_ends_at_special_tokens():
 
 
 def test_spec_parser():
-    assert parse_spec("a(x=1;y=0.5;z=true;w=3|7|11;s=text)+b") == [
+    assert parse_parts("a(x=1;y=0.5;z=true;w=3|7|11;s=text)+b") == [
         ("a", {"x": 1, "y": 0.5, "z": True, "w": [3, 7, 11], "s": "text"}), ("b", {})]
-    assert parse_spec("random(of=attention(share=0.2);seed=3)") == [
+    assert parse_parts("random(of=attention(share=0.2);seed=3)") == [
         ("random", {"of": "attention(share=0.2)", "seed": 3})]
     for bad in ("", "a(x)", "a(x=1", "a)"):
-        with pytest.raises(SpecError):
-            parse_spec(bad)
+        with pytest.raises(ArmStringError):
+            parse_parts(bad)
 
 
 def test_registry_errors_name_the_bad_name_and_list_valid_ones():

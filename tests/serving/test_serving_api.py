@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 from serving_helpers import post, post_stream
 
-from rf_eval.serving.arms import ArmError, parse_spec
+from rf_eval.serving.arms import ArmError, parse_rf_arm
 from rf_eval.serving.arms import resolve as resolve_fields
 
 PROMPT = "The harbor ledger lists copper, lanterns and candles. " * 6 + "The ledger lists"
@@ -25,8 +25,8 @@ def test_arm_spec_and_resolution():
 
     from rf_eval.ridgefill.arm_spec import RidgeFillArm
 
-    assert parse_spec("fill=identity;tail=64") == {"fill": "identity", "tail": "64"}
-    assert parse_spec('{"fill": "nofill", "tail": 8}') == {"fill": "nofill", "tail": 8}
+    assert parse_rf_arm("fill=identity;tail=64") == {"fill": "identity", "tail": "64"}
+    assert parse_rf_arm('{"fill": "nofill", "tail": 8}') == {"fill": "nofill", "tail": 8}
     fields = RidgeFillArm.fields()  # what a RidgeFill server's requests may set (`RidgeFillLM.arm_fields`)
     assert set(fields) >= {"fill", "split", "tail", "chunk_size"}
     assert not {"pretrained", "maps", "device", "reference"} & set(fields)

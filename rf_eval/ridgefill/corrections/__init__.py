@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
+from rf_eval.arm_string import check_params, parse_parts
 from rf_eval.engine import LateLayerHooks, LayerView, new_cache
 from rf_eval.plugins import REQUIRED, PluginError, Registry, parameters
 from rf_eval.ridgefill.corrections.base import Correction
-from rf_eval.spec import check_params, parse_spec
 
 CORRECTION_PATH_ENV = "RF_EVAL_CORRECTION_PATH"
 ENTRY_POINTS = "rf_eval.corrections"
@@ -73,7 +73,7 @@ def corrections_from(spec: str | Sequence | None) -> list[Correction]:
     if spec is None or spec == "" or spec == []:
         return []
     if isinstance(spec, str):
-        return [make_correction(name, **params) for name, params in parse_spec(spec)]
+        return [make_correction(name, **params) for name, params in parse_parts(spec)]
     out = []
     for item in spec:
         if isinstance(item, str):
