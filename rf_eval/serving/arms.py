@@ -6,9 +6,9 @@ add body fields (lm-eval's API models): `/arm/fill=identity;tail=256/v1/completi
 The body field wins over the prefix; fields left out keep the server's own
 arm (the options `rf-eval serve` was started with).
 
-Arm fields are the fields of the served method's arm spec
-(`rf_eval.ridgefill.arm_spec.RidgeFillArm` or `rf_eval.rarecache.arm_spec.RaReCacheArm`,
-the spec its lm-eval adapter builds from model_args), applied by the adapter
+Arm fields are the fields of the served method's arm (its `Method.Arm` in the
+method registry, `rf_eval.methods`: `RidgeFillArm`, `RaReCacheArm`, `DropArm` or a
+plug-in's own dataclass, which its lm-eval adapter builds from model_args), applied by the adapter
 (`PrefillLM.arm_with`) and checked by that spec: an unknown field or value is
 an `ArmError` naming it and the valid ones. What loads the models or the maps
 is the server's alone.
@@ -16,6 +16,7 @@ is the server's alone.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -86,4 +87,5 @@ def describe(arm: Any) -> dict[str, Any]:
     """The arm's fields (None values, and allow_other_weights off and maps_device model, the defaults that
     change nothing a client sees, dropped)."""
     quiet = {("allow_other_weights", False), ("maps_device", "model")}
-    return {k: v for k in arm.fields() if (v := getattr(arm, k)) is not None and (k, v) not in quiet}
+    names = arm.fields() if hasattr(arm, "fields") else [f.name for f in dataclasses.fields(arm)]  # a plug-in's Arm
+    return {k: v for k in names if (v := getattr(arm, k)) is not None and (k, v) not in quiet}

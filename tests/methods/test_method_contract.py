@@ -174,3 +174,24 @@ def test_the_server_builds_the_adapter_of_a_method_or_an_adapter_name():
         assert adapter_args({"method": "throwaway_exact"}) == (MethodLM, {"method": "throwaway_exact"})
     finally:
         unregister_method("throwaway_exact")
+
+
+def test_a_plugin_method_is_served_with_its_own_arm_fields(tiny_model_dir, tiny_model):
+    """`rf-eval serve --model-args method=NAME`'s backend: the generic adapter, the method's arm fields as a
+    request's `rf_arm`, and its greedy tokens the model's own (Exact prefills every row exactly)."""
+    from rf_eval.serving.backend import Backend, GenParams
+
+    register_method(Exact)
+    try:
+        backend = Backend.from_model_args({"pretrained": tiny_model_dir("llama"), "method": "throwaway_exact",
+                                           "device": "cpu", "dtype": "float32"}, max_batch=1)
+        assert backend.arm_fields == ("tail",) and backend.default_arm.info["tail"] == 4
+        arm = backend.arm({"tail": "2"})
+        assert arm.info["tail"] == 2 and arm.method.spec.tail == 2
+        ids = list(range(5, 20))
+        out = backend.generate(ids, arm, GenParams(max_tokens=3))
+        model, _ = tiny_model("llama")
+        expected = model.generate(torch.tensor([ids]), max_new_tokens=3, do_sample=False)[0, len(ids):].tolist()
+        assert out.tokens == expected
+    finally:
+        unregister_method("throwaway_exact")
