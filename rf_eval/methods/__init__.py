@@ -20,12 +20,15 @@ find a method, its arm and its adapter here (`method_class`, `adapter_name`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from rf_eval._startup import MODELS
 from rf_eval.methods.base import GENERIC_MODEL, Method, NoSettings
 from rf_eval.plugins import PluginError, Registry
 
 __all__ = ["ADAPTERS", "ENTRY_POINTS", "GENERIC_MODEL", "METHODS", "METHOD_PATH_ENV", "Method", "MethodPluginError",
-           "NoSettings", "adapter_name", "method_class", "methods_of", "register_method", "unregister_method"]
+           "NoSettings", "adapter_name", "method_class", "method_for_arm", "methods_of", "register_method", "unregister_method"]
 
 METHOD_PATH_ENV = "RF_EVAL_METHOD_PATH"
 ENTRY_POINTS = "rf_eval.methods"
@@ -81,6 +84,23 @@ def method_class(name: str) -> type[Method]:
 def methods_of(model: str) -> tuple[str, ...]:
     """The methods the lm-eval model `model` runs, sorted."""
     return tuple(sorted(name for name in METHODS if METHODS[name].model == model))
+
+
+def method_for_arm(model: str, args: Mapping[str, Any]) -> type[Method] | None:
+    """The method an arm of the lm-eval model `model` with model_args `args` runs (a study arm): the one its
+    `method=` names, else the model's only method, else (the droppers) its methods' shared arm's default
+    `method`; None for a model that is not rf-eval's."""
+    if model not in MODELS:
+        return None
+    own = methods_of(model)
+    name = args.get("method")
+    if name is None and len(own) != 1:
+        arms = {METHODS[m].Arm for m in own}
+        default = getattr(next(iter(arms)), "method", None) if len(arms) == 1 else None
+        name = default if default in own else None
+    elif name is None:
+        name = own[0]
+    return METHODS[name] if name in own else None
 
 
 def adapter_name(name: str) -> str:

@@ -22,6 +22,7 @@ from rf_eval.methods import (
     MethodPluginError,
     adapter_name,
     method_class,
+    method_for_arm,
     methods_of,
     register_method,
     unregister_method,
@@ -152,6 +153,14 @@ def test_a_method_that_breaks_the_contract_is_refused_in_one_line():
         with pytest.raises(MethodPluginError, match=says):
             register_method(cls)
         assert cls.name not in METHODS
+
+
+def test_a_study_arm_finds_its_method():
+    assert method_for_arm("drop", {}).name == "gemfilter"  # the droppers' arm's default
+    assert method_for_arm("drop", {"method": "specprefill"}).name == "specprefill"
+    assert method_for_arm("ridgefill", {"fill": "ridge"}).name == "ridgefill"
+    assert method_for_arm("prefill", {"method": "gemfilter"}) is None  # runs as --model drop
+    assert method_for_arm("hf", {}) is None and method_for_arm("prefill", {}) is None
 
 
 def test_an_unknown_method_names_the_known_ones_and_the_path_variable():
