@@ -51,12 +51,16 @@ class GlossaryLoss(TaskMeasures):
     description = "ΔNLL on the glossary's terms, then on every token."
 '''
 
-PREFLIGHT = """
+FETCH_THEN_PREFLIGHT = """
+import os, sys
+from rf_eval.cli import main
 from rf_eval.tasks.data_needs import preflight
+assert main(["fetch-data", "--tasks", "keytoken_nll", "--out", sys.argv[1]]) == 0
+os.environ["HF_HUB_OFFLINE"] = "1"  # and no data folder: the glossary is nowhere
 try:
     preflight(["keytoken_nll"], {})
 except Exception as err:
-    print(type(err).__name__, err)
+    print("preflight:", type(err).__name__, err)
 """
 
 
@@ -69,6 +73,7 @@ def test_a_throwaway_data_source_and_reading_are_found_tested_and_used_with_no_o
     env = dict(os.environ, RF_EVAL_DATA_SOURCE_PATH=str(folders["source"]),
                RF_EVAL_MEASURES_PATH=str(folders["measures"]), OMP_NUM_THREADS="1")
     env.pop("HF_HUB_OFFLINE", None)
+    env.pop("RF_EVAL_DATA", None)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-v", "-n0", "-p", "no:cacheprovider", "-k", "glossary",
          "tests/tasks/test_data_source_contract.py", "tests/stats/test_measures_contract.py"],
@@ -79,15 +84,13 @@ def test_a_throwaway_data_source_and_reading_are_found_tested_and_used_with_no_o
     assert sorted(name for _, name in ran) == ["glossary", "glossary_nll"], done.stdout[-4000:]
 
     out = tmp_path / "data"
-    fetched = subprocess.run([sys.executable, "-m", "rf_eval", "fetch-data", "--tasks", "keytoken_nll", "--out",
-                              str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert fetched.returncode == 0, fetched.stderr[-2000:]
+    said = subprocess.run([sys.executable, "-c", FETCH_THEN_PREFLIGHT, str(out)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert said.returncode == 0, said.stderr[-2000:]
     assert (out / "glossary.txt").read_text() == "alpha: the first letter\n"
     assert json.loads((out / "manifest.json").read_text())["sources"]["glossary"]["host"] == "example.invalid"
-
-    offline = dict(env, HF_HUB_OFFLINE="1", RF_EVAL_DATA="")
-    said = subprocess.run([sys.executable, "-c", PREFLIGHT], cwd=tmp_path, env=offline, capture_output=True,
-                          text=True, timeout=300)
-    assert said.stdout.startswith("TaskDataMissing keytoken_nll needs a throwaway glossary, which is not here "
-                                  "and cannot be downloaded (HF_HUB_OFFLINE is set)"), said.stdout + said.stderr
-    assert """--metadata '{"glossary": "PATH"}'""" in said.stdout
+    assert "glossary: wrote" in said.stdout
+    refused = said.stdout.split("preflight: ", 1)[1]
+    assert refused.startswith("TaskDataMissing keytoken_nll needs a throwaway glossary, which is not here and "
+                              "cannot be downloaded (HF_HUB_OFFLINE is set)"), said.stdout
+    assert """--metadata '{"glossary": "PATH"}'""" in refused
