@@ -29,16 +29,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from bench_rows import make_prompt
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rf_eval.engine import Plan, partial_every_row_exact, plain_prefill, prefill
+from rf_eval.engine import Plan, PredictedInput, partial_every_row_exact, plain_prefill, prefill
 from rf_eval.mac_model import ceiling_r, speedup_ceiling
 from rf_eval.ridge.capture import capture_sums
 from rf_eval.ridge.maps import RidgeMaps, config_hash
-from rf_eval.ridgefill.arm import Arm
+from rf_eval.ridgefill.arm import prefill_arm
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.testing import build_tokenizer
 
@@ -148,21 +149,22 @@ def measure_length(model, tokenizer, N: int, S: int, T: int, L: int, fill, a, ti
     layers = [i for i in (3, 7, 11, 15) if i < S] or [S - 1]
     spec = f"attention(share=0.1;layers={'|'.join(map(str, layers))})"
     plan = Plan(S, T, "ridge")
-    rows_arm = Arm(model, tokenizer, RidgeFillArm(fill="ridge", split=S, tail=T, selector=spec))
+    rows_arm = partial(prefill_arm, model, tokenizer, RidgeFillArm(fill="ridge", split=S, tail=T, selector=spec))
     unigram = torch.randint(0, 1000, (len(tokenizer),), generator=torch.Generator().manual_seed(2))
-    probe_arm = Arm(model, tokenizer, RidgeFillArm(fill="ridge", split=S, tail=T, selector="probe+special"),
-                    resources={"unigram": unigram})
+    probe_arm = partial(prefill_arm, model, tokenizer,
+                        RidgeFillArm(fill="ridge", split=S, tail=T, selector="probe+special"),
+                        resources={"unigram": unigram})
     with torch.no_grad():
-        n_rows = int(rows_arm.prefill(ids, plan, fill).exact_rows.numel()) - T
-        n_probe = int(probe_arm.prefill(ids, plan, fill).exact_rows.numel()) - T
+        n_rows = int(rows_arm(ids, plan, PredictedInput(fill)).exact_rows.numel()) - T
+        n_probe = int(probe_arm(ids, plan, PredictedInput(fill)).exact_rows.numel()) - T
 
     median = timed_round_robin({
         "plain": lambda: plain_prefill(model, ids),
         "exact": lambda: prefill(model, ids, Plan(S, T, "exact")),
         "partial exact": lambda: partial_every_row_exact(model, ids, S),
         "ridge": lambda: prefill(model, ids, plan, fill=fill),
-        "ridge+rows": lambda: rows_arm.prefill(ids, plan, fill),
-        "probe": lambda: probe_arm.prefill(ids, plan, fill),
+        "ridge+rows": lambda: rows_arm(ids, plan, PredictedInput(fill)),
+        "probe": lambda: probe_arm(ids, plan, PredictedInput(fill)),
         "forward": lambda: model.model(input_ids=ids, use_cache=False),
         "capture": lambda: capture_sums(model, [ids], [S]),
     }, a.repeats, a.device)

@@ -25,16 +25,17 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from functools import partial
 
 import torch
 from bench_engine import PROBE_ROWS, make_model, random_maps, timed_round_robin
 from bench_rows import make_prompt
 
 import rf_eval.selectors.probe as probe_module
-from rf_eval.engine import Plan, plain_prefill, prefill
+from rf_eval.engine import Plan, PredictedInput, plain_prefill, prefill
 from rf_eval.fills import fill_method
 from rf_eval.mac_model import layer_costs, prefill_macs, speedup_ceiling
-from rf_eval.ridgefill.arm import Arm
+from rf_eval.ridgefill.arm import prefill_arm
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.testing import build_tokenizer
 
@@ -87,19 +88,20 @@ def account(model, tokenizer, n: int, split: int, tail: int, repeats: int, devic
     fill = random_maps(model, split).fill_fn(dtype, device)
     plan = Plan(split, tail, "ridge")
     unigram = torch.randint(0, 1000, (len(tokenizer),), generator=torch.Generator().manual_seed(2))
-    probe_arm = Arm(model, tokenizer, RidgeFillArm(fill="ridge", split=split, tail=tail, selector="probe"),
-                    resources={"unigram": unigram})
+    probe_arm = partial(prefill_arm, model, tokenizer,
+                        RidgeFillArm(fill="ridge", split=split, tail=tail, selector="probe"),
+                        resources={"unigram": unigram})
     clock = PhaseClock()
-    selector = probe_arm.selector
+    selector = probe_arm.args[2].selector_obj  # the arm's own selector object
     selector.base_rows = clock.wrap("base", selector.base_rows)
     probe_module.probe_sweep = clock.wrap("sweep", probe_module.probe_sweep)
     with torch.no_grad():
-        chosen = probe_arm.prefill(ids, plan, fill).exact_rows
+        chosen = probe_arm(ids, plan, PredictedInput(fill)).exact_rows
     rows = chosen[chosen < n - tail]
     clock.pending = {}
 
     def probe():
-        result = probe_arm.prefill(ids, plan, fill)
+        result = probe_arm(ids, plan, PredictedInput(fill))
         clock.close_run(result)
 
     median = timed_round_robin({

@@ -25,11 +25,12 @@ import argparse
 import json
 import random
 import time
+from functools import partial
 
 import torch
 
-from rf_eval.engine import Plan, plain_prefill
-from rf_eval.ridgefill.arm import Arm
+from rf_eval.engine import Plan, PredictedInput, plain_prefill
+from rf_eval.ridgefill.arm import prefill_arm
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.selectors import Request, Selector, selector_from
 from rf_eval.selectors.probe import probe_attention
@@ -141,9 +142,9 @@ def main() -> None:
         print(f"tau_exact      {tau_exact:8.2f} s CPU  ({wall_exact:7.2f} s wall)")
         taus, walls = [], []
         for count in args.counts:
-            arm = Arm(model, tok, RidgeFillArm(fill="ridge", split=args.split, tail=tail,
-                                               selector=selector_from(f"random(count={count};seed=0)")))
-            tau, wall, _ = best_of(lambda arm=arm: arm.prefill(ids, plan, fill), args.repeats)
+            arm = partial(prefill_arm, model, tok, RidgeFillArm(
+                fill="ridge", split=args.split, tail=tail, selector=selector_from(f"random(count={count};seed=0)")))
+            tau, wall, _ = best_of(lambda arm=arm: arm(ids, plan, PredictedInput(fill)), args.repeats)
             taus.append(tau)
             walls.append(wall)
             print(f"tau(E={count:5d})  {tau:8.2f} s CPU  ({wall:7.2f} s wall)")
@@ -158,9 +159,9 @@ def main() -> None:
                   f"of the {prefix}-row prefix)")
 
         timed = Timed(selector_from("probe+special"))
-        arm = Arm(model, tok, RidgeFillArm(fill="ridge", split=args.split, tail=tail, selector=timed),
-                  resources={"unigram": unigram})
-        tau_probe, wall_probe, result = best_of(lambda: arm.prefill(ids, plan, fill), args.repeats)
+        arm = partial(prefill_arm, model, tok, RidgeFillArm(fill="ridge", split=args.split, tail=tail, selector=timed),
+                      resources={"unigram": unigram})
+        tau_probe, wall_probe, result = best_of(lambda: arm(ids, plan, PredictedInput(fill)), args.repeats)
         exact_rows = result.exact_rows.numel() - tail
         req = Request(model, tok, ids, plan, fill).attach(_context(model, ids, plan, fill))
         sweep, sweep_wall, _ = best_of(lambda: probe_attention(req, 256), args.repeats)

@@ -25,17 +25,18 @@ import os
 import platform
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 from bench_engine import random_maps, timed_round_robin
 from bench_rows import make_prompt
 
-from rf_eval.engine import Plan, extend, partial_every_row_exact, plain_prefill, prefill
+from rf_eval.engine import Plan, PredictedInput, extend, partial_every_row_exact, plain_prefill, prefill
 from rf_eval.engine.floor import compare_results, filled_kernel_every_row_exact
 from rf_eval.mac_model import ceiling_r, speedup_ceiling
 from rf_eval.ridge.capture import capture_sums
-from rf_eval.ridgefill.arm import Arm
+from rf_eval.ridgefill.arm import prefill_arm
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.testing import build_tokenizer
 
@@ -115,24 +116,25 @@ def measure(model, tokenizer, n: int, split: int, tail: int, repeats: int, devic
     resident, streamed = maps.fill_fn(dtype, device), maps.on_host().fill_fn(dtype, device)
     attention_layers = [i for i in range(split) if (getattr(config, "layer_types", None) or ["full_attention"] *
                                                      layers)[i] == "full_attention"][-2:] or [split - 1]
-    rows_arm = Arm(model, tokenizer, RidgeFillArm(
+    rows_arm = partial(prefill_arm, model, tokenizer, RidgeFillArm(
         fill="ridge", split=split, tail=tail,
         selector=f"attention(share=0.1;layers={'|'.join(map(str, attention_layers))})"))
-    probe_arm = Arm(model, tokenizer, RidgeFillArm(fill="ridge", split=split, tail=tail, selector="probe+special"),
-                    resources={"unigram": torch.randint(0, 1000, (len(tokenizer),),
-                                                        generator=torch.Generator().manual_seed(2))})
+    probe_arm = partial(prefill_arm, model, tokenizer,
+                        RidgeFillArm(fill="ridge", split=split, tail=tail, selector="probe+special"),
+                        resources={"unigram": torch.randint(0, 1000, (len(tokenizer),),
+                                                            generator=torch.Generator().manual_seed(2))})
     plan = Plan(split, tail, "ridge")
     with torch.no_grad():
-        n_rows = int(rows_arm.prefill(ids, plan, resident).exact_rows.numel()) - tail
-        n_probe = int(probe_arm.prefill(ids, plan, resident).exact_rows.numel()) - tail
+        n_rows = int(rows_arm(ids, plan, PredictedInput(resident)).exact_rows.numel()) - tail
+        n_probe = int(probe_arm(ids, plan, PredictedInput(resident)).exact_rows.numel()) - tail
     arms = {
         "plain": lambda: plain_prefill(model, ids),
         "partial exact": lambda: partial_every_row_exact(model, ids, split),
         "exact": lambda: prefill(model, ids, Plan(split, tail, "exact")),
         "identity": lambda: prefill(model, ids, Plan(split, tail, "identity"), fill=lambda layer, x: x),
         "ridge": lambda: prefill(model, ids, plan, fill=resident),
-        "ridge+rows": lambda: rows_arm.prefill(ids, plan, resident),
-        "probe": lambda: probe_arm.prefill(ids, plan, resident),
+        "ridge+rows": lambda: rows_arm(ids, plan, PredictedInput(resident)),
+        "probe": lambda: probe_arm(ids, plan, PredictedInput(resident)),
         "ridge streamed": lambda: prefill(model, ids, plan, fill=streamed),
     }
     median = timed_round_robin(arms, repeats, device)

@@ -137,8 +137,7 @@ class RidgeFillLM(PrefillLM):
             method = RidgeFill(self.model, self.tokenizer, arm=s.arm, maps=s.maps_obj)
         except MapError as err:
             raise ModelArgsError(f"maps={s.maps!r}: {err}") from err
-        exact = RidgeFill(self.model, self.tokenizer, split=method.plan.split, tail=method.plan.tail, fill="exact")
-        return method, exact
+        return method, method.reference()  # the exact pass: the same model and arm, the fill off
 
     def arm_with(self, fields: dict[str, Any]) -> RidgeFillArm:
         return self.settings.arm.updated(fields, self.model.config, self.settings.maps_obj, what="rf_arm")

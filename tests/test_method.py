@@ -7,6 +7,7 @@ import torch
 
 from rf_eval.method import PrefillMethod, generation_cache, sampling_seed
 from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.ridgefill.arm import prefill_arm
 
 
 @pytest.mark.parametrize(
@@ -35,8 +36,8 @@ def test_generation_cache_is_the_prompt_minus_its_last_token_with_the_tail_short
     assert isinstance(rf, PrefillMethod)
     prompt = torch.randint(0, 250, (20,), generator=torch.Generator().manual_seed(0)).tolist()
     got = generation_cache(rf, prompt)
-    by_hand = rf.arm.prefill(torch.tensor([prompt[:-1]]), rf.plan.__class__(split=3, tail=3, fill="identity"),
-                             rf.fill_fn)
+    by_hand = prefill_arm(model, tok, rf.spec, torch.tensor([prompt[:-1]]),
+                          rf.plan.__class__(split=3, tail=3, fill="identity"), rf.spec.method.row_fill(rf.fill_fn))
     assert got.prompt_length == 19 and torch.equal(got.exact_rows, by_hand.exact_rows)
     assert torch.equal(got.logits, by_hand.logits)
     assert generation_cache(rf, prompt[:4]) is None  # within the tail: plain, `generate` prefills it

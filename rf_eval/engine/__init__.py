@@ -4,7 +4,7 @@ RidgeFill paper section 2.1. Layers 0..S-1 run exactly for every row (the
 model's own forward, stopped at layer S: `lower`). In each late layer l >= S
 a prompt row is *exact* (the last `tail` rows and any selected prefix rows)
 or *filled*; a row-fill strategy (`rowfill.RowFill`, implementations in
-`fills`) supplies what a filled row contributes: keys and values in an
+`strategies`) supplies what a filled row contributes: keys and values in an
 attention layer, the conv and recurrent state update in a Gated DeltaNet
 layer. For the predicted-input fill its input is x̂_l = fill(l, x_S).
 Queries, attention output and the MLP run for exact rows only (`layers`).
@@ -37,19 +37,6 @@ from torch import nn
 from rf_eval.engine.attention import PREFIX_QUERY_CHUNK, QueryChunks, attend_exact_rows
 from rf_eval.engine.batch import check_batch, last_row_logits, split_batch
 from rf_eval.engine.context import PrefillContext, SelectFn, Selection
-from rf_eval.engine.fills import (
-    Corrected,
-    EveryRowKV,
-    LateLayerHooks,
-    LayerView,
-    MappedKV,
-    NoFill,
-    Precomputed,
-    PredictedInput,
-    PredictedKV,
-    exact_rows_beside,
-    row_fill_for,
-)
 from rf_eval.engine.floor import (
     FILLED_KERNEL_WHY,
     PARTIAL_WHY,
@@ -74,11 +61,24 @@ from rf_eval.engine.plan import (
 )
 from rf_eval.engine.rowfill import AttentionRows, RowFill
 from rf_eval.engine.step import LayerStep, Rows
+from rf_eval.engine.strategies import (
+    AbsentRows,
+    Corrected,
+    EveryRowKV,
+    LateLayerHooks,
+    LayerView,
+    MappedKV,
+    Precomputed,
+    PredictedInput,
+    PredictedKV,
+    exact_rows_beside,
+    row_fill_for,
+)
 from rf_eval.families import execution_device, family_for, sliding_window
 
 __all__ = [
-    "FILL_OFF", "MAPPED", "PREFIX_QUERY_CHUNK", "AttentionRows", "Corrected", "EveryRowKV", "FillFn", "KVFillFn",
-    "Floor", "LateLayerHooks", "LayerInputs", "LayerStep", "LayerView", "MappedKV", "NoFill", "Plan", "Precomputed",
+    "FILL_OFF", "MAPPED", "PREFIX_QUERY_CHUNK", "AbsentRows", "AttentionRows", "Corrected", "EveryRowKV", "FillFn",
+    "KVFillFn", "Floor", "LateLayerHooks", "LayerInputs", "LayerStep", "LayerView", "MappedKV", "Plan", "Precomputed",
     "PredictedInput", "PredictedKV", "PrefillContext", "PrefillResult", "QueryChunks", "RowFill", "Rows", "SelectFn", "Selection",
     "attend_exact_rows", "compare_results", "decoder_layers", "engine_floor", "exact_row_set",
     "exact_rows_beside", "execution_device", "extend", "family_for", "filled_kernel_every_row_exact",

@@ -30,11 +30,11 @@ import torch
 from torch import nn
 
 from rf_eval.engine.attention import QueryChunks, attend_exact_rows
-from rf_eval.engine.fills import PredictedInput
 from rf_eval.engine.layers import run_layers
 from rf_eval.engine.lower import decoder_layers, new_cache, run_lower_layers
 from rf_eval.engine.plan import EVERY_ROW_EXACT, Plan, PrefillResult
 from rf_eval.engine.step import LayerStep, Rows
+from rf_eval.engine.strategies import PredictedInput
 from rf_eval.families import family_for
 
 #: Why the filled-row kernel is not bitwise the stock layer.

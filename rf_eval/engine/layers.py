@@ -60,7 +60,7 @@ def late_layers(
     exact: torch.Tensor,
     fill: RowFill,
 ) -> torch.Tensor:
-    """Run layers S..L-1 with exact rows `exact`; every other row is filled by `fill` (or absent: `NoFill`).
+    """Run layers S..L-1 with exact rows `exact`; every other row is filled by `fill` (or absent: `AbsentRows`).
 
     Returns the last layer's output for the exact rows, (1, |exact|, d).
     """

@@ -4,11 +4,11 @@ RidgeFill paper section 2.1: in a late layer l >= S a prompt row is exact
 (the layer runs it) or filled: the layer needs only what later rows read from
 it, its keys and values in an attention layer and its update of the conv and
 recurrent state in a Gated DeltaNet layer. Where that comes from is the
-strategy (`rf_eval.engine.fills`):
+strategy (`rf_eval.engine.strategies`):
 
 - `PredictedInput`: from a predicted input x̂_l = fill(l, x_S) through the
   layer's own norm and projections (identity, ridge);
-- `NoFill`: nowhere; filled rows are absent from late layers (nofill);
+- `AbsentRows`: nowhere; filled rows are absent from late layers (nofill);
 - `MappedKV`: rotated keys and values mapped from another model's cache
   (RaReCache, its section 3);
 - `Precomputed`: K/V a selector already computed from the same fill (the probe);

@@ -160,10 +160,10 @@ class FillMethod:
 
     def row_fill(self, fill_fn: Any) -> Any:
         """The engine's row-fill strategy (`rf_eval.engine.rowfill.RowFill`) from `fill_fn`."""
-        from rf_eval.engine.fills import NoFill, PredictedInput
+        from rf_eval.engine.strategies import AbsentRows, PredictedInput
 
         if self.strategy == "absent":
-            return NoFill()
+            return AbsentRows()
         if self.strategy == "inputs":
             if fill_fn is None:
                 raise ValueError(f"fill {self.name!r} needs a fill function" + (" (maps)" if self.needs_maps else ""))

@@ -44,7 +44,7 @@ class KvRidge(FillMethod):
         return maps.fill_fn(dtype, device)
 
     def row_fill(self, fill_fn: Any) -> Any:
-        from rf_eval.engine.fills import PredictedKV
+        from rf_eval.engine.strategies import PredictedKV
 
         if fill_fn is None:
             raise ValueError(f"fill {self.name!r} needs its maps")

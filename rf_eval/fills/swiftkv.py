@@ -34,7 +34,7 @@ class SwiftKVInPipeline(FillMethod):
         return SwiftKV(model).kv
 
     def row_fill(self, fill_fn: Any) -> Any:
-        from rf_eval.engine.fills import PredictedKV
+        from rf_eval.engine.strategies import PredictedKV
 
         if fill_fn is None:
             raise ValueError(f"fill {self.name!r} reads a SwiftKV checkpoint's projections: build it with bind()")

@@ -37,7 +37,7 @@ class SwiftKVReleased(SwiftKVInPipeline):
         return SwiftKV(model).kv
 
     def row_fill(self, fill_fn: Any) -> Any:
-        from rf_eval.engine.fills import EveryRowKV
+        from rf_eval.engine.strategies import EveryRowKV
 
         if fill_fn is None:
             raise ValueError(f"fill {self.name!r} reads a SwiftKV checkpoint's projections: build it with bind()")

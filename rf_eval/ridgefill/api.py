@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from rf_eval.loading_report import check_loaded, recording_missing_keys
 from rf_eval.method import check_prompt, generate, input_device, method_forward, model_identity, prefill_each
 from rf_eval.prefill_cost import PrefillCost
 from rf_eval.ridge.maps import RidgeMaps, load_arm_maps
-from rf_eval.ridgefill.arm import Arm
+from rf_eval.ridgefill.arm import prefill_arm
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.weights import weights_fingerprint
 
@@ -31,7 +32,10 @@ class RidgeFill:
     `chunk_size=`, `selector=`, `corrections=`, `splice=`, `cost_match=`,
     `unigram=`, `map_split=`; see that module for each). `maps`: a `RidgeMaps`, or a folder
     or file written by `rf-eval fit` (needed for fill `ridge`). The arm is
-    checked against the model and the maps once, here.
+    checked against the model and the maps once, here, and its fill method
+    bound to the model once: every prompt runs the same row-fill strategy
+    (`rf_eval.engine.rowfill.RowFill`), no fill is looked up by name per prompt.
+    `reference()` is the exact arm beside it, over the same model and arm.
 
     Implements the prefill-method protocol (`rf_eval.method.PrefillMethod`):
     `prefill`, `extend`, `is_plain`, `provenance`.
@@ -58,17 +62,17 @@ class RidgeFill:
         self.weights_sha256 = weights_fingerprint(model)
         self.spec = arm.resolve(model.config, maps, weights=self.weights_sha256)
         spec = self.spec
-        self.plan = Plan(split=spec.split, tail=spec.tail, fill=spec.fill, chunk_size=spec.chunk_size,
-                         map_split=spec.map_split)
-        resources = {"unigram": spec.unigram} if spec.unigram else {}
-        self.arm = Arm(model, tokenizer, spec, resources=resources)
-        self.selector = self.arm.selector
+        self.plan = spec.plan
+        self.resources = {"unigram": spec.unigram} if spec.unigram else {}
+        self.selector = spec.selector_obj
         method = spec.method
         try:
             check_model_forward(model, spec.fill)
             check_loaded(model, spec.fill)
             placed = maps.on_host() if maps is not None and spec.maps_device == "cpu" else maps
             self._fill = None if method is None else method.bind(model, placed)
+            #: the engine's row-fill strategy for every prompt, made once (None: the exact arm fills no row)
+            self._strategy = None if method is None else method.row_fill(self._fill)
         except ValueError as err:
             raise ArmError(str(err)) from None
 
@@ -119,6 +123,16 @@ class RidgeFill:
         """The fill function this arm's filled rows use (None for exact and nofill)."""
         return self._fill
 
+    def reference(self) -> RidgeFill:
+        """The exact arm over this method's loaded model (the `reference=exact` pass): this arm's split and tail
+        with the fill off (`RidgeFillArm.reference`), sharing the model, tokenizer and weights fingerprint; no
+        second load, fingerprint, resolve or fill method."""
+        exact = copy.copy(self)
+        exact.spec = self.spec.reference()
+        exact.plan, exact.maps, exact.resources, exact.selector = exact.spec.plan, None, {}, None
+        exact._fill = exact._strategy = None
+        return exact
+
     @property
     def device(self) -> torch.device:
         """Where prompt ids go (the input embedding's execution device)."""
@@ -127,7 +141,7 @@ class RidgeFill:
     # -- the prefill-method protocol -------------------------------------------------------
     def plan_for(self, n: int) -> Plan:
         """The plan of an n-token prompt (a cost-matched control's tail depends on n)."""
-        return self.arm.plan_for(self.plan, n)
+        return self.spec.plan_for(n)
 
     def is_plain(self, n: int) -> bool:
         """True when an n-token prompt is prefilled by the plain model (no filled rows), bitwise."""
@@ -146,23 +160,28 @@ class RidgeFill:
         given = input_ids.shape[1]
         whole = given + (1 if for_generation else int(held_back))
         with method_forward(self):
-            return self.arm.prefill(input_ids, self._plan_given(given, for_generation, held_back), self._fill,
-                                    self.arm.row_budget(whole))
+            plan = self._plan_given(given, for_generation, held_back)
+            return self._run(input_ids, plan, self.spec.row_budget(whole))
 
     def prefill_batch(self, input_ids: torch.Tensor, *, for_generation: bool = False) -> list[PrefillResult]:
         """`prefill` of each row of a B x N batch: one engine call when the arm has no per-prompt part
-        (`Arm.batches`) and the prompts have filled rows, else one prefill each."""
+        (`RidgeFillArm.batches`) and the prompts have filled rows, else one prefill each."""
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             raise ValueError(f"input_ids must be a B x N tensor of prompts of one length, got "
                              f"{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids)}")
         for row in input_ids:
             check_prompt(row[None], self.model)
         n = input_ids.shape[1] + (1 if for_generation else 0)
-        if len(input_ids) == 1 or not self.arm.batches or self.is_plain(n):
+        if len(input_ids) == 1 or not self.spec.batches or self.is_plain(n):
             return prefill_each(self, input_ids, for_generation=for_generation)
         with method_forward(self):
             plan = self._plan_given(input_ids.shape[1], for_generation, 0)
-            return engine.split_batch(self.arm.prefill(input_ids.long().to(self.device), plan, self._fill))
+            return engine.split_batch(self._run(input_ids.long().to(self.device), plan))
+
+    def _run(self, input_ids: torch.Tensor, plan: Plan, row_budget: int | None = None) -> PrefillResult:
+        """One engine call: the arm's parts and its row-fill strategy, both bound once."""
+        return prefill_arm(self.model, self.tokenizer, self.spec, input_ids, plan, self._strategy,
+                           resources=self.resources, row_budget=row_budget)
 
     def _plan_given(self, given: int, for_generation: bool, held_back: int) -> Plan:
         """The plan of a prompt of which `given` tokens are prefilled: the whole prompt's, its tail shortened
@@ -190,7 +209,7 @@ class RidgeFill:
         out = {"ceiling": 1.0 / ceiling_r(len(engine.decoder_layers(self.model)), plan.split, plan.tail, n)}
         try:
             out["mac_ceiling"] = speedup_ceiling(self.model.config, n, split=plan.split, tail=plan.tail,
-                                                 fill=plan.fill, map_split=plan.map_split)
+                                                 fill=self._cost_fill, map_split=plan.map_split)
         except (ValueError, AttributeError, TypeError):  # a family the MAC model does not know
             pass
         return out
@@ -202,7 +221,8 @@ class RidgeFill:
         from rf_eval.ridgefill.arm_cost import ridgefill_prefill_cost, selector_probe_rows
 
         plan = self.plan_for(n)
-        budget = {"budget": self.spec.budget, "knob_value": self.arm.knob_value(n)} if self.arm.knob else {}
+        budget = {"budget": self.spec.budget, "knob_value": self.spec.knob_value(n)} \
+            if self.spec.budget is not None else {}
         if self.is_plain(n) or result is None or result.plan is None:
             tail, selected = (n, 0) if self.is_plain(n) else (plan.tail, 0)
             ran = plan
@@ -212,8 +232,13 @@ class RidgeFill:
             tail = min(ran.tail + held_back, n)
             selected = max(int(result.exact_rows.numel()) - min(ran.tail, result.prompt_length), 0)
         return ridgefill_prefill_cost(self.model.config, n, split=ran.split, tail=tail, selected=selected,
-                                      fill=ran.fill, map_split=ran.map_split,
+                                      fill=self._cost_fill, map_split=ran.map_split,
                                       probe_rows=selector_probe_rows(self.selector), **budget)
+
+    @property
+    def _cost_fill(self) -> Any:
+        """What the MAC model reads of the arm's fill: its method, bound once (the name for the exact arm)."""
+        return self.spec.method if self.spec.method is not None else self.spec.fill
 
     def extend(self, result: PrefillResult, tokens: torch.Tensor) -> torch.Tensor:
         """Run the stock model over `tokens` (1 x k) after the prompt; returns their logits (1, k, V).

@@ -1,6 +1,7 @@
-"""One arm of the study: a plan plus its pluggable parts, wired into one engine call per prompt.
+"""One bound arm's parts run as one engine call per prompt (`prefill_arm`), and the cost-matched control.
 
-Parts (each named, with parameters, recorded by `describe()`):
+The arm (`rf_eval.ridgefill.arm_spec.RidgeFillArm`) holds its parts as objects,
+parsed once; `prefill_arm` wires them into the engine for one prompt:
 - selector: exact prefix rows (`rf_eval.selectors`), or a bare callable
   `(PrefillContext) -> rows` as before;
 - corrections: value/key rescale, terminal-state correction (`rf_eval.ridgefill.corrections`);
@@ -25,9 +26,9 @@ from torch import nn
 from rf_eval import engine
 from rf_eval.arm_string import check_params, parse_parts
 from rf_eval.engine import Plan, PrefillResult
-from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, FILL_OFF
+from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.engine.rowfill import RowFill
-from rf_eval.fills import fill_method, registered_fills
+from rf_eval.fills import FILLS, FillMethod, fill_method, registered_fills
 from rf_eval.fills.ridge import Ridge
 from rf_eval.mac_model import cost_matched_tail, prefill_macs
 from rf_eval.ridgefill.corrections import build_hooks
@@ -45,9 +46,11 @@ class CostMatch:
     probe_rows: int = 0
 
     def __post_init__(self):
-        fills = [n for n in registered_fills() if not fill_method(n).absent]
-        if self.fill not in fills:
+        method = fill_method(self.fill) if self.fill in FILLS else None
+        if method is None or method.absent:  # the fills with filled rows are listed for the error alone
+            fills = [n for n in registered_fills() if not fill_method(n).absent]
             raise ValueError(f"cost_match fill must be a fill with filled rows ({', '.join(fills)}), got {self.fill!r}")
+        object.__setattr__(self, "_method", method)  # the matched fill's one object: the MAC model reads it
         if self.tail is not None and not (isinstance(self.tail, int) and self.tail >= 1):
             raise ValueError(f"cost_match tail must be an integer >= 1, got {self.tail!r}")
         if not (isinstance(self.exact_share, (int, float)) and 0 <= self.exact_share <= 1):
@@ -61,10 +64,13 @@ class CostMatch:
         """The matched arm's MACs; `map_split` (the control's own arm field) charges its map at layer S."""
         exact = self.exact_rows if self.exact_rows is not None else int(round(self.exact_share * n))
         return prefill_macs(config, n, split=split, tail=self.tail or own_tail, exact_rows=exact,
-                            fill=self.fill, probe_rows=self.probe_rows, map_split=map_split)
+                            fill=self._method, probe_rows=self.probe_rows, map_split=map_split)
 
-    def tail_for(self, config, n: int, split: int, own_tail: int, map_split: bool = DEFAULT_MAP_SPLIT) -> int:
-        return cost_matched_tail(config, n, split, self.target_macs(config, n, split, own_tail, map_split))
+    def tail_for(self, config, n: int, split: int, own_tail: int, map_split: bool = DEFAULT_MAP_SPLIT,
+                 control: FillMethod | None = None) -> int:
+        """The control's tail at n tokens; `control`: the control arm's own fill method (default nofill)."""
+        target = self.target_macs(config, n, split, own_tail, map_split)
+        return cost_matched_tail(config, n, split, target, **({"fill": control} if control is not None else {}))
 
     def describe(self) -> dict[str, Any]:
         return {"name": "cost_match", **dataclasses.asdict(self)}
@@ -83,56 +89,24 @@ def cost_match_from(spec: str | dict | CostMatch | None) -> CostMatch | None:
     return CostMatch(fill=name, **params)
 
 
-class Arm:
-    """The parts of one resolved `RidgeFillArm` wired into one engine call per prompt."""
+def prefill_arm(model: nn.Module, tokenizer: Any, arm: Any, input_ids: torch.Tensor, plan: Plan,
+                strategy: RowFill | None, *, resources: dict[str, Any] | None = None,
+                row_budget: int | None = None) -> PrefillResult:
+    """Run `plan` (the prompt's: `RidgeFillArm.plan_for`) with `arm`'s selector, corrections and splice over
+    `strategy`, the arm's row-fill strategy bound to this model once (None for the exact arm: no row is
+    filled). `row_budget`: the rows a budget grants the selector (`RidgeFillArm.row_budget`)."""
+    selector = arm.selector_obj
+    select, capture = selector, None
+    if isinstance(selector, Selector):
+        req = Request(model, tokenizer, input_ids, plan, getattr(strategy, "fill", None), resources or {},
+                      strategy=strategy)
+        req.row_budget = row_budget
+        wanted = selector.captures(req)
+        req.capture_start = {layer: start for layer, (start, _) in wanted.items()}
+        capture = {layer: slice(start, stop) for layer, (start, stop) in wanted.items()} or None
 
-    def __init__(self, model: nn.Module, tokenizer: Any, spec: Any, *, resources: dict[str, Any] | None = None):
-        self.model, self.tokenizer, self.resources = model, tokenizer, resources or {}
-        self.selector = spec.selector_obj
-        self.corrections = spec.correction_objs
-        self.splice = spec.splice
-        self.cost_match = spec.cost_match_obj
-        self.knob = spec.knob(model.config)  # `budget=`: the tail, selected rows or split it sets per length
+        def select(ctx):
+            return selector.select(req.attach(ctx))
 
-    @property
-    def batches(self) -> bool:
-        """True when prompts of one length can share an engine call: no part of the arm is per prompt
-        (a selector's rows, a correction's or splice's reference)."""
-        return self.selector is None and not self.corrections and self.splice is None
-
-    def plan_for(self, plan: Plan, n: int) -> Plan:
-        """`plan` for an n-token prompt: a budget's tail or split, or a cost-matched control's tail, is set by n."""
-        if self.knob is not None and self.knob.name in ("tail", "split"):
-            return dataclasses.replace(plan, **{self.knob.name: self.knob.setting(n)})
-        if self.cost_match is None:
-            return plan
-        tail = self.cost_match.tail_for(self.model.config, n, plan.split, plan.tail, plan.map_split)
-        return dataclasses.replace(plan, tail=tail)
-
-    def row_budget(self, n: int) -> int | None:
-        """The selected rows a budget grants an n-token prompt (None: the selector counts its own)."""
-        return self.knob.setting(n) if self.knob is not None and self.knob.name == "rows" else None
-
-    def knob_value(self, n: int) -> int | None:
-        """The value the budget's knob takes at n tokens (None without a budget)."""
-        return None if self.knob is None else self.knob.setting(n)
-
-    def prefill(self, input_ids: torch.Tensor, plan: Plan, fill, row_budget: int | None = None) -> PrefillResult:
-        """Run `plan` (already the prompt's: see `plan_for`) with this arm's selector, corrections and splice;
-        `row_budget`: the rows a budget grants the selector (`row_budget`)."""
-        select, capture = self.selector, None
-        if isinstance(self.selector, Selector):
-            req = Request(self.model, self.tokenizer, input_ids, plan, fill, self.resources)
-            req.row_budget = row_budget
-            wanted = self.selector.captures(req)
-            req.capture_start = {layer: start for layer, (start, _) in wanted.items()}
-            capture = {layer: slice(start, stop) for layer, (start, stop) in wanted.items()} or None
-            selector = self.selector
-
-            def select(ctx):
-                return selector.select(req.attach(ctx))
-
-        hooks = build_hooks(self.corrections, self.splice, self.model, input_ids)
-        if plan.fill != FILL_OFF and not isinstance(fill, RowFill):  # the engine takes strategies, not names
-            fill = fill_method(plan.fill).row_fill(fill)
-        return engine.prefill(self.model, input_ids, plan, fill=fill, select=select, capture=capture, hooks=hooks)
+    hooks = build_hooks(arm.correction_objs, arm.splice, model, input_ids)
+    return engine.prefill(model, input_ids, plan, fill=strategy, select=select, capture=capture, hooks=hooks)

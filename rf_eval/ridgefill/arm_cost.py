@@ -48,7 +48,7 @@ def ridgefill_knob(arm: Any, model_config: Any) -> Knob | None:
     if arm.budget is None:
         return None
     config = model_config
-    common = {"fill": arm.fill, "map_split": arm.map_split}
+    common = {"fill": arm.method if arm.method is not None else arm.fill, "map_split": arm.map_split}
     probe = selector_probe_rows(arm.selector_obj)
     name = knob_name(arm.preset, arm.selector_obj)
     if name == "split":
@@ -72,11 +72,12 @@ def ridgefill_knob(arm: Any, model_config: Any) -> Knob | None:
                 max_length=int(positions))
 
 
-def ridgefill_prefill_cost(config: Any, n: int, *, split: int, tail: int, selected: int, fill: str,
+def ridgefill_prefill_cost(config: Any, n: int, *, split: int, tail: int, selected: int, fill: Any,
                            map_split: bool, probe_rows: int = 0, budget: float | None = None,
                            knob_value: float | None = None) -> PrefillCost:
     """The cost of one n-token prompt that ran `tail` exact tail rows and `selected` exact prefix rows in the
-    late layers from `split` on (`tail >= n`: the plain model's prefill)."""
+    late layers from `split` on (`tail >= n`: the plain model's prefill); `fill`: the arm's fill method (or
+    a fill's name)."""
     exact = prefill_macs(config, n)
     full_cache = cache_rows(config, n)
     if tail >= n:

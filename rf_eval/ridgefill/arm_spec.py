@@ -10,6 +10,12 @@ that needs the model's config and the maps (the split's range and default,
 maps made for this model and split, a terminal-state table made for this
 arm, the unigram table beside the maps). Nothing below it re-checks.
 
+The arm is bound once: construction turns the `fill` name into its fill
+method (`method`, one instance per arm) and the selector, correction and
+cost-match specs into their objects; `resolve` adds the engine `plan` and the
+budget's knob. The method (`rf_eval.ridgefill.api.RidgeFill`) and the engine
+read those objects; nothing looks a plug-in up by name after this module.
+
 Arms (RidgeFill paper, table 3 and section 3.3): `fill` exact | nofill |
 identity | ridge; `split` S; `tail` T; optional exact prefix rows from a
 `selector` (section 2.4), `corrections` (section 2.3), a `splice` (section
@@ -24,13 +30,14 @@ same either way.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rf_eval.budget import check_budget
-from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, DEFAULT_TAIL, check_rows, check_split
+from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, DEFAULT_TAIL, Plan, check_rows, check_split
 from rf_eval.fields import ArmError, build
 from rf_eval.fills import FILL_OFF, absent_fills, arm_fills, fill_method, predicting_fills
 from rf_eval.ridgefill.arm_cost import knob_name
@@ -71,6 +78,8 @@ class RidgeFillArm:
             self._apply_preset()
         if self.fill not in arm_fills():
             raise ArmError(f"fill={self.fill!r} is not valid; valid fills: {', '.join(arm_fills())}")
+        # the fill's one object for this arm: every rule and the engine read it, never the name again
+        object.__setattr__(self, "_method", None if self.fill == FILL_OFF else fill_method(self.fill))
         try:
             check_rows(self.tail, self.chunk_size)
             if self.split is not None:
@@ -188,8 +197,63 @@ class RidgeFillArm:
 
     @property
     def method(self) -> Any:
-        """The arm's fill method (`rf_eval.fills`), None for the exact arm."""
-        return None if self.fill == FILL_OFF else fill_method(self.fill)
+        """The arm's fill method (a `rf_eval.fills.FillMethod` instance, made once with the arm), None for the
+        exact arm."""
+        return self._method
+
+    # -- what a resolved arm runs -------------------------------------------------------
+    @property
+    def plan(self) -> Plan:
+        """The engine plan of this resolved arm (its split, tail, fill, chunk size and map_split)."""
+        bound = self.__dict__.get("_plan")
+        if bound is None:
+            raise ValueError("the arm has no plan before `resolve` gives it a model")
+        return bound
+
+    @property
+    def batches(self) -> bool:
+        """True when prompts of one length can share an engine call: no part of the arm is per prompt
+        (a selector's rows, a correction's or splice's reference)."""
+        return self.selector_obj is None and not self.correction_objs and self.splice is None
+
+    def plan_for(self, n: int) -> Plan:
+        """The plan of an n-token prompt: a budget's tail or split, or a cost-matched control's tail, set by n."""
+        plan, knob = self.plan, self._knob
+        if knob is not None and knob.name in ("tail", "split"):
+            return dataclasses.replace(plan, **{knob.name: knob.setting(n)})
+        if self.cost_match_obj is None:
+            return plan
+        tail = self.cost_match_obj.tail_for(self._config, n, plan.split, plan.tail, plan.map_split, self.method)
+        return dataclasses.replace(plan, tail=tail)
+
+    def row_budget(self, n: int) -> int | None:
+        """The selected rows a budget grants an n-token prompt (None: the selector counts its own)."""
+        return self._knob.setting(n) if self._knob is not None and self._knob.name == "rows" else None
+
+    def knob_value(self, n: int) -> int | None:
+        """The value the budget's knob takes at n tokens (None without a budget)."""
+        return None if self._knob is None else self._knob.setting(n)
+
+    def reference(self) -> RidgeFillArm:
+        """The exact arm beside this resolved one (the `reference=exact` pass): its split and tail, the fill off,
+        no parts; bound to the same model config, so nothing is parsed, looked up or resolved again."""
+        exact = RidgeFillArm(fill=FILL_OFF, split=self.split, tail=self.tail)
+        exact._bind(self._config, None)
+        return exact
+
+    def _copy(self, **fields: Any) -> RidgeFillArm:
+        """This arm with `fields` set, its parsed parts and fill method kept (no second construction)."""
+        out = copy.copy(self)
+        for name, value in fields.items():
+            object.__setattr__(out, name, value)
+        return out
+
+    def _bind(self, model_config: Any, knob: Any) -> None:
+        """Hold what the resolved arm runs with: the model's config, its plan and its budget's knob."""
+        object.__setattr__(self, "_config", model_config)
+        object.__setattr__(self, "_knob", knob)
+        object.__setattr__(self, "_plan", Plan(split=self.split, tail=self.tail, fill=self.fill,
+                                               chunk_size=self.chunk_size, map_split=self.map_split))
 
     # -- rules that need the model ------------------------------------------------------
     def split_for(self, model_config: Any, maps_split: int | None = None) -> int:
@@ -243,7 +307,7 @@ class RidgeFillArm:
         beside = getattr(maps, "path", None)
         if unigram is None and beside is not None and (Path(beside).parent / "unigram.safetensors").is_file():
             unigram = str(Path(beside).parent / "unigram.safetensors")
-        arm = dataclasses.replace(self, split=split, unigram=unigram)
+        arm = self._copy(split=split, unigram=unigram)
         check = getattr(arm.selector_obj, "check_layers", None)
         if check is not None:
             try:
@@ -260,6 +324,7 @@ class RidgeFillArm:
         knob = arm.knob(model_config)
         if knob is not None:
             knob.check_reachable()  # a BudgetError naming the cheapest fraction, before any weights load
+        arm._bind(model_config, knob)
         return arm
 
     def knob(self, model_config: Any) -> Any:

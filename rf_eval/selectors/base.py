@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from rf_eval.engine import FillFn, Plan, PrefillContext, Selection, decoder_layers
+from rf_eval.engine import FillFn, Plan, PrefillContext, RowFill, Selection, decoder_layers
 from rf_eval.plugins import param_values
 
 
@@ -33,12 +33,16 @@ class Request:
         plan: Plan,
         fill: FillFn | None = None,
         resources: dict[str, Any] | None = None,
+        *,
+        strategy: RowFill | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
         self.input_ids = input_ids
         self.plan = plan
         self.fill = fill
+        #: the arm's row-fill strategy, bound once (the engine runs it); None: `fill` from predicted inputs
+        self.strategy = strategy
         self.resources = resources or {}
         self.ctx: PrefillContext | None = None
         self.capture_start: dict[int, int] = {}

@@ -32,9 +32,9 @@ from collections.abc import Sequence
 import torch
 
 from rf_eval.engine import (
+    AbsentRows,
     AttentionRows,
     LayerStep,
-    NoFill,
     Precomputed,
     PredictedInput,
     RowFill,
@@ -43,6 +43,7 @@ from rf_eval.engine import (
     exact_rows_beside,
     run_layers,
 )
+from rf_eval.fills import FILL_OFF, predicting_fills
 from rf_eval.selectors.attention import DEFAULT_LAYERS, Attention, attention_mass
 from rf_eval.selectors.base import Request, Selector, as_rows, top_rows
 from rf_eval.selectors.lexical import LexicalNet
@@ -62,14 +63,14 @@ class ProbeSweep(RowFill):
 
     def attention(self, step: LayerStep, index: int, x_exact: torch.Tensor) -> AttentionRows:
         if not step.rows.filled.numel():
-            return NoFill().attention(step, index, x_exact)
+            return AbsentRows().attention(step, index, x_exact)
         kv = self.predicted.filled_kv(step, index)
         if self.shared is not None:  # full-length K/V whose first rows the engine reuses
             self.shared.keep(index, kv, step.n)
         return exact_rows_beside(step, index, x_exact, kv)
 
     def recurrent(self, step: LayerStep, index: int, x_exact: torch.Tensor) -> torch.Tensor:
-        return NoFill().recurrent(step, index, x_exact)
+        return AbsentRows().recurrent(step, index, x_exact)
 
 
 def probe_sweep(req: Request, rows: int) -> tuple[torch.Tensor, Precomputed | None]:
@@ -79,9 +80,10 @@ def probe_sweep(req: Request, rows: int) -> tuple[torch.Tensor, Precomputed | No
     when no prefix row lies before the probe rows).
     """
     ctx = req.ctx
-    from rf_eval.fills import FILL_OFF, fill_method, predicting_fills
 
-    if req.plan.fill == FILL_OFF or not fill_method(req.plan.fill).supports_corrections or req.fill is None:
+    # the arm's own strategy (bound once) when it gave one, else a fill from predicted inputs of `req.fill`
+    predicted = req.strategy if req.strategy is not None else PredictedInput(req.fill)
+    if req.plan.fill == FILL_OFF or type(predicted) is not PredictedInput or predicted.fill is None:
         raise ValueError(f"the probe reads a filled cache: it needs a fill from predicted inputs "
                          f"({', '.join(predicting_fills())})")
     n = req.n
@@ -98,7 +100,6 @@ def probe_sweep(req: Request, rows: int) -> tuple[torch.Tensor, Precomputed | No
         received[key_rows] += mass.cpu()
         return context.to(values.dtype)
 
-    predicted = PredictedInput(req.fill)
     shared = Precomputed(predicted, filled.numel()) if filled.numel() else None
     step = LayerStep(ctx.family, req.layers(), req.plan, ctx.inputs,
                      Rows(probe.to(device), filled.to(device), key_rows.to(device)), None, attend)

@@ -12,7 +12,7 @@ from filled_reference import assert_matches, reference, split_state
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from rf_eval.cli.check_equivalence import compare
-from rf_eval.engine import NoFill, Plan, plain_prefill, prefill
+from rf_eval.engine import AbsentRows, Plan, plain_prefill, prefill
 from rf_eval.fills import fill_method
 from rf_eval.ridge.maps import identity_fill
 from rf_eval.ridgefill.api import RidgeFill
@@ -45,7 +45,7 @@ def test_no_filled_row_on_the_partial_path_is_the_stock_model(tiny_model, family
     ref = plain_prefill(model, ids)
     cases = [
         (Plan(split=3, tail=1, fill="exact"), None),
-        (Plan(split=3, tail=N, fill="nofill"), NoFill()),
+        (Plan(split=3, tail=N, fill="nofill"), AbsentRows()),
         (Plan(split=2, tail=N, fill="identity"), identity_fill),
         (Plan(split=4, tail=N + 5, fill="ridge", map_split=True), scaled_fill),  # even x̂_S is never read
     ]
@@ -204,7 +204,7 @@ def test_bad_plans_are_refused(tiny_model):
     with pytest.raises(ValueError, match="split 6 is outside 1..5"):
         prefill(model, ids, Plan(split=6, tail=4, fill="identity"), fill=identity_fill)
     with pytest.raises(ValueError, match="split 0 is outside 1..5"):
-        prefill(model, ids, Plan(split=0, tail=4, fill="nofill"), fill=NoFill())
+        prefill(model, ids, Plan(split=0, tail=4, fill="nofill"), fill=AbsentRows())
     with pytest.raises(ValueError, match="unknown fill 'magic'; valid fills: exact, identity, kv_ridge, nofill, ridge"):
         fill_method("magic")  # names are the registry's: the engine takes strategies
     with pytest.raises(ValueError, match="fill 'ridge' has no fill function or strategy"):
@@ -212,7 +212,7 @@ def test_bad_plans_are_refused(tiny_model):
     with pytest.raises(ValueError, match="needs a fill function"):
         fill_method("ridge").row_fill(None)
     with pytest.raises(ValueError, match="exact rows must lie in the prefix"):
-        prefill(model, ids, Plan(split=3, tail=4, fill="nofill"), fill=NoFill(),
+        prefill(model, ids, Plan(split=3, tail=4, fill="nofill"), fill=AbsentRows(),
                 select=lambda ctx: torch.tensor([N - 1]))
     with pytest.raises(ValueError, match="fill='ridgy' is not valid; valid fills: exact"):
         RidgeFill(model, fill="ridgy")

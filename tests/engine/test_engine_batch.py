@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rf_eval.cli.check_equivalence import cache_tensors, compare
-from rf_eval.engine import NoFill, Plan, extend, prefill, split_batch
+from rf_eval.engine import AbsentRows, Plan, extend, prefill, split_batch
 from rf_eval.families import family_for
 from rf_eval.ridge.maps import identity_fill
 from rf_eval.testing import FAMILIES
@@ -23,7 +23,7 @@ def prompts(b=B, n=N, seed=0):
 CASES = [
     (Plan(split=2, tail=TAIL, fill="ridge"), scaled_fill),
     (Plan(split=3, tail=TAIL, fill="identity", map_split=True, chunk_size=20), identity_fill),
-    (Plan(split=2, tail=TAIL, fill="nofill"), NoFill()),
+    (Plan(split=2, tail=TAIL, fill="nofill"), AbsentRows()),
 ]
 
 

@@ -12,12 +12,12 @@ import torch
 
 import rf_eval.engine as engine
 from rf_eval.engine import (
+    AbsentRows,
     Corrected,
     LateLayerHooks,
     LayerInputs,
     LayerStep,
     MappedKV,
-    NoFill,
     Plan,
     Precomputed,
     PredictedInput,
@@ -191,7 +191,7 @@ def test_precomputed_is_laid_only_over_its_own_fill():
     source = PredictedInput(scaled_fill)
     held = Precomputed(source, 10)
     assert held.over(PredictedInput(scaled_fill)) is held
-    for other in (PredictedInput(identity_fill), NoFill(), Corrected(source, LateLayerHooks())):
+    for other in (PredictedInput(identity_fill), AbsentRows(), Corrected(source, LateLayerHooks())):
         assert held.over(other) is other
 
 
@@ -200,10 +200,10 @@ def test_precomputed_is_laid_only_over_its_own_fill():
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
 def test_nofill_is_a_sweep_that_never_sees_the_filled_rows(tiny_model, family):
-    """NoFill with exact rows E = every row exact in a prompt of rows E alone (at their positions), bitwise."""
+    """AbsentRows with exact rows E = every row exact in a prompt of rows E alone (at their positions), bitwise."""
     model, _ = tiny_model(family)
     sweep = Sweep(model, Plan(SPLIT, TAIL, "nofill"))
-    absent = sweep.run(NoFill())
+    absent = sweep.run(AbsentRows())
     e = sweep.exact
     with torch.no_grad():
         cache = new_cache(model)
@@ -250,7 +250,7 @@ def test_wrapping_with_identity_adjustments_is_the_unwrapped_strategy(tiny_model
     assert_same(sweep.run(Corrected(source, LateLayerHooks())), want)
     assert_same(sweep.run(Corrected(source, LateLayerHooks(kv=lambda view, k, v: (k, v)))), want)
     nofill = Sweep(model, Plan(SPLIT, TAIL, "nofill"))
-    assert_same(nofill.run(Corrected(NoFill(), LateLayerHooks(kv=lambda view, k, v: (k, v)))), nofill.run(NoFill()))
+    assert_same(nofill.run(Corrected(AbsentRows(), LateLayerHooks(kv=lambda view, k, v: (k, v)))), nofill.run(AbsentRows()))
 
 
 def test_a_wrapper_sees_the_filled_rows_and_changes_only_them(tiny_model):

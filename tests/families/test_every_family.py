@@ -245,7 +245,7 @@ def test_every_public_path(family, tiny_model, tiny_model_dir, texts, tmp_path):
         check_result(corrected, n)
         plain = RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL).prefill(ids)
         assert not torch.equal(corrected.logits, plain.logits)
-        assert set(rf.arm.corrections[0].last_rho) == set(delta)
+        assert set(rf.spec.correction_objs[0].last_rho) == set(delta)
         with pytest.raises(ValueError, match="map_split"):
             RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, corrections=spec, map_split=True)
 

@@ -8,6 +8,7 @@ import pytest
 from lm_eval.api.instance import Instance
 
 from rf_eval.model_adapters.ridgefill import RidgeFillLM
+from rf_eval.ridgefill import api as ridgefill_api
 
 WORDS = "the quick brown fox jumps over the lazy dog while the river runs past the old stone house".split()
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -27,13 +28,14 @@ def lm(path: str, batch_size: int, **args) -> RidgeFillLM:
 
 def engine_calls(model: RidgeFillLM, monkeypatch) -> list[tuple[int, int]]:
     calls: list[tuple[int, int]] = []
-    original = model.method.arm.prefill
+    original = ridgefill_api.prefill_arm
 
-    def counted(ids, plan, fill, row_budget=None):
-        calls.append(tuple(ids.shape))
-        return original(ids, plan, fill, row_budget)
+    def counted(model_, tokenizer, arm, ids, *args, **kwargs):
+        if arm is model.method.spec:  # this adapter's engine calls, not another's
+            calls.append(tuple(ids.shape))
+        return original(model_, tokenizer, arm, ids, *args, **kwargs)
 
-    monkeypatch.setattr(model.method.arm, "prefill", counted)
+    monkeypatch.setattr(ridgefill_api, "prefill_arm", counted)
     return calls
 
 

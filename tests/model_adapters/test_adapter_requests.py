@@ -13,6 +13,7 @@ from lm_eval.api.model import CachingLM
 
 from rf_eval.model_adapters.config import ModelArgsError
 from rf_eval.model_adapters.ridgefill import RidgeFillLM
+from rf_eval.ridgefill.arm import prefill_arm
 
 CONTEXT = "the quick brown fox jumps over the lazy dog while the river runs past the old stone house"
 CONTINUATIONS = [" and then", " again and again", " x"]
@@ -173,7 +174,8 @@ def test_multiturn_appends_the_next_turn_to_the_kept_cache(tiny_model_dir, famil
     arm = model.method
     prompt = model.encode_prompt(CONTEXT)
     shorter = dataclasses.replace(arm.plan, tail=arm.plan.tail - 1)
-    result = arm.arm.prefill(torch.tensor([prompt[:-1]]), shorter, arm.fill_fn)  # the engine, by hand
+    result = prefill_arm(arm.model, arm.tokenizer, arm.spec, torch.tensor([prompt[:-1]]), shorter,
+                         arm.spec.method.row_fill(arm.fill_fn))  # the engine, by hand
     first = model.model.generate(torch.tensor([prompt]), cache=result.cache, max_new_tokens=5, do_sample=False)
     seq = first[0].tolist() + model.tok_encode(" next question:", add_special_tokens=False)
     result.prompt_length = first.shape[1] - 1

@@ -28,20 +28,20 @@ def test_fit_saves_unigram_counts_beside_the_maps(tiny_model, tiny_model_dir, tm
     assert torch.equal(load_unigram(out / "ridgefill_split3.safetensors"), counts)  # from the map file's path
 
     rf = RidgeFill(model, tok, maps=out, tail=8, fill="ridge", selector="protected")
-    assert rf.arm.resources["unigram"] == str(out / FILENAME)
+    assert rf.resources["unigram"] == str(out / FILENAME)
     ids = tok("Zeta Kappa omega QQ x9 and more words here ok", return_tensors="pt").input_ids
     result = rf.prefill(ids)
     assert result.exact_rows.numel() > 8
     assert rf.provenance()["selector"] == {"name": "protected", "rarest": 0.25, "unigram": None}
     # maps handed over already loaded (as the lm-eval adapter and `rf-eval serve` do) still find the table
     loaded = RidgeFill(model, tok, maps=load_maps(out, 3), tail=8, fill="ridge", selector="protected")
-    assert loaded.arm.resources["unigram"] == str(out / FILENAME)
+    assert loaded.resources["unigram"] == str(out / FILENAME)
     assert torch.equal(loaded.prefill(ids).exact_rows, result.exact_rows)
     from rf_eval.model_adapters.ridgefill import RidgeFillLM
 
     lm = RidgeFillLM(pretrained=tiny_model_dir("llama"), maps=str(out), fill="ridge", selector="probe(layers=0)", tail=8,
                      device="cpu")
-    assert lm.method.arm.resources["unigram"] == str(out / FILENAME)
+    assert lm.method.resources["unigram"] == str(out / FILENAME)
 
 
 def test_counter_grows_for_ids_past_its_size():

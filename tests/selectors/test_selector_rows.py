@@ -7,6 +7,7 @@ import torch
 from rf_eval.engine import Plan, prefill
 from rf_eval.ridge.maps import identity_fill
 from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.ridgefill.arm import prefill_arm
 from rf_eval.selectors import Attention, Probe, Request, make_selector
 
 TAIL = 12
@@ -29,7 +30,7 @@ def unigram(tokenizer):
 
 def arm(model, tokenizer, selector, fill="identity"):
     rf = RidgeFill(model, tokenizer, split=4, tail=TAIL, fill=fill, selector=selector)
-    rf.arm.resources["unigram"] = unigram(tokenizer)
+    rf.resources["unigram"] = unigram(tokenizer)
     return rf
 
 
@@ -173,7 +174,7 @@ def test_probe_shares_its_filled_kv_with_the_engine(tiny_model, family, monkeypa
     prefix = ids.shape[1] - 24
     fill = lambda layer, x: x * (1.0 + 0.05 * layer)  # noqa: E731  (a non-identity fill)
     rf = RidgeFill(model, tok, split=4, tail=24, fill="identity", selector="probe(rows=16;layers=3;window=8)")
-    rf.arm.resources["unigram"] = unigram(tok)
+    rf.resources["unigram"] = unigram(tok)
     seen = {}
     real_late = engine.late_layers
 
@@ -182,7 +183,7 @@ def test_probe_shares_its_filled_kv_with_the_engine(tiny_model, family, monkeypa
         return real_late(*args, **kwargs)
 
     monkeypatch.setattr(engine, "late_layers", spy)
-    shared = rf.arm.prefill(ids, rf.plan, fill)
+    shared = prefill_arm(model, tok, rf.spec, ids, rf.plan, rf.spec.method.row_fill(fill), resources=rf.resources)
     monkeypatch.undo()
     family_ = engine.family_for(model.config)
     attention = [i for i, layer in enumerate(engine.decoder_layers(model)) if i >= 4 and not family_.is_recurrent(layer)]

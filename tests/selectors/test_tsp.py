@@ -108,8 +108,8 @@ def test_a_budget_sets_the_propagated_rows(tiny_model):
     model, tok = tiny_model("llama")
     arm = RidgeFill(model, tok, preset="fastkv", budget=0.7)
     for n in (64, 200):
-        rows = arm.arm.row_budget(n)
-        assert arm.prefill_cost(n, arm.prefill(prompt(n))).macs_fraction <= 0.7 < arm.arm.knob.fraction(n, rows + 1)
+        rows = arm.spec.row_budget(n)
+        assert arm.prefill_cost(n, arm.prefill(prompt(n))).macs_fraction <= 0.7 < arm.spec.knob(model.config).fraction(n, rows + 1)
     assert arm.provenance()["knob"] == "rows" and arm.provenance()["selector"]["name"] == "tsp"
 
 

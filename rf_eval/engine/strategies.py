@@ -1,4 +1,8 @@
-"""The row-fill strategies (interface: `rf_eval.engine.rowfill`) and the wrapper corrections plug into."""
+"""The row-fill strategies (interface: `rf_eval.engine.rowfill`) and the wrapper corrections plug into.
+
+Strategies are the engine's: how a late layer gets what filled rows contribute. The fill *methods* that choose
+one per arm (`fill=`) live in `rf_eval.fills`; no class here shares a name with one.
+"""
 
 from __future__ import annotations
 
@@ -124,7 +128,7 @@ class PredictedInput(RowFill):
         return step.family.kv(layer.self_attn, h, *step.rope_at(index, "filled"))
 
 
-class NoFill(PredictedInput):
+class AbsentRows(PredictedInput):
     """Filled rows are absent from late layers (the `nofill` arm): each layer sees its exact rows only."""
 
     absent = True
@@ -336,7 +340,7 @@ class Corrected(RowFill):
 def row_fill_for(plan: Plan, fill: FillFn | RowFill | None, hooks: LateLayerHooks | None = None) -> RowFill:
     """The strategy for `plan`: `fill` itself if it is one; a bare fill function is a fill from predicted
     inputs (`PredictedInput`). The engine knows strategies, not fill names: a fill method of another
-    strategy hands its own (`rf_eval.fills.fill_method(name).row_fill(fn)`; `NoFill()` for nofill).
+    strategy hands its own (`rf_eval.fills.fill_method(name).row_fill(fn)`; `AbsentRows()` for nofill).
 
     `hooks` wrap it (`Corrected`).
     """
