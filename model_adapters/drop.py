@@ -70,7 +70,7 @@ def parse_drop_args(args: dict[str, Any]) -> tuple[DropSettings, dict[str, Any]]
     try:
         arm = DropArm.from_fields({k: v for k, v in mine.items() if k in DropArm.fields()}, what="model_args")
         source = mine.get("source")
-        if (arm.method == "specprefill") != (source is not None):
+        if ("source" in method_class(arm.method).keys) != (source is not None):  # the methods that load a speculator
             raise ModelArgsError(f"method={arm.method} " + ("needs source=<a speculator of the same tokenizer>"
                                                            if source is None else "reads no source= (specprefill's speculator)"))
         configs = [model_config(mine["pretrained"], hf)] + ([model_config(source, hf, checks_keys=False)] if source else [])
