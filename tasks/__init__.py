@@ -13,7 +13,8 @@ built in Python, or a Python started with the hook switched off):
 Tasks: `ruler_filled` and `<ruler task>_filled` (ruler_filled.py), `keytoken_nll`
 (keytoken.py), `decode_agreement` (decode_agreement.py), `ruler_second_question`
 (second_question.py), `longbench_v2_cot` (longbench_cot.py); extra request types
-in request_types.py; what they download, fetched ahead and checked before a run, in data.py.
+in request_types.py; what they download, fetched ahead and checked before a run, in data.py (one
+plug-in per piece of data: data_sources/).
 """
 
 from __future__ import annotations
