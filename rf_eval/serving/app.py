@@ -190,10 +190,11 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
 
     @app.get("/rf/info")
     async def info():
-        return {"model": backend.settings.pretrained, "method": backend.lm.method_name,
+        method = getattr(backend.default_arm.method, "name", "") or backend.lm.method_name  # `rf_eval.methods`
+        return {"model": backend.settings.pretrained, "method": method, "adapter": backend.lm.method_name,
                 "served_name": backend.served_name, "layers": backend.n_layers,
                 "max_model_len": backend.max_length, "default_arm": backend.default_arm.info,
-                "arm_fields": list(backend.arm_fields), "maps": backend.settings.maps,
+                "arm_fields": list(backend.arm_fields), "maps": getattr(backend.settings, "maps", None),
                 "rf_chat_template": backend.chat_template, "scheduler": backend.scheduler.state()}
 
     async def json_body(request: Request) -> Any:

@@ -8,6 +8,7 @@ adapters load (a source model, maps).
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass
 
@@ -188,6 +189,7 @@ def test_the_server_builds_the_adapter_of_a_method_or_an_adapter_name():
 def test_a_plugin_method_is_served_with_its_own_arm_fields(tiny_model_dir, tiny_model):
     """`rf-eval serve --model-args method=NAME`'s backend: the generic adapter, the method's arm fields as a
     request's `rf_arm`, and its greedy tokens the model's own (Exact prefills every row exactly)."""
+    from rf_eval.serving.app import create_app
     from rf_eval.serving.backend import Backend, GenParams
 
     register_method(Exact)
@@ -202,5 +204,9 @@ def test_a_plugin_method_is_served_with_its_own_arm_fields(tiny_model_dir, tiny_
         model, _ = tiny_model("llama")
         expected = model.generate(torch.tensor([ids]), max_new_tokens=3, do_sample=False)[0, len(ids):].tolist()
         assert out.tokens == expected
+        app = create_app(backend)  # /rf/info names the method, and its adapter
+        info = asyncio.run(next(r.endpoint for r in app.routes if getattr(r, "path", "") == "/rf/info")())
+        assert (info["method"], info["adapter"], info["maps"], info["arm_fields"]) == (
+            "throwaway_exact", "prefill", None, ["tail"])
     finally:
         unregister_method("throwaway_exact")
