@@ -65,6 +65,8 @@ def parse_method_args(args: dict[str, Any]) -> tuple[MethodSettings, dict[str, A
     except (UserError, ValueError) as err:
         raise ModelArgsError(f"method={name}: {err}") from err
     seed = mine.get("seed")
+    if seed is not None and not str(seed).lstrip("-").isdigit():
+        raise ModelArgsError(f"seed={seed!r} is not an integer")
     settings = MethodSettings(pretrained=str(mine["pretrained"]), method=cls, arm=arm,
                               reference=mine.get("reference"), seed=None if seed is None else int(seed))
     return settings, hf

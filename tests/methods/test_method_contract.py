@@ -210,3 +210,26 @@ def test_a_plugin_method_is_served_with_its_own_arm_fields(tiny_model_dir, tiny_
             "throwaway_exact", "prefill", None, ["tail"])
     finally:
         unregister_method("throwaway_exact")
+
+
+@pytest.mark.parametrize("args, says", [
+    ({}, "--model prefill needs method="),
+    ({"method": "ridgefil"}, "'ridgefil' is not a prefill method"),
+    ({"method": "rarecache"}, "runs as --model rarecache"),
+    ({"method": "throwaway_exact", "tial": "3"}, "did you mean 'tail'"),
+    ({"method": "throwaway_exact", "tail": "x"}, "tail='x' has the wrong type"),
+    ({"method": "throwaway_exact", "seed": "x"}, "seed='x' is not an integer"),
+])
+def test_the_generic_adapter_refuses_bad_model_args_before_the_weights_load(args, says, tiny_model_dir):
+    from rf_eval.model_adapters.config import ModelArgsError
+    from rf_eval.model_adapters.method_lm import parse_method_args
+
+    register_method(Exact)
+    try:
+        with pytest.raises(ModelArgsError, match=says):
+            parse_method_args({"pretrained": tiny_model_dir("llama"), **args})
+        settings, _ = parse_method_args({"pretrained": tiny_model_dir("llama"), "method": "throwaway_exact",
+                                         "tail": "5", "seed": "3"})
+        assert (settings.method, settings.arm, settings.seed) == (Exact, Exact.Arm(tail=5), 3)
+    finally:
+        unregister_method("throwaway_exact")
