@@ -8,6 +8,7 @@ lm-eval's stop sequences and `hf`'s kwargs rules. Plain prompts go to `HFLM`.
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -17,9 +18,9 @@ from rf_eval.dropped_result import generation_inputs
 from rf_eval.method import (
     batched_prefills,
     empty_result,
+    forward_context,
     generation_cache_needed,
     generation_prompt,
-    method_forward,
     sampling_seed,
     timed_prefill,
 )
@@ -34,20 +35,15 @@ class GenerationMixin:
         return ids[0].tolist()
 
     def generate_tokens(
-        self, method: Any, prompt: list[int], gen_kwargs: dict, state: dict | None = None
+        self, method: Any, prompt: list[int], gen_kwargs: dict, state: dict | None = None, plain: bool | None = None
     ) -> tuple[list[int], list[str]]:
-        """Generate after `prompt` over an engine-prefilled cache; returns (new tokens, stop strings).
+        """Generate after `prompt` over an engine-prefilled cache, inside the caller's `forward_context(method)`;
+        returns (new tokens, stop strings).
 
         `state` (multi-turn) carries the cache between calls ({"result": PrefillResult});
-        the tokens of `prompt` not yet in the cache are then run by the stock model (the
-        method's: `rf_eval.method.method_forward`).
+        the tokens of `prompt` not yet in the cache are then run by the stock model.
+        `plain`: the request's decision (None: asked of the method here, when no cache is given).
         """
-        with method_forward(method):
-            return self._generate_tokens(method, prompt, gen_kwargs, state)
-
-    def _generate_tokens(
-        self, method: Any, prompt: list[int], gen_kwargs: dict, state: dict | None
-    ) -> tuple[list[int], list[str]]:
         from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
         from lm_eval.models.utils_hf import stop_sequences_criteria
 
@@ -62,7 +58,7 @@ class GenerationMixin:
             torch.manual_seed(sampling_seed(self.settings.seed, prompt))
         state = state if state is not None else {}
         result = state.get("result")
-        if result is None and generation_cache_needed(method, prompt):
+        if result is None and generation_cache_needed(method, prompt, plain):
             ids = self.ids_tensor(generation_prompt(method, prompt))
             result, state["cost"] = timed_prefill(method, ids, for_generation=True)
         elif result is None:  # a plain prompt: `generate` prefills it itself, as under `hf`
@@ -110,10 +106,11 @@ class GenerationMixin:
                 raise ValueError(f"max_gen_toks {kwargs['max_gen_toks']} must be below max_length {self.max_length}")
             ids = prompts[i] = self.encode_prompt(context, budget)  # `hf`'s left truncation
             sampled_with_seed = kwargs.get("do_sample") and self.settings.seed is not None
-            if self.method.is_plain(len(ids)) and not sampled_with_seed:
+            is_plain = self.method.is_plain(len(ids))  # the request's one plain decision
+            if is_plain and not sampled_with_seed:
                 plain.append(i)
             else:
-                engine.append((i, ids))
+                engine.append((i, ids, is_plain))
         if plain:  # `hf`'s own code, batched as `hf` batches (a single prompt's prefill timed: `_model_generate`)
             for i, text in zip(plain, super().generate_until([requests[i] for i in plain], disable_tqdm)):
                 out[i] = text
@@ -123,13 +120,14 @@ class GenerationMixin:
             self._plain_seconds.clear()
         bar = tqdm(total=len(engine), desc="Running generate_until requests (engine)",
                    disable=disable_tqdm or self.rank != 0 or not engine)
-        for i, ids, state in self._generation_states(engine):
-            context, gen_kwargs = requests[i].args
-            tokens, until = self.generate_tokens(self.method, ids, gen_kwargs, state)
-            self.item_costs.record(context, self._first_cost(ids, state))
-            out[i] = self._answer(tokens, until)
-            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), out[i])
-            bar.update(1)
+        with forward_context(self.method) if engine else nullcontext():  # once, around every engine request
+            for i, ids, is_plain, state in self._generation_states(engine):
+                context, gen_kwargs = requests[i].args
+                tokens, until = self.generate_tokens(self.method, ids, gen_kwargs, state, is_plain)
+                self.item_costs.record(context, self._first_cost(ids, state))
+                out[i] = self._answer(tokens, until)
+                self.cache_hook.add_partial("generate_until", (context, gen_kwargs), out[i])
+                bar.update(1)
         bar.close()
         return out  # type: ignore[return-value]
 
@@ -139,17 +137,18 @@ class GenerationMixin:
         cost = (state or {}).get("cost")
         return cost if cost is not None else self.plain_cost(prompt)
 
-    def _generation_states(self, engine: list[tuple[int, list[int]]]):
-        """(request, prompt, generate_tokens state) for each engine request: the prompts `generation_cache`
-        prefills (all but the last token) go `batch_size` at a time through `batched_prefills`, longest
-        first; the others (plain, or a single token) start with no state, as `generation_cache` has it."""
-        prefilled = [(i, ids) for i, ids in engine if generation_cache_needed(self.method, ids)]
-        for i, ids in engine:
-            if not generation_cache_needed(self.method, ids):
-                yield i, ids, None
+    def _generation_states(self, engine: list[tuple[int, list[int], bool]]):
+        """(request, prompt, its plain decision, generate_tokens state) for each engine request: the prompts
+        `generation_cache` prefills (all but the last token) go `batch_size` at a time through
+        `batched_prefills`, longest first; the others (plain, or a single token) start with no state, as
+        `generation_cache` has it."""
+        prefilled = [(i, ids) for i, ids, plain in engine if generation_cache_needed(self.method, ids, plain)]
+        for i, ids, plain in engine:
+            if not generation_cache_needed(self.method, ids, plain):
+                yield i, ids, plain, None
         heads = [generation_prompt(self.method, ids) for _, ids in prefilled]
         for p, result, cost in batched_prefills(self.method, heads, self.continuation_batch, for_generation=True):
-            yield prefilled[p][0], prefilled[p][1], {"result": result, "cost": cost}
+            yield prefilled[p][0], prefilled[p][1], False, {"result": result, "cost": cost}
 
     def multiturn_generate(self, requests: list) -> list[dict[str, Any]]:
         """Custom request type: later turns appended to the cache of the earlier ones (no second prefill).
@@ -174,11 +173,13 @@ class GenerationMixin:
         per_turn = gen_kwargs if isinstance(gen_kwargs, list) else [gen_kwargs] * len(turns)
         if len(per_turn) != len(turns):
             raise ValueError(f"multiturn_generate: {len(turns)} turns but {len(per_turn)} gen_kwargs")
-        answers, first = self._run_turns(self.method, turns, per_turn)
+        with forward_context(self.method):
+            answers, first = self._run_turns(self.method, turns, per_turn)
         self.item_costs.record(turns, first)
         out = {"answers": answers}
         if self.settings.reference == "exact":
-            out["exact_answers"] = self._run_turns(self.exact, turns, per_turn)[0]
+            with forward_context(self.exact):
+                out["exact_answers"] = self._run_turns(self.exact, turns, per_turn)[0]
         return out
 
     def _run_turns(self, method: Any, turns: list[str], per_turn: list[dict]) -> tuple[list[str], Any]:

@@ -85,12 +85,12 @@ def measure_engine_floor(model: Any, exact: Any, split: int, max_length: int, de
     forward (a fill that replaced the forward pauses): `{bitwise, max_abs, kl, first_diff, why,
     filled_kernel: {...}, probe_tokens, split}`."""
     from rf_eval.engine import engine_floor
-    from rf_eval.method import method_forward
+    from rf_eval.method import forward_context
 
     n = min(FLOOR_PROBE_TOKENS, int(max_length))
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, int(model.config.vocab_size), (1, n), generator=gen).to(device)
-    with method_forward(exact):
+    with forward_context(exact):
         floor = engine_floor(model, ids, split)
     log.info("engine floor (partial path, every row exact, %d tokens, split %d): %s", n, split, floor)
     return {**floor, "probe_tokens": n, "split": split}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -16,26 +17,23 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from rf_eval.engine import PrefillResult
-from rf_eval.method import batched_prefills, method_forward, timed_prefill
+from rf_eval.method import batched_prefills, forward_context, timed_prefill
 
 
 class ScoringMixin:
     def score_continuations(self, method: Any, prompt: list[int], conts: list[list[int]],
-                            result: PrefillResult | None = None) -> list[torch.Tensor]:
-        """Log-softmax rows (len(cont), V) predicting each continuation after `prompt`.
+                            result: PrefillResult | None = None, plain: bool | None = None) -> list[torch.Tensor]:
+        """Log-softmax rows (len(cont), V) predicting each continuation after `prompt`, inside the caller's
+        `forward_context(method)`.
 
         The method prefills `prompt` once (`result`, when the caller prefilled it
         in a batch): the first row is the prefill's last-row logits, the others come
         from the stock model over the prompt's cache, `batch_size` continuations at a
         time over copies of it (the last batch uses the cache itself). A plain prompt
-        runs with its continuation as one stock forward, as `hf` does.
+        runs with its continuation as one stock forward, as `hf` does. `plain`: the
+        request's decision (None: asked of the method here).
         """
-        with method_forward(method):
-            return self._score_continuations(method, prompt, conts, result)
-
-    def _score_continuations(self, method: Any, prompt: list[int], conts: list[list[int]],
-                             result: PrefillResult | None) -> list[torch.Tensor]:
-        if method.is_plain(len(prompt)):
+        if method.is_plain(len(prompt)) if plain is None else plain:
             return self._score_plain(prompt, conts)
         if result is None:
             result = method.prefill(self.ids_tensor(prompt))
@@ -111,20 +109,21 @@ class ScoringMixin:
         bar = tqdm(total=sum(map(len, groups.values())), desc="Running loglikelihood requests (engine)",
                    disable=disable_tqdm or self.rank != 0 or not groups)
         prompts = list(groups)  # longest first, as `hf` (memory errors show early), `batch_size` prompts at a time
-        for p, prefilled, cost in batched_prefills(self.method, prompts, self.continuation_batch):
-            members = groups[prompts[p]]
-            conts = [requests[i][2] for i in members]
-            for i in members:
-                self.item_costs.record(_context(requests[i]), cost)
-            scored = self.score_continuations(self.method, list(prompts[p]), conts, prefilled)
-            for i, cont, rows in zip(members, conts, scored):
-                target = torch.tensor(cont, device=rows.device)[None]  # (1, k), summed as `hf` sums
-                greedy = bool((rows.argmax(-1)[None] == target).all())
-                answer = (float(rows[None].gather(2, target[..., None])[..., 0].sum()), greedy)
-                results[i] = answer
-                if requests[i][0] is not None:
-                    self.cache_hook.add_partial("loglikelihood", requests[i][0], answer)
-                bar.update(1)
+        with forward_context(self.method) if groups else nullcontext():  # once, around every filled prompt
+            for p, prefilled, cost in batched_prefills(self.method, prompts, self.continuation_batch):
+                members = groups[prompts[p]]
+                conts = [requests[i][2] for i in members]
+                for i in members:
+                    self.item_costs.record(_context(requests[i]), cost)
+                scored = self.score_continuations(self.method, list(prompts[p]), conts, prefilled, plain=False)
+                for i, cont, rows in zip(members, conts, scored):
+                    target = torch.tensor(cont, device=rows.device)[None]  # (1, k), summed as `hf` sums
+                    greedy = bool((rows.argmax(-1)[None] == target).all())
+                    answer = (float(rows[None].gather(2, target[..., None])[..., 0].sum()), greedy)
+                    results[i] = answer
+                    if requests[i][0] is not None:
+                        self.cache_hook.add_partial("loglikelihood", requests[i][0], answer)
+                    bar.update(1)
         bar.close()
         return results  # type: ignore[return-value]
 
@@ -155,7 +154,8 @@ class ScoringMixin:
                 raise ValueError(f"token_logprobs: continuation dict must be {{'exact_greedy': k >= 1}}, got {continuation}")
             ctx = self.encode_prompt(context)
             kept = ctx[-(self.max_length - k) :]
-            cont, _ = self.generate_tokens(self.exact, kept, {"until": [], "max_gen_toks": k, "do_sample": False})
+            with forward_context(self.exact):
+                cont, _ = self.generate_tokens(self.exact, kept, {"until": [], "max_gen_toks": k, "do_sample": False})
             extra = {"text": self.tok_decode(cont)}
             ctx_truncated = len(ctx) - len(kept)
         else:
@@ -164,10 +164,12 @@ class ScoringMixin:
         if not cont:
             raise ValueError("token_logprobs: empty continuation")
         target = torch.tensor(cont, device=self.input_device)
-        prefilled, cost = (None, self.plain_cost(kept)) if self.method.is_plain(len(kept)) else \
-            timed_prefill(self.method, self.ids_tensor(kept))
+        plain = self.method.is_plain(len(kept))
+        with forward_context(self.method):
+            prefilled, cost = (None, self.plain_cost(kept)) if plain else timed_prefill(self.method, self.ids_tensor(kept))
+            arm = self.score_continuations(self.method, kept, [cont], prefilled, plain)[0]
         self.item_costs.record(context, cost)
-        arm = self.score_continuations(self.method, kept, [cont], prefilled)[0].float().to(self.input_device)
+        arm = arm.float().to(self.input_device)
         out: dict[str, Any] = {
             "tokens": cont,
             "logprobs": arm.gather(1, target[:, None])[:, 0].tolist(),
@@ -177,7 +179,8 @@ class ScoringMixin:
             **extra,
         }
         if self.settings.reference == "exact":
-            exact = self.score_continuations(self.exact, kept, [cont])[0].float().to(self.input_device)
+            with forward_context(self.exact):
+                exact = self.score_continuations(self.exact, kept, [cont])[0].float().to(self.input_device)
             out["exact_logprobs"] = exact.gather(1, target[:, None])[:, 0].tolist()
             out["kl"] = (exact.exp() * (exact - arm)).sum(-1).clamp_min(0).tolist()
             out["top1_agree"] = (exact.argmax(-1) == arm.argmax(-1)).tolist()

@@ -6,9 +6,13 @@ logits, and after that everything is the stock model. The lm-eval adapters
 and `rf-eval serve` talk to a method only through this protocol, and the
 rules they share live here, once:
 
-- *plain prompts*: `is_plain(n)` says an n-token prompt would be prefilled by
-  the plain model (no filled rows); shells then run the stock model's own
-  code path, so such requests are bitwise the unmodified model's;
+- *one request path*: a shell decides once per prompt whether it is plain
+  (`is_plain(n)`: the plain model would prefill it, no filled rows) and runs a
+  plain prompt through the stock model's own code path, so such requests are
+  bitwise the unmodified model's; the others run inside the method's forward
+  context, entered once per request (`forward_context`, as lm-eval's
+  `hf_steered.py` enters its steering around `_model_call`): the method's
+  prefill (which checks the prompt, once), then the stock model over its cache;
 - *generation*: `generation_cache` prefills a prompt minus its last token
   (`prefill(..., for_generation=True)`), and `generate` runs that token
   exactly, as a tail row;
@@ -24,8 +28,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -33,6 +39,7 @@ import torch
 from rf_eval.devices import input_device
 from rf_eval.dropped_result import generation_inputs
 from rf_eval.engine import PrefillResult, new_cache
+from rf_eval.fills.base import replaced_forward
 from rf_eval.prefill_cost import PrefillCost
 from rf_eval.prefill_timer import Stopwatch
 
@@ -84,6 +91,11 @@ class PrefillMethod(Protocol):
 
     def is_plain(self, n: int) -> bool:
         """True when an n-token prompt has no filled row (the plain model's prefill, bitwise)."""
+        ...
+
+    def forward_context(self) -> AbstractContextManager:
+        """The context a request runs the model in for this method, entered once around the whole request
+        (prefill, extension, generation); re-entrant (`method_forward`, the default)."""
         ...
 
     def provenance(self) -> dict[str, Any]:
@@ -149,17 +161,55 @@ def check_token_ids(ids: Sequence[int] | torch.Tensor, model: Any) -> None:
         raise ValueError(f"token id {bad} is outside the model's vocabulary 0..{rows - 1}")
 
 
+#: the methods whose forward context this thread is inside (by id): their own entry points then enter nothing
+_inside = threading.local()
+
+
+class ForwardContext(AbstractContextManager):
+    """`method_forward`'s context: `open` runs on the outermost entry only, so a method's entry points (its
+    `prefill`, `extend`: the Python API's request path) enter nothing more under a shell's context."""
+
+    def __init__(self, method: PrefillMethod) -> None:
+        self.method = method
+        self.inner: AbstractContextManager | None = None
+
+    def __enter__(self) -> ForwardContext:
+        held = _inside.__dict__.setdefault("methods", set())
+        if id(self.method) not in held:
+            held.add(id(self.method))
+            self.inner = self.open()
+            self.inner.__enter__()
+        return self
+
+    def open(self) -> AbstractContextManager:
+        """The base forward for the exact arm beside a fill that replaced the model's forward
+        (`rf_eval.fills.base.ReplacedForward`), else the model as it is."""
+        replaced = replaced_forward(self.method.model)
+        plan = getattr(self.method, "plan", None)
+        if replaced is None or getattr(plan, "fill", None) == replaced.fill:
+            return nullcontext()
+        return replaced.paused()
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.inner is not None:
+            inner, self.inner = self.inner, None
+            _inside.methods.discard(id(self.method))
+            inner.__exit__(kind, err, tb)
+
+
 def method_forward(method: PrefillMethod) -> AbstractContextManager:
     """Where a shell runs the model for `method` (its prefill, the stock forward of plain prompts and of
-    decoded tokens): the base forward for the exact arm beside a fill that replaced the model's forward
-    (`rf_eval.fills.base.ReplacedForward`), else the model as it is."""
-    from rf_eval.fills.base import replaced_forward
+    decoded tokens), the default `PrefillMethod.forward_context`: the base forward for the exact arm beside
+    a fill that replaced the model's forward (`rf_eval.fills.base.ReplacedForward`), else the model as it
+    is. Entered once per request; inside it, entering it again (a method's own entry points) does nothing."""
+    return ForwardContext(method)
 
-    replaced = replaced_forward(method.model)
-    plan = getattr(method, "plan", None)
-    if replaced is None or getattr(plan, "fill", None) == replaced.fill:
-        return nullcontext()
-    return replaced.paused()
+
+def forward_context(method: PrefillMethod) -> AbstractContextManager:
+    """`method.forward_context()`, or the default (`method_forward`) for a method that has none."""
+    own = getattr(method, "forward_context", None)
+    return own() if callable(own) else method_forward(method)
 
 
 def generation_prompt(method: PrefillMethod, prompt: list[int]) -> list[int]:
@@ -169,9 +219,10 @@ def generation_prompt(method: PrefillMethod, prompt: list[int]) -> list[int]:
     return list(prompt) if getattr(method, "reads_whole_prompt", False) else list(prompt[:-1])
 
 
-def generation_cache_needed(method: PrefillMethod, prompt: Sequence[int]) -> bool:
-    """Whether `generation_cache` prefills `prompt` (it has two tokens or more and a filled row)."""
-    return len(prompt) >= 2 and not method.is_plain(len(prompt))
+def generation_cache_needed(method: PrefillMethod, prompt: Sequence[int], plain: bool | None = None) -> bool:
+    """Whether `generation_cache` prefills `prompt` (it has two tokens or more and a filled row). `plain`: the
+    request's decision, where its shell made it (`method.is_plain` runs once per request)."""
+    return len(prompt) >= 2 and not (method.is_plain(len(prompt)) if plain is None else plain)
 
 
 def timed_prefill(method: PrefillMethod, input_ids: torch.Tensor, *, for_generation: bool = False
@@ -184,14 +235,14 @@ def timed_prefill(method: PrefillMethod, input_ids: torch.Tensor, *, for_generat
     return result, method.prefill_cost(n, result).timed(clock.seconds)
 
 
-def generation_cache(method: PrefillMethod, prompt: list[int]) -> PrefillResult | None:
+def generation_cache(method: PrefillMethod, prompt: list[int], plain: bool | None = None) -> PrefillResult | None:
     """The cache `generate` continues from for `prompt`, or None when it should prefill the prompt itself.
 
     None for a plain prompt (or one of under two tokens): `generate` then runs
     the whole prompt through the stock model, exactly as lm-eval's `hf` model
-    does. Otherwise the method prefills every token but the last.
+    does. Otherwise the method prefills every token but the last. `plain`: as `generation_cache_needed`.
     """
-    if not generation_cache_needed(method, prompt):
+    if not generation_cache_needed(method, prompt, plain):
         return None
     ids = torch.tensor([generation_prompt(method, prompt)], device=input_device(method.model))
     return method.prefill(ids, for_generation=True)
@@ -202,8 +253,9 @@ def batched_prefills(method: PrefillMethod, prompts: Sequence[Sequence[int]], ba
     """(i, the method's prefill of prompts[i], its cost) for every prompt, longest first, prompts of one length
     (for generation, each prompt as `generation_prompt` cuts it)
     `batch_size` at a time through `prefill_batch` (lm-eval's `--batch_size`; padding-free, so only equal
-    lengths share a call). A batch's results are alive together, as `hf`'s batches are. Each cost is timed
-    as its prompt's share of its batch's seconds."""
+    lengths share a call; a batch of one prompt is its `prefill`). A batch's results are alive together, as
+    `hf`'s batches are. Each cost is timed as its prompt's share of its batch's seconds. Runs inside the
+    caller's `forward_context`."""
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # stable: equal lengths keep their order
     step = max(int(batch_size), 1)
     for length, same in itertools.groupby(order, key=lambda i: len(prompts[i])):
@@ -211,8 +263,9 @@ def batched_prefills(method: PrefillMethod, prompts: Sequence[Sequence[int]], ba
         for start in range(0, len(same), step):
             chunk = same[start : start + step]
             ids = torch.tensor([list(prompts[i]) for i in chunk], device=input_device(method.model))
-            with method_forward(method), Stopwatch(ids.device) as clock:
-                results = method.prefill_batch(ids, for_generation=for_generation)
+            with Stopwatch(ids.device) as clock:
+                results = ([method.prefill(ids, for_generation=for_generation)] if len(chunk) == 1
+                           else method.prefill_batch(ids, for_generation=for_generation))
             whole = getattr(method, "reads_whole_prompt", False)
             for i, result in zip(chunk, results):
                 cost = method.prefill_cost(length + int(for_generation and not whole), result)
@@ -228,7 +281,7 @@ def prefill_each(method: PrefillMethod, input_ids: torch.Tensor, *, for_generati
 def generate(method: PrefillMethod, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     """`model.generate` (its own keyword arguments) over the method's cache of the prompt (`generation_cache`)."""
     input_ids = input_ids.to(input_device(method.model))
-    with method_forward(method):
+    with forward_context(method):
         prompt = input_ids[0].tolist()
         result = generation_cache(method, prompt)
         if result is None:

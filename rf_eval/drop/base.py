@@ -16,6 +16,7 @@ then runs the last kept row, `rf_eval.dropped_result.generation_inputs`).
 from __future__ import annotations
 
 import functools
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import torch
@@ -27,7 +28,7 @@ from rf_eval.dropped_result import DroppedResult, extend_dropped
 from rf_eval.engine import PrefillResult, new_cache, plain_prefill
 from rf_eval.fields import ArmError
 from rf_eval.mac_model import cache_rows, prefill_macs
-from rf_eval.method import check_prompt, generate, model_identity, prefill_each
+from rf_eval.method import check_prompt, generate, method_forward, model_identity, prefill_each
 from rf_eval.prefill_cost import PrefillCost
 from rf_eval.weights import weights_fingerprint
 
@@ -96,6 +97,10 @@ class DropMethod:
         """Every row kept: the plain model's prefill, bitwise."""
         return self.kept_count(n) >= n
 
+    def forward_context(self) -> AbstractContextManager:
+        """The context a request runs the model in (`rf_eval.method.method_forward`), entered once per request."""
+        return method_forward(self)
+
     def exact_tail(self, n: int) -> int:
         return n if self.is_plain(n) else 0
 
@@ -116,9 +121,10 @@ class DropMethod:
             raise ValueError(f"held_back={held_back}: {self.name} chooses its rows from the whole prompt")
         ids = check_prompt(input_ids, self.model).to(self.device)
         n = ids.shape[1]
-        if self.is_plain(n):
+        k = self.kept_count(n)
+        if k >= n:  # every row kept (`is_plain`, which the request's shell asked once already)
             return plain_prefill(self.model, ids[:, :-1] if for_generation else ids)
-        kept = self.keep_rows(ids, self.kept_count(n)).to(ids.device)
+        kept = self.keep_rows(ids, k).to(ids.device)
         positions = torch.arange(kept.numel(), device=ids.device) if self.renumbered else kept
         rows = kept[:-1] if for_generation else kept
         cache = new_cache(self.model)
@@ -153,7 +159,7 @@ class DropMethod:
         config = self.model.config
         exact, full = prefill_macs(config, n), cache_rows(config, n)
         knob = {"budget": self.knob.budget, "knob_value": self.knob.setting(n)} if self.knob is not None else {}
-        k = n if self.is_plain(n) else self.kept_count(n)
+        k = min(self.kept_count(n), n)  # n for a plain prompt (`is_plain`: every row kept)
         macs = exact if k >= n else self.score_macs(n) + prefill_macs(config, k)
         return PrefillCost(n, macs, exact, k, cache_rows(config, k), full, None, **knob)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from rf_eval import engine
 from rf_eval.devices import default_device, parse_dtype
 from rf_eval.engine import MappedKV, Plan, PrefillResult, new_cache, num_layers
 from rf_eval.mac_model import cache_rows
-from rf_eval.method import check_prompt, generate, input_device, model_identity, prefill_each
+from rf_eval.method import check_prompt, generate, input_device, method_forward, model_identity, prefill_each
 from rf_eval.prefill_cost import PrefillCost
 from rf_eval.rarecache.arm_spec import RaReCacheArm
 from rf_eval.rarecache.budget import budget, layer_budget, rarecache_knob
@@ -46,7 +47,6 @@ from rf_eval.rarecache.features import cache_entries, check_attention_only, pref
 from rf_eval.rarecache.maps import SIDES, TransferMaps, check_tokenizers, load_transfer_maps
 from rf_eval.rarecache.transfer import MappedCache, Mapper
 from rf_eval.selectors.mapped_cache import CachePrompt, prefill_with_attention
-from rf_eval.selectors.registry import cache_selector
 from rf_eval.weights import weights_fingerprint
 
 
@@ -89,7 +89,7 @@ class RaReCache:
         self.maps.check_weights(self.source_weights_sha256, self.weights_sha256)
         self.maps.check_tokenizer(tokenizer)
         self.rho, self.selector, self.seed = arm.recompute_share, arm.selector, int(arm.seed or 0)
-        self.chooser = cache_selector(arm.selector)
+        self.chooser = arm.selector_obj  # made once, with the arm
         self.costs = EquationCost(target, source, self.maps)
         positions = getattr(target.config, "max_position_embeddings", None) or 1 << 20
         self.knob = rarecache_knob(arm.budget, self.costs, self.chooser.whole_layers, int(positions))
@@ -142,6 +142,10 @@ class RaReCache:
     def is_plain(self, n: int) -> bool:
         """True when an n-token prompt has no mapped row (every row or every layer recomputed)."""
         return self.recomputed(n) >= (num_layers(self.target) if self.chooser.whole_layers else n)
+
+    def forward_context(self) -> AbstractContextManager:
+        """The context a request runs the model in (`rf_eval.method.method_forward`), entered once per request."""
+        return method_forward(self)
 
     def exact_tail(self, n: int) -> int:
         """The last prompt row only (every row for a plain prompt): the others are chosen per prompt."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,11 @@ class RidgeFill:
         """True when an n-token prompt is prefilled by the plain model (no filled rows), bitwise."""
         return engine.runs_plain(self.plan_for(n), n, self.selector is not None)
 
+    def forward_context(self) -> AbstractContextManager:
+        """The model's forward for this arm (`rf_eval.method.method_forward`: the base one beside a fill that
+        replaced it), entered once per request; its own entry points enter it again only outside one."""
+        return method_forward(self)
+
     def prefill(self, input_ids: torch.Tensor, *, for_generation: bool = False, held_back: int = 0) -> PrefillResult:
         """Prefill a 1 x N prompt; `.cache` is the model's own cache, `.logits` the last row's.
 
@@ -159,7 +165,7 @@ class RidgeFill:
         input_ids = check_prompt(input_ids, self.model).to(self.device)
         given = input_ids.shape[1]
         whole = given + (1 if for_generation else int(held_back))
-        with method_forward(self):
+        with self.forward_context():
             plan = self._plan_given(given, for_generation, held_back)
             return self._run(input_ids, plan, self.spec.row_budget(whole))
 
@@ -169,12 +175,12 @@ class RidgeFill:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             raise ValueError(f"input_ids must be a B x N tensor of prompts of one length, got "
                              f"{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids)}")
-        for row in input_ids:
-            check_prompt(row[None], self.model)
         n = input_ids.shape[1] + (1 if for_generation else 0)
         if len(input_ids) == 1 or not self.spec.batches or self.is_plain(n):
-            return prefill_each(self, input_ids, for_generation=for_generation)
-        with method_forward(self):
+            return prefill_each(self, input_ids, for_generation=for_generation)  # each `prefill` checks its prompt
+        for row in input_ids:
+            check_prompt(row[None], self.model)
+        with self.forward_context():
             plan = self._plan_given(input_ids.shape[1], for_generation, 0)
             return engine.split_batch(self._run(input_ids.long().to(self.device), plan))
 
@@ -223,7 +229,7 @@ class RidgeFill:
         plan = self.plan_for(n)
         budget = {"budget": self.spec.budget, "knob_value": self.spec.knob_value(n)} \
             if self.spec.budget is not None else {}
-        if self.is_plain(n) or result is None or result.plan is None:
+        if result is None or result.plan is None:  # a filled prefill's result has a plan (a plain one's none)
             tail, selected = (n, 0) if self.is_plain(n) else (plan.tail, 0)
             ran = plan
         else:
@@ -247,7 +253,7 @@ class RidgeFill:
         decoding steps. Caches whose late layers hold fewer rows (nofill) are
         extended one token at a time, since the stock mask assumes equal lengths.
         """
-        with method_forward(self):
+        with self.forward_context():
             return engine.extend(self.model, result, tokens.to(self.device))
 
     def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:

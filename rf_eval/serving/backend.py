@@ -35,6 +35,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,10 +48,10 @@ from rf_eval.engine.batch import split_cache
 from rf_eval.method import (
     PrefillMethod,
     check_token_ids,
+    forward_context,
     generation_cache,
     generation_cache_needed,
     generation_prompt,
-    method_forward,
     sampling_seed,
 )
 from rf_eval.serving import arms
@@ -218,8 +219,12 @@ class Backend:
     # ---- a batch (the scheduler's worker thread)
 
     def _run_batch(self, jobs: list[Job], finish: Callable[..., None]) -> None:
-        """Serve one batch: the prefills (grouped by arm and length), then each request's generation in turn."""
-        with self.lock:
+        """Serve one batch: the prefills (grouped by arm and length), then each request's generation in turn. A
+        batch of one arm (a single request's, always) runs inside that arm's forward context, entered once;
+        one of several arms enters each arm's around its prefills and each request's generation."""
+        methods = {id(job.payload.arm.method): job.payload.arm.method for job in jobs}
+        one_arm = forward_context(next(iter(methods.values()))) if len(methods) == 1 else nullcontext()
+        with self.lock, one_arm:
             t0 = time.perf_counter()
             caches = self._prefill_batch(jobs, finish)
             t1 = time.perf_counter()
@@ -252,7 +257,7 @@ class Backend:
             request: _Request = job.payload
             if job.gone or len(request.ids) < 2:
                 continue
-            needed = generation_cache_needed(request.arm.method, request.ids)
+            needed = generation_cache_needed(request.arm.method, request.ids)  # the request's one plain decision
             groups.setdefault((id(request.arm.method), len(request.ids), needed), []).append(job)
         out: dict[Job, tuple[PrefillResult, int]] = {}
         for (_, _, needed), group in groups.items():
@@ -260,9 +265,9 @@ class Backend:
                 continue
             method = group[0].payload.arm.method
             try:
-                with method_forward(method):
+                with forward_context(method):
                     if needed and len(group) == 1:
-                        results = [generation_cache(method, group[0].payload.ids)]
+                        results = [generation_cache(method, group[0].payload.ids, plain=False)]
                     elif needed:
                         heads = torch.tensor([generation_prompt(method, j.payload.ids) for j in group],
                                              device=self.lm.input_device)
@@ -299,7 +304,7 @@ class Backend:
         ids, arm, params = request.ids, request.arm, request.params
         first: list[float] = []
         t_gen = time.perf_counter()
-        with method_forward(arm.method):  # the method's forward (a fill that replaced it: the base's)
+        with forward_context(arm.method):  # the method's forward (a fill that replaced it: the base's)
             out, fed = self._run_generate(ids, cached, params, request.on_token, request.cancel,
                                           lambda: first.append(time.perf_counter()))
         t2 = time.perf_counter()
@@ -371,5 +376,5 @@ class Backend:
         from rf_eval.serving.scoring import score_prompt
 
         self.check_length(len(ids), 0)
-        with self.lock, method_forward(arm.method):
+        with self.lock, forward_context(arm.method):
             return score_prompt(self.model, arm.method, ids, k)

@@ -1,0 +1,115 @@
+"""One request path (#39 item 2): a traced request runs each of the path's rules once.
+
+Per prompt the shell decides once whether it is plain (`is_plain`), the method checks it once
+(`check_prompt`), the method's forward context opens once around the whole request
+(`rf_eval.method.ForwardContext`: the method's own entry points find it open), the method prefills once
+and the stock model extends its cache. `tests/request_trace.py` records the calls; run it to print the
+files a request crosses.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from request_trace import ONCE, REQUESTS, filled_adapter, loglikelihood_request, trace
+
+from rf_eval.fills.base import FORWARD_MARK, ReplacedForward
+from rf_eval.method import forward_context, method_forward
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+#: files every filled request of the `ridgefill` adapter crosses: its shell (entered first), the shared rules,
+#: the method and the engine (`README.md`, "How it works")
+PATH = {
+    "loglikelihood": ["model_adapters/scoring.py", "rf_eval/method.py", "rf_eval/ridgefill/api.py",
+                      "rf_eval/engine/__init__.py"],
+    "generate_until": ["model_adapters/generation.py", "rf_eval/method.py", "rf_eval/ridgefill/api.py",
+                       "rf_eval/engine/__init__.py"],
+    "served": ["rf_eval/serving/backend.py", "rf_eval/method.py", "rf_eval/ridgefill/api.py",
+               "rf_eval/engine/__init__.py"],
+}
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_model_dir):
+    return filled_adapter(tiny_model_dir("llama"))
+
+
+@pytest.mark.parametrize("kind", list(REQUESTS))
+def test_a_filled_request_runs_each_rule_once(lm, kind):
+    request = REQUESTS[kind](lm)
+    answer, found = trace(request)
+    assert answer, kind  # the request answered
+    twice = {rule: found.callers[rule] for rule in ONCE if found.rules[rule] > 1}
+    assert not twice, f"{kind}: rules run more than once: {twice}\n{found.summary()}"
+    for rule in ("plain decision", "prompt check", "forward context", "prefill"):
+        assert found.rules[rule] == 1, (kind, rule, found.summary())
+    assert found.rules["extend"] == (1 if kind == "loglikelihood" else 0)  # generation extends inside generate
+    assert found.files[0] == PATH[kind][0], found.summary()  # the shell first
+    assert set(PATH[kind]) <= set(found.files), found.summary()  # then the rules, the method, the engine
+
+
+def test_a_plain_request_runs_the_stock_model_only(lm):
+    from lm_eval.api.instance import Instance
+
+    request = [Instance("loglikelihood", {}, ("a b c", " d"), 0)]  # 4 tokens: within the tail, no filled row
+    [(logprob, _)], found = trace(lambda: lm.loglikelihood(request, disable_tqdm=True))
+    assert math.isfinite(logprob)
+    # the shell decides once; the method's cost model reads the rule once more to price it as exact's
+    # (`prefill_cost(n)` with no prefill to read: the one place a plain request asks again)
+    assert found.callers["plain decision"] == ["model_adapters/scoring.py:_loglikelihood_tokens",
+                                               "rf_eval/ridgefill/api.py:prefill_cost"]
+    assert found.rules["prefill"] == found.rules["prompt check"] == found.rules["forward context"] == 0
+    assert "rf_eval/engine/lower.py" not in found.files  # `hf`'s own code path, not the engine's
+
+
+def test_the_traced_request_answers_as_an_untraced_one(lm):
+    traced, _ = trace(loglikelihood_request(lm))
+    assert traced == loglikelihood_request(lm)()
+
+
+class _Replaced:
+    """A model whose forward a fill replaced (`rf_eval.fills.base.ReplacedForward`)."""
+
+    def __init__(self, fill: str):
+        setattr(self, FORWARD_MARK, ReplacedForward(fill))
+
+
+class _Arm:
+    def __init__(self, model, fill: str):
+        self.model, self.plan = model, type("Plan", (), {"fill": fill})()
+
+
+def test_the_forward_context_opens_once_and_pauses_a_replaced_forward_for_another_arm():
+    model = _Replaced("swiftkv_released")
+    replaced = getattr(model, FORWARD_MARK)
+    exact, released = _Arm(model, "exact"), _Arm(model, "swiftkv_released")
+    with forward_context(released):
+        assert replaced.active  # the arm whose forward it is runs it
+    with forward_context(exact):
+        assert not replaced.active  # the exact arm beside it runs the base forward
+        with method_forward(exact) as inner:  # a method's own entry point inside its shell's context
+            assert inner.inner is None and not replaced.active  # opens nothing again
+        assert not replaced.active  # and leaving it closes nothing
+    assert replaced.active
+    with pytest.raises(RuntimeError), forward_context(exact):
+        raise RuntimeError("a failed request")
+    assert replaced.active  # restored after a failure too
+    with forward_context(exact):
+        assert not replaced.active  # and opens again for the next request
+
+
+def test_a_generation_cache_reads_the_requests_decision_without_asking_again(tiny_model):
+    from rf_eval.method import generation_cache
+    from rf_eval.ridgefill.api import RidgeFill
+
+    model, tok = tiny_model("llama")
+    rf = RidgeFill(model, tok, split=3, tail=4, fill="identity")
+    prompt = torch.randint(0, 250, (12,), generator=torch.Generator().manual_seed(0)).tolist()
+    asked: list[int] = []
+    rf.is_plain = lambda n: asked.append(n) or False  # type: ignore[method-assign]
+    assert generation_cache(rf, prompt, plain=False).prompt_length == 11 and asked == []
+    assert generation_cache(rf, prompt, plain=True) is None and asked == []
+    assert generation_cache(rf, prompt).prompt_length == 11 and asked == [12]
