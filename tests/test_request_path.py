@@ -10,6 +10,7 @@ files a request crosses.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,3 +114,11 @@ def test_a_generation_cache_reads_the_requests_decision_without_asking_again(tin
     assert generation_cache(rf, prompt, plain=False).prompt_length == 11 and asked == []
     assert generation_cache(rf, prompt, plain=True) is None and asked == []
     assert generation_cache(rf, prompt).prompt_length == 11 and asked == [12]
+
+
+def test_the_readme_states_the_path_the_trace_follows():
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("## How it works", 1)[1].split("\n## ", 1)[0]
+    for path in sorted({f for files in PATH.values() for f in files} - {"rf_eval/engine/__init__.py"}):
+        assert f"`{path}`" in section, path
+    assert "`rf_eval/engine/`" in section
