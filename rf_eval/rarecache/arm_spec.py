@@ -38,10 +38,15 @@ class RaReCacheArm:
         if self.budget is not None and self.rho is not None:
             raise ArmError(f"give rho or budget, not both: budget={self.budget:g} sets the recomputed share per "
                            "prompt length")
-        try:
-            cache_selector(self.selector)
+        try:  # the selector's one object for this arm: the method runs it, never the name again
+            object.__setattr__(self, "_selector", cache_selector(self.selector))
         except ValueError as err:
             raise ArmError(str(err)) from None
+
+    @property
+    def selector_obj(self) -> Any:
+        """The arm's position selector (a `rf_eval.selectors.mapped_cache.CacheSelector`), made once."""
+        return self._selector
 
     @property
     def recompute_share(self) -> float | None:
