@@ -15,7 +15,8 @@ about the two model types, with no remote code: the model is `transformers`'
 own Llama / Qwen2 class, holding SwiftKV's tensors as extra modules that its
 forward does not read. So an `exact`, `identity` or `ridge` arm on a SwiftKV
 checkpoint runs its base model, as on any Llama. `rf_eval.families` registers
-them wherever a model is loaded; SwiftKV's projections are `rf_eval.swiftkv`.
+them wherever a model is loaded; SwiftKV's projections and forward are the fills `rf_eval.fills.swiftkv` and
+`rf_eval.fills.swiftkv_released`.
 """
 
 from __future__ import annotations

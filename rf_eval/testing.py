@@ -153,14 +153,14 @@ def with_chat_template(model_dir: str | Path, out_dir: str | Path, template: str
 
 def make_tiny_swiftkv(out_dir: str | Path, family: str = "llama", num_key_value_layers: int = 3,
                       key_value_group_size: int = 1, seed: int = 0, like_own: bool = False) -> Path:
-    """A tiny SwiftKV checkpoint in Snowflake's layout (`rf_eval.swiftkv`): the tiny model of `family`
+    """A tiny SwiftKV checkpoint in Snowflake's layout (`rf_eval.checkpoints`): the tiny model of `family`
     (llama or qwen2) plus SwiftKV's tensors, seeded N(0, 0.08) with norm_swiftkv near one; with
     `like_own`, each late layer's SwiftKV projections are its own q/k/v projections and norm_swiftkv is
     all ones (what the identity fill computes, written as SwiftKV)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rf_eval.swiftkv import MODEL_TYPES
+    from rf_eval.checkpoints import MODEL_TYPES
 
     base_dir = make_tiny_model(family, out_dir, seed=seed)
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)

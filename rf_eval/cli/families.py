@@ -90,8 +90,8 @@ def _row(model_type: str, name: str) -> tuple[str, ...]:
     window = _window(model_type)
     facts = [window, "gated attention" if cls.gated_attention else "", "MoE MLP" if cls.moe_mlp else "",
              "linear attention (Gated DeltaNet)" if cls.linear_attention else "", *cls.traits]
+    from rf_eval.checkpoints import MODEL_TYPES as SWIFTKV_TYPES
     from rf_eval.fills import FILL_OFF, arm_fills, fill_method
-    from rf_eval.swiftkv import MODEL_TYPES as SWIFTKV_TYPES
 
     config = _default_config(model_type)
     fills = [*(f for f in arm_fills() if f == FILL_OFF or fill_method(f).runs_on(config)), *_mapped(model_type)]

@@ -1,4 +1,4 @@
-"""SwiftKV checkpoints (`rf_eval.swiftkv`) and its two fills (#25 item 2).
+"""SwiftKV checkpoints (`rf_eval.checkpoints`) and its two fills (#25 item 2).
 
 - the checkpoint layout loads with no remote code, and with the fill off it is its base model, bitwise;
 - `swiftkv` with SwiftKV's projections equal to the layers' own (norm_swiftkv all ones) is `identity`;
