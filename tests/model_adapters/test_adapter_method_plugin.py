@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from adapter_helpers import TASK_YAML, cli_env, run_lm_eval
+from adapter_helpers import GEN_TASK, GEN_YAML, TASK_YAML, cli_env, run_lm_eval
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,7 +53,7 @@ metric_list:
 
 def cost_task(folder: Path) -> str:
     """A two-document multiple-choice task (long enough contexts that the method drops rows) whose samples
-    record each prompt's prefill cost; its name."""
+    record each prompt's prefill cost, its name; beside it `GEN_TASK`, generating after the same contexts."""
     folder.mkdir()
     data = folder / "data.jsonl"
     context = " ".join(["the cat sat on a mat by the river stone"] * 4)
@@ -62,6 +62,7 @@ def cost_task(folder: Path) -> str:
     yaml = TASK_YAML.format(data=data).replace("rfe_adapter_mc", "rfe_method_cost")
     (folder / "rfe_method_cost.yaml").write_text(yaml.split("metric_list:")[0] + COST_METRICS)
     (folder / "utils.py").write_text(COST_UTILS)
+    (folder / f"{GEN_TASK}.yaml").write_text(GEN_YAML.format(data=data))  # and a generation task on the same docs
     return "rfe_method_cost"
 
 
@@ -72,7 +73,7 @@ def test_a_method_in_one_file_runs_through_lm_eval(tiny_model_dir, tmp_path, mon
     (methods / f"{name}.py").write_text(code)
     task = cost_task(tmp_path / "task")
     model = tiny_model_dir("llama")
-    argv = ["--model", "prefill", "--model_args", f"pretrained={model},method={name},keep=8", "--tasks", task,
+    argv = ["--model", "prefill", "--model_args", f"pretrained={model},method={name},keep=8", "--tasks", f"{task},{GEN_TASK}",
             "--include_path", str(tmp_path / "task"), "--limit", "2", "--device", "cpu", "--log_samples",
             "--output_path", str(tmp_path / "out")]
     monkeypatch.setenv("RF_EVAL_METHOD_PATH", str(methods))
@@ -85,8 +86,12 @@ def test_a_method_in_one_file_runs_through_lm_eval(tiny_model_dir, tmp_path, mon
     arm = results["config"]["rf_eval"]
     assert (arm["method"], arm["keep"], arm["model_type"]) == (name, 8, "llama")
     assert len(arm["weights_sha256"]) == 64
-    samples = [json.loads(line) for line in next((tmp_path / "out").rglob("samples_*.jsonl")).read_text().splitlines()]
+    samples = [json.loads(line) for line in next((tmp_path / "out").rglob(f"samples_{task}_*.jsonl")).read_text()
+               .splitlines()]
     assert len(samples) == 2
+    generated = [json.loads(line) for line in next((tmp_path / "out").rglob(f"samples_{GEN_TASK}_*.jsonl"))
+                 .read_text().splitlines()]
+    assert len(generated) == 2 and all(isinstance(g["resps"][0][0], str) for g in generated)
     for sample in samples:  # the method's own cost model: 8 of the prompt's rows prefilled
         assert sample["prompt_tokens"] > 8 and 0 < sample["macs_fraction"] < 1
         assert sample["macs_fraction"] < 2 * 8 / sample["prompt_tokens"]
