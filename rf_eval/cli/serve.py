@@ -2,10 +2,12 @@
 an OpenAI-compatible server (completions, chat completions, streaming).
 
 The server is an lm-eval adapter built from model_args: `--model ridgefill`'s
-by default, `--model rarecache`'s with `--model-args method=rarecache,source=...,maps=...`
-(HFLM loads the models; the adapter checks its arm, renders chat prompts and
-tokenizes). The arm options (or model_args) set the server's own arm. A
-request may run another arm of the same method on the same server start with
+by default, else the adapter of the prefill method `method=` names (`rf_eval.methods`:
+`--model-args method=rarecache,source=...,maps=...`, `method=gemfilter`, or a
+plug-in's name for `--model prefill`; `rf-eval methods` lists them) (HFLM loads the
+models; the adapter checks its arm, renders chat prompts and tokenizes). The
+arm options (or model_args) set the server's own arm. A request may run
+another arm of the same method on the same server start with
 the body field `rf_arm` (e.g. `{"fill": "identity", "tail": 256}`, or
 `{"rho": 0.5}` for RaReCache) or the URL prefix `/arm/fill=identity;tail=256/v1/...`.
 Requests are logged as JSON lines (arm, prompt length, prefill and prompt
@@ -51,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     arm.add_argument("--chunk-size", type=positive_int, default=None, help="lower layers run in chunks of this many rows")
     arm.add_argument("--model-args", default=None, metavar="K=V,...",
                      help="any other model_args of the method's adapter (as for lm_eval --model_args); "
-                          "method=rarecache serves RaReCache (pretrained=TARGET,source=...,maps=...)")
+                          "method=NAME serves that prefill method (`rf-eval methods` lists them), e.g. "
+                          "method=rarecache,source=...,maps=... serves RaReCache")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--max-length", type=positive_int, default=None, help="prompt + generation limit (default: the model's)")
