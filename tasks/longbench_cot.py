@@ -43,6 +43,7 @@ from typing import Any
 
 from lm_eval.api.task import ConfigurableTask
 
+from rf_eval.data_files import check_items, iter_jsonl, read_json, read_text
 from rf_eval.errors import UserError
 from rf_eval.tasks import request_types
 from rf_eval.tasks.common import (
@@ -57,7 +58,6 @@ from rf_eval.tasks.common import (
     tokenizer_from,
 )
 from rf_eval.tasks.data import local_copy
-from rf_eval.tasks.data_files import check_items, iter_jsonl, read_json, read_text
 
 DATA_OPTION = "data"
 PROMPTS_OPTION = "prompts_dir"

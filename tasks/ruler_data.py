@@ -38,9 +38,7 @@ from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from typing import Any
 
-from rf_eval.errors import UserError
-from rf_eval.tasks.data import SOURCES, offline
-from rf_eval.tasks.data_files import (
+from rf_eval.data_files import (
     DataFileError,
     check_fields,
     check_items,
@@ -49,6 +47,8 @@ from rf_eval.tasks.data_files import (
     read_jsonl,
     read_text,
 )
+from rf_eval.errors import UserError
+from rf_eval.tasks.data import SOURCES, offline
 
 # lm-eval task name -> (module in lm_eval.tasks.ruler, dataset function, needle kind, answer budget)
 RULER_TASKS: dict[str, tuple[str, str, str, int]] = {
@@ -100,7 +100,7 @@ def ruler_module(name: str):
 def load_essays(path: str | Path) -> list[str]:
     """Essay texts from a local copy: a .txt file, a folder of .txt files (sorted by
     name), or a .jsonl / .json / .parquet file with a `text` field (rows in order); a bad
-    file is named with its line or row and the field (`rf_eval.tasks.data_files`)."""
+    file is named with its line or row and the field (`rf_eval.data_files`)."""
     p = Path(path).expanduser()
     if p.is_dir():
         return [read_text(f, ESSAY_OPTION) for f in folder_files(p, (".txt",), ESSAY_OPTION)]

@@ -13,9 +13,12 @@ names nothing. Formats:
 - folders (`folder_files`): a folder that exists and holds files of the kinds read.
 
 The callers: `keytoken_nll` / `decode_agreement` documents and key references
-(`keytoken_files`), LongBench v2 items and prompt files (`longbench_cot`),
-RULER haystacks and QA sources (`ruler_data`), calibration text for fitting
-(`rf_eval.ridge.calibration`), the fetch manifest (`data_fetch`).
+(`rf_eval.tasks.keytoken_files`), LongBench v2 items and prompt files
+(`rf_eval.tasks.longbench_cot`), RULER haystacks and QA sources
+(`rf_eval.tasks.ruler_data`), calibration text for fitting
+(`rf_eval.ridge.calibration`), the fetch manifest (`rf_eval.tasks.data_fetch`).
+It sits at the package root, not among the tasks: the ridge package reads
+calibration text with it and sits below the tasks.
 """
 
 from __future__ import annotations
