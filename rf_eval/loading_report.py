@@ -15,6 +15,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from rf_eval.fields import ArmError
+from rf_eval.fills import FILL_OFF, fill_method, registered_fills
+
 #: the attribute a loaded model carries: the checkpoint keys transformers initialised at random
 MISSING_ATTR = "rf_eval_missing_keys"
 
@@ -52,8 +55,6 @@ def check_loaded(model: Any, fill: str, role: str = "the model") -> None:
     model's own forward), which `transformers` initialised at random (`rf_eval.loading_report`); the tensors
     beyond the base model's that a method alone reads (`FillMethod.extra_tensors`) matter to that method only.
     `role` names the model in the message (a speculator, a RaReCache source)."""
-    from rf_eval.fields import ArmError
-    from rf_eval.fills import FILL_OFF, fill_method, registered_fills
     from rf_eval.loading_report import missing_keys
 
     missing = missing_keys(model)

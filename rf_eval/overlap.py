@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 
 from rf_eval.errors import UserError
+from rf_eval.outputs import stamp_json, write_output
+from rf_eval.tasks.keytoken_files import load_documents
 
 DEFAULT_WORDS = 50  # the paper's 50-word rule (section 6.7, Appendix G)
 EXCERPT_WORDS = 12  # words of a run shown in the table and the JSON
@@ -169,7 +171,6 @@ def evaluation_texts(paths: Sequence[str | Path]) -> list[Text]:
     such file; `rf_eval.tasks.keytoken_files.load_documents`). A text document is named by its file's path;
     a JSONL line by the path given and the id keytoken_nll matches results by (`PATH [id ID]`: its `id`
     field, else `file.jsonl:<line index from 0>`)."""
-    from rf_eval.tasks.keytoken_files import load_documents
 
     if not paths:
         raise OverlapError("no evaluation texts given")
@@ -228,7 +229,6 @@ def check_before_fit(calibration: Sequence[str | Path], documents: str | Path, r
     summary the fit marker records."""
     if action not in (WARN, REFUSE):
         raise OverlapError(f"overlap: {action!r} is not {WARN} or {REFUSE}")
-    from rf_eval.outputs import stamp_json, write_output
 
     result = check_files(calibration, [documents])
     write_output(record, json.dumps(stamp_json({**result.record(), "calibration_files": [str(c) for c in calibration],

@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from rf_eval import run_context
 from rf_eval.errors import UserError
 from rf_eval.prefill_cost import COST_FIELDS, empty_fields
 
@@ -53,7 +54,6 @@ def cost_fields(prompt: Any) -> dict[str, Any]:
     """The prefill cost the run's rf-eval adapter recorded for the request whose first argument is `prompt`
     (`rf_eval.run_context.prompt_cost`), as a sample's fields; every field None under another lm-eval model
     (the report then has no cost for that arm)."""
-    from rf_eval import run_context
 
     return run_context.prompt_cost(prompt) or empty_fields()
 
@@ -109,7 +109,6 @@ class TailMismatch(UserError):
 
 def run_model() -> dict[str, Any] | None:
     """Facts of the rf-eval adapter this process evaluates (`rf_eval.run_context`), or None."""
-    from rf_eval import run_context
 
     return run_context.current()
 

@@ -57,7 +57,7 @@ from rf_eval.tasks.common import (
     strip_task_keys,
     tokenizer_from,
 )
-from rf_eval.tasks.data import local_copy
+from rf_eval.tasks.data import local_copy, missing_message, why_missing
 
 DATA_OPTION = "data"
 PROMPTS_OPTION = "prompts_dir"
@@ -110,8 +110,6 @@ def load_items(path: str | Path | None) -> list[dict[str, Any]]:
     string, `answer`, `difficulty` and `length` one of the dataset's values (a bad item is named by its
     place in the file and the field)."""
     if not path:
-        from rf_eval.tasks.data import missing_message, why_missing
-
         raise LongBenchDataError(missing_message("longbench_v2_cot", ["longbench_v2"], why_missing(["longbench_v2"])))
     p = Path(path).expanduser()
     if not p.is_file():

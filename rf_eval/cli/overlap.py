@@ -12,7 +12,8 @@ import argparse
 import json
 
 from rf_eval.cli.values import positive_int
-from rf_eval.overlap import DEFAULT_WORDS
+from rf_eval.outputs import check_output, stamp_json, write_output
+from rf_eval.overlap import DEFAULT_WORDS, check_files
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,8 +30,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.outputs import check_output, stamp_json, write_output
-    from rf_eval.overlap import check_files
 
     if args.json:  # before any reading: never over a file rf-eval did not write (`rf_eval.outputs`)
         check_output("--json", args.json, overwrite=args.overwrite)

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rf_eval.families._tiny import TINY_SHAPES
+
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
@@ -61,7 +63,6 @@ class Family:
         """The config of this family's tiny random model (`overrides` replace shared shapes and settings)."""
         from transformers import AutoConfig
 
-        from rf_eval.families._tiny import TINY_SHAPES
 
         ids = dict(vocab_size=vocab_size, pad_token_id=vocab_size - 3, eos_token_id=vocab_size - 1)
         return AutoConfig.for_model(cls.model_types[0], **{**TINY_SHAPES, **ids, **cls.tiny_settings, **overrides})

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from rf_eval.hashing import file_sha256
+from rf_eval.rarecache.cost import probe_parameters
 from rf_eval.ridge.maps import MapError, config_hash
 from rf_eval.tensor_files import read_tensors, save_tensors
 
@@ -86,7 +87,6 @@ class TransferMaps:
     def parameter_counts(self, probe_count: str = "basis") -> tuple[int, int]:
         """(P_map, P_probe) of eq. 11: map weights and biases, and the probe as `probe_count` counts it
         (`rf_eval.rarecache.cost.PROBE_COUNTS`)."""
-        from rf_eval.rarecache.cost import probe_parameters
 
         p_map = sum(m.weight.numel() + m.bias.numel() for m in self.maps.values())
         p_probe = sum(probe_parameters(m.weight.shape[0], m.basis.shape[0], m.basis.shape[1], probe_count)

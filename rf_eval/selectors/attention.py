@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from rf_eval.engine import Selection
 from rf_eval.engine.attention import visible_keys
 from rf_eval.selectors.base import Request, Selector, top_rows
+from rf_eval.selectors.tokens import row_texts
 
 DEFAULT_LAYERS = (3, 7, 11, 15)
 
@@ -187,8 +188,6 @@ class QuestionHidden(Attention):
 
     def question_start(self, req: Request) -> int:
         if self.marker:
-            from rf_eval.selectors.tokens import row_texts
-
             texts = row_texts(req.need_tokenizer(self.name), req.ids)
             text = "".join(texts)
             at = text.rfind(self.marker)

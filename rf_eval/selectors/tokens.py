@@ -26,11 +26,11 @@ selector's count (no cap).
 from __future__ import annotations
 
 import unicodedata
-from pathlib import Path
 
 import torch
 
 from rf_eval.engine import Selection
+from rf_eval.ridge.unigram import load_unigram
 from rf_eval.selectors.base import Request, Selector, as_rows, top_rows
 
 ELIGIBLE = ("cap_word_start", "cap_word_piece", "lower_word_piece", "mixed")
@@ -139,12 +139,6 @@ def request_classes(req: Request, who: str) -> list[str]:
                 prev = text
         req.memo["classes"] = out
     return req.memo["classes"]
-
-
-def load_unigram(path: str | Path) -> torch.Tensor:
-    from rf_eval.ridge.unigram import load_unigram as load
-
-    return load(path)
 
 
 class SpecialTokens(Selector):

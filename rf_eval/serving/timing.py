@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rf_eval.mac_model import ceiling_r
+from rf_eval.serving.arms import parse_rf_arm
 from rf_eval.serving.client import Server, StreamResult
 
 
@@ -37,7 +38,6 @@ class TimedArm:
 
 def parse_arm(text: str | None, default_name: str) -> TimedArm:
     """`--arm-a/--arm-b` values: a JSON object, a `key=value;...` spec, or `none`/`server`."""
-    from rf_eval.serving.arms import parse_rf_arm
 
     if text is None or text.strip().lower() in ("", "none", "server", "null"):
         return TimedArm(default_name, None)

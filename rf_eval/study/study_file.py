@@ -52,6 +52,11 @@ from typing import Any
 import yaml
 
 from rf_eval._startup import MODELS
+from rf_eval.drop.arm_spec import DropArm
+from rf_eval.errors import UserError
+from rf_eval.fills import arm_fills
+from rf_eval.rarecache.arm_spec import RaReCacheArm
+from rf_eval.ridgefill.arm_spec import RidgeFillArm
 
 #: the rf-eval models (`rf_eval._startup.MODELS`: the adapters of `rf_eval.methods`); any other name is an
 #: lm-eval model (API arms)
@@ -208,8 +213,6 @@ def load_study(path: str | Path) -> Study:
         model = spec.get("model", "ridgefill")
         args = dict(spec.get("args") or {})
         if model == "ridgefill" and "fill" not in args and "preset" not in args:
-            from rf_eval.fills import arm_fills
-
             raise StudyError(f"{where}: a ridgefill arm needs args.fill ({' | '.join(arm_fills())}) "
                              f"({_line(arm_nodes[arm_name])})")
         arms[str(arm_name)] = StudyArm(str(arm_name), model, args)
@@ -285,16 +288,9 @@ def _budgets(name: str, values: list | None, node: yaml.Node | None) -> tuple[fl
 def takes_budget(arm: StudyArm) -> bool:
     """Whether an arm's settings take a budget: an rf-eval arm (of a fill, or RaReCache) without one of its
     own, whose arm spec accepts one (a fill that turns its tail, a selector that counts rows, ...)."""
-    from rf_eval.errors import UserError
-
     if arm.model not in ADAPTERS or "budget" in arm.args:
         return False
-    if arm.model == "ridgefill":
-        from rf_eval.ridgefill.arm_spec import RidgeFillArm as Spec
-    elif arm.model == "rarecache":
-        from rf_eval.rarecache.arm_spec import RaReCacheArm as Spec
-    else:
-        from rf_eval.drop.arm_spec import DropArm as Spec
+    Spec = {"ridgefill": RidgeFillArm, "rarecache": RaReCacheArm}.get(arm.model, DropArm)
     replaced = ("rho", "keep", "keep_share")  # what a budget sets instead
     fields = {k: v for k, v in arm.args.items() if k in Spec.fields() and k not in replaced}
     try:
