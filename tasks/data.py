@@ -35,6 +35,7 @@ from typing import Any
 from rf_eval.errors import UserError
 from rf_eval.tasks.data_sources import SOURCES, source
 from rf_eval.tasks.data_sources.base import MANIFEST
+from rf_eval.tasks.data_sources.ruler_modules import offline
 
 __all__ = ["DATA_ENV", "DATA_OPTION", "MANIFEST", "SOURCES", "TaskDataMissing", "available", "data_dir",
            "local_copy", "missing_message", "offline", "reachable", "use_nltk_data", "why_missing"]
@@ -78,10 +79,6 @@ def use_nltk_data(metadata: dict[str, Any] | None) -> None:
 
         if str(found) not in nltk.data.path:
             nltk.data.path.insert(0, str(found))
-
-
-def offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def reachable(host: str, timeout: float = 5.0) -> bool:

@@ -28,13 +28,10 @@ around that call:
 
 from __future__ import annotations
 
-import importlib
-import io
 import random
 import re
-import sys
 from collections.abc import Iterator
-from contextlib import contextmanager, redirect_stdout
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +46,8 @@ from rf_eval.data_files import (
 )
 from rf_eval.errors import UserError
 from rf_eval.tasks.common import tokenizer_name, with_run_defaults
-from rf_eval.tasks.data import SOURCES, local_copy, missing_message, offline, use_nltk_data
+from rf_eval.tasks.data import SOURCES, local_copy, missing_message, use_nltk_data
+from rf_eval.tasks.data_sources.ruler_modules import offline, patched, ruler_module
 
 # lm-eval task name -> (module in lm_eval.tasks.ruler, dataset function, needle kind, answer budget)
 RULER_TASKS: dict[str, tuple[str, str, str, int]] = {
@@ -68,9 +66,6 @@ RULER_TASKS: dict[str, tuple[str, str, str, int]] = {
     "ruler_qa_hotpot": ("qa_utils", "get_hotpotqa", "qa", 32),
 }
 
-#: tasks whose haystack is the Paul Graham essays (lm-eval's `get_haystack(type_haystack="essay")`), which
-#: need the essays and nltk's punkt_tab (`rf_eval.tasks.data`)
-ESSAY_HAYSTACK = ("niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "niah_multiquery")
 #: tasks whose haystack is made of needle sentences (the generator inserts one needle, the queried one)
 NEEDLE_HAYSTACK = ("niah_multikey_2", "niah_multikey_3")
 ESSAY_OPTION = "essay_haystack"
@@ -80,22 +75,6 @@ DEFAULT_NUMPY_SEED = 1234
 
 class RulerDataError(UserError, RuntimeError):
     """A RULER task cannot build its samples (missing local data, tokenizer, nltk model)."""
-
-
-def ruler_module(name: str):
-    """lm-eval's RULER module `name`. Importing `prepare_niah` (which `niah_utils` does) asks nltk to
-    download `punkt_tab` when it is missing; offline (HF_HUB_OFFLINE) the network refuses, nltk prints
-    its error, and lm-eval prints "Downloaded punkt_tab" though nothing was. Offline, the import runs
-    with nltk's downloader off and that line unprinted; the tasks that need the model (the essay
-    haystack) call `check_punkt`, which says what is missing and how to get it. (The import's 12-13 s
-    here are lm-eval's own word list, built at import, not the download.)"""
-    module = f"lm_eval.tasks.ruler.{name}"
-    if module in sys.modules or not offline():
-        return importlib.import_module(module)
-    import nltk
-
-    with _patched(nltk, "download", lambda *args, **kwargs: False), redirect_stdout(io.StringIO()):
-        return importlib.import_module(module)
 
 
 def load_essays(path: str | Path) -> list[str]:
@@ -173,16 +152,6 @@ def seeded(seed: int, numpy_seed: int) -> Iterator[None]:
 
 
 @contextmanager
-def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
-    old = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, old)
-
-
-@contextmanager
 def local_sources(metadata: dict[str, Any], base_task: str) -> Iterator[None]:
     """Route lm-eval's RULER data sources to local files for the duration of one generation."""
     module_name, _, kind, _ = RULER_TASKS[base_task]
@@ -206,7 +175,7 @@ def local_sources(metadata: dict[str, Any], base_task: str) -> Iterator[None]:
             check_punkt(base_task)
             return haystack
 
-        with _patched(niah, "get_haystack", get_haystack):
+        with patched(niah, "get_haystack", get_haystack):
             yield
     elif module_name == "cwe_utils":
         # cwe draws from a module-level Random(42) that lm-eval shuffles once at import:
@@ -230,7 +199,7 @@ def local_sources(metadata: dict[str, Any], base_task: str) -> Iterator[None]:
         def download_json(url: str):
             return read_json(local, SOURCES[source].option or source)
 
-        with _patched(qa, "download_json", download_json):
+        with patched(qa, "download_json", download_json):
             # the parsed local file stays cached afterwards: needle marking reads it again
             qa.read_squad.cache_clear()
             qa.read_hotpotqa.cache_clear()

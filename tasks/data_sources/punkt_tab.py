@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 from rf_eval.tasks.data_sources.base import DataSource
-from rf_eval.tasks.ruler_data import ESSAY_HAYSTACK
+from rf_eval.tasks.data_sources.ruler_modules import ESSAY_HAYSTACK
 
 
 class PunktTab(DataSource):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from rf_eval.tasks.data_sources.base import DataSource, write_text
-from rf_eval.tasks.ruler_data import ruler_module
+from rf_eval.tasks.data_sources.ruler_modules import ruler_module
 
 
 class RulerQA(DataSource):

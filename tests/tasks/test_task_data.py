@@ -13,6 +13,7 @@ import pytest
 
 from rf_eval.tasks import data, data_fetch, data_needs, ruler_data
 from rf_eval.tasks.data_sources import source
+from rf_eval.tasks.data_sources.ruler_modules import ESSAY_HAYSTACK
 
 
 @pytest.mark.parametrize("task, sources", [
@@ -38,7 +39,7 @@ def test_the_essay_list_is_lm_evals():
         if module != "niah_utils":
             continue
         essay = 'type_haystack="essay"' in inspect.getsource(getattr(niah, func))
-        assert essay == (task in ruler_data.ESSAY_HAYSTACK), task
+        assert essay == (task in ESSAY_HAYSTACK), task
 
 
 def test_fetch_writes_what_the_tasks_read(stand_in_sources, tmp_path):
