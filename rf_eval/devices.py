@@ -63,6 +63,18 @@ def rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
+def init_distributed() -> None:
+    """Join the torchrun process group (NCCL on CUDA, else gloo): what a fit under
+    `torchrun --nproc_per_node K` does first; nothing in a single process."""
+    import os
+
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+
 
 _GLOO: dict[tuple[int, ...], object] = {}
 

@@ -7,16 +7,14 @@ Under `torchrun --nproc_per_node K -m rf_eval fit-transfer ...` the documents
 are sharded across processes and the sums all-reduced; rank 0 writes the file.
 Memory: the fp64 sums hold, per side, a (L_s d_s)² Gram and an
 (L_s d_s) x (L_t d_t) cross term (d = n_kv * d_h of one layer), whatever the
-calibration size (`--sums-device cpu` keeps them in host memory).
+calibration size (`--sums-device cpu` keeps them in host memory). The work is
+`rf_eval.rarecache.transfer_run.fit_transfer_file`'s; this module parses the options into its arguments.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
-from rf_eval.cli import UserError
 from rf_eval.cli.values import nonnegative_int, positive_float, positive_int
 
 
@@ -38,77 +36,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace the maps file --out already holds")
 
 
-def check_inputs(args: argparse.Namespace) -> None:
-    """What can be refused before a tokenizer or weights load: the numbers, --out, both model folders, the
-    device and dtype, and --k against the source model's layers (from its config)."""
-    from transformers import AutoConfig
-
-    from rf_eval.devices import check_device, check_model_source, parse_dtype
-    from rf_eval.rarecache.maps import FILENAME
-
-    if args.k < 1 or args.rank < 0 or args.stride < 1 or not args.lam > 0:
-        raise UserError("need --k >= 1, --rank >= 0, --stride >= 1 and --lambda > 0")
-    if args.max_tokens < 2:
-        raise UserError(f"--max-tokens {args.max_tokens}: a document needs at least 2 tokens")
-    out = Path(args.out)
-    if out.is_file():
-        raise UserError(f"--out {args.out} is a file; give a folder for {FILENAME}")
-    if (out / FILENAME).exists() and not args.overwrite:
-        raise UserError(f"--out {args.out} already holds {FILENAME}; choose a new folder, or pass --overwrite "
-                        "to replace it")
-    for option, check in (("--source", lambda: check_model_source(args.source)),
-                          ("--target", lambda: check_model_source(args.target)),
-                          ("--device", lambda: check_device(args.device)),
-                          ("--sums-device", lambda: check_device(args.sums_device) if args.sums_device else None),
-                          ("--dtype", lambda: parse_dtype(args.dtype, check_device(args.device)))):
-        try:
-            check()
-        except ValueError as err:
-            raise UserError(f"{option}: {err}") from None
-    try:
-        layers = AutoConfig.from_pretrained(args.source, trust_remote_code=args.trust_remote_code
-                                            ).get_text_config().num_hidden_layers
-    except (OSError, ValueError):
-        return  # the model's own loading says why
-    if args.k > layers:
-        raise UserError(f"--k {args.k}: must be in 1..{layers} (the source's layer count)")
-
-
 def run(args: argparse.Namespace) -> int:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from rf_eval.rarecache.transfer_run import fit_transfer_file
 
-    from rf_eval.cli.fit import init_distributed
-    from rf_eval.devices import default_device, parse_dtype
-    from rf_eval.rarecache.fit import fit_transfer
-    from rf_eval.rarecache.maps import check_tokenizers
-    from rf_eval.ridge.calibration import CalibrationError, check_nonempty
-
-    remote = dict(trust_remote_code=args.trust_remote_code)
-    check_inputs(args)
-    try:
-        check_nonempty(args.calibration)
-        source_tok = AutoTokenizer.from_pretrained(args.source, **remote)
-        target_tok = AutoTokenizer.from_pretrained(args.target, **remote)
-        check_tokenizers(source_tok, target_tok)  # before any weights load
-        init_distributed()
-        device = args.device or default_device()
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and device.startswith("cuda"):
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-        dtype = parse_dtype(args.dtype, device)
-        source, target = (
-            AutoModelForCausalLM.from_pretrained(p, dtype=dtype, **remote).to(device).eval()
-            for p in (args.source, args.target)
-        )
-        maps, path = fit_transfer(source, target, source_tok, target_tok, args.calibration, k=args.k,
-                                  rank=args.rank, lam=args.lam, stride=args.stride, max_tokens=args.max_tokens,
-                                  out=args.out, progress=not args.no_progress, sums_device=args.sums_device)
-    except (ValueError, CalibrationError, OSError) as err:
-        raise UserError(str(err)) from err
-    if path is not None:
-        import json
-
-        r2 = json.loads(maps.metadata["r2"])
-        means = {s: sum(v["r2_k"] for v in r2[s].values()) / len(r2[s]) for s in r2}
-        print(f"{maps.metadata['rows']} calibration rows, k={args.k}, rank={args.rank}, lambda={args.lam:g}; "
-              f"mean in-sample R²_K key {means['key']:.4f}, value {means['value']:.4f} -> {path}")
+    fit = fit_transfer_file(args.source, args.target, args.calibration, args.out, k=args.k, rank=args.rank,
+                            lam=args.lam, stride=args.stride, max_tokens=args.max_tokens, device=args.device,
+                            sums_device=args.sums_device, dtype=args.dtype,
+                            trust_remote_code=args.trust_remote_code, overwrite=args.overwrite,
+                            progress=not args.no_progress)
+    summary = fit.summary()
+    if summary is not None:
+        print(summary)
     return 0

@@ -30,13 +30,14 @@ Outputs never replace a file rf-eval did not write (`rf_eval.outputs`): every ou
 anything is read or written, and an existing file without rf-eval's output mark (a `--latex paper.tex` that
 names the paper itself) stops the report unless `--overwrite` is given. Every samples file read is checked
 against the seal its run wrote (`rf_eval.seal`): one edited or truncated since stops the report.
+
+The work is `rf_eval.reports.build.build_report`'s (what a study and the demo call); this module parses the
+options into its keyword arguments.
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-from typing import Any
 
 from rf_eval.cli import UserError
 from rf_eval.cli.values import nonnegative_float, nonnegative_int, positive_int, probability
@@ -105,97 +106,24 @@ def _mapping(option: str, specs: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def ttft_speed_rows(paths: list[str]) -> list[dict]:
-    """Speed rows of `rf-eval ttft` result files (medians and ratios, no intervals: paper section 3.4)."""
-    import json
-
-    rows = []
-    for path in paths:
-        try:
-            data = json.loads(open(path).read())
-        except OSError as err:
-            raise UserError(f"--ttft {path}: cannot read it ({err.strerror or err})") from None
-        except json.JSONDecodeError as err:
-            raise UserError(f"--ttft {path}: not an `rf-eval ttft` result (not JSON: {err.msg} at line {err.lineno})") from None
-        if data.get("kind") != "rf-eval-ttft":
-            raise UserError(f"--ttft {path}: not an `rf-eval ttft` result (kind {data.get('kind')!r})")
-        rows.extend(data["speed"])
-    return rows
-
-
-def check_recorded_heads(runs: Any, ledger: list[Any]) -> None:
-    """Every ledger head a run recorded must still be in the ledger (a truncated ledger fails)."""
-    from rf_eval.stats.ledger import Head, LedgerError, check_head
-
-    for arm in runs.arms:
-        for head in arm.ledger_heads:
-            try:
-                check_head(ledger, Head(str(head["hash"]), int(head["count"]) if head.get("count") is not None else None))
-            except (LedgerError, ValueError) as err:
-                raise UserError(f"arm {arm.name} ({head.get('results')}) recorded ledger head "
-                                f"{head['hash']}:{head.get('count')}, which the ledger no longer holds: {err}") from None
-
-
-def check_report_outputs(args: argparse.Namespace) -> None:
-    """Every output file checked before anything is read or written (`rf_eval.outputs.check_outputs`): no two
-    naming one file, none a folder, none an existing file rf-eval did not write unless --overwrite."""
-    from rf_eval.outputs import check_outputs
-
-    check_outputs({f"--{option}": getattr(args, option, None) for option in ("html", "latex", "markdown", "json")},
-                  overwrite=args.overwrite)
-
-
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.reports.render import write_reports
-    from rf_eval.stats.ledger import LedgerError, ledger_head, verify_ledger
-    from rf_eval.stats.ledger_results import check_results, record_results
-    from rf_eval.stats.pairing import PairingError
-    from rf_eval.stats.runs import RunFormatError, load_runs
-    from rf_eval.stats.summary import study_summary
+    from rf_eval.reports.build import build_report
 
-    if args.margin < 0 or args.resamples < 1 or not 0 < args.confidence < 1:
-        raise UserError("--margin must be >= 0, --resamples >= 1 and --confidence in (0, 1)")
-    try:
-        if args.latex_standalone and not args.latex:
-            raise UserError("--latex-standalone needs --latex FILE")
-        if args.copyable_bins is not None and "copyable" not in args.strata:
+    bins = None
+    if args.copyable_bins is not None:
+        if "copyable" not in args.strata:
             raise UserError("--copyable-bins needs --strata copyable")
-        edges = DEFAULT_EDGES if args.copyable_bins is None else parse_edges(args.copyable_bins)
-        check_report_outputs(args)
-        runs = load_runs(args.runs, metrics=_mapping("--metric", args.metric), allow_empty=args.allow_empty)
-        ledger = verify_ledger(args.ledger) if args.ledger else None
-        if ledger is not None:
-            check_recorded_heads(runs, ledger)
-            check_results(args.ledger, ledger)
-        summary = study_summary(
-            runs,
-            args.reference,
-            margin=args.margin,
-            confidence=args.confidence,
-            n_resamples=args.resamples,
-            seed=args.seed,
-            ledger=ledger,
-            controls=_mapping("--control", args.control),
-            cross_model=args.cross_model,
-            strata=list(dict.fromkeys(args.strata)),
-            copyable_bins=edges,
-        )
-    except LedgerError as err:
-        raise UserError(f"ledger {args.ledger}: {err}") from None
-    except (RunFormatError, PairingError, ValueError) as err:
-        raise UserError(str(err)) from None
-    summary["speed"] = list(summary["speed"]) + ttft_speed_rows(args.ttft)
-    if ledger is not None:
-        files = [f for arm in runs.arms for f in (*arm.results_files, *arm.samples_files)]
-        entry = record_results(args.ledger, ledger, files, arms=[arm.name for arm in runs.arms])
-        if entry is not None:
-            print(f"ledger {args.ledger}: entry {entry.index} records the sha256 of {len(entry.files)} result files")
-        head = ledger_head(args.ledger)
-        summary["ledger_head"] = {"path": str(Path(args.ledger).resolve()), "hash": head.hash, "count": head.count}
-    for path in write_reports(summary, html=args.html, latex=args.latex, markdown=args.markdown,
-                              json_path=args.json, latex_standalone=args.latex_standalone,
-                              overwrite=args.overwrite):
-        print(f"wrote {path}")
-    for note in summary["notes"]:
-        print(f"note: {note}")
+        try:
+            bins = parse_edges(args.copyable_bins)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+    report = build_report(
+        args.runs, reference=args.reference, html=args.html, margin=args.margin, ledger=args.ledger,
+        latex=args.latex, latex_standalone=args.latex_standalone, markdown=args.markdown, json_path=args.json,
+        overwrite=args.overwrite, allow_empty=args.allow_empty, cross_model=args.cross_model,
+        controls=_mapping("--control", args.control), metrics=_mapping("--metric", args.metric),
+        strata=args.strata, copyable_bins=bins, ttft=args.ttft, resamples=args.resamples,
+        confidence=args.confidence, seed=args.seed)
+    for line in report.lines:
+        print(line)
     return 0

@@ -30,7 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rf_eval.errors import UserError
 from rf_eval.hashing import file_sha256
+from rf_eval.reports.build import build_report
+from rf_eval.reports.build import report_argv as build_report_argv
+from rf_eval.ridgefill.fit_run import fit_map_files, fit_summary
 from rf_eval.study.jobs import ArmJob, Progress, cached_requests
 from rf_eval.study.study_file import ADAPTERS, Study, StudyArm, StudyError
 
@@ -230,12 +234,8 @@ def fit_maps_once(study: Study, out: Path) -> str | None:
     folder = out / "maps"
     marker = folder / "fit.json"
     want = _fit_fingerprint(study)
-    from rf_eval.cli import UserError, options
-    from rf_eval.cli.fit import run as fit
-
     # a refit (its inputs changed since the maps there were fitted) replaces them: same file names
-    given: dict[str, Any] = dict(study.fit_options(), out=str(folder), no_progress=False,
-                                 overwrite=folder.is_dir() and any(folder.iterdir()))
+    given: dict[str, Any] = dict(study.fit_options(), overwrite=folder.is_dir() and any(folder.iterdir()))
     overlap = None
     if study.metadata.get("docs"):  # calibration vs the evaluated documents first (RidgeFill Appendix G)
         from rf_eval.overlap import WARN, check_before_fit
@@ -247,46 +247,43 @@ def fit_maps_once(study: Study, out: Path) -> str | None:
             raise StudyError(f"the study's overlap check, before its fit: {err}") from None
     print(f"[fit] maps for split {study.fit['split']} into {folder}", flush=True)
     try:
-        fit(options("fit", **given))
+        result = fit_map_files(folder, **given)
     except UserError as err:
         raise StudyError(f"the study's fit: block failed: {err}") from None
+    for line in fit_summary(result):
+        print(line)
     marker.write_text(json.dumps({"fit": want, "overlap": overlap}))
     return str(folder)
 
 
-def report_options(study: Study, out: Path, ledger: Path) -> Any:
-    """`rf-eval report`'s options over every arm's folder. No `metric`: the report reads each task by its
+def report_arguments(study: Study, out: Path, ledger: Path) -> dict[str, Any]:
+    """`build_report`'s arguments over every arm's folder. No `metrics`: the report reads each task by its
     default measures (`rf_eval.stats.measures`: keytoken_nll's key- and novel-token ΔNLL, gap and KL;
     acc_filled)."""
-    from rf_eval.cli import options
-
-    return options("report", runs=[str(arm_folder(study, out, a)) for a in study.arms], reference=study.reference,
-                   margin=float(study.margin), html=str(out / "report.html"), latex=str(out / "report.tex"),
-                   markdown=str(out / "report.md"), json=str(out / "report.json"),
-                   ledger=str(ledger) if ledger.is_file() else None,
-                   control=[f"{selected}={','.join(controls)}" for selected, controls in study.controls.items()])
+    return dict(runs=[str(arm_folder(study, out, a)) for a in study.arms], reference=study.reference,
+                margin=float(study.margin), html=str(out / "report.html"), latex=str(out / "report.tex"),
+                markdown=str(out / "report.md"), json_path=str(out / "report.json"),
+                ledger=str(ledger) if ledger.is_file() else None,
+                controls={selected: list(controls) for selected, controls in study.controls.items()})
 
 
 def report_argv(study: Study, out: Path, ledger: Path) -> list[str]:
-    """The `rf-eval report` command line of `report_options` (what the study prints as the command it ran)."""
-    from rf_eval.cli import as_argv
-
-    return as_argv("report", report_options(study, out, ledger))
+    """The `rf-eval report` command line of `report_arguments` (what the study prints as the command it ran)."""
+    return build_report_argv(**report_arguments(study, out, ledger))
 
 
 def write_report(study: Study, out: Path, ledger: Path) -> int:
-    """`rf-eval report` over the study's arms, called directly (`report_options`); 2 with the error printed
-    when the runs cannot be reported, as the command does."""
-    from rf_eval.cli import UserError, as_argv
-    from rf_eval.cli.report import run as report
-
-    args = report_options(study, out, ledger)
-    print("[report] " + shlex.join(["rf-eval", *as_argv("report", args)]), flush=True)
+    """The report over the study's arms (`build_report` with `report_arguments`); 2 with the error printed
+    when the runs cannot be reported, as `rf-eval report` does."""
+    print("[report] " + shlex.join(["rf-eval", *report_argv(study, out, ledger)]), flush=True)
     try:
-        return int(report(args) or 0)
+        report = build_report(**report_arguments(study, out, ledger))
     except UserError as err:
         print(f"rf-eval report: error: {err}", file=sys.stderr, flush=True)
         return 2
+    for line in report.lines:
+        print(line)
+    return 0
 
 
 def arm_job(study: Study, out: Path, launcher: Any, maps: str | None, name: str) -> Any:

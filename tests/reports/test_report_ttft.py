@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rf_eval.cli import UserError
-from rf_eval.cli.report import ttft_speed_rows
+from rf_eval.reports.build import ttft_speed_rows
 
 
 def test_ttft_rows_are_read_and_other_files_refused(tmp_path):

@@ -14,21 +14,24 @@ def test_an_edited_calibration_file_refits_the_maps_and_a_same_one_reuses_them(t
     """The `fit:` block is keyed by the sha256 of the files it reads: the same text reuses the fitted maps, an
     edited calibration (or held-out) file fits them again, so the arms that read them rerun (their
     fingerprints hold the maps' sha256)."""
-    import rf_eval.cli.fit as fit_command
+    from types import SimpleNamespace
+
+    import rf_eval.study.runner as runner
     from rf_eval.study.runner import fit_maps_once, maps_ready
 
     fits: list[str] = []
 
-    def fake_fit(args):  # stands in for the capture and solve; writes maps that depend on the calibration text
-        folder = Path(args.out)
-        assert args.overwrite == (folder.is_dir() and any(folder.iterdir())), "a refit must replace the old maps"
+    def fake_fit(out, *, overwrite, calibration, **options):  # stands in for the capture and solve
+        folder = Path(out)  # writes maps that depend on the calibration text
+        assert overwrite == (folder.is_dir() and any(folder.iterdir())), "a refit must replace the old maps"
+        assert options["model"] == "/m" and options["splits"] == [3]
         folder.mkdir(parents=True, exist_ok=True)
-        text = "".join(Path(c).read_text() for c in args.calibration)
+        text = "".join(Path(c).read_text() for c in calibration)
         (folder / "maps.safetensors").write_text(text)
         fits.append(text)
-        return 0
+        return SimpleNamespace(sums_device=None, paths={})
 
-    monkeypatch.setattr(fit_command, "run", fake_fit)
+    monkeypatch.setattr(runner, "fit_map_files", fake_fit)
     (tmp_path / "cal.jsonl").write_text('{"text": "first"}\n')
     (tmp_path / "held.jsonl").write_text('{"text": "held"}\n')
     text = STUDY.replace("margin: 5.0", "margin: 5.0\nfit: {{calibration: [cal.jsonl], heldout: [held.jsonl], split: 3}}")

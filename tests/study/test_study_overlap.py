@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-import rf_eval.cli.fit as fit_command
+import rf_eval.study.runner as runner
 from rf_eval.outputs import MARKER
 from rf_eval.study.runner import fit_maps_once, maps_ready
 from rf_eval.study.study_file import StudyError, load_study
@@ -57,14 +58,14 @@ def fits(monkeypatch):
     """Stands in for `rf-eval fit`: records, at the time of each fit, what OUT/overlap.json held."""
     seen: list[dict | None] = []
 
-    def fake_fit(args):
-        record = Path(args.out).parent / "overlap.json"
+    def fake_fit(out, **options):
+        record = Path(out).parent / "overlap.json"
         seen.append(json.loads(record.read_text()) if record.is_file() else None)
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "maps.safetensors").write_text("maps")
-        return 0
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "maps.safetensors").write_text("maps")
+        return SimpleNamespace(sums_device=None, paths={})
 
-    monkeypatch.setattr(fit_command, "run", fake_fit)
+    monkeypatch.setattr(runner, "fit_map_files", fake_fit)
     return seen
 
 
