@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rf_eval.cli import UserError
-    from rf_eval.demo.study import run_demo
+    from rf_eval.study.demo_run import run_demo
     from rf_eval.study.study_file import StudyError
 
     try:

