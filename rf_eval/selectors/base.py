@@ -108,8 +108,8 @@ def as_rows(rows: torch.Tensor | list[int]) -> torch.Tensor:
 
 
 class Selector:
-    """Base class: subclasses set `name` and implement `select`; their constructor's parameters are the spec's
-    (`make_selector`), each kept as an attribute of its name (`name_` where a method has it: `params`)."""
+    """Base class: subclasses set `name` and implement `select`; their constructor's parameters are those of
+    its arm string (`make_selector`), each kept as an attribute of its name (`name_` where a method has it: `params`)."""
 
     name: ClassVar[str] = ""
     on_top: ClassVar[bool] = False

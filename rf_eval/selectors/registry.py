@@ -9,8 +9,9 @@ No list names the selectors (the one plug-in pattern, `rf_eval.plugins`): every 
 this one defines `Selector` subclasses that set `name`, and so do the modules of the folders in
 `RF_EVAL_SELECTOR_PATH` (separated like PATH, read when the package is first imported; they import as
 `rf_eval.selectors.<module>`), the classes of installed packages' `rf_eval.selectors` entry points, and the
-classes given to `register_selector`. A selector's spec parameters are its constructor's: a parameter
-annotated with `Selector` (`of=`, a union's `parts`) takes a nested spec. So a new selector is one file.
+classes given to `register_selector`. A selector's parameters in an arm string are its constructor's:
+a parameter annotated with `Selector` (`of=`, a union's `parts`) takes a nested selector string. So a new
+selector is one file.
 """
 
 from __future__ import annotations
@@ -85,13 +86,14 @@ def make_selector(name: str, **params: Any) -> Selector:
     """A RidgeFill selector by registry name with its parameters; `a+b` is the union of a and b."""
     if "+" in name or "(" in name:
         if params:
-            raise ValueError(f"parameters for the spec {name!r} go inside it, e.g. 'attention(share=0.1)+special'")
+            raise ValueError(f"parameters for the selector string {name!r} go inside it, e.g. "
+                             "'attention(share=0.1)+special'")
         return selector_from(name)
     cls = _check_reads(name, "ridgefill")
     accepted = {p.name: p for p in parameters(cls)}
     check_params("selector", name, params, tuple(accepted))
     for key, value in params.items():
-        if value is not None and mentions(accepted[key].annotation, Selector):  # a nested spec, dict or object
+        if value is not None and mentions(accepted[key].annotation, Selector):  # a nested selector string, dict, object
             many = typing.get_origin(accepted[key].annotation) in (list, tuple, Sequence)
             params[key] = [as_selector(v) for v in value] if many else as_selector(value)
     try:
@@ -100,20 +102,21 @@ def make_selector(name: str, **params: Any) -> Selector:
         raise ValueError(f"selector {name!r}: {err}") from err
 
 
-def selector_from(spec: str | dict | Selector) -> Selector:
-    """A selector from a spec string, a dict {"name": ..., **params}, or a selector."""
-    if isinstance(spec, Selector):
-        return spec
-    if isinstance(spec, dict):
-        params = dict(spec)
+def selector_from(given: str | dict | Selector) -> Selector:
+    """A selector from an arm string (`attention(share=0.1)+special`), a dict {"name": ..., **params}, or a
+    selector."""
+    if isinstance(given, Selector):
+        return given
+    if isinstance(given, dict):
+        params = dict(given)
         if "name" not in params:
-            raise ValueError(f"a selector dict needs a 'name'; got {spec}")
+            raise ValueError(f"a selector dict needs a 'name'; got {given}")
         return make_selector(params.pop("name"), **params)
-    parts = [make_selector(name, **params) for name, params in parse_parts(spec)]
+    parts = [make_selector(name, **params) for name, params in parse_parts(given)]
     return parts[0] if len(parts) == 1 else Union(parts)
 
 
 def as_selector(value: Any) -> Selector:
     if isinstance(value, (Selector, dict, str)):
         return selector_from(value)
-    raise ValueError(f"expected a selector (name, spec or object), got {value!r}")
+    raise ValueError(f"expected a selector (name, arm string or object), got {value!r}")

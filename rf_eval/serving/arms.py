@@ -1,6 +1,6 @@
 """The arm of one request: which prefill the server runs for it.
 
-A request chooses its arm with the body field `rf_arm` (an object, or a spec
+A request chooses its arm with the body field `rf_arm` (an object, or an arm
 string `fill=identity;tail=256`), or with a URL prefix for clients that cannot
 add body fields (lm-eval's API models): `/arm/fill=identity;tail=256/v1/completions`.
 The body field wins over the prefix; fields left out keep the server's own
@@ -47,7 +47,7 @@ def parse_rf_arm(text: str, valid: tuple[str, ...] = ()) -> dict[str, Any]:
 
 
 def as_fields(value: Any, valid: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A request's `rf_arm` value (None, an object or a spec string) as a dict of fields."""
+    """A request's `rf_arm` value (None, an object or an arm string) as a dict of fields."""
     if value is None:
         return {}
     if isinstance(value, str):

@@ -37,7 +37,7 @@ class TimedArm:
 
 
 def parse_arm(text: str | None, default_name: str) -> TimedArm:
-    """`--arm-a/--arm-b` values: a JSON object, a `key=value;...` spec, or `none`/`server`."""
+    """`--arm-a/--arm-b` values: a JSON object, a `key=value;...` arm string, or `none`/`server`."""
 
     if text is None or text.strip().lower() in ("", "none", "server", "null"):
         return TimedArm(default_name, None)

@@ -205,13 +205,13 @@ def load_study(path: str | Path) -> Study:
             raise StudyError(f"{name}: give maps or fit, not both ({_line(_key_nodes(root)['fit'])})")
     arm_nodes = _value_nodes(values["arms"])
     arms: dict[str, StudyArm] = {}
-    for arm_name, spec in data["arms"].items():
+    for arm_name, entry in data["arms"].items():
         where = f"{name}: arms.{arm_name}"
-        if not isinstance(spec, dict):
+        if not isinstance(entry, dict):
             raise StudyError(f"{where} must be a mapping (model, args) ({_line(arm_nodes.get(arm_name))})")
-        _check(where, spec, _key_nodes(arm_nodes[arm_name]), _ARM, arm_nodes[arm_name])
-        model = spec.get("model", "ridgefill")
-        args = dict(spec.get("args") or {})
+        _check(where, entry, _key_nodes(arm_nodes[arm_name]), _ARM, arm_nodes[arm_name])
+        model = entry.get("model", "ridgefill")
+        args = dict(entry.get("args") or {})
         if model == "ridgefill" and "fill" not in args and "preset" not in args:
             raise StudyError(f"{where}: a ridgefill arm needs args.fill ({' | '.join(arm_fills())}) "
                              f"({_line(arm_nodes[arm_name])})")

@@ -5,7 +5,7 @@ A correction is a `Correction` (`base`) found by name, with no list to edit (the
 `terminal_state`), those of the folders in `RF_EVAL_CORRECTION_PATH` (separated like PATH, read when the
 package is first imported; they import as `rf_eval.ridgefill.corrections.<module>`), the classes of
 installed packages' `rf_eval.corrections` entry points, and classes given to `register_correction`. Its
-spec parameters are its constructor's. So a new correction is one file.
+parameters in an arm string are its constructor's. So a new correction is one file.
 
 Splices replace the filled rows' keys, values or both with the exact ones in
 every filled attention layer, from an exact reference prefill of the same
@@ -68,14 +68,15 @@ def make_correction(name: str, **params: Any) -> Correction:
     return CORRECTIONS[name](**params)
 
 
-def corrections_from(spec: str | Sequence | None) -> list[Correction]:
-    """Corrections from a spec ('value_rescale(c=512)+terminal_state(path=F)'), a list of specs/objects, or None."""
-    if spec is None or spec == "" or spec == []:
+def corrections_from(given: str | Sequence | None) -> list[Correction]:
+    """Corrections from an arm string ('value_rescale(c=512)+terminal_state(path=F)'), a list of such strings
+    or objects, or None."""
+    if given is None or given == "" or given == []:
         return []
-    if isinstance(spec, str):
-        return [make_correction(name, **params) for name, params in parse_parts(spec)]
+    if isinstance(given, str):
+        return [make_correction(name, **params) for name, params in parse_parts(given)]
     out = []
-    for item in spec:
+    for item in given:
         if isinstance(item, str):
             out.extend(corrections_from(item))
         elif isinstance(item, dict):

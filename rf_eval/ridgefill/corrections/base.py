@@ -8,9 +8,9 @@ from rf_eval.plugins import param_values
 
 
 class Correction:
-    """A correction: its `name` (the spec's, `corrections=NAME(key=value)`), its constructor's parameters
-    (the spec's keys, each kept as an attribute of its name: `describe` reads them back), and at least one
-    of the hooks the engine calls in late layers (`rf_eval.engine.LateLayerHooks`):
+    """A correction: its `name` (the arm string's, `corrections=NAME(key=value)`), its constructor's
+    parameters (the arm string's keys, each kept as an attribute of its name: `describe` reads them back),
+    and at least one of the hooks the engine calls in late layers (`rf_eval.engine.LateLayerHooks`):
 
     - `kv(view, k, v) -> (k, v)`: a late attention layer's keys and values (1, kv_heads, rows, head_dim),
       given back with their shapes;
