@@ -216,6 +216,15 @@ def test_folders_are_the_packages_and_the_root_modules():
     assert folder("rf_eval.tasks.common", modules["rf_eval.tasks.common"]) == "rf_eval.tasks"
 
 
+def test_no_import_circle_between_folders():
+    graph, edges = folder_graph()
+    assert "rf_eval.engine" in graph["rf_eval.fills"]  # the walk saw the package
+    found = circles(graph)
+    listing = [f"{a} -> {b}: {', '.join(f'{m} imports {t}' for m, t in pairs[:3])}"
+               for circle in found for (a, b), pairs in sorted(edges.items()) if a in circle and b in circle]
+    assert found == [], "folders import each other in a circle:\n" + "\n".join(listing)
+
+
 def test_the_in_function_walk_finds_imports_in_functions_and_methods_only(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("from rf_eval import errors\n\n\nclass C:\n    def f(self):\n"
