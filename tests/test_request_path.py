@@ -38,10 +38,18 @@ def lm(tiny_model_dir):
     return filled_adapter(tiny_model_dir("llama"))
 
 
+@pytest.fixture(scope="module")
+def dropper(tiny_model_dir):
+    """`--model drop` (GemFilter) keeping 8 rows of a prompt: a method of another kind, the same path."""
+    from rf_eval.model_adapters.drop import DropLM
+
+    return DropLM.create_from_arg_obj({"pretrained": tiny_model_dir("llama"), "device": "cpu", "keep": 8,
+                                       "filter_layer": 2})
+
+
 @pytest.mark.parametrize("kind", list(REQUESTS))
 def test_a_filled_request_runs_each_rule_once(lm, kind):
-    request = REQUESTS[kind](lm)
-    answer, found = trace(request)
+    answer, found = trace(REQUESTS[kind](lm))
     assert answer, kind  # the request answered
     twice = {rule: found.callers[rule] for rule in ONCE if found.rules[rule] > 1}
     assert not twice, f"{kind}: rules run more than once: {twice}\n{found.summary()}"
@@ -50,6 +58,16 @@ def test_a_filled_request_runs_each_rule_once(lm, kind):
     assert found.rules["extend"] == (1 if kind == "loglikelihood" else 0)  # generation extends inside generate
     assert found.files[0] == PATH[kind][0], found.summary()  # the shell first
     assert set(PATH[kind]) <= set(found.files), found.summary()  # then the rules, the method, the engine
+
+
+@pytest.mark.parametrize("kind", list(REQUESTS))
+def test_a_dropped_request_runs_each_rule_once(dropper, kind):
+    answer, found = trace(REQUESTS[kind](dropper))
+    assert answer, kind
+    assert {rule: found.rules[rule] for rule in ONCE} == \
+        {"plain decision": 1, "prompt check": 1, "forward context": 1, "prefill": 1,
+         "extend": int(kind == "loglikelihood")}, found.summary()
+    assert found.files[0] == PATH[kind][0] and {"rf_eval/method.py", "rf_eval/drop/base.py"} <= set(found.files)
 
 
 def test_a_plain_request_runs_the_stock_model_only(lm):
