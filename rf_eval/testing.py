@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rf_eval.checkpoints import MODEL_TYPES
 from rf_eval.families import family_class, registered_families
 from rf_eval.families._tiny import (  # the families' tiny shapes, re-exported for tests
     TINY_HYBRID,
@@ -160,7 +161,6 @@ def make_tiny_swiftkv(out_dir: str | Path, family: str = "llama", num_key_value_
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rf_eval.checkpoints import MODEL_TYPES
 
     base_dir = make_tiny_model(family, out_dir, seed=seed)
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)

@@ -55,8 +55,6 @@ PENDING = {
     "rf_eval.model_adapters.method_lm": "H2", "rf_eval.model_adapters.rarecache": "H2", "rf_eval.study.launch": "H2",
     "rf_eval.study.plan": "H2", "rf_eval.study.preflight": "H2",
     "rf_eval.tasks.data_needs": "H3",
-    "rf_eval.rarecache.features": "coordinator", "rf_eval.ridgefill.corrections.terminal_state": "coordinator",
-    "rf_eval.testing": "coordinator",
 }
 
 

@@ -20,12 +20,18 @@ from torch import nn
 from transformers import DynamicCache
 
 from rf_eval.engine import new_cache
-from rf_eval.families import Family, family_class, family_for, registered_families, sliding_window
+from rf_eval.families import (
+    Family,
+    family_class,
+    family_class_for,
+    family_for,
+    registered_families,
+    sliding_window,
+)
 
 
 def unsupported(config, role: str = "target") -> str | None:
     """Why RaReCache cannot map this model's cache (None: it can), from its config and family."""
-    from rf_eval.families import family_class_for
 
     cls = family_class_for(config)
     if cls.linear_attention:

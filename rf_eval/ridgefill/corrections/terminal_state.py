@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from rf_eval.engine import LayerView, Plan
+from rf_eval.fills import fill_method
 from rf_eval.ridge.state_correction import filled_share, load_table
 from rf_eval.ridgefill.corrections.base import Correction
 
@@ -35,7 +36,6 @@ class TerminalState(Correction):
             raise ValueError(f"{self.path} was fitted for another model (config hash differs)")
         if int(meta["split"]) != plan.split:
             raise ValueError(f"{self.path} was fitted at split {meta['split']}, this arm runs split {plan.split}")
-        from rf_eval.fills import fill_method
 
         with_maps = fill_method(plan.fill).needs_maps
         if meta.get("fill") != plan.fill or (with_maps and meta.get("maps_sha256") != maps_sha):
