@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from rf_eval.budget import largest_within
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, check_split
+from rf_eval.families import family_class_for
 from rf_eval.fills import FILL_OFF, FillMethod, fill_method
 from rf_eval.fills.nofill import NoFill
 
@@ -68,8 +69,6 @@ def _mlp_macs(config, layer_index: int, moe: bool) -> int:
 
 
 def layer_costs(config) -> list[LayerCost]:
-    from rf_eval.families import family_class_for
-
     family = family_class_for(config)
     d = config.hidden_size
     heads = config.num_attention_heads

@@ -25,6 +25,8 @@ from torch import nn
 
 from rf_eval.checkpoints import MODEL_TYPES, is_swiftkv
 from rf_eval.engine.lower import decoder_layers
+from rf_eval.engine.strategies import PredictedKV
+from rf_eval.fields import ArmError
 from rf_eval.fills.base import FillMethod
 from rf_eval.ridge.targets import kv_width
 
@@ -80,8 +82,6 @@ class SwiftKVInPipeline(FillMethod):
         return SwiftKV(model).kv
 
     def row_fill(self, fill_fn: Any) -> Any:
-        from rf_eval.engine.strategies import PredictedKV
-
         if fill_fn is None:
             raise ValueError(f"fill {self.name!r} reads a SwiftKV checkpoint's projections: build it with bind()")
         return PredictedKV(fill_fn, own_at_split=False)
@@ -93,8 +93,6 @@ class SwiftKVInPipeline(FillMethod):
         return int(model_config.num_key_value_layers) if is_swiftkv(model_config) else None
 
     def check(self, model_config: Any, maps: Any) -> None:
-        from rf_eval.fields import ArmError
-
         if not is_swiftkv(model_config):
             raise ArmError(f"fill={self.name} reads SwiftKV's projections: it needs a SwiftKV checkpoint (model_type "
                            f"{' or '.join(MODEL_TYPES)}), not model_type {model_config.model_type!r}")
@@ -104,9 +102,7 @@ class SwiftKVInPipeline(FillMethod):
     def check_split(self, model_config: Any, split: int) -> None:
         first = int(model_config.num_key_value_layers)
         if split < first:
-            from rf_eval.fields import ArmError
-
-            raise ArmError(f"split={split}: SwiftKV's projections start at layer {first} "
+                raise ArmError(f"split={split}: SwiftKV's projections start at layer {first} "
                            f"(num_key_value_layers); give split >= {first}")
 
     def filled_row_macs(self, config: Any, layer: Any, mapped: bool) -> int:

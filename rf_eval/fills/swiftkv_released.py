@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from rf_eval.engine.strategies import EveryRowKV
+from rf_eval.fields import ArmError
 from rf_eval.fills.base import FORWARD_MARK, ReplacedForward, replaced_forward
 from rf_eval.fills.swiftkv import SwiftKV, SwiftKVInPipeline
 
@@ -41,8 +43,6 @@ class SwiftKVReleased(SwiftKVInPipeline):
         return SwiftKV(model).kv
 
     def row_fill(self, fill_fn: Any) -> Any:
-        from rf_eval.engine.strategies import EveryRowKV
-
         if fill_fn is None:
             raise ValueError(f"fill {self.name!r} reads a SwiftKV checkpoint's projections: build it with bind()")
         return EveryRowKV(fill_fn)
@@ -50,9 +50,7 @@ class SwiftKVReleased(SwiftKVInPipeline):
     def check_split(self, model_config: Any, split: int) -> None:
         first = int(model_config.num_key_value_layers)
         if split != first:
-            from rf_eval.fields import ArmError
-
-            raise ArmError(f"split={split}: fill={self.name} runs at SwiftKV's own split {first} "
+                raise ArmError(f"split={split}: fill={self.name} runs at SwiftKV's own split {first} "
                            "(num_key_value_layers); leave split out")
 
 

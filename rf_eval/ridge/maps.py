@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from rf_eval.hashing import file_sha256
+from rf_eval.ridge.targets import target_width
 from rf_eval.tensor_files import read_tensors, save_tensors
 
 log = logging.getLogger(__name__)
@@ -124,8 +125,6 @@ class RidgeMaps:
         expected = list(range(self.split, n_layers))
         if self.layers != expected:
             raise MapError(f"maps hold layers {self.layers}, expected {expected} for split {self.split}")
-        from rf_eval.ridge.targets import target_width
-
         d = int(config.hidden_size)
         target = self.metadata.get("target", "inputs")
         for layer in self.layers:

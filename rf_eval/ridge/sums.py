@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
+from rf_eval.devices import all_reduce
 from rf_eval.tensor_files import read_tensors, save_tensors
 
 # The paper's grid: nine values between 1e-4 and 1 (appendix G).
@@ -101,10 +103,6 @@ class RidgeSums:
     # -- combining ----------------------------------------------------------------
     def all_reduce(self) -> None:
         """Sum these statistics over all torch.distributed processes (documents sharded by rank)."""
-        import torch.distributed as dist
-
-        from rf_eval.devices import all_reduce
-
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
         # Raw (uncentred) fp64 sums are additive; convert, reduce, and centre again.

@@ -13,7 +13,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
+from rf_eval.devices import all_reduce
 from rf_eval.tensor_files import read_tensors, save_tensors
 
 FILENAME = "unigram.safetensors"
@@ -41,10 +43,6 @@ class UnigramCounter:
             yield doc
 
     def all_reduce(self) -> None:
-        import torch.distributed as dist
-
-        from rf_eval.devices import all_reduce
-
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             size = torch.tensor([self.counts.numel()], dtype=torch.int64)
             all_reduce(size, op=dist.ReduceOp.MAX)

@@ -22,6 +22,7 @@ from torch import nn
 from rf_eval.devices import rank_and_world
 from rf_eval.engine import num_layers
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, check_split
+from rf_eval.fills import fill_method, registered_fills
 from rf_eval.fills.ridge import Ridge
 from rf_eval.hashing import sha256_of_files
 from rf_eval.ridge.calibration import check_disjoint, check_nonempty, tokenized
@@ -49,8 +50,6 @@ class FitResult:
 def fit_target(fill: str, model: nn.Module | None = None) -> str:
     """What the maps of fill method `fill` regress on (its `fit_target`); ValueError for a method that fits
     nothing, or for a model it cannot be fitted on (`FillMethod.check_fit`)."""
-    from rf_eval.fills import fill_method, registered_fills
-
     method = fill_method(fill)
     if method.fit_target is None:
         fitted = [n for n in registered_fills() if fill_method(n).fit_target is not None]

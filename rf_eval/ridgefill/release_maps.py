@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from rf_eval.fills.ridge import Ridge
 from rf_eval.hashing import file_sha256
 from rf_eval.ridge.maps import FORMAT, MapError, RidgeMaps, config_hash, int8_weights, map_filename
 from rf_eval.tensor_files import read_tensors, save_tensors
@@ -97,8 +98,6 @@ def read_release(folder: str | Path) -> tuple[RidgeMaps, dict[str, torch.Tensor]
             if not bool(torch.isfinite(values).all()):
                 raise MapError(f"{folder / name}: {what} hold non-finite values (NaN or inf)")
         stored[f"b.{layer}"] = parts["bias"] if dtype == "i8" else b[layer]
-    from rf_eval.fills.ridge import Ridge
-
     meta = {"storage": "int8" if dtype == "i8" else "float32", "target": "inputs", "fill": Ridge.name,
             "map_split": "true", "release_manifest_sha256": file_sha256(folder / MANIFEST),
             "release_name": str(manifest.get("name", "")), "release_doi": str(manifest.get("doi", ""))}
