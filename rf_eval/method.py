@@ -171,14 +171,21 @@ class ForwardContext(AbstractContextManager):
 
     def __init__(self, method: PrefillMethod) -> None:
         self.method = method
-        self.inner: AbstractContextManager | None = None
+        self.entered: list[AbstractContextManager | None] = []  # per entry: what it opened (None: found it open)
+
+    @property
+    def inner(self) -> AbstractContextManager | None:
+        """What the innermost entry of this context opened (None: nothing, it was open already)."""
+        return self.entered[-1] if self.entered else None
 
     def __enter__(self) -> ForwardContext:
         held = _inside.__dict__.setdefault("methods", set())
+        inner = None
         if id(self.method) not in held:
+            inner = self.open()
+            inner.__enter__()
             held.add(id(self.method))
-            self.inner = self.open()
-            self.inner.__enter__()
+        self.entered.append(inner)
         return self
 
     def open(self) -> AbstractContextManager:
@@ -192,8 +199,8 @@ class ForwardContext(AbstractContextManager):
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self.inner is not None:
-            inner, self.inner = self.inner, None
+        inner = self.entered.pop()
+        if inner is not None:
             _inside.methods.discard(id(self.method))
             inner.__exit__(kind, err, tb)
 

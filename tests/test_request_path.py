@@ -118,6 +118,12 @@ def test_the_forward_context_opens_once_and_pauses_a_replaced_forward_for_anothe
     assert replaced.active  # restored after a failure too
     with forward_context(exact):
         assert not replaced.active  # and opens again for the next request
+    context = forward_context(exact)
+    with context:
+        with context:  # one context object entered twice
+            assert not replaced.active
+        assert not replaced.active  # its inner exit closes nothing
+    assert replaced.active
 
 
 def test_a_generation_cache_reads_the_requests_decision_without_asking_again(tiny_model):
