@@ -25,7 +25,8 @@ def marks(task, limit=40):
 # -- item 6: one tail default, read from the run ---------------------------------------------------
 
 def test_one_tail_default_shared_by_arm_and_tasks(tiny_llama, task_data, th):
-    from rf_eval.ridgefill.arm_spec import DEFAULT_TAIL, RidgeFillArm
+    from rf_eval.engine.plan import DEFAULT_TAIL
+    from rf_eval.ridgefill.arm_spec import RidgeFillArm
     from rf_eval.tasks import ruler_filled
 
     assert DEFAULT_TAIL == RidgeFillArm(fill="identity").tail == ruler_filled.DEFAULT_TAIL == 4096
