@@ -1,0 +1,36 @@
+"""`rf-eval fit` and `rf-eval fit-transfer` are shells over library functions (`fit_map_files`,
+`fit_transfer_file`) that the study runner calls too: every option reaches one of their keyword arguments,
+and a refusal reads the same from the library as from the command."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+
+import pytest
+
+from rf_eval.cli import fit, fit_transfer, main
+from rf_eval.errors import UserError
+from rf_eval.rarecache.transfer_run import fit_transfer_file
+from rf_eval.ridgefill.fit_run import fit_map_files
+
+
+def dests(module) -> set[str]:
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    return {a.dest for a in parser._actions if a.dest != "help"}
+
+
+@pytest.mark.parametrize("module, function", [(fit, fit_map_files), (fit_transfer, fit_transfer_file)])
+def test_every_option_is_a_keyword_argument(module, function):
+    renamed = {"no_progress": "progress"}
+    assert {renamed.get(d, d) for d in dests(module)} == set(inspect.signature(function).parameters)
+
+
+def test_a_refusal_reads_the_same_from_the_library_and_the_command(tmp_path, capsys):
+    (tmp_path / "out").write_text("a file")
+    with pytest.raises(UserError) as err:
+        fit_map_files(tmp_path / "out", model="m", splits=[1])
+    assert main(["fit", "--model", "m", "--splits", "1", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == f"rf-eval fit: error: {err.value}"
+    assert "is a file; give a folder for the map files" in str(err.value)
