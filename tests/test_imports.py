@@ -29,6 +29,12 @@ LAZY_IMPORTS = {
     "when a report is rendered",
     "rf_eval.cli.serve -> rf_eval.serving.app": "FastAPI is the optional `serve` extra: the command's options "
     "(`rf-eval serve --help`) work without it; the app is built when the server starts",
+    **{f"rf_eval.cli.{command} -> {library}": "a command's module is imported to read its options (`rf-eval "
+       "COMMAND --help`, `rf_eval.cli.options`): the library that does the work (torch, transformers, the "
+       "statistics) loads when the command runs"
+       for command, library in (("fit", "rf_eval.ridgefill.fit_run"), ("fit_transfer", "rf_eval.rarecache.transfer_run"),
+                                ("report", "rf_eval.reports.build"), ("demo", "rf_eval.study.demo_run"),
+                                ("demo", "rf_eval.study.study_file"))},
     "rf_eval.tasks.common -> rf_eval.engine.plan": "the report reads tasks.common (rf_eval.stats.runs, "
     "cap_hits) and runs without torch; the default tail is the engine's, which imports torch",
     "rf_eval.overlap -> rf_eval.ridge.calibration": "`rf-eval overlap` on text files runs without torch; "
@@ -39,9 +45,6 @@ LAZY_IMPORTS = {
 #: files were being rewritten by the other parts of the issue); module -> who moves them. A transition list,
 #: to be emptied (an entry with nothing left to move is not an error here).
 PENDING = {
-    "rf_eval.cli.demo": "H4", "rf_eval.cli.fit": "H4", "rf_eval.cli.fit_transfer": "H4", "rf_eval.cli.report": "H4",
-    "rf_eval.demo.corpus": "H4", "rf_eval.demo.quality": "H4", "rf_eval.demo.study": "H4", "rf_eval.demo.table": "H4",
-    "rf_eval.study.runner": "H4", "rf_eval.ridgefill.fit_run": "H4",
     "rf_eval.drop.base": "H1b", "rf_eval.method": "H1b", "rf_eval.rarecache.api": "H1b", "rf_eval.serving.backend": "H1b",
     "rf_eval.model_adapters.prefill_lm": "H1b", "rf_eval.model_adapters.run_records": "H1b",
     "rf_eval.engine.strategies": "H1a", "rf_eval.fills.base": "H1a", "rf_eval.fills.kv_ridge": "H1a",

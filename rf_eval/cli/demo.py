@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rf_eval.cli import UserError
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="rf-eval-demo", help="folder for the runs and the report")
@@ -15,7 +17,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.cli import UserError
     from rf_eval.study.demo_run import run_demo
     from rf_eval.study.study_file import StudyError
 

@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from rf_eval.demo import model as demo_model
+
 # Pure documentation-rich standard-library modules present on Python 3.10-3.14 (no GUI, no side effects).
 MODULES = (
     "argparse", "ast", "asyncio", "base64", "binascii", "bz2", "calendar", "cmd", "codecs", "collections",
@@ -72,9 +74,7 @@ def write_demo_corpus(
     if tokenizer is None:
         from transformers import AutoTokenizer
 
-        from rf_eval.demo.model import demo_model_dir
-
-        tokenizer = AutoTokenizer.from_pretrained(demo_model_dir())
+        tokenizer = AutoTokenizer.from_pretrained(demo_model.demo_model_dir())
 
     def count(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from rf_eval.tasks import token_masks
+from rf_eval.tasks import needles, prompts, ruler_data, token_masks
 
 KEY_THRESHOLD = 2.0  # nats (section 3.1)
 NOVEL_NGRAM = 8
@@ -151,8 +151,6 @@ def needle_samples(tokenizer: Any, tokenizer_path: str, lengths: Sequence[int], 
     """The first `per_length` samples of each length (filled ones only, by default) of lm-eval's RULER
     `base_task`, each rendered as one chat turn plus the generator's answer prefix; from the report samples
     (the first `REPORT_NEEDLES` of each length), or with `development` from those after them."""
-    from rf_eval.tasks import needles, prompts, ruler_data
-
     kind = ruler_data.RULER_TASKS[base_task][2]
     data = ruler_data.generate(base_task, {"tokenizer": tokenizer_path, "max_seq_lengths": list(lengths)})["test"]
     taken: dict[int, int] = {}

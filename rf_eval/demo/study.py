@@ -26,8 +26,13 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
+from rf_eval.demo import model as demo_model
 from rf_eval.demo.cache_lock import building
+from rf_eval.demo.corpus import write_demo_corpus
+from rf_eval.fills.ridge import Ridge
+from rf_eval.mac_model import prefill_macs
 from rf_eval.ridge.sums import LAMBDA_GRID
+from rf_eval.ridgefill.fitting import fit_maps
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +103,6 @@ def fit_demo_maps(model, tokenizer, out: Path, *, calibration_docs: int, heldout
     are chat turns. Several `lambdas`: chosen on the held-out documents (section 2.2). `fill`: the fill
     method the maps serve (default ridge; `benchmarks/demo_sweep.py --fills` fits kv_ridge's too).
     """
-    from rf_eval.demo.corpus import write_demo_corpus
-    from rf_eval.fills.ridge import Ridge
-    from rf_eval.ridgefill.fitting import fit_maps
-
     corpus = out / "corpus"
     manifest = write_demo_corpus(corpus, calibration_docs, heldout_docs, tokenizer, min_tokens=1000,
                                  max_tokens=2000)
@@ -165,14 +166,10 @@ def demo_defaults(args: dict) -> dict:
     Says so in lm-eval's log."""
     if str(args.get("pretrained") or "demo").strip().lower() != "demo":
         return args
-    from rf_eval.demo.model import resolve_pretrained
-
     lm_log = logging.getLogger("lm_eval.rf_eval")
     args = dict(args)
-    model_dir = Path(resolve_pretrained(args.get("pretrained"), log=lm_log))
+    model_dir = Path(demo_model.resolve_pretrained(args.get("pretrained"), log=lm_log))
     args["pretrained"] = str(model_dir)
-    from rf_eval.fills.ridge import Ridge
-
     args.setdefault("fill", Ridge.name)
     args.setdefault("tail", settings(quick=False).tail)
     if args["fill"] == Ridge.name and args.get("maps") is None:
@@ -186,8 +183,6 @@ def keytoken_docs_dir(model_dir: Path, out: Path, s: DemoSettings) -> Path:
     """Long documents for keytoken_nll: the corpus's report text, its evaluation set (never fitted on, never
     used to choose anything)."""
     from transformers import AutoTokenizer
-
-    from rf_eval.demo.corpus import write_demo_corpus
 
     folder = out / "keytoken_docs"
     if not (folder / "evaluation.jsonl").is_file():
@@ -203,9 +198,6 @@ def ridge_budget(model_config, s: DemoSettings) -> float:
     fills compare at one cost per prompt (nofill: RidgeFill section 6.2's control, the compute spent on a
     longer exact tail instead)."""
     import math
-
-    from rf_eval.fills.ridge import Ridge
-    from rf_eval.mac_model import prefill_macs
 
     n = s.lengths[0]
     fraction = prefill_macs(model_config, n, split=SPLIT, tail=s.tail, fill=Ridge.name) / prefill_macs(model_config, n)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rf_eval.reports.render import render_demo_table
+
 TABLE_FILE = "demo_table.md"
 RECORD_DIR = Path("benchmarks") / "demo"  # beside the README: the reports its demo tables were rendered from
 
@@ -31,8 +33,6 @@ def markers(quick: bool) -> tuple[str, str]:
 
 def render_table(report: dict, caption: str) -> str:
     """The demo's table: `caption`, then the report's figures (`render_demo_table`)."""
-    from rf_eval.reports.render import render_demo_table
-
     return caption + "\n\n" + render_demo_table(report)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from rf_eval.devices import check_device, check_model_source, init_distributed, parse_dtype, rank_and_world
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.errors import UserError
+from rf_eval.families import family_class_for
 from rf_eval.fills import FILL_OFF, fill_method
 from rf_eval.fills.ridge import Ridge
 from rf_eval.loading_report import check_loaded, recording_missing_keys
@@ -76,8 +77,6 @@ def check_out(out: str, overwrite: bool) -> None:
 def check_fill(fill: str, model: str | None, *, from_sums: bool, trust_remote_code: bool) -> None:
     """`fill` names a fill method with maps to fit, for a model it can be fitted on (from its config)."""
     from transformers import AutoConfig
-
-    from rf_eval.families import family_class_for
 
     if from_sums and fill != Ridge.name:
         raise UserError("--fill: --from-sums refits the fill its sums were captured for; leave --fill out")

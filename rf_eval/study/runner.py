@@ -31,10 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from rf_eval.errors import UserError
-from rf_eval.hashing import file_sha256
+from rf_eval.fills import arm_fills, fill_method
+from rf_eval.hashing import file_sha256, named_files_sha256
+from rf_eval.overlap import WARN, check_before_fit
 from rf_eval.reports.build import build_report
 from rf_eval.reports.build import report_argv as build_report_argv
 from rf_eval.ridgefill.fit_run import fit_map_files, fit_summary
+from rf_eval.stats.ledger import append_entry, verify_ledger
 from rf_eval.study.jobs import ArmJob, Progress, cached_requests
 from rf_eval.study.study_file import ADAPTERS, Study, StudyArm, StudyError
 
@@ -47,15 +50,11 @@ def maps_sha256(folder: str | None) -> str:
     """sha256 over the map files of a maps folder (or one file), for fingerprints."""
     if folder is None:
         return ""
-    from rf_eval.hashing import named_files_sha256
-
     path = Path(folder)
     return named_files_sha256(sorted(path.glob("*.safetensors")) if path.is_dir() else [path])
 
 
 def _reads_maps(fill: Any) -> bool:
-    from rf_eval.fills import arm_fills, fill_method
-
     return fill in arm_fills()[1:] and fill_method(fill).needs_maps
 
 
@@ -165,8 +164,6 @@ def check_folder(study: Study, out: Path) -> dict[str, Any]:
 
 def register(study: Study, out: Path, state: dict[str, Any], ledger: Path, follow_up: bool) -> None:
     """Register the study's claims before any arm runs (once; a resumed run finds them registered)."""
-    from rf_eval.stats.ledger import append_entry, verify_ledger
-
     if state.get("registered"):
         return
     results = [a for a in study.arms if done_marker(out, a, study.arms_folder).is_file()]
@@ -238,8 +235,6 @@ def fit_maps_once(study: Study, out: Path) -> str | None:
     given: dict[str, Any] = dict(study.fit_options(), overwrite=folder.is_dir() and any(folder.iterdir()))
     overlap = None
     if study.metadata.get("docs"):  # calibration vs the evaluated documents first (RidgeFill Appendix G)
-        from rf_eval.overlap import WARN, check_before_fit
-
         try:
             overlap = check_before_fit([*given["calibration"], *given["heldout"]], study.metadata["docs"],
                                        out / "overlap.json", study.fit.get("overlap", WARN))
