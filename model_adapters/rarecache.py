@@ -104,12 +104,11 @@ def knob_for(arm: RaReCacheArm, maps: Any, source_config: Any, target_config: An
 
     from rf_eval.rarecache.budget import rarecache_knob
     from rf_eval.rarecache.cost import EquationCost
-    from rf_eval.selectors.registry import cache_selector
 
     with torch.device("meta"):
         target, source = (AutoModelForCausalLM.from_config(c) for c in (target_config, source_config))
     positions = getattr(target_config, "max_position_embeddings", None) or 1 << 20
-    return rarecache_knob(arm.budget, EquationCost(target, source, maps), cache_selector(arm.selector).whole_layers,
+    return rarecache_knob(arm.budget, EquationCost(target, source, maps), arm.selector_obj.whole_layers,
                           int(positions))
 
 
