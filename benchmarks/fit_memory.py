@@ -42,10 +42,9 @@ WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "1234", "north", "
 REAL_MODELS = (("Llama-3.1-8B", 4096, 32, 16), ("Llama-3.1-70B", 8192, 80, 40))
 
 BASELINE = """
-import argparse, json, sys, torch
-from rf_eval.cli.fit import load_model
-a = argparse.Namespace(model=sys.argv[1], device=sys.argv[2], dtype=sys.argv[3], trust_remote_code=False)
-model, tok = load_model(a)
+import json, sys, torch
+from rf_eval.ridgefill.fit_run import load_fit_model
+model, tok = load_fit_model(sys.argv[1], device=sys.argv[2], dtype=sys.argv[3])
 text = open(sys.argv[4]).readline()
 ids = tok(json.loads(text)["text"], return_tensors="pt", truncation=True, max_length=int(sys.argv[5])).input_ids
 with torch.no_grad():

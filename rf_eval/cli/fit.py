@@ -54,15 +54,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
-def load_model(args: argparse.Namespace):
-    """The model and tokenizer `args` name (`--model`, `--device`, `--dtype`, `--trust-remote-code`, `--fill`
-    when the command has it): `rf_eval.ridgefill.fit_run.load_fit_model`."""
-    from rf_eval.ridgefill.fit_run import load_fit_model
-
-    return load_fit_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
-                          fill=getattr(args, "fill", None))
-
-
 def run(args: argparse.Namespace) -> int:
     from rf_eval.ridgefill.fit_run import fit_map_files, fit_summary
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 
 from rf_eval.cli import UserError
-from rf_eval.cli.fit import load_model
 from rf_eval.cli.values import positive_int
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.fills import fill_method, predicting_fills
@@ -24,6 +23,7 @@ from rf_eval.outputs import check_output
 from rf_eval.ridge.calibration import CalibrationError, check_nonempty, tokenized
 from rf_eval.ridge.maps import load_maps
 from rf_eval.ridge.state_correction import fit_delta, save_table, table_metadata
+from rf_eval.ridgefill.fit_run import load_fit_model
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--fill {args.fill} needs --split")
     try:
         check_nonempty(args.calibration)
-        args.trust_remote_code = False
-        model, tokenizer = load_model(args)
+        model, tokenizer = load_fit_model(args.model, device=args.device, dtype=args.dtype, fill=args.fill)
         maps = load_maps(args.maps, args.split) if args.maps else None
         if maps is not None:
             maps.check_model(model.config)
