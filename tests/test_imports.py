@@ -30,7 +30,7 @@ LAZY_IMPORTS = {
     "rf_eval.cli.serve -> rf_eval.serving.app": "FastAPI is the optional `serve` extra: the command's options "
     "(`rf-eval serve --help`) work without it; the app is built when the server starts",
     **{f"rf_eval.cli.{command} -> {library}": "a command's module is imported to read its options (`rf-eval "
-       "COMMAND --help`, `rf_eval.cli.options`): the library that does the work (torch, transformers, the "
+       "COMMAND --help`): the library that does the work (torch, transformers, the "
        "statistics) loads when the command runs"
        for command, library in (("fit", "rf_eval.ridgefill.fit_run"), ("fit_transfer", "rf_eval.rarecache.transfer_run"),
                                 ("report", "rf_eval.reports.build"), ("demo", "rf_eval.study.demo_run"),

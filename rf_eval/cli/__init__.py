@@ -12,7 +12,7 @@ import sys
 
 from rf_eval.errors import UserError, explain, traceback_wanted
 
-__all__ = ["COMMANDS", "UserError", "as_argv", "main", "options"]
+__all__ = ["COMMANDS", "UserError", "main"]
 
 # name -> (module, one-line help). Add a command by adding a module and a line.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -74,44 +74,6 @@ def _parser(name: str) -> argparse.ArgumentParser:
     parser = OneLineParser(prog=f"rf-eval {name}", description=help_)
     importlib.import_module(module_name).add_arguments(parser)
     return parser
-
-
-def options(name: str, **given: object) -> argparse.Namespace:
-    """Command `name`'s options as its parser would make them: every option's default, `given` over them
-    (by destination name, typed: what another command passes instead of building argv). A TypeError names
-    an unknown option or a missing required one."""
-    actions = [a for a in _parser(name)._actions if a.dest != "help"]
-    known = {a.dest for a in actions}
-    unknown = sorted(set(given) - known)
-    if unknown:
-        raise TypeError(f"rf-eval {name} has no option {', '.join(unknown)}; its options: {', '.join(sorted(known))}")
-    missing = [a.dest for a in actions if a.required and a.dest not in given]
-    if missing:
-        raise TypeError(f"rf-eval {name} needs {', '.join(missing)}")
-    return argparse.Namespace(**{a.dest: given.get(a.dest, a.default) for a in actions})
-
-
-def as_argv(name: str, args: argparse.Namespace) -> list[str]:
-    """The command line that gives command `name` the options `args` (the options left at their defaults
-    left out): what a study prints as the command it ran."""
-    argv: list[str] = [name]
-    for action in _parser(name)._actions:
-        value = getattr(args, action.dest, None)
-        if action.dest == "help" or value == action.default or value is None:
-            continue
-        values = [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
-        if not action.option_strings:
-            argv += values
-        elif isinstance(action, argparse.BooleanOptionalAction):
-            argv.append(action.option_strings[0 if value else 1])
-        elif action.nargs == 0:
-            argv.append(action.option_strings[0])
-        elif isinstance(action, argparse._AppendAction):
-            for v in values:
-                argv += [action.option_strings[0], v]
-        else:
-            argv += [action.option_strings[0], *values]
-    return argv
 
 
 def _usage() -> str:
