@@ -124,6 +124,11 @@ class RidgeFill:
         """The fill function this arm's filled rows use (None for exact and nofill)."""
         return self._fill
 
+    @property
+    def row_fill(self) -> engine.RowFill | None:
+        """The engine's row-fill strategy every prompt of this arm runs, made once (None for the exact arm)."""
+        return self._strategy
+
     def reference(self) -> RidgeFill:
         """The exact arm over this method's loaded model (the `reference=exact` pass): this arm's split and tail
         with the fill off (`RidgeFillArm.reference`), sharing the model, tokenizer and weights fingerprint; no

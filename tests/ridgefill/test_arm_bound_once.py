@@ -12,7 +12,7 @@ import torch
 from rf_eval.engine import plain_prefill
 from rf_eval.fills.base import FillMethod
 from rf_eval.method import generation_cache
-from rf_eval.model_adapters.ridgefill import RidgeFillLM
+from rf_eval.model_adapters.ridgefill import RidgeFillLM, parse_ridgefill_args
 from rf_eval.ridgefill import api
 from rf_eval.ridgefill import arm as arm_module
 from rf_eval.ridgefill.api import RidgeFill
@@ -75,7 +75,7 @@ def test_the_fill_becomes_an_object_once_per_arm_and_never_per_prompt(tiny_model
         generation_cache(rf, ids[0].tolist())
     assert made() == objects, "a prompt looked its fill up by name"
     assert engine_fills, "no prompt reached the engine"
-    assert all(fill is rf._strategy and fill is not None for fill in engine_fills), \
+    assert all(fill is rf.row_fill and fill is not None for fill in engine_fills), \
         "the engine was not handed the arm's one strategy"
 
 
@@ -116,3 +116,13 @@ def test_the_reference_pass_reuses_the_loaded_model_and_the_parsed_arm(tiny_mode
         got = exact.prefill(ids)
         assert torch.equal(got.logits, plain_prefill(model, ids).logits)  # the exact arm is the plain model
     assert exact.provenance()["fill"] == "exact" and exact.prefill_cost(24).prefill_macs == exact.prefill_cost(24).exact_macs
+
+
+def test_model_args_parse_to_the_arm_the_method_runs(tiny_model_dir, tiny_model, made):
+    """`--model_args` through the adapter's parser: one fill object, and the built method runs that arm's."""
+    model, tok = tiny_model("llama")
+    settings, _ = parse_ridgefill_args({"pretrained": str(tiny_model_dir("llama")), "fill": "nofill", "tail": "4"})
+    assert made() == 1 and settings.arm.method.name == "nofill"
+    method, exact = RidgeFillLM.build_method(SimpleNamespace(model=model, tokenizer=tok, settings=settings))
+    assert made() == 1 and method.spec.method is settings.arm.method and exact.spec.method is None
+    assert method.row_fill is not None and method.row_fill.absent
