@@ -6,6 +6,9 @@ listed exceptions (each with its reason); and production code does not import th
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import tomllib
@@ -23,8 +26,8 @@ LAZY_IMPORTS = {
     "the engine on first use",
     "rf_eval._startup": "the startup hook runs in every Python process of the environment (a .pth file): it "
     "imports nothing until lm-eval's CLI runs",
-    "rf_eval.rarecache": "the package's names resolve on first use, so importing one of its modules (the "
-    "cost model the report reads) does not build the method",
+    "rf_eval.rarecache": "`import rf_eval.rarecache` stays cheap: the package's names resolve on first use, "
+    "so the package does not build the method (torch, the engine) before one is asked for",
     "rf_eval.reports -> rf_eval.reports.render": "the package's names resolve on first use: Jinja is imported "
     "when a report is rendered",
     "rf_eval.cli.serve -> rf_eval.serving.app": "FastAPI is the optional `serve` extra: the command's options "
@@ -39,6 +42,19 @@ LAZY_IMPORTS = {
     "cap_hits) and runs without torch; the default tail is the engine's, which imports torch",
     "rf_eval.overlap -> rf_eval.ridge.calibration": "`rf-eval overlap` on text files runs without torch; "
     "only a calibration file is read through the ridge package, which imports it",
+}
+
+#: modules that import none of these libraries: the weight the reasons of LAZY_IMPORTS keep off them
+LIGHT = {
+    "rf_eval": ("torch", "transformers", "lm_eval"),
+    "rf_eval._startup": ("torch", "transformers", "lm_eval"),
+    "rf_eval.cli": ("torch", "transformers", "lm_eval"),
+    "rf_eval.rarecache": ("torch",),
+    "rf_eval.reports": ("jinja2",),
+    "rf_eval.stats.runs": ("torch",),
+    "rf_eval.tasks.common": ("torch",),
+    "rf_eval.overlap": ("torch",),
+    "rf_eval.cli.serve": ("fastapi", "uvicorn"),
 }
 
 #: modules whose in-function imports are not yet sorted into top-level imports or LAZY_IMPORTS (#39: their
@@ -253,6 +269,21 @@ def test_the_package_imports_its_own_modules_at_the_top_of_each_file():
                              + "\n".join(unexplained))
     stale = sorted(set(LAZY_IMPORTS) - listed)
     assert not stale, f"listed, but no longer imported inside a function (remove them): {stale}"
+
+
+def test_the_light_modules_import_no_heavy_library():
+    code = ("import importlib, json, sys; importlib.import_module(sys.argv[1]); "
+            "print(json.dumps(sorted(m for m in sys.modules if '.' not in m)))")
+    runs = {name: subprocess.Popen([sys.executable, "-c", code, name], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+            for name in LIGHT}
+    heavy = {}
+    for name, run in runs.items():
+        out, _ = run.communicate(timeout=120)
+        assert run.returncode == 0, name
+        loaded = set(json.loads(out))
+        assert "rf_eval" in loaded  # the walk imported the package
+        heavy[name] = sorted(set(LIGHT[name]) & loaded)
+    assert heavy == {name: [] for name in LIGHT}
 
 
 def test_production_code_does_not_import_the_test_shapes():
