@@ -1,9 +1,9 @@
-"""The arm string: the one-line `key=value;...` format an arm and its parts are written in, and its one parser.
+"""The arm string: the one-line `key=value;...` format an arm and its parts are written in; its one parser.
 
 Two shapes, one grammar (`;` separates `key=value` pairs outside parentheses):
 
     fill=ridge;tail=256;selector=random(seed=3;of=attention)   an arm's fields: `parse_fields`
-                                                               (a served `rf_arm`, `rf-eval time --arm-a`)
+                                                               (a served `rf_arm`, `rf-eval ttft --arm-a`)
     random(seed=3;of=attention(share=0.1))+special             named parts joined by `+`: `parse_parts`
                                                                (selectors, corrections, cost_match)
 
@@ -16,8 +16,8 @@ Parts fit in lm-eval's comma-separated `--model_args` (they hold no commas):
 Values are converted in one module, `rf_eval.fields`. An arm's fields stay text here: each field's type
 converts them when the arm is built (`fields.coerce`). A part's parameters have no declared type at this
 point, so they are read by the same module's untyped rule (`fields.read_text`): integers, floats,
-true/false/none/null, lists as `a|b|c` (e.g. `layers=3|7|11`), anything else the text. A value holding a nested part
-(`of=attention(share=0.2)`) stays text; the registry that owns the parameter parses it again.
+true/false/none/null, lists as `a|b|c` (e.g. `layers=3|7|11`), anything else the text. A value holding a
+nested part (`of=attention(share=0.2)`) stays text; the registry that owns the parameter parses it again.
 """
 
 from __future__ import annotations

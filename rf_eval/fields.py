@@ -83,10 +83,10 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
     served `rf_arm`, Python keyword arguments).
 
     Text is read by `read_text`'s rules, then checked against the hint: `none`/`null` is None (refused
-    where the field takes no None, as lm-eval's model_args already refused `fill=none`); an integral number is an int
-    where the field takes an int (`4096.0`, as lm-eval's own model_args parsing already gives it); an int
-    is a float where the field takes a float; a field that takes text keeps the text as written
-    (`unigram=123` is the file `123`; text in quotes is the text inside, as in lm-eval's model_args).
+    where the field takes no None, as lm-eval's model_args already refused `fill=none`); an integral
+    number is an int where the field takes an int (`4096.0`, as lm-eval's own model_args parsing already
+    gives it); an int is a float where the field takes a float; a field that takes text keeps the text as
+    written (`unigram=123` is the file `123`; text in quotes is the text inside, as in lm-eval's model_args).
     Refused as before: a bool field takes only true/false (not 1/0), an int field no bool and no fraction,
     a scalar field no list (`3|7`), a text field no number that a format already read as one (lm-eval's
     model_args and YAML read `unigram=007` as 7, and the text is lost: quote it). A field typed `Any` (a
