@@ -55,6 +55,9 @@ LIGHT = {
     "rf_eval.tasks.common": ("torch",),
     "rf_eval.overlap": ("torch",),
     "rf_eval.cli.serve": ("fastapi", "uvicorn"),
+    "rf_eval.cli.fit_transfer": ("torch", "transformers"),
+    "rf_eval.cli.report": ("torch", "scipy"),
+    "rf_eval.cli.demo": ("torch", "transformers"),
 }
 
 #: modules whose in-function imports are not yet sorted into top-level imports or LAZY_IMPORTS (#39: their
