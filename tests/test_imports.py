@@ -64,14 +64,11 @@ LIGHT = {
 #: files were being rewritten by the other parts of the issue); module -> who moves them. A transition list,
 #: to be emptied (an entry with nothing left to move is not an error here).
 PENDING = {
-    "rf_eval.drop.base": "H1b", "rf_eval.method": "H1b", "rf_eval.rarecache.api": "H1b", "rf_eval.serving.backend": "H1b",
+    "rf_eval.drop.base": "H1b", "rf_eval.rarecache.api": "H1b", "rf_eval.serving.backend": "H1b",
     "rf_eval.model_adapters.prefill_lm": "H1b", "rf_eval.model_adapters.run_records": "H1b",
     "rf_eval.engine.strategies": "H1a", "rf_eval.fills.base": "H1a", "rf_eval.fills.kv_ridge": "H1a",
     "rf_eval.fills.ridge": "H1a", "rf_eval.ridgefill.api": "H1a", "rf_eval.ridgefill.arm_cost": "H1a",
     "rf_eval.ridgefill.arm_spec": "H1a", "rf_eval.rarecache.arm_spec": "H1a", "rf_eval.model_adapters.ridgefill": "H1a",
-    "rf_eval.fills.swiftkv": "H5", "rf_eval.fills.swiftkv_released": "H5", "rf_eval.mac_model": "H5",
-    "rf_eval.ridge.maps": "H5", "rf_eval.ridge.sums": "H5", "rf_eval.ridge.unigram": "H5",
-    "rf_eval.ridgefill.fitting": "H5", "rf_eval.ridgefill.release_maps": "H5",
     "rf_eval.methods.gemfilter": "H2", "rf_eval.methods.rarecache": "H2", "rf_eval.methods.ridgefill": "H2",
     "rf_eval.methods.specprefill": "H2", "rf_eval.model_adapters.config": "H2", "rf_eval.model_adapters.drop": "H2",
     "rf_eval.model_adapters.method_lm": "H2", "rf_eval.model_adapters.rarecache": "H2", "rf_eval.study.launch": "H2",
