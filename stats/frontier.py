@@ -29,14 +29,14 @@ import pandas as pd
 from rf_eval.stats.measures import task_measures
 from rf_eval.stats.pairing import pair_arms
 
-__all__ = ["ALL_LENGTHS", "Measure", "arm_budget", "cost_of", "frontier", "matched_budgets", "primary_measures"]
+__all__ = ["ALL_LENGTHS", "PrimaryMeasure", "arm_budget", "cost_of", "frontier", "matched_budgets", "primary_measures"]
 
 #: the group of items that carry no length
 ALL_LENGTHS = "all"
 
 
 @dataclass(frozen=True)
-class Measure:
+class PrimaryMeasure:
     """One primary measure a frontier chart plots: a task's metric, its unit and direction."""
 
     task: str
@@ -53,7 +53,7 @@ class Measure:
         return {"key": self.label, "label": self.label, "unit": self.unit, "higher_is_better": self.higher_is_better}
 
 
-def primary_measures(reference_items: pd.DataFrame) -> list[Measure]:
+def primary_measures(reference_items: pd.DataFrame) -> list[PrimaryMeasure]:
     """Each task's headline measure among the reference's items: its first delta measure for a task with a
     measures table (keytoken_nll: key-token ΔNLL), else its primary metric."""
     out = []
@@ -71,7 +71,7 @@ def primary_measures(reference_items: pd.DataFrame) -> list[Measure]:
             continue
         rows = block[block["metric"] == metric]
         name = task if filt == "none" else f"{task} [{filt}]"
-        out.append(Measure(task, filt, metric, f"{name}: {label}", str(rows["unit"].iloc[0]),
+        out.append(PrimaryMeasure(task, filt, metric, f"{name}: {label}", str(rows["unit"].iloc[0]),
                            bool(rows["higher_is_better"].iloc[0])))
     return out
 
@@ -122,7 +122,7 @@ def arm_budget(items: pd.DataFrame, arm: str) -> float | None:
     return float(values[0]) if len(values) == 1 else None
 
 
-Contrast = Callable[[pd.DataFrame, Measure], dict[str, Any]]
+Contrast = Callable[[pd.DataFrame, PrimaryMeasure], dict[str, Any]]
 
 
 def frontier(items: pd.DataFrame, pairs: dict[str, pd.DataFrame], reference: str, names: list[str],
@@ -165,7 +165,7 @@ def frontier(items: pd.DataFrame, pairs: dict[str, pd.DataFrame], reference: str
 SAME_COST = 0.005
 
 
-def _mark_pareto(arms: list[dict[str, Any]], measures: list[Measure]) -> None:
+def _mark_pareto(arms: list[dict[str, Any]], measures: list[PrimaryMeasure]) -> None:
     """Set `pareto` on each point: no other point of its measure and length is at least as fast (within
     `SAME_COST`) and at least as good, and strictly better in one."""
     for m in measures:
