@@ -24,8 +24,9 @@ from torch import nn
 
 from rf_eval.budget import Knob
 from rf_eval.devices import input_device
+from rf_eval.drop.arm_spec import DropArm
 from rf_eval.dropped_result import DroppedResult, extend_dropped
-from rf_eval.engine import PrefillResult, new_cache, plain_prefill
+from rf_eval.engine import PrefillResult, extend, new_cache, plain_prefill
 from rf_eval.fields import ArmError
 from rf_eval.mac_model import cache_rows, prefill_macs
 from rf_eval.method import check_prompt, generate, method_forward, model_identity, prefill_each
@@ -47,7 +48,6 @@ class DropMethod:
     knob_name: ClassVar[str] = "rows"
 
     def __init__(self, model: nn.Module, tokenizer: Any = None, *, arm: Any = None, **fields: Any):
-        from rf_eval.drop.arm_spec import DropArm
 
         if arm is None:
             arm = DropArm.from_fields({"method": self.name, **fields}, what=type(self).__name__)
@@ -140,7 +140,6 @@ class DropMethod:
         return prefill_each(self, input_ids, for_generation=for_generation)
 
     def extend(self, result: PrefillResult, tokens: torch.Tensor) -> torch.Tensor:
-        from rf_eval.engine import extend
 
         tokens = tokens.to(self.device)
         if isinstance(result, DroppedResult):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rf_eval.engine.plan import FillFn, KVFillFn, LayerInputs, Plan
+from rf_eval.engine.plan import FILL_OFF, MAPPED, FillFn, KVFillFn, LayerInputs, Plan
 from rf_eval.engine.rowfill import AttentionRows, RowFill
 from rf_eval.engine.step import LayerStep
 from rf_eval.families import Family
@@ -344,7 +344,6 @@ def row_fill_for(plan: Plan, fill: FillFn | RowFill | None, hooks: LateLayerHook
 
     `hooks` wrap it (`Corrected`).
     """
-    from rf_eval.engine.plan import FILL_OFF, MAPPED
 
     if isinstance(fill, RowFill):
         strategy = fill

@@ -46,6 +46,12 @@ from typing import Any, ClassVar
 
 import torch
 
+from rf_eval.devices import input_device
+from rf_eval.engine.plan import FILL_OFF
+from rf_eval.engine.strategies import AbsentRows, PredictedInput
+from rf_eval.families import sliding_window
+from rf_eval.fields import ArmError
+
 STRATEGIES = ("inputs", "absent", "kv")
 #: the attribute of a model whose own forward a fill method replaced (a `ReplacedForward`)
 FORWARD_MARK = "_rf_eval_forward"
@@ -76,7 +82,6 @@ def replaced_forward(model: Any) -> ReplacedForward | None:
 def check_model_forward(model: Any, fill: str) -> None:
     """Refuse (ValueError) an arm of fill `fill` on a model whose forward another fill method replaced;
     the exact arm runs beside it (its calls pause the replacement: `rf_eval.method.method_forward`)."""
-    from rf_eval.engine.plan import FILL_OFF
 
     replaced = replaced_forward(model)
     if replaced is not None and fill not in (replaced.fill, FILL_OFF):
@@ -89,8 +94,6 @@ def check_ragged_cache(fill: str, model_config: Any) -> None:
     decode from such a cache: a sliding-window layer's mask assumes every row, and eager attention adds
     one mask as long as the lower layers' cache to every layer (transformers' SDPA path decodes one
     query without a mask, so each layer attends to exactly the rows it holds)."""
-    from rf_eval.families import sliding_window
-    from rf_eval.fields import ArmError
 
     why = "fill={} leaves late layers with fewer rows than the prompt, which {}; use a fill, or a longer tail " \
           "(tail >= the prompt) for the exact arm"
@@ -147,7 +150,6 @@ class FillMethod:
 
     def bind(self, model: Any, maps: Any) -> Any:
         """The fill function for one loaded model (default: `fill_fn` at its dtype and input device)."""
-        from rf_eval.devices import input_device
 
         return self.fill_fn(maps, next(model.parameters()).dtype, input_device(model))
 
@@ -160,7 +162,6 @@ class FillMethod:
 
     def row_fill(self, fill_fn: Any) -> Any:
         """The engine's row-fill strategy (`rf_eval.engine.rowfill.RowFill`) from `fill_fn`."""
-        from rf_eval.engine.strategies import AbsentRows, PredictedInput
 
         if self.strategy == "absent":
             return AbsentRows()
@@ -190,7 +191,6 @@ class FillMethod:
     def check(self, model_config: Any, maps: Any) -> None:
         """The method's own rules for a model and its maps (raise `rf_eval.fields.ArmError`)."""
         if self.needs_maps and maps is None:
-            from rf_eval.fields import ArmError
 
             fit = f" (fit them with `rf-eval {self.fit_command}`)" if self.fit_command else ""
             raise ArmError(f"fill={self.name} needs maps= (a folder or file of fitted maps){fit}")

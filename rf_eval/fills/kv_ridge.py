@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from rf_eval.engine.strategies import PredictedKV
+from rf_eval.fields import ArmError
 from rf_eval.fills.base import FillMethod
 from rf_eval.ridge.targets import kv_width
 
@@ -44,7 +46,6 @@ class KvRidge(FillMethod):
         return maps.fill_fn(dtype, device)
 
     def row_fill(self, fill_fn: Any) -> Any:
-        from rf_eval.engine.strategies import PredictedKV
 
         if fill_fn is None:
             raise ValueError(f"fill {self.name!r} needs its maps")
@@ -58,7 +59,6 @@ class KvRidge(FillMethod):
         return config.hidden_size * kv_width(config)
 
     def check(self, model_config: Any, maps: Any) -> None:
-        from rf_eval.fields import ArmError
 
         super().check(model_config, maps)
         target = (maps.metadata or {}).get("target", "inputs")

@@ -42,7 +42,7 @@ from rf_eval.method import check_prompt, generate, input_device, method_forward,
 from rf_eval.prefill_cost import PrefillCost
 from rf_eval.rarecache.arm_spec import RaReCacheArm
 from rf_eval.rarecache.budget import budget, layer_budget, rarecache_knob
-from rf_eval.rarecache.cost import EquationCost
+from rf_eval.rarecache.cost import EquationCost, ceiling_for
 from rf_eval.rarecache.features import cache_entries, check_attention_only, prefill_cache
 from rf_eval.rarecache.maps import SIDES, TransferMaps, check_tokenizers, load_transfer_maps
 from rf_eval.rarecache.transfer import MappedCache, Mapper
@@ -153,7 +153,6 @@ class RaReCache:
 
     def speedup_ceilings(self, n: int) -> dict[str, float]:
         """On an n-token prompt: `ceiling`, eq. 11 (`rf_eval.rarecache.cost.ceiling_for`; its row selectors)."""
-        from rf_eval.rarecache.cost import ceiling_for
 
         if self.is_plain(n):
             return {"ceiling": 1.0}

@@ -18,6 +18,7 @@ from typing import Any
 
 from rf_eval.budget import check_budget
 from rf_eval.fields import ArmError, build
+from rf_eval.selectors.registry import cache_selector
 
 DEFAULT_RHO = 0.3
 
@@ -30,7 +31,6 @@ class RaReCacheArm:
     budget: float | None = None  # a share of exact's MACs: the recomputed rows (layers) set per length to spend it
 
     def __post_init__(self) -> None:
-        from rf_eval.selectors.registry import cache_selector
 
         if self.rho is not None and not 0 <= self.rho <= 1:
             raise ArmError(f"rho must be in [0, 1], got {self.rho}")

@@ -17,10 +17,12 @@ from rf_eval.engine import Plan, PrefillResult
 from rf_eval.fields import ArmError
 from rf_eval.fills.base import check_model_forward
 from rf_eval.loading_report import check_loaded, recording_missing_keys
+from rf_eval.mac_model import ceiling_r, speedup_ceiling
 from rf_eval.method import check_prompt, generate, input_device, method_forward, model_identity, prefill_each
 from rf_eval.prefill_cost import PrefillCost
 from rf_eval.ridge.maps import RidgeMaps, load_arm_maps
 from rf_eval.ridgefill.arm import prefill_arm
+from rf_eval.ridgefill.arm_cost import ridgefill_prefill_cost, selector_probe_rows
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.weights import weights_fingerprint
 
@@ -212,7 +214,6 @@ class RidgeFill:
     def speedup_ceilings(self, n: int) -> dict[str, float]:
         """On an n-token prompt: `ceiling`, 1/r of layer passes, and `mac_ceiling`, the MAC model's (where it
         knows the family; `rf_eval.mac_model`)."""
-        from rf_eval.mac_model import ceiling_r, speedup_ceiling
 
         if self.is_plain(n):
             return {"ceiling": 1.0, "mac_ceiling": 1.0}
@@ -229,7 +230,6 @@ class RidgeFill:
         """What the prefill of an n-token prompt cost (`rf_eval.prefill_cost`), by the MAC model at the rows
         `result` ran (its prompt minus the tokens held back, which run as tail rows); a plain prompt's
         (or no `result`: the plan's rows) is exact's."""
-        from rf_eval.ridgefill.arm_cost import ridgefill_prefill_cost, selector_probe_rows
 
         plan = self.plan_for(n)
         budget = {"budget": self.spec.budget, "knob_value": self.spec.knob_value(n)} \

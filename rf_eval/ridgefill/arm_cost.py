@@ -21,6 +21,7 @@ from typing import Any
 from rf_eval.budget import Knob
 from rf_eval.mac_model import cache_rows, ceiling_r, prefill_macs
 from rf_eval.prefill_cost import PrefillCost
+from rf_eval.ridgefill.presets import preset as named
 
 __all__ = ["KNOBS", "knob_name", "ridgefill_knob", "ridgefill_prefill_cost", "selector_probe_rows"]
 
@@ -37,7 +38,6 @@ def knob_name(preset: str | None, selector: Any) -> str:
     """The knob an arm turns: a preset's own (POP: `split`; FastKV: `rows`), `rows` with a row selector, else
     `tail`."""
     if preset is not None:
-        from rf_eval.ridgefill.presets import preset as named
 
         return named(preset).knob
     return "rows" if selector is not None else "tail"

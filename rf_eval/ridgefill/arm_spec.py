@@ -40,7 +40,12 @@ from rf_eval.budget import check_budget
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, DEFAULT_TAIL, Plan, check_rows, check_split
 from rf_eval.fields import ArmError, build
 from rf_eval.fills import FILL_OFF, absent_fills, arm_fills, fill_method, predicting_fills
-from rf_eval.ridgefill.arm_cost import knob_name
+from rf_eval.ridge.maps import config_hash
+from rf_eval.ridgefill.arm import cost_match_from
+from rf_eval.ridgefill.arm_cost import knob_name, ridgefill_knob
+from rf_eval.ridgefill.corrections import corrections_from
+from rf_eval.ridgefill.presets import PRESET_FIELDS, preset
+from rf_eval.selectors import selector_from
 
 SPLICES = ("keys", "values", "both")
 MAPS_DEVICES = ("model", "cpu")
@@ -124,7 +129,6 @@ class RidgeFillArm:
             raise ArmError(f"budget={self.budget:g} turns preset={self.preset}'s split, which its maps fix")
 
     def _apply_preset(self) -> None:
-        from rf_eval.ridgefill.presets import preset
 
         try:
             chosen = preset(self.preset)
@@ -147,7 +151,6 @@ class RidgeFillArm:
     @classmethod
     def from_fields(cls, values: dict[str, Any], *, what: str = "arm") -> RidgeFillArm:
         """The spec from loose values (strings from model_args or a request, or typed Python values)."""
-        from rf_eval.ridgefill.presets import PRESET_FIELDS
 
         if values.get("preset") not in (None, ""):
             given = [k for k in PRESET_FIELDS if k in values]
@@ -166,7 +169,6 @@ class RidgeFillArm:
         A `preset` among the fields replaces this arm's fill, tail and split; a
         fill, tail or split among them leaves this arm's preset.
         """
-        from rf_eval.ridgefill.presets import PRESET_FIELDS
 
         merged = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
         if fields.get("preset"):
@@ -267,7 +269,6 @@ class RidgeFillArm:
                 raise ArmError(f"split={split} contradicts the maps, fitted for split {maps_split}")
             split = maps_split
         if self.preset is not None:
-            from rf_eval.ridgefill.presets import preset
 
             own = preset(self.preset).split(n_layers)
             if split not in (None, own):
@@ -294,7 +295,6 @@ class RidgeFillArm:
         when the maps' folder holds one) filled in; an `ArmError` for anything
         that does not fit (a `MapError` for maps that do not).
         """
-        from rf_eval.ridge.maps import config_hash
 
         if maps is not None:
             maps.check_model(model_config)  # a MapError naming both config hashes
@@ -330,7 +330,6 @@ class RidgeFillArm:
     def knob(self, model_config: Any) -> Any:
         """The knob `budget=` turns on this (resolved) arm on a model of `model_config`, a `rf_eval.budget.Knob`
         (None without a budget)."""
-        from rf_eval.ridgefill.arm_cost import ridgefill_knob
 
         return ridgefill_knob(self, model_config)
 
@@ -356,9 +355,6 @@ class RidgeFillArm:
 
 def _parse_parts(arm: RidgeFillArm) -> dict[str, Any]:
     """Selector, corrections and cost match parsed by their own registries, errors naming the key."""
-    from rf_eval.ridgefill.arm import cost_match_from
-    from rf_eval.ridgefill.corrections import corrections_from
-    from rf_eval.selectors import selector_from
 
     def selector(value):
         return selector_from(value) if isinstance(value, (str, dict)) else value
