@@ -22,7 +22,9 @@ from typing import Any
 import torch
 
 from rf_eval.devices import check_device, check_model_source
+from rf_eval.families import family_class_for
 from rf_eval.fields import ArmError, close_to
+from rf_eval.methods import ADAPTERS, GENERIC_MODEL, METHODS
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +68,6 @@ def adapter_keys() -> dict[str, tuple[str, ...]]:
     """Each rf-eval adapter's own model_args keys, by lm-eval model name (`rf_eval.methods`: the adapters and
     the methods each runs): the model, the files its methods load (`Method.keys`), `method` (the generic
     adapter's choice), reference, seed, name, then its methods' arm fields."""
-    from rf_eval.methods import ADAPTERS, GENERIC_MODEL, METHODS
 
     declared = [METHODS[name] for name in METHODS]
     out = {}
@@ -197,7 +198,6 @@ def model_config(pretrained: str, hf: dict[str, Any], *, checks_keys: bool = Tru
         config = AutoConfig.from_pretrained(pretrained, **remote)
     except (OSError, ValueError) as err:  # no config.json, or one without a model type transformers knows
         raise ModelArgsError(f"pretrained={pretrained!r}: {' '.join(str(err).split())}") from None
-    from rf_eval.families import family_class_for
 
     try:  # every rf-eval model reads the layers through the model's family
         family_class_for(config)

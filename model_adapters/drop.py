@@ -37,6 +37,8 @@ from lm_eval.api.registry import register_model
 
 from rf_eval.drop.arm_spec import DropArm
 from rf_eval.errors import UserError
+from rf_eval.fills import FILL_OFF
+from rf_eval.loading_report import check_loaded, recording_missing_keys
 from rf_eval.methods import method_class
 from rf_eval.model_adapters.config import (
     AdapterSettings,
@@ -46,6 +48,8 @@ from rf_eval.model_adapters.config import (
     take_model_args,
 )
 from rf_eval.model_adapters.prefill_lm import PrefillLM
+from rf_eval.rarecache.maps import TokenizerMismatch, check_tokenizers
+from rf_eval.ridgefill.api import RidgeFill
 
 OWN_KEYS = adapter_keys()["drop"]
 
@@ -63,7 +67,6 @@ def parse_drop_args(args: dict[str, Any]) -> tuple[DropSettings, dict[str, Any]]
     weights: the filter layer, the budget's reach), the tokenizers compared, before anything loads."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rf_eval.rarecache.maps import TokenizerMismatch, check_tokenizers
 
     mine, hf = take_model_args(args, OWN_KEYS, ("pretrained",), model="drop")
     remote = {k: hf[k] for k in ("trust_remote_code",) if hf.get(k) is not None}
@@ -107,8 +110,6 @@ class DropLM(PrefillLM):
 
         if self.settings.source is None:
             return []
-        from rf_eval.fills import FILL_OFF
-        from rf_eval.loading_report import check_loaded, recording_missing_keys
 
         remote = bool(self._hf_args.get("trust_remote_code", False))
         with recording_missing_keys():
@@ -118,7 +119,6 @@ class DropLM(PrefillLM):
         return [model.to(self.input_device).eval()]
 
     def build_method(self) -> tuple[Any, Any]:
-        from rf_eval.ridgefill.api import RidgeFill
 
         self.speculators = self.speculator()
         method = self.dropper(self.settings.arm)

@@ -32,6 +32,7 @@ from rf_eval.errors import UserError
 from rf_eval.methods import GENERIC_MODEL, Method, method_class, methods_of
 from rf_eval.model_adapters.config import AdapterSettings, ModelArgsError, model_config, take_model_args
 from rf_eval.model_adapters.prefill_lm import PrefillLM
+from rf_eval.ridgefill.api import RidgeFill
 
 #: the generic adapter's own keys beside the method's arm fields
 BASE_KEYS = ("pretrained", "method", "reference", "seed", "name")
@@ -85,7 +86,6 @@ class MethodLM(PrefillLM):
         return parse_method_args(args)
 
     def build_method(self) -> tuple[Any, Any]:
-        from rf_eval.ridgefill.api import RidgeFill
 
         method = self.settings.method.build(self.model, self.tokenizer, self.settings.arm)
         return method, RidgeFill(self.model, self.tokenizer, fill="exact")

@@ -60,6 +60,8 @@ from rf_eval.model_adapters.item_costs import ItemCosts
 from rf_eval.model_adapters.run_records import ChatRendering, ledger_head, measure_engine_floor
 from rf_eval.model_adapters.scoring import ScoringMixin
 from rf_eval.prefill_timer import FirstForward, timer_label
+from rf_eval.version import __version__
+from rf_eval.weights import weights_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -201,14 +203,12 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
     # ---- lm-eval plumbing -----------------------------------------------------------
     def get_model_info(self) -> dict[str, Any]:
         """Recorded by lm-eval in the results JSON ("config"): `hf`'s, plus the arm (and its engine floor)."""
-        import rf_eval
-
         info = {**self.arm_info(), "prefill_timer": timer_label(self.input_device)}
         if self.ledger_head is not None:  # `rf-eval report --ledger` / `ledger verify --expect-head` check it
             info = {**info, "ledger": self.ledger_head}
         if self.engine_floor is not None:
             info = {**info, "engine_floor": self.engine_floor}
-        return {**super().get_model_info(), "rf_eval_version": rf_eval.__version__, "rf_eval": info}
+        return {**super().get_model_info(), "rf_eval_version": __version__, "rf_eval": info}
 
     def set_cache_hook(self, cache_hook) -> None:
         """Refuse a --use_cache database written by another arm (its keys are request args only); empty one
@@ -240,7 +240,6 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
 
     def arm_fingerprint(self) -> dict[str, Any]:
         hf = {k: v for k, v in self._hf_args.items() if k not in _NOT_RESULTS}
-        from rf_eval.weights import weights_fingerprint
 
         # the weights themselves, not only their path: weights changed in place get a fresh cache
         return {"adapter": type(self).__name__, "pretrained": self.settings.pretrained, "hf": hf,

@@ -44,6 +44,8 @@ import lm_eval.models  # noqa: F401  (lm-eval's own models first: its registry i
 from lm_eval.api.registry import register_model
 
 from rf_eval.fields import ArmError
+from rf_eval.fills import FILL_OFF
+from rf_eval.loading_report import check_loaded, recording_missing_keys
 from rf_eval.methods import method_class
 from rf_eval.model_adapters.config import (
     AdapterSettings,
@@ -54,7 +56,11 @@ from rf_eval.model_adapters.config import (
 )
 from rf_eval.model_adapters.prefill_lm import PrefillLM
 from rf_eval.rarecache.arm_spec import RaReCacheArm
+from rf_eval.rarecache.budget import rarecache_knob
+from rf_eval.rarecache.cost import EquationCost
+from rf_eval.rarecache.maps import TokenizerMismatch, check_tokenizers, load_transfer_maps
 from rf_eval.ridge.maps import MapError
+from rf_eval.ridgefill.api import RidgeFill
 
 OWN_KEYS = adapter_keys()["rarecache"]
 
@@ -73,7 +79,6 @@ def parse_rarecache_args(args: dict[str, Any]) -> tuple[RaReCacheSettings, dict[
     """(settings, HFLM keyword arguments): tokenizers compared and maps checked for the pair, before any weights."""
     from transformers import AutoTokenizer
 
-    from rf_eval.rarecache.maps import TokenizerMismatch, check_tokenizers, load_transfer_maps
 
     mine, hf = take_model_args(args, OWN_KEYS, ("pretrained", "source", "maps"), model="rarecache")
     remote = {k: hf[k] for k in ("trust_remote_code",) if hf.get(k) is not None}
@@ -102,8 +107,6 @@ def knob_for(arm: RaReCacheArm, maps: Any, source_config: Any, target_config: An
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rf_eval.rarecache.budget import rarecache_knob
-    from rf_eval.rarecache.cost import EquationCost
 
     with torch.device("meta"):
         target, source = (AutoModelForCausalLM.from_config(c) for c in (target_config, source_config))
@@ -127,9 +130,6 @@ class RaReCacheLM(PrefillLM):
     def build_method(self) -> tuple[Any, Any]:
         from transformers import AutoModelForCausalLM
 
-        from rf_eval.fills import FILL_OFF
-        from rf_eval.loading_report import check_loaded, recording_missing_keys
-        from rf_eval.ridgefill.api import RidgeFill
 
         s = self.settings
         remote = bool(self._hf_args.get("trust_remote_code", False))

@@ -64,6 +64,7 @@ from typing import Any
 import lm_eval.models  # noqa: F401  (lm-eval's own models first: its registry imports them only when empty)
 from lm_eval.api.registry import register_model
 
+from rf_eval.demo.study import demo_defaults, demo_task_defaults
 from rf_eval.fields import ArmError
 from rf_eval.model_adapters.config import (
     AdapterSettings,
@@ -73,7 +74,8 @@ from rf_eval.model_adapters.config import (
     take_model_args,
 )
 from rf_eval.model_adapters.prefill_lm import PrefillLM
-from rf_eval.ridge.maps import MapError
+from rf_eval.ridge.maps import MapError, load_arm_maps
+from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 
 OWN_KEYS = adapter_keys()["ridgefill"]
@@ -91,8 +93,6 @@ class RidgeFillSettings(AdapterSettings):
 
 def parse_ridgefill_args(args: dict[str, Any]) -> tuple[RidgeFillSettings, dict[str, Any]]:
     """(settings, HFLM keyword arguments) from `--model_args`; every check that needs no weights."""
-    from rf_eval.demo.study import demo_defaults
-    from rf_eval.ridge.maps import load_arm_maps
 
     demo = str(args.get("pretrained") or "demo").strip().lower() == "demo"
     needed = () if args.get("preset") not in (None, "") else ("fill",)  # a preset sets the fill
@@ -130,7 +130,6 @@ class RidgeFillLM(PrefillLM):
         return parse_ridgefill_args(args)
 
     def build_method(self) -> tuple[Any, Any]:
-        from rf_eval.ridgefill.api import RidgeFill
 
         s = self.settings
         try:  # the maps' weights fingerprint can only be checked now, with the weights loaded
@@ -143,7 +142,6 @@ class RidgeFillLM(PrefillLM):
         return self.settings.arm.updated(fields, self.model.config, self.settings.maps_obj, what="rf_arm")
 
     def method_for(self, arm: RidgeFillArm) -> Any:
-        from rf_eval.ridgefill.api import RidgeFill
 
         if arm == self.settings.arm:
             return self.method
@@ -154,7 +152,6 @@ class RidgeFillLM(PrefillLM):
         demo model, the task lengths its context fits."""
         facts = {**super().run_facts(), "tail": self.settings.arm.tail, "fills_rows": self.settings.arm.fills_rows}
         if self.settings.demo:
-            from rf_eval.demo.study import demo_task_defaults
 
             facts["task_defaults"] = demo_task_defaults()
         return facts

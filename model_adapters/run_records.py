@@ -19,7 +19,10 @@ from typing import Any
 import torch
 
 from rf_eval import chat
+from rf_eval.engine import engine_floor
+from rf_eval.method import forward_context
 from rf_eval.model_adapters.config import ModelArgsError
+from rf_eval.stats.ledger import LedgerError, ledger_from_env
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +32,6 @@ FLOOR_PROBE_TOKENS = 64
 
 def ledger_head() -> Any:
     """The head of `$RF_EVAL_LEDGER` (None without one); a ModelArgsError naming a bad ledger."""
-    from rf_eval.stats.ledger import LedgerError, ledger_from_env
 
     try:
         return ledger_from_env()
@@ -84,8 +86,6 @@ def measure_engine_floor(model: Any, exact: Any, split: int, max_length: int, de
     """`rf_eval.engine.engine_floor` at `split` on a seeded probe prompt, run under the exact method's
     forward (a fill that replaced the forward pauses): `{bitwise, max_abs, kl, first_diff, why,
     filled_kernel: {...}, probe_tokens, split}`."""
-    from rf_eval.engine import engine_floor
-    from rf_eval.method import forward_context
 
     n = min(FLOOR_PROBE_TOKENS, int(max_length))
     gen = torch.Generator().manual_seed(0)

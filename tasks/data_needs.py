@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rf_eval.errors import UserError
+from rf_eval.tasks import task_dir
 from rf_eval.tasks.data import SOURCES, TaskDataMissing, available, local_copy, missing_message, why_missing
 from rf_eval.tasks.positions import check_lengths_fit
 from rf_eval.tasks.second_question import BASE_TASK
@@ -57,7 +59,6 @@ def load_task_yaml(path: Path) -> dict[str, Any]:
 
 def task_configs() -> dict[str, dict[str, Any]]:
     """rf-eval's tasks by name: their YAML configs."""
-    from rf_eval.tasks import task_dir
 
     configs = {}
     for path in sorted(Path(task_dir()).glob("*/*.yaml")):
@@ -128,7 +129,6 @@ def check_run_options(bound: dict[str, Any]) -> None:
     """lm_eval options that would fail only after the model loaded, refused now in one line: `--limit` 0 or
     below (lm-eval stops at "did not find any docs"), `--apply_chat_template` with a tokenizer that has no
     chat template (transformers stops at the first prompt)."""
-    from rf_eval.errors import UserError
 
     limit = bound.get("limit")
     if limit is not None and float(limit) <= 0:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rf_eval.drop.arm_spec import DropArm
+from rf_eval.drop.gemfilter import GemFilter
 from rf_eval.methods.base import Method
 
 
@@ -22,6 +23,5 @@ class GemFilterMethod(Method):
 
     @classmethod
     def build(cls, model: Any, tokenizer: Any, arm: Any, **parts: Any) -> Any:
-        from rf_eval.drop.gemfilter import GemFilter
 
         return GemFilter(model, tokenizer, arm=arm, **parts)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from rf_eval.methods.base import Method
+from rf_eval.rarecache.api import RaReCache
 from rf_eval.rarecache.arm_spec import RaReCacheArm
 
 
@@ -19,6 +20,5 @@ class RaReCacheMethod(Method):
 
     @classmethod
     def build(cls, model: Any, tokenizer: Any, arm: Any, *, source: Any, maps: Any, **parts: Any) -> Any:
-        from rf_eval.rarecache.api import RaReCache
 
         return RaReCache(model, source, tokenizer, maps=maps, arm=arm, **parts)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from rf_eval.methods.base import Method
+from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 
 
@@ -18,6 +19,5 @@ class RidgeFillMethod(Method):
 
     @classmethod
     def build(cls, model: Any, tokenizer: Any, arm: Any, *, maps: Any = None, **parts: Any) -> Any:
-        from rf_eval.ridgefill.api import RidgeFill
 
         return RidgeFill(model, tokenizer, arm=arm, maps=maps, **parts)

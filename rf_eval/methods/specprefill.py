@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rf_eval.drop.arm_spec import DropArm
+from rf_eval.drop.specprefill import SpeculativePrefill
 from rf_eval.methods.base import Method
 
 
@@ -24,6 +25,5 @@ class SpecPrefillMethod(Method):
 
     @classmethod
     def build(cls, model: Any, tokenizer: Any, arm: Any, *, source: Any = None, **parts: Any) -> Any:
-        from rf_eval.drop.specprefill import SpeculativePrefill
 
         return SpeculativePrefill(model, source, tokenizer, arm=arm, **parts)

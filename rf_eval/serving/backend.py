@@ -54,9 +54,10 @@ from rf_eval.method import (
     generation_prompt,
     sampling_seed,
 )
+from rf_eval.model_adapters.registry import adapter_args
 from rf_eval.serving import arms
 from rf_eval.serving.scheduler import MAX_BATCH, BatchScheduler, Cancelled, Job
-from rf_eval.serving.scoring import TokenScore, token_score
+from rf_eval.serving.scoring import TokenScore, score_prompt, token_score
 from rf_eval.serving.streaming import ClientGone, TokenStreamer
 
 MAX_ENGINES = 16  # arms kept built (least recently used dropped)
@@ -125,7 +126,6 @@ class Backend:
     def from_model_args(cls, model_args: dict[str, Any], served_name: str | None = None,
                         max_batch: int = MAX_BATCH) -> Backend:
         """The adapter of the method `method` names (default ridgefill; `rf_eval.methods`) built from `model_args`."""
-        from rf_eval.model_adapters.registry import adapter_args
 
         adapter, args = adapter_args(model_args)
         return cls(adapter(**args), served_name, max_batch)
@@ -373,7 +373,6 @@ class Backend:
 
     def score_prompt(self, ids: list[int], arm: ServedArm, k: int) -> list[TokenScore]:
         """Log-probabilities of the prompt's own tokens under `arm`; see `scoring.score_prompt`."""
-        from rf_eval.serving.scoring import score_prompt
 
         self.check_length(len(ids), 0)
         with self.lock, forward_context(arm.method):

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from rf_eval.study.jobs import ArmJob, Progress, iso_time
+from rf_eval.task_index_cache import child_env
 
 
 def arm_env() -> dict[str, str]:
     """The environment an arm's lm_eval runs in: this one, with the task index cache on."""
-    from rf_eval.task_index_cache import child_env
 
     return child_env(dict(os.environ, TOKENIZERS_PARALLELISM="false"))
 

@@ -7,8 +7,13 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from rf_eval.errors import UserError
+from rf_eval.mac_model import prefill_macs
+from rf_eval.ridge.maps import MapError, resolve_map_file
+from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.study.runner import KEY_REFERENCE_PLACEHOLDER, KEY_TASK, dependants, lm_eval_command
 from rf_eval.study.study_file import Study, StudyArm
+from rf_eval.tensor_files import read_metadata
 
 
 def plan_text(study: Study, out: Path, launcher: Any) -> str:
@@ -36,8 +41,6 @@ def maps_split(study: Study, split: int | None) -> int | None:
         return int(study.fit["split"])
     if not getattr(study, "maps", None):
         return None
-    from rf_eval.ridge.maps import MapError, resolve_map_file
-    from rf_eval.tensor_files import read_metadata
 
     try:
         return int(read_metadata(resolve_map_file(study.maps, split), MapError, "map file")["split"])
@@ -51,8 +54,6 @@ def resolved_arm(study: Study, arm: StudyArm) -> tuple[Any, Any] | None:
     config cannot be read here."""
     from transformers import AutoConfig
 
-    from rf_eval.errors import UserError
-    from rf_eval.ridgefill.arm_spec import RidgeFillArm
 
     try:
         config = AutoConfig.from_pretrained(study.pretrained)
@@ -72,7 +73,6 @@ def arm_costs(study: Study, arm: StudyArm) -> dict[int, float]:
     2.5), at the value its budget's knob takes there (`arm_knobs`); {} where unknown."""
     if arm.model != "ridgefill" or not study.lengths:
         return {}
-    from rf_eval.mac_model import prefill_macs
 
     resolved = resolved_arm(study, arm)
     if resolved is None:

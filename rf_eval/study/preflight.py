@@ -14,15 +14,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from rf_eval.devices import check_model_source
+from rf_eval.errors import UserError
+from rf_eval.study.plan import resolved_arm
 from rf_eval.study.runner import model_args
 from rf_eval.study.study_file import ADAPTERS, Study, StudyError
+from rf_eval.task_index_cache import ENV, child_env
+from rf_eval.tasks.data import TaskDataMissing
+from rf_eval.tasks.data_needs import preflight
 
 
 @contextmanager
 def _task_index_cache() -> Iterator[None]:
     """lm-eval's task index read from rf-eval's disk cache, as the study's own lm_eval processes do."""
-    from rf_eval.task_index_cache import ENV, child_env
-
     before = os.environ.get(ENV)
     os.environ.update(child_env(dict(os.environ)))
     try:
@@ -55,8 +59,6 @@ def check_arm_args(study: Study, arm) -> None:
     selector, corrections, tail; a StudyError naming the arm), its split against the model's layer count
     (from its config) and the maps, model and source paths it names. Maps a study's `fit:` block writes
     are checked by the arm's own run: they exist only later."""
-    from rf_eval.errors import UserError
-
     if arm.model == "ridgefill":
         from rf_eval.model_adapters.ridgefill import OWN_KEYS
         from rf_eval.ridgefill.arm_spec import RidgeFillArm as ArmSpec
@@ -96,8 +98,6 @@ def check_budget(study: Study, arm, args: dict) -> None:
     `BudgetError` naming the length and the cheapest fraction otherwise, before anything runs."""
     lengths = list(study.lengths) or None
     if arm.model == "ridgefill":
-        from rf_eval.study.plan import resolved_arm
-
         resolved = resolved_arm(study, arm)
         if resolved is not None:
             config, spec = resolved
@@ -117,8 +117,6 @@ def check_budget(study: Study, arm, args: dict) -> None:
 def check_paths(args: dict) -> None:
     """The model and source folders an arm names, and its maps unless the study's `fit:` block writes them
     (`<maps>`, the placeholder `check_arm_args` puts there)."""
-    from rf_eval.devices import check_model_source
-
     for key in ("pretrained", "source"):
         if args.get(key):
             check_model_source(str(args[key]))
@@ -148,9 +146,6 @@ def check_split(pretrained: str, split: int | None) -> None:
 def check_study(study: Study) -> None:
     """Refuse (StudyError) a study whose arms' settings are bad, whose tasks lm-eval cannot find or whose
     arms' tasks lack their data."""
-    from rf_eval.tasks.data import TaskDataMissing
-    from rf_eval.tasks.data_needs import preflight
-
     for arm in study.arms.values():
         check_arm_args(study, arm)
 
@@ -179,8 +174,6 @@ def build_task_data(study: Study) -> int:
     The arms build their own copies again: lm-eval keeps no samples between processes.
     """
     from lm_eval.tasks import TaskManager
-
-    from rf_eval.errors import UserError
 
     built: set[str] = set()
     for arm in study.arms.values():
