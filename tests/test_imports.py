@@ -40,6 +40,9 @@ LAZY_IMPORTS = {
                                 ("demo", "rf_eval.study.study_file"))},
     "rf_eval.tasks.common -> rf_eval.engine.plan": "the report reads tasks.common (rf_eval.stats.runs, "
     "cap_hits) and runs without torch; the default tail is the engine's, which imports torch",
+    "rf_eval.study.preflight": "a study's arms are checked by their own method's adapter and arm class: an "
+    "adapter (lm-eval, torch) loads only when the study has an arm of that method, and one method's arm "
+    "class is bound per branch to the same local name (`OWN_KEYS`, `ArmSpec`)",
     "rf_eval.overlap -> rf_eval.ridge.calibration": "`rf-eval overlap` on text files runs without torch; "
     "only a calibration file is read through the ridge package, which imports it",
 }
@@ -58,22 +61,6 @@ LIGHT = {
     "rf_eval.cli.fit_transfer": ("torch", "transformers"),
     "rf_eval.cli.report": ("torch", "scipy"),
     "rf_eval.cli.demo": ("torch", "transformers"),
-}
-
-#: modules whose in-function imports are not yet sorted into top-level imports or LAZY_IMPORTS (#39: their
-#: files were being rewritten by the other parts of the issue); module -> who moves them. A transition list,
-#: to be emptied (an entry with nothing left to move is not an error here).
-PENDING = {
-    "rf_eval.drop.base": "H1b", "rf_eval.rarecache.api": "H1b", "rf_eval.serving.backend": "H1b",
-    "rf_eval.model_adapters.prefill_lm": "H1b", "rf_eval.model_adapters.run_records": "H1b",
-    "rf_eval.engine.strategies": "H1a", "rf_eval.fills.base": "H1a", "rf_eval.fills.kv_ridge": "H1a",
-    "rf_eval.fills.ridge": "H1a", "rf_eval.ridgefill.api": "H1a", "rf_eval.ridgefill.arm_cost": "H1a",
-    "rf_eval.ridgefill.arm_spec": "H1a", "rf_eval.rarecache.arm_spec": "H1a", "rf_eval.model_adapters.ridgefill": "H1a",
-    "rf_eval.methods.gemfilter": "H2", "rf_eval.methods.rarecache": "H2", "rf_eval.methods.ridgefill": "H2",
-    "rf_eval.methods.specprefill": "H2", "rf_eval.model_adapters.config": "H2", "rf_eval.model_adapters.drop": "H2",
-    "rf_eval.model_adapters.method_lm": "H2", "rf_eval.model_adapters.rarecache": "H2", "rf_eval.study.launch": "H2",
-    "rf_eval.study.plan": "H2", "rf_eval.study.preflight": "H2",
-    "rf_eval.tasks.data_needs": "H3",
 }
 
 
@@ -261,8 +248,6 @@ def test_the_package_imports_its_own_modules_at_the_top_of_each_file():
             key = next((k for k in (f"{name} -> {target}", name) if k in LAZY_IMPORTS), None)
             if key is not None:
                 listed.add(key)
-            elif name in PENDING:
-                listed.add(name)
             else:
                 unexplained.append(f"{modules[name].relative_to(ROOT)}:{line} imports {target} inside a function")
     assert not unexplained, ("import these at the top of the file, or list them in LAZY_IMPORTS with the reason:\n"
