@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rf_eval.engine import PrefillResult
+from rf_eval.engine import PrefillResult, extend
 
-__all__ = ["DroppedResult", "extend_dropped", "generation_inputs"]
+__all__ = ["DroppedResult", "extend_after", "extend_dropped", "generation_inputs"]
 
 
 @dataclass
@@ -68,3 +68,11 @@ def extend_dropped(model, result: DroppedResult, tokens: torch.Tensor) -> torch.
     logits = model(input_ids=tokens, cache=result.cache, use_cache=True, position_ids=positions).logits
     result.prompt_length += tokens.shape[1]
     return logits
+
+
+def extend_after(model, result: PrefillResult, tokens: torch.Tensor) -> torch.Tensor:
+    """The stock model over `tokens` (1 x m) after any method's prefill: at the positions after a dropper's last
+    kept row (`extend_dropped`), else after the prompt (`rf_eval.engine.extend`)."""
+    if isinstance(result, DroppedResult):
+        return extend_dropped(model, result, tokens)
+    return extend(model, result, tokens)

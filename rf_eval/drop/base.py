@@ -25,8 +25,8 @@ from torch import nn
 from rf_eval.budget import Knob
 from rf_eval.devices import input_device
 from rf_eval.drop.arm_spec import DropArm
-from rf_eval.dropped_result import DroppedResult, extend_dropped
-from rf_eval.engine import PrefillResult, extend, new_cache, plain_prefill
+from rf_eval.dropped_result import DroppedResult, extend_after
+from rf_eval.engine import PrefillResult, new_cache, plain_prefill
 from rf_eval.fields import ArmError
 from rf_eval.mac_model import cache_rows, prefill_macs
 from rf_eval.method import check_prompt, generate, method_forward, model_identity, prefill_each
@@ -140,11 +140,8 @@ class DropMethod:
         return prefill_each(self, input_ids, for_generation=for_generation)
 
     def extend(self, result: PrefillResult, tokens: torch.Tensor) -> torch.Tensor:
-
-        tokens = tokens.to(self.device)
-        if isinstance(result, DroppedResult):
-            return extend_dropped(self.model, result, tokens)
-        return extend(self.model, result, tokens)
+        """The stock model over `tokens` after the kept rows."""
+        return extend_after(self.model, result, tokens.to(self.device))
 
     def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         return generate(self, input_ids, **kwargs)

@@ -63,14 +63,8 @@ METHODS: Registry[Method] = Registry("prefill method", Method, __name__, env=MET
                                      check=_check, error=MethodPluginError)
 
 
-def register_method(cls: type[Method]) -> type[Method]:
-    """Add a method at run time (a test's throwaway method; a notebook's own). Returns `cls`."""
-    return METHODS.register(cls)
-
-
-def unregister_method(name: str) -> None:
-    """Remove a method `register_method` added."""
-    METHODS.unregister(name)
+#: add a method at run time (a test's throwaway method; a notebook's own), and remove one so added
+register_method, unregister_method = METHODS.register, METHODS.unregister
 
 
 def method_class(name: str) -> type[Method]:

@@ -34,8 +34,8 @@ from typing import Any, ClassVar
 import torch
 
 from rf_eval.devices import input_device
-from rf_eval.dropped_result import DroppedResult, extend_dropped
-from rf_eval.engine import PrefillResult, extend
+from rf_eval.dropped_result import extend_after
+from rf_eval.engine import PrefillResult
 from rf_eval.fields import build as build_dataclass
 from rf_eval.method import PrefillMethod, generate, method_forward, model_identity, prefill_each
 from rf_eval.prefill_cost import PrefillCost
@@ -123,10 +123,7 @@ class Method:
 
     def extend(self, result: PrefillResult, tokens: torch.Tensor) -> torch.Tensor:
         """The stock model over `tokens` after the prompt (after the kept rows of a `DroppedResult`)."""
-        tokens = tokens.to(self.device)
-        if isinstance(result, DroppedResult):
-            return extend_dropped(self.model, result, tokens)
-        return extend(self.model, result, tokens)
+        return extend_after(self.model, result, tokens.to(self.device))
 
     def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         return generate(self, input_ids, **kwargs)
