@@ -20,6 +20,8 @@ TESTING_USERS = {"rf_eval.testing", "rf_eval.cli.tiny_model"}
 #: imports of the package's own modules that stay inside a function, each with its reason: "module" (all of
 #: its in-function imports) or "module -> imported module". Anything else goes at the top of its file, where
 #: the dependency graph can be read.
+#: the command modules that read their options without loading torch, transformers or lm-eval
+LIGHT_COMMANDS = ("convert_projector", "families", "fetch_data", "fills", "load", "methods", "serve", "study", "ttft")
 LAZY_IMPORTS = {
     "rf_eval -> rf_eval.ridgefill.api": "`import rf_eval` stays cheap: the lm-eval startup hook imports the "
     "package in every lm_eval process (`lm_eval --model hf` included); `rf_eval.RidgeFill` brings torch and "
@@ -38,6 +40,9 @@ LAZY_IMPORTS = {
        for command, library in (("fit", "rf_eval.ridgefill.fit_run"), ("fit_transfer", "rf_eval.rarecache.transfer_run"),
                                 ("report", "rf_eval.reports.build"), ("demo", "rf_eval.study.demo_run"),
                                 ("demo", "rf_eval.study.study_file"))},
+    **{f"rf_eval.cli.{command}": "a command's module is imported to read its options (`rf-eval COMMAND --help`, "
+       "a refused value): what does the work (torch, transformers, lm-eval) loads when the command runs"
+       for command in LIGHT_COMMANDS},
     "rf_eval.tasks.common -> rf_eval.engine.plan": "the report reads tasks.common (rf_eval.stats.runs, "
     "cap_hits) and runs without torch; the default tail is the engine's, which imports torch",
     "rf_eval.study.preflight": "a study's arms are checked by their own method's adapter and arm class: an "
@@ -57,7 +62,8 @@ LIGHT = {
     "rf_eval.stats.runs": ("torch",),
     "rf_eval.tasks.common": ("torch",),
     "rf_eval.overlap": ("torch",),
-    "rf_eval.cli.serve": ("fastapi", "uvicorn"),
+    "rf_eval.cli.serve": ("fastapi", "uvicorn", "torch", "lm_eval"),
+    **{f"rf_eval.cli.{command}": ("torch", "transformers", "lm_eval") for command in LIGHT_COMMANDS if command != "serve"},
     "rf_eval.cli.fit_transfer": ("torch", "transformers"),
     "rf_eval.cli.report": ("torch", "scipy"),
     "rf_eval.cli.demo": ("torch", "transformers"),

@@ -12,8 +12,6 @@ import argparse
 from pathlib import Path
 
 from rf_eval.cli import UserError
-from rf_eval.ridge.maps import MapError, map_filename
-from rf_eval.ridgefill.release_maps import convert_release, read_manifest
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoConfig
 
+    from rf_eval.ridge.maps import MapError, map_filename
+    from rf_eval.ridgefill.release_maps import convert_release, read_manifest
 
     try:
         split = read_manifest(args.folder)["split"]

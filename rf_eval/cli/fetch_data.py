@@ -12,8 +12,6 @@ import argparse
 from pathlib import Path
 
 from rf_eval.cli import UserError
-from rf_eval.tasks.data import DATA_ENV, DATA_OPTION, offline
-from rf_eval.tasks.data_fetch import fetch
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rf_eval.tasks.data import DATA_ENV, DATA_OPTION, offline
+    from rf_eval.tasks.data_fetch import fetch
 
     tasks = [t.strip() for item in args.tasks for t in item.split(",") if t.strip()]
     if not tasks:

@@ -28,11 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rf_eval.cli import UserError
-from rf_eval.cli.ttft import cut_prompts, server_and_arms
 from rf_eval.cli.values import nonnegative_int, positive_float, positive_int
-from rf_eval.outputs import check_output, stamp_json, write_output
-from rf_eval.serving.client import ServerError
-from rf_eval.serving.load import dumps, format_table, measure
 
 WORDS = ("harbor ledger signal copper meadow lantern orchard window candle thunder bridge canvas river stone "
          "garden silver market winter summer forest valley engine").split()
@@ -82,6 +78,10 @@ def default_text(n_tokens: int, seed: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rf_eval.cli.ttft import cut_prompts, server_and_arms
+    from rf_eval.outputs import check_output, stamp_json, write_output
+    from rf_eval.serving.client import ServerError
+    from rf_eval.serving.load import dumps, format_table, measure
 
     if min(args.lengths) < 2:
         raise UserError("every --lengths value must be >= 2 (a prompt and its last token)")

@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 
 from rf_eval.cli.readme_table import markdown_table
-from rf_eval.methods import METHODS
 
 HEADER = ("method", "run as", "loads", "arm fields", "declared in")
 
 
 def rows() -> list[tuple[str, ...]]:
+    from rf_eval.methods import METHODS
+
     out = []
     for name in sorted(METHODS):
         cls = METHODS[name]

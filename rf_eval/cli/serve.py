@@ -35,10 +35,6 @@ from typing import Any
 
 from rf_eval.cli import UserError
 from rf_eval.cli.values import port, positive_int
-from rf_eval.fills import FILL_OFF, arm_fills
-from rf_eval.model_adapters.config import ModelArgsError
-from rf_eval.model_adapters.registry import adapter_args
-from rf_eval.serving.backend import Backend
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,6 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="model folder or hub id (the adapter's `pretrained`; or pretrained= in --model-args)")
     p.add_argument("--tokenizer", default=None, help="another tokenizer folder or id")
     arm = p.add_argument_group("arm (the server's own; a request may override any of these)")
+    from rf_eval.fills import FILL_OFF, arm_fills
 
     arm.add_argument("--fill", default=None,
                      help=f"{' | '.join(arm_fills())} (RidgeFill; default {FILL_OFF}: fill off; `rf-eval fills` "
@@ -78,6 +75,9 @@ def model_args_from(args: argparse.Namespace) -> dict[str, Any]:
     exact), checked by the adapter's own parser before anything loads (a UserError naming the key)."""
     from lm_eval.utils import simple_parse_args_string
 
+    from rf_eval.fills import FILL_OFF
+    from rf_eval.model_adapters.config import ModelArgsError
+    from rf_eval.model_adapters.registry import adapter_args
 
     given = {"pretrained": args.model, "tokenizer": args.tokenizer, "fill": args.fill, "maps": args.maps,
              "split": args.split, "tail": args.tail, "chunk_size": args.chunk_size, "device": args.device,
@@ -103,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
         from rf_eval.serving.app import RequestLog, create_app
     except ImportError as err:
         raise UserError(f"rf-eval serve needs the serve extra ({err.name} is missing): pip install 'rf-eval[serve]'") from None
+    from rf_eval.model_adapters.config import ModelArgsError
+    from rf_eval.serving.backend import Backend
 
     model_args = model_args_from(args)
     sock = bind(args.host, args.port)  # a port in use fails now, not after the model has loaded

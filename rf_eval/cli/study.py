@@ -13,11 +13,6 @@ from pathlib import Path
 
 from rf_eval.cli import UserError
 from rf_eval.cli.values import positive_int
-from rf_eval.study.launchers import make_launcher
-from rf_eval.study.plan import plan_text
-from rf_eval.study.preflight import build_task_data, check_study
-from rf_eval.study.runner import run_study, status_text
-from rf_eval.study.study_file import StudyError, load_study
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,6 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rf_eval.study.launchers import make_launcher
+    from rf_eval.study.plan import plan_text
+    from rf_eval.study.preflight import build_task_data, check_study
+    from rf_eval.study.runner import run_study, status_text
+    from rf_eval.study.study_file import StudyError, load_study
 
     if args.action == "status":
         print(status_text(Path(args.out)))

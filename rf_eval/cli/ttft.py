@@ -25,10 +25,6 @@ from pathlib import Path
 
 from rf_eval.cli import UserError
 from rf_eval.cli.values import nonnegative_int, positive_float, positive_int
-from rf_eval.outputs import check_output, stamp_json, write_output
-from rf_eval.serving.arms import ArmError
-from rf_eval.serving.client import Server, ServerError
-from rf_eval.serving.timing import dumps, format_table, measure, parse_arm
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,6 +70,9 @@ def cut_prompts(server, text: str, lengths: list[int], tokenizer: str | None) ->
 def server_and_arms(args: argparse.Namespace) -> tuple:
     """The server of `--base-url` and the two arms `--arm-a/--arm-b` (named by `--name-a/--name-b`), as
     `ttft` and `load` both take them; a bad arm or URL is a UserError."""
+    from rf_eval.serving.arms import ArmError
+    from rf_eval.serving.client import Server
+    from rf_eval.serving.timing import parse_arm
 
     try:
         arm_a, arm_b = parse_arm(args.arm_a, "A"), parse_arm(args.arm_b, "B")
@@ -85,6 +84,9 @@ def server_and_arms(args: argparse.Namespace) -> tuple:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rf_eval.outputs import check_output, stamp_json, write_output
+    from rf_eval.serving.client import ServerError
+    from rf_eval.serving.timing import dumps, format_table, measure
 
     if args.repeats < 1 or args.warmup < 0 or args.max_tokens < 1 or min(args.lengths) < 2:
         raise UserError("--repeats and --max-tokens must be >= 1, --warmup >= 0 and every length >= 2")
