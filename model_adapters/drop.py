@@ -67,7 +67,6 @@ def parse_drop_args(args: dict[str, Any]) -> tuple[DropSettings, dict[str, Any]]
     weights: the filter layer, the budget's reach), the tokenizers compared, before anything loads."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-
     mine, hf = take_model_args(args, OWN_KEYS, ("pretrained",), model="drop")
     remote = {k: hf[k] for k in ("trust_remote_code",) if hf.get(k) is not None}
     try:
@@ -119,7 +118,6 @@ class DropLM(PrefillLM):
         return [model.to(self.input_device).eval()]
 
     def build_method(self) -> tuple[Any, Any]:
-
         self.speculators = self.speculator()
         method = self.dropper(self.settings.arm)
         return method, RidgeFill(self.model, self.tokenizer, fill="exact")

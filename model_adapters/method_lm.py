@@ -86,7 +86,6 @@ class MethodLM(PrefillLM):
         return parse_method_args(args)
 
     def build_method(self) -> tuple[Any, Any]:
-
         method = self.settings.method.build(self.model, self.tokenizer, self.settings.arm)
         return method, RidgeFill(self.model, self.tokenizer, fill="exact")
 

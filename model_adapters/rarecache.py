@@ -79,7 +79,6 @@ def parse_rarecache_args(args: dict[str, Any]) -> tuple[RaReCacheSettings, dict[
     """(settings, HFLM keyword arguments): tokenizers compared and maps checked for the pair, before any weights."""
     from transformers import AutoTokenizer
 
-
     mine, hf = take_model_args(args, OWN_KEYS, ("pretrained", "source", "maps"), model="rarecache")
     remote = {k: hf[k] for k in ("trust_remote_code",) if hf.get(k) is not None}
     try:
@@ -107,7 +106,6 @@ def knob_for(arm: RaReCacheArm, maps: Any, source_config: Any, target_config: An
     import torch
     from transformers import AutoModelForCausalLM
 
-
     with torch.device("meta"):
         target, source = (AutoModelForCausalLM.from_config(c) for c in (target_config, source_config))
     positions = getattr(target_config, "max_position_embeddings", None) or 1 << 20
@@ -129,7 +127,6 @@ class RaReCacheLM(PrefillLM):
 
     def build_method(self) -> tuple[Any, Any]:
         from transformers import AutoModelForCausalLM
-
 
         s = self.settings
         remote = bool(self._hf_args.get("trust_remote_code", False))

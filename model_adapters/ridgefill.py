@@ -130,7 +130,6 @@ class RidgeFillLM(PrefillLM):
         return parse_ridgefill_args(args)
 
     def build_method(self) -> tuple[Any, Any]:
-
         s = self.settings
         try:  # the maps' weights fingerprint can only be checked now, with the weights loaded
             method = RidgeFill(self.model, self.tokenizer, arm=s.arm, maps=s.maps_obj)
@@ -142,7 +141,6 @@ class RidgeFillLM(PrefillLM):
         return self.settings.arm.updated(fields, self.model.config, self.settings.maps_obj, what="rf_arm")
 
     def method_for(self, arm: RidgeFillArm) -> Any:
-
         if arm == self.settings.arm:
             return self.method
         return RidgeFill(self.model, self.tokenizer, arm=arm, maps=self.settings.maps_obj)

@@ -161,7 +161,6 @@ def make_tiny_swiftkv(out_dir: str | Path, family: str = "llama", num_key_value_
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-
     base_dir = make_tiny_model(family, out_dir, seed=seed)
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     model_type = next(t for t, of in MODEL_TYPES.items() if of == base.config.model_type)

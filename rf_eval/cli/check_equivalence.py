@@ -135,7 +135,6 @@ def check_split(model: str, split: int) -> None:
     """--split in 1..L-1 of the model's L layers (from its config)."""
     from transformers import AutoConfig
 
-
     try:
         layers = AutoConfig.from_pretrained(model).get_text_config().num_hidden_layers
     except (OSError, ValueError):

@@ -30,7 +30,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     if args.json:  # before any reading: never over a file rf-eval did not write (`rf_eval.outputs`)
         check_output("--json", args.json, overwrite=args.overwrite)
     result = check_files(args.calibration, args.evaluation, args.words)

@@ -48,7 +48,6 @@ class DropMethod:
     knob_name: ClassVar[str] = "rows"
 
     def __init__(self, model: nn.Module, tokenizer: Any = None, *, arm: Any = None, **fields: Any):
-
         if arm is None:
             arm = DropArm.from_fields({"method": self.name, **fields}, what=type(self).__name__)
         elif fields:

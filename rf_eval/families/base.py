@@ -63,7 +63,6 @@ class Family:
         """The config of this family's tiny random model (`overrides` replace shared shapes and settings)."""
         from transformers import AutoConfig
 
-
         ids = dict(vocab_size=vocab_size, pad_token_id=vocab_size - 3, eos_token_id=vocab_size - 1)
         return AutoConfig.for_model(cls.model_types[0], **{**TINY_SHAPES, **ids, **cls.tiny_settings, **overrides})
 

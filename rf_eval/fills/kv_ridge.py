@@ -46,7 +46,6 @@ class KvRidge(FillMethod):
         return maps.fill_fn(dtype, device)
 
     def row_fill(self, fill_fn: Any) -> Any:
-
         if fill_fn is None:
             raise ValueError(f"fill {self.name!r} needs its maps")
         return PredictedKV(fill_fn)
@@ -59,7 +58,6 @@ class KvRidge(FillMethod):
         return config.hidden_size * kv_width(config)
 
     def check(self, model_config: Any, maps: Any) -> None:
-
         super().check(model_config, maps)
         target = (maps.metadata or {}).get("target", "inputs")
         if target != self.fit_target:

@@ -23,5 +23,4 @@ class GemFilterMethod(Method):
 
     @classmethod
     def build(cls, model: Any, tokenizer: Any, arm: Any, **parts: Any) -> Any:
-
         return GemFilter(model, tokenizer, arm=arm, **parts)

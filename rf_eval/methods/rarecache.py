@@ -20,5 +20,4 @@ class RaReCacheMethod(Method):
 
     @classmethod
     def build(cls, model: Any, tokenizer: Any, arm: Any, *, source: Any, maps: Any, **parts: Any) -> Any:
-
         return RaReCache(model, source, tokenizer, maps=maps, arm=arm, **parts)

@@ -19,5 +19,4 @@ class RidgeFillMethod(Method):
 
     @classmethod
     def build(cls, model: Any, tokenizer: Any, arm: Any, *, maps: Any = None, **parts: Any) -> Any:
-
         return RidgeFill(model, tokenizer, arm=arm, maps=maps, **parts)

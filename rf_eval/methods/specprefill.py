@@ -25,5 +25,4 @@ class SpecPrefillMethod(Method):
 
     @classmethod
     def build(cls, model: Any, tokenizer: Any, arm: Any, *, source: Any = None, **parts: Any) -> Any:
-
         return SpeculativePrefill(model, source, tokenizer, arm=arm, **parts)

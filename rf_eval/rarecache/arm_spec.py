@@ -31,7 +31,6 @@ class RaReCacheArm:
     budget: float | None = None  # a share of exact's MACs: the recomputed rows (layers) set per length to spend it
 
     def __post_init__(self) -> None:
-
         if self.rho is not None and not 0 <= self.rho <= 1:
             raise ArmError(f"rho must be in [0, 1], got {self.rho}")
         check_budget(self.budget)

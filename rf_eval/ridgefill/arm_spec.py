@@ -129,7 +129,6 @@ class RidgeFillArm:
             raise ArmError(f"budget={self.budget:g} turns preset={self.preset}'s split, which its maps fix")
 
     def _apply_preset(self) -> None:
-
         try:
             chosen = preset(self.preset)
         except ValueError as err:

@@ -54,7 +54,6 @@ def resolved_arm(study: Study, arm: StudyArm) -> tuple[Any, Any] | None:
     config cannot be read here."""
     from transformers import AutoConfig
 
-
     try:
         config = AutoConfig.from_pretrained(study.pretrained)
     except OSError:
