@@ -49,7 +49,6 @@ from rf_eval.model_adapters.config import (
 )
 from rf_eval.model_adapters.prefill_lm import PrefillLM
 from rf_eval.rarecache.maps import TokenizerMismatch, check_tokenizers
-from rf_eval.ridgefill.api import RidgeFill
 
 OWN_KEYS = adapter_keys()["drop"]
 
@@ -120,7 +119,7 @@ class DropLM(PrefillLM):
     def build_method(self) -> tuple[Any, Any]:
         self.speculators = self.speculator()
         method = self.dropper(self.settings.arm)
-        return method, RidgeFill(self.model, self.tokenizer, fill="exact")
+        return method, self.exact_method()
 
     def arm_with(self, fields: dict[str, Any]) -> DropArm:
         return self.settings.arm.updated(fields, what="rf_arm")

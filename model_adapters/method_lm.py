@@ -32,7 +32,6 @@ from rf_eval.errors import UserError
 from rf_eval.methods import GENERIC_MODEL, Method, method_class, methods_of
 from rf_eval.model_adapters.config import AdapterSettings, ModelArgsError, model_config, take_model_args
 from rf_eval.model_adapters.prefill_lm import PrefillLM
-from rf_eval.ridgefill.api import RidgeFill
 
 #: the generic adapter's own keys beside the method's arm fields
 BASE_KEYS = ("pretrained", "method", "reference", "seed", "name")
@@ -87,7 +86,7 @@ class MethodLM(PrefillLM):
 
     def build_method(self) -> tuple[Any, Any]:
         method = self.settings.method.build(self.model, self.tokenizer, self.settings.arm)
-        return method, RidgeFill(self.model, self.tokenizer, fill="exact")
+        return method, self.exact_method()
 
     def arm_with(self, fields: dict[str, Any]) -> Any:
         return self.settings.method.updated_arm(self.settings.arm, fields, what="rf_arm")

@@ -60,6 +60,7 @@ from rf_eval.model_adapters.item_costs import ItemCosts
 from rf_eval.model_adapters.run_records import ChatRendering, ledger_head, measure_engine_floor
 from rf_eval.model_adapters.scoring import ScoringMixin
 from rf_eval.prefill_timer import FirstForward, timer_label
+from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.version import __version__
 from rf_eval.weights import weights_fingerprint
 
@@ -131,6 +132,11 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
     def build_method(self) -> tuple[Any, Any]:
         """(the arm's method, the exact method) over `self.model`."""
         raise NotImplementedError
+
+    def exact_method(self) -> RidgeFill:
+        """The exact arm over `self.model` (the `reference=exact` pass and the engine floor's), for an adapter
+        whose method has no exact arm of its own (RidgeFill's is `RidgeFill.reference`)."""
+        return RidgeFill(self.model, self.tokenizer, fill="exact")
 
     def arm_with(self, fields: dict[str, Any]) -> Any:
         """The adapter's arm with `fields` applied and checked (an `ArmError` naming a bad one): the arm of a

@@ -60,7 +60,6 @@ from rf_eval.rarecache.budget import rarecache_knob
 from rf_eval.rarecache.cost import EquationCost
 from rf_eval.rarecache.maps import TokenizerMismatch, check_tokenizers, load_transfer_maps
 from rf_eval.ridge.maps import MapError
-from rf_eval.ridgefill.api import RidgeFill
 
 OWN_KEYS = adapter_keys()["rarecache"]
 
@@ -137,7 +136,7 @@ class RaReCacheLM(PrefillLM):
         # The tokenizers were compared in parse (before configure_pad_token could touch this one).
         method = method_class(self.method_name).build(self.model, None, s.arm, source=source.to(self.input_device).eval(),
                                                       maps=s.maps_obj)
-        return method, RidgeFill(self.model, self.tokenizer, fill="exact")
+        return method, self.exact_method()
 
     def arm_with(self, fields: dict[str, Any]) -> RaReCacheArm:
         return self.settings.arm.updated(fields, what="rf_arm")
