@@ -39,6 +39,16 @@ def _binary(x: np.ndarray) -> bool:
     return bool(np.all((x == 0) | (x == 100)))
 
 
+def _paired(pairs: pd.DataFrame, *, confidence: float, n_resamples: int, seed: int):
+    """The arm's and reference's scores, their strata and the stratified paired bootstrap of them."""
+    arm, ref = pairs["arm"].to_numpy(float), pairs["ref"].to_numpy(float)
+    strata = strata_of(pairs)
+    boot = paired_bootstrap(
+        arm, ref, strata=strata.labels, n_resamples=n_resamples, confidence=confidence, seed=seed
+    )
+    return arm, ref, strata, boot
+
+
 def points_contrast(
     pairs: pd.DataFrame,
     *,
@@ -48,11 +58,7 @@ def points_contrast(
     seed: int,
 ) -> dict[str, Any]:
     """Paired contrast of scores in points (columns `arm`, `ref` of `pairs`), within its strata."""
-    arm, ref = pairs["arm"].to_numpy(float), pairs["ref"].to_numpy(float)
-    strata = strata_of(pairs)
-    boot = paired_bootstrap(
-        arm, ref, strata=strata.labels, n_resamples=n_resamples, confidence=confidence, seed=seed
-    )
+    arm, ref, strata, boot = _paired(pairs, confidence=confidence, n_resamples=n_resamples, seed=seed)
     ni = decide_noninferiority(boot.difference, boot.lower, boot.n, margin=margin, alpha=1 - confidence)
     if _binary(arm) and _binary(ref):
         mc = mcnemar_exact(arm, ref)
@@ -87,12 +93,8 @@ def loss_contrast(
     seed: int,
 ) -> dict[str, Any]:
     """Paired contrast of a raw measure: mean and median difference, interval, perplexity gap."""
-    arm, ref = pairs["arm"].to_numpy(float), pairs["ref"].to_numpy(float)
+    arm, ref, strata, boot = _paired(pairs, confidence=confidence, n_resamples=n_resamples, seed=seed)
     domains = pairs["domain"].astype(str).to_numpy() if pairs["domain"].notna().all() else None
-    strata = strata_of(pairs)
-    boot = paired_bootstrap(
-        arm, ref, strata=strata.labels, n_resamples=n_resamples, confidence=confidence, seed=seed
-    )
     loc = location(arm - ref)
     out: dict[str, Any] = {
         "n": boot.n,
