@@ -56,8 +56,7 @@ from rf_eval.model_adapters.config import (
 )
 from rf_eval.model_adapters.prefill_lm import PrefillLM
 from rf_eval.rarecache.arm_spec import RaReCacheArm
-from rf_eval.rarecache.budget import rarecache_knob
-from rf_eval.rarecache.cost import EquationCost
+from rf_eval.rarecache.budget import knob_from_configs
 from rf_eval.rarecache.maps import TokenizerMismatch, check_tokenizers, load_transfer_maps
 from rf_eval.ridge.maps import MapError
 
@@ -90,26 +89,13 @@ def parse_rarecache_args(args: dict[str, Any]) -> tuple[RaReCacheSettings, dict[
         source_config, target_config = model_config(mine["source"], hf, checks_keys=False), model_config(mine["pretrained"], hf)
         maps.check_pair(source_config, target_config)
         if arm.budget is not None:  # a budget no recompute count meets is refused before any weights load
-            knob_for(arm, maps, source_config, target_config).check_reachable()
+            knob_from_configs(arm, maps, source_config, target_config).check_reachable()
         settings = RaReCacheSettings(pretrained=str(mine["pretrained"]), source=str(mine["source"]),
                                      maps=str(mine["maps"]), arm=arm, maps_obj=maps,
                                      reference=mine.get("reference"), seed=arm.seed)
     except (ArmError, MapError, TokenizerMismatch) as err:
         raise ModelArgsError(f"rarecache: {err}") from err
     return settings, hf
-
-
-def knob_for(arm: RaReCacheArm, maps: Any, source_config: Any, target_config: Any) -> Any:
-    """The knob of a RaReCache arm with a budget (`rf_eval.rarecache.budget.rarecache_knob`), from the configs
-    alone: the parameter counts of eq. 11 read off models built on the meta device (no weights)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        target, source = (AutoModelForCausalLM.from_config(c) for c in (target_config, source_config))
-    positions = getattr(target_config, "max_position_embeddings", None) or 1 << 20
-    return rarecache_knob(arm.budget, EquationCost(target, source, maps), arm.selector_obj.whole_layers,
-                          int(positions))
 
 
 @register_model("rarecache")

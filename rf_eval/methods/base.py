@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
@@ -82,6 +82,22 @@ class Method:
             return own(dict(fields), what=what)
         return cls.parse_arm({**{f.name: getattr(arm, f.name) for f in dataclasses.fields(arm)}, **fields},
                              what=what)
+
+    @classmethod
+    def planned_costs(cls, config: Any, arm: Any, lengths: Sequence[int], *,
+                      maps_split: Callable[[int | None], int | None]) -> dict[int, tuple[float, str | None]]:
+        """`rf-eval study plan`'s preview of an arm before anything loads: at each of `lengths`, its MAC cost
+        relative to exact prefill and what its budget sets there ("tail 812"; None without one). `config`:
+        the model's `transformers` config; `maps_split(split)`: the split of maps not yet loaded (None where
+        nothing says). The default, {}, previews nothing: the run costs each item (`prefill_cost`)."""
+        return {}
+
+    @classmethod
+    def check_budget(cls, model_args: Mapping[str, Any], arm: Any, lengths: Sequence[int] | None, *,
+                     maps_split: Callable[[int | None], int | None]) -> None:
+        """Refuse, before a study runs anything, a budget the arm cannot meet at some length (a `BudgetError`
+        naming it; `lengths` None: every length the model takes). `model_args`: the arm's, with the files
+        it loads. The default checks nothing here: the run refuses the budget before its first prompt."""
 
     @classmethod
     def build(cls, model: Any, tokenizer: Any, arm: Any, **parts: Any) -> PrefillMethod:

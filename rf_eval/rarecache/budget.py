@@ -8,7 +8,11 @@ import math
 from fractions import Fraction
 from typing import Any
 
+import torch
+from transformers import AutoModelForCausalLM
+
 from rf_eval.budget import Knob
+from rf_eval.rarecache.cost import EquationCost
 
 
 def budget(rho: float, total: int) -> int:
@@ -34,3 +38,13 @@ def rarecache_knob(budget_share: float | None, costs: Any, whole_layers: bool, m
                     lambda n: costs.n_layers, max_length=max_length)
     return Knob("rows", float(budget_share), costs.rows, costs.exact, lambda n: 1, lambda n: n,
                 max_length=max_length)
+
+
+def knob_from_configs(arm: Any, maps: Any, source_config: Any, target_config: Any) -> Knob | None:
+    """The knob of a RaReCache arm (`rarecache_knob`) from the configs alone, before any weights load: the
+    parameter counts of eq. 11 read off models built on the meta device."""
+    with torch.device("meta"):
+        target, source = (AutoModelForCausalLM.from_config(c) for c in (target_config, source_config))
+    positions = getattr(target_config, "max_position_embeddings", None) or 1 << 20
+    return rarecache_knob(arm.budget, EquationCost(target, source, maps), arm.selector_obj.whole_layers,
+                          int(positions))

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 from pathlib import Path
 from typing import Any
 
-from rf_eval.errors import UserError
-from rf_eval.mac_model import prefill_macs
+from transformers import AutoConfig
+
+from rf_eval.methods import method_for_arm
 from rf_eval.ridge.maps import MapError, resolve_map_file
-from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.study.runner import KEY_REFERENCE_PLACEHOLDER, KEY_TASK, dependants, lm_eval_command
 from rf_eval.study.study_file import Study, StudyArm
 from rf_eval.tensor_files import read_metadata
@@ -27,10 +26,10 @@ def plan_text(study: Study, out: Path, launcher: Any) -> str:
         key_reference = KEY_REFERENCE_PLACEHOLDER if arm.name in waiting else None
         argv = launcher.argv(lm_eval_command(study, arm, out, study.maps or "<maps from fit>", key_reference))
         lines.append(f"\n[{arm.name}] {shlex.join(argv)}")
-        costs, knobs = arm_costs(study, arm), arm_knobs(study, arm)
+        costs = arm_preview(study, arm)
         if costs:
             lines.append("  MAC cost / exact: " + ", ".join(
-                f"N={n}: {c:.3f}" + (f" ({knobs[n]})" if n in knobs else "") for n, c in costs.items()))
+                f"N={n}: {c:.3f}" + (f" ({knob})" if knob else "") for n, (c, knob) in costs.items()))
     return "\n".join(lines)
 
 
@@ -48,52 +47,17 @@ def maps_split(study: Study, split: int | None) -> int | None:
         return None
 
 
-def resolved_arm(study: Study, arm: StudyArm) -> tuple[Any, Any] | None:
-    """(the model's config, a ridgefill arm's spec resolved as its run resolves it: defaults, a preset's
-    split), without maps: a split the maps would set is the fit block's or the map file's; None where the
-    config cannot be read here."""
-    from transformers import AutoConfig
-
+def arm_preview(study: Study, arm: StudyArm) -> dict[int, tuple[float, str | None]]:
+    """An arm's MAC-model cost relative to exact prefill at each study length, with what its budget sets
+    there, as its method previews it (`Method.planned_costs`); {} where its method previews none, the study
+    names no lengths or the model's config cannot be read here."""
+    args = {**study.model_args, **arm.args}
+    method = method_for_arm(arm.model, args)
+    if method is None or not study.lengths:
+        return {}
     try:
         config = AutoConfig.from_pretrained(study.pretrained)
     except OSError:
-        return None
-    fields = {k: v for k, v in {**study.model_args, **arm.args}.items() if k in RidgeFillArm.fields()}
-    spec = RidgeFillArm.from_fields(fields, what="args")
-    try:
-        spec = spec.resolve(config)
-    except (ValueError, UserError):  # needs its maps (fill=ridge): at the split they have, by the arm's rule
-        spec = dataclasses.replace(spec, split=spec.split_for(config, maps_split(study, spec.split)))
-    return config, spec
-
-
-def arm_costs(study: Study, arm: StudyArm) -> dict[int, float]:
-    """The MAC model's cost of a ridgefill arm relative to exact prefill at each study length (paper section
-    2.5), at the value its budget's knob takes there (`arm_knobs`); {} where unknown."""
-    if arm.model != "ridgefill" or not study.lengths:
         return {}
-
-    resolved = resolved_arm(study, arm)
-    if resolved is None:
-        return {}
-    config, spec = resolved
-    knob = spec.knob(config)
-    out = {}
-    for n in study.lengths:
-        if knob is not None:
-            out[n] = knob.fraction(n, knob.setting(n))
-            continue
-        exact = prefill_macs(config, n)
-        out[n] = 1.0 if not spec.fills_rows else prefill_macs(
-            config, n, split=spec.split, tail=min(spec.tail, n), fill=spec.fill, map_split=spec.map_split) / exact
-    return out
-
-
-def arm_knobs(study: Study, arm: StudyArm) -> dict[int, str]:
-    """What a ridgefill arm's budget sets at each study length ("tail 812"); {} for an arm without one."""
-    resolved = resolved_arm(study, arm) if arm.model == "ridgefill" and "budget" in arm.args else None
-    if resolved is None:
-        return {}
-    config, spec = resolved
-    knob = spec.knob(config)
-    return {n: f"{knob.name} {knob.setting(n)}" for n in study.lengths}
+    spec = method.parse_arm({k: v for k, v in args.items() if k in method.arm_fields()}, what="args")
+    return method.planned_costs(config, spec, study.lengths, maps_split=lambda split: maps_split(study, split))

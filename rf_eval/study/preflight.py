@@ -16,7 +16,8 @@ from pathlib import Path
 
 from rf_eval.devices import check_model_source
 from rf_eval.errors import UserError
-from rf_eval.study.plan import resolved_arm
+from rf_eval.methods import method_for_arm
+from rf_eval.study.plan import maps_split
 from rf_eval.study.runner import model_args
 from rf_eval.study.study_file import ADAPTERS, Study, StudyError
 from rf_eval.task_index_cache import ENV, child_env
@@ -88,30 +89,19 @@ def check_arm_args(study: Study, arm) -> None:
         check_paths(args)
         check_split(args["pretrained"], getattr(spec, "split", None))
         if spec.budget is not None:
-            check_budget(study, arm, args)
+            check_budget(study, arm, args, spec)
     except (UserError, ValueError) as err:
         raise StudyError(f"{study.path.name}: arms.{arm.name}: {err}") from None
 
 
-def check_budget(study: Study, arm, args: dict) -> None:
-    """A budget the arm meets at every study length (every length the model takes, without `lengths`): a
-    `BudgetError` naming the length and the cheapest fraction otherwise, before anything runs."""
-    lengths = list(study.lengths) or None
-    if arm.model == "ridgefill":
-        resolved = resolved_arm(study, arm)
-        if resolved is not None:
-            config, spec = resolved
-            spec.knob(config).check_reachable(lengths)
-        return
-    from transformers import AutoConfig
-
-    from rf_eval.model_adapters.rarecache import knob_for
-    from rf_eval.rarecache.arm_spec import RaReCacheArm
-    from rf_eval.rarecache.maps import load_transfer_maps
-
-    spec = RaReCacheArm.from_fields({k: v for k, v in args.items() if k in RaReCacheArm.fields()}, what="args")
-    configs = [AutoConfig.from_pretrained(args[k]) for k in ("source", "pretrained")]
-    knob_for(spec, load_transfer_maps(args["maps"]), *configs).check_reachable(lengths)
+def check_budget(study: Study, arm, args: dict, spec) -> None:
+    """A budget the arm meets at every study length (every length the model takes, without `lengths`): its
+    method's `check_budget` raises a `BudgetError` naming the length and the cheapest fraction otherwise,
+    before anything runs."""
+    method = method_for_arm(arm.model, args)
+    if method is not None:
+        method.check_budget(args, spec, list(study.lengths) or None,
+                            maps_split=lambda split: maps_split(study, split))
 
 
 def check_paths(args: dict) -> None:

@@ -79,3 +79,24 @@ def test_the_adapter_refuses_an_unreachable_budget_before_the_weights(fitted, mo
     with pytest.raises(ModelArgsError, match="budget=0.001 is below the cheapest"):
         RaReCacheLM.create_from_arg_obj({"pretrained": f["target_dir"], "source": f["source_dir"],
                                          "maps": f["maps_dir"], "budget": 0.001, "device": "cpu"})
+
+
+def test_a_study_refuses_an_unreachable_rarecache_budget_before_anything_runs(fitted, tmp_path, monkeypatch):
+    """The study preflight asks the arm's method (`RaReCacheMethod.check_budget`), from the configs and maps."""
+    from transformers import AutoModelForCausalLM
+
+    from rf_eval.study.preflight import check_arm_args
+    from rf_eval.study.study_file import StudyError, load_study
+
+    f = fitted("llama")
+    path = tmp_path / "study.yaml"
+    path.write_text(f"model: {{pretrained: {f['target_dir']}, args: {{device: cpu}}}}\ntasks: [keytoken_nll]\n"
+                    "arms:\n  exact: {args: {fill: exact}}\n"
+                    f"  rc: {{model: rarecache, args: {{source: {f['source_dir']}, maps: {f['maps_dir']}, "
+                    "budget: 0.001}}\nreference: exact\n")
+    study = load_study(path)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    with pytest.raises(StudyError, match=r"arms.rc: budget=0.001 is below the cheapest"):
+        check_arm_args(study, study.arms["rc"])
+    study.arms["rc"].args["budget"] = 0.9
+    check_arm_args(study, study.arms["rc"])

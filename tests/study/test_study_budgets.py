@@ -109,7 +109,7 @@ def test_the_plan_states_each_budget_arms_cost_and_knob_per_length(tmp_path):
     from transformers import LlamaConfig
 
     from rf_eval.mac_model import prefill_macs
-    from rf_eval.study.plan import arm_costs, arm_knobs
+    from rf_eval.study.plan import arm_preview
     from rf_eval.study.study_file import StudyArm
 
     config = LlamaConfig(num_hidden_layers=32, hidden_size=256, intermediate_size=512, num_attention_heads=4,
@@ -120,12 +120,14 @@ def test_the_plan_states_each_budget_arms_cost_and_knob_per_length(tmp_path):
         pretrained, model_args, lengths, maps, fit = str(tmp_path), {}, [1024, 4096], None, None
 
     arm = StudyArm("nofill@0.6", "ridgefill", {"fill": "nofill", "split": 12, "budget": 0.6})
-    costs, knobs = arm_costs(Study, arm), arm_knobs(Study, arm)
-    for n in Study.lengths:
-        tail = int(knobs[n].removeprefix("tail "))
-        assert costs[n] == pytest.approx(prefill_macs(config, n, split=12, tail=tail, fill="nofill")
-                                         / prefill_macs(config, n)) and costs[n] <= 0.6
-    assert arm_knobs(Study, StudyArm("nofill", "ridgefill", {"fill": "nofill", "split": 12})) == {}
+    costs = arm_preview(Study, arm)
+    assert list(costs) == Study.lengths
+    for n, (cost, knob) in costs.items():
+        tail = int(knob.removeprefix("tail "))
+        assert cost == pytest.approx(prefill_macs(config, n, split=12, tail=tail, fill="nofill")
+                                         / prefill_macs(config, n)) and cost <= 0.6
+    unbudgeted = arm_preview(Study, StudyArm("nofill", "ridgefill", {"fill": "nofill", "split": 12}))
+    assert list(unbudgeted) == Study.lengths and all(knob is None for _, knob in unbudgeted.values())
 
 
 DROPPERS_STUDY = """\
