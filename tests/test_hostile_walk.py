@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 
 import pytest
+from warm_start import run_argv
 
 from rf_eval.cli import COMMANDS, _parser, main
 
@@ -165,7 +165,7 @@ def test_the_lm_eval_entry_refuses_hostile_model_args_in_one_line(model_args, sa
     args = model_args.format(**hostile)
     cmd = th_argv + ["--model", "ridgefill", "--model_args", args, "--tasks", "niah_single_1_filled",
                      "--metadata", '{"max_seq_lengths": [512]}', "--output_path", str(tmp_path)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    done = run_argv(cmd, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("rf-eval")]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from filled_reference import assert_matches, reference
+from warm_start import run_argv
 
 from rf_eval.cli import main
 from rf_eval.cli.check_equivalence import compare
@@ -255,14 +256,12 @@ def test_a_broken_fill_plugin_is_one_line_even_for_another_fill(tmp_path, source
     """A plugin folder on RF_EVAL_FILL_PATH is read when the registry is: a module that does not import, or a
     class that could not run, is refused in one line naming the file, before any request."""
     import os
-    import subprocess
     import sys
 
     folder = tmp_path / "plugins"
     folder.mkdir()
     (folder / "broken.py").write_text(source)
     env = {**os.environ, "RF_EVAL_FILL_PATH": str(folder)}
-    done = subprocess.run([sys.executable, "-m", "rf_eval", "fills"], capture_output=True, text=True, env=env,
-                          timeout=120)
+    done = run_argv([sys.executable, "-m", "rf_eval", "fills"], env=env, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.stderr.count("\n") == 1 and says.format(folder=folder) in done.stderr

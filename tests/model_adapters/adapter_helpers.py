@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from warm_start import run_argv
+
 LM_EVAL = str(Path(sys.executable).parent / "lm_eval")
 
 TASK_YAML = """task: rfe_adapter_mc
@@ -80,9 +82,7 @@ def cli_env() -> dict[str, str]:
 
 def run_lm_eval(args: list[str], cwd: Path, command: list[str] | None = None) -> subprocess.CompletedProcess:
     """The plain `lm_eval` command (or `command`) with `args`; output captured."""
-    return subprocess.run(
-        [*(command or [LM_EVAL]), *args], cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=600
-    )
+    return run_argv([*(command or [LM_EVAL]), *args], cwd=cwd, env=cli_env(), timeout=600)
 
 
 def samples(out_dir: Path, task: str) -> dict[tuple[int, int], dict]:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 from adapter_helpers import TASK, cli_env, loglikelihoods, run_lm_eval
+from warm_start import run_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,8 +36,7 @@ def test_the_readme_fill_file_runs_through_lm_eval(tiny_model_dir, adapter_task,
                         "--output_path", str(tmp_path / "none"), *common], tmp_path)
     assert proc.returncode == 2 and f"fill={name!r} is not valid" in proc.stderr
     monkeypatch.setenv("RF_EVAL_FILL_PATH", str(fills))
-    listed = subprocess.run([sys.executable, "-m", "rf_eval", "fills"], env=cli_env(), capture_output=True,
-                            text=True, timeout=120)
+    listed = run_argv([sys.executable, "-m", "rf_eval", "fills"], env=cli_env(), timeout=120)
     assert listed.returncode == 0 and f"| `{name}` |" in listed.stdout
     for fill in (name, "identity"):
         proc = run_lm_eval(["--model", "ridgefill", "--model_args", f"pretrained={model},fill={fill},split=3,tail=2",

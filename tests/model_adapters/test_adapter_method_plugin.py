@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 from adapter_helpers import GEN_TASK, GEN_YAML, TASK_YAML, cli_env, run_lm_eval
+from warm_start import run_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,8 +77,7 @@ def test_a_method_in_one_file_runs_through_lm_eval(tiny_model_dir, tmp_path, mon
             "--include_path", str(tmp_path / "task"), "--limit", "2", "--device", "cpu", "--log_samples",
             "--output_path", str(tmp_path / "out")]
     monkeypatch.setenv("RF_EVAL_METHOD_PATH", str(methods))
-    listed = subprocess.run([sys.executable, "-m", "rf_eval", "methods"], env=cli_env(), capture_output=True,
-                            text=True, timeout=120)
+    listed = run_argv([sys.executable, "-m", "rf_eval", "methods"], env=cli_env(), timeout=120)
     assert listed.returncode == 0 and f"| `{name}` | `--model prefill` `method={name}` | - | keep |" in listed.stdout
     proc = run_lm_eval(argv, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from adapter_helpers import TASK, cli_env, run_lm_eval
+from warm_start import run_argv
 
 from rf_eval.cli import main
 from rf_eval.seal import PREFIX, SealError, check, record
@@ -71,9 +71,8 @@ def test_an_edited_samples_file_is_refused_without_a_ledger(runs, tmp_path):
     lines[1] = json.dumps(rec) + "\n"
     samples.write_text("".join(lines))
     env = cli_env()
-    proc = subprocess.run([sys.executable, "-m", "rf_eval", "report", str(hf), str(rf), "--reference", "hf",
-                           "--html", str(tmp_path / "r.html"), "--resamples", "50"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = run_argv([sys.executable, "-m", "rf_eval", "report", str(hf), str(rf), "--reference", "hf",
+                     "--html", str(tmp_path / "r.html"), "--resamples", "50"], env=env, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("rf-eval report: error: ")]
     assert len(errors) == 1 and len(proc.stderr.strip().splitlines()) == 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from lm_eval.api.instance import Instance
+from warm_start import run_argv
 
 from rf_eval.model_adapters.config import ModelArgsError
 from rf_eval.model_adapters.rarecache import RaReCacheLM
@@ -92,7 +92,7 @@ def test_plain_lm_eval_runs_rarecache_on_ruler_filled(fitted, tmp_path):
         "--limit", "1", "--gen_kwargs", "max_gen_toks=4", "--output_path", str(tmp_path), "--log_samples",
     ]
     lm_eval = str(Path(sys.executable).parent / "lm_eval")
-    proc = subprocess.run([lm_eval, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_argv([lm_eval, *args], cwd=tmp_path, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(Path(glob.glob(f"{tmp_path}/**/results_*.json", recursive=True)[0]).read_text())
     info = results["config"]["rf_eval"]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import adapter_helpers as helpers  # noqa: E402
+from warm_start import run_argv
 
 from rf_eval.cli import main as cli
 from rf_eval.prefill_cost import MEASURED_FIELDS
@@ -243,8 +244,7 @@ def study_file(tiny_model_dir, adapter_task, keytoken_docs, tmp_path_factory) ->
 def whole(study_file) -> Path:
     """One uninterrupted run of the three-arm study, report included: what the other runs must reproduce."""
     out = study_file.parent / "whole"
-    done = subprocess.run(study_cli("run", str(study_file), "--out", str(out)), env=helpers.cli_env(),
-                          capture_output=True, text=True, timeout=900)
+    done = run_argv(study_cli("run", str(study_file), "--out", str(out)), env=helpers.cli_env(), timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out
 
@@ -275,20 +275,18 @@ def test_a_killed_study_resumes_to_the_samples_of_an_uninterrupted_run(study_fil
     os.killpg(proc.pid, signal.SIGKILL)  # the runner and its lm_eval child, mid-arm
     proc.wait()
     assert not done_marker(killed, "identity").is_file() and not done_marker(killed, "nofill").is_file()
-    again = subprocess.run(study_cli("run", str(path), "--out", str(killed)), env=env, capture_output=True,
-                           text=True, timeout=900)
+    again = run_argv(study_cli("run", str(path), "--out", str(killed)), env=env, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "exact: done before (fingerprint matches), skipped" in again.stdout
     assert samples_of(killed) == samples_of(whole) and len(samples_of(whole)) == 9  # 3 arms x 3 tasks
     assert len(json.loads((killed / "study.json").read_text())["claims"]) == 1  # registered once
 
-    status = subprocess.run(study_cli("status", str(killed)), env=env, capture_output=True, text=True)
+    status = run_argv(study_cli("status", str(killed)), env=env)
     assert status.returncode == 0 and status.stdout.count(" done ") == 3
 
     changed = tmp_path / "changed.yaml"
     changed.write_text(path.read_text().replace("margin: 5.0", "margin: 4.0"))
-    mixed = subprocess.run(study_cli("run", str(changed), "--out", str(killed)), env=env, capture_output=True,
-                           text=True)
+    mixed = run_argv(study_cli("run", str(changed), "--out", str(killed)), env=env)
     assert mixed.returncode == 2 and "another version of the study file" in mixed.stderr
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 
 import pytest
+from warm_start import run_argv
 
 from rf_eval.errors import UserError
 from rf_eval.tasks.data_needs import check_run_options
@@ -60,8 +60,7 @@ def test_lm_eval_refuses_both_in_one_line(tiny_llama, th, tmp_path):
         cmd = th.lm_eval_argv() + ["--model", "ridgefill", "--model_args", f"pretrained={plain},fill=exact",
                                    "--tasks", "niah_single_1_filled", "--metadata", '{"max_seq_lengths": [512]}',
                                    "--output_path", str(tmp_path / "out"), *extra]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        done = run_argv(cmd, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         assert done.returncode == 2, done.stderr[-2000:]
         assert "Traceback" not in done.stderr and says in done.stderr
         assert [line for line in done.stderr.splitlines() if line.startswith("rf-eval:")] != []

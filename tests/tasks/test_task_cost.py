@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from warm_start import run_argv
 
 from rf_eval.prefill_cost import COST_FIELDS
 
@@ -174,13 +175,11 @@ def test_bad_budgets_are_refused_before_the_weights_load(args, says, tiny_llama,
 
 
 def test_an_unreachable_budget_exits_2_in_one_line_through_lm_eval(tiny_llama, th, tmp_path):
-    import subprocess
 
     cmd = th.lm_eval_argv() + ["--model", "ridgefill", "--model_args",
                                f"pretrained={tiny_llama},fill=identity,split={SPLIT},budget=0.01",
                                "--tasks", "keytoken_nll", "--output_path", str(tmp_path)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    done = run_argv(cmd, timeout=300, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 2, done.stderr[-2000:]
     lines = [line for line in done.stderr.splitlines() if line.startswith("lm_eval:") or "rf-eval" in line]
     assert "Traceback" not in done.stderr and any("budget=0.01 is below the cheapest" in line for line in lines)

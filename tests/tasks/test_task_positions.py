@@ -4,9 +4,9 @@ when the task is built against the running model's max_length, never left-trunca
 from __future__ import annotations
 
 import os
-import subprocess
 
 import pytest
+from warm_start import run_argv
 
 from rf_eval import run_context
 from rf_eval.errors import UserError
@@ -70,7 +70,7 @@ def test_lm_eval_exits_2_in_one_line_before_the_weights_load(tiny_llama, th, tmp
     cmd = th.lm_eval_argv() + ["--model", "ridgefill", "--model_args", f"pretrained={tiny_llama},fill=exact",
                                "--tasks", "niah_single_1_filled", "--metadata", '{"max_seq_lengths": [16384]}',
                                "--output_path", str(tmp_path)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    done = run_argv(cmd, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert "max_seq_lengths 16384 exceeds the model's 8,192 positions" in done.stderr
