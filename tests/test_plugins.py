@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from warm_start import run_argv
 
 from rf_eval import plugins
 from rf_eval.plugins import REQUIRED, PluginError, Registry, mentions, param_values, parameters
@@ -202,11 +202,8 @@ def test_a_throwaway_selector_and_correction_run_the_contract_tests_with_no_othe
         (folders[kind] / f"throwaway_{kind}.py").write_text(textwrap.dedent(source).lstrip())
     env = dict(os.environ, RF_EVAL_SELECTOR_PATH=str(folders["selector"]),
                RF_EVAL_CORRECTION_PATH=str(folders["correction"]), OMP_NUM_THREADS="1")
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-v", "-n0", "-p", "no:cacheprovider", "-k", "every_step or scale_values",
-         "tests/selectors/test_selector_contract.py", "tests/ridgefill/test_correction_contract.py"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )
+    done = run_argv([sys.executable, "-m", "pytest", "-v", "-n0", "-p", "no:cacheprovider", "-k", "every_step or scale_values",
+         "tests/selectors/test_selector_contract.py", "tests/ridgefill/test_correction_contract.py"], cwd=ROOT, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     ran = re.findall(r"::(\w+)\[(every_step|scale_values)\] PASSED", done.stdout)
     assert sorted(name for _, name in ran) == ["every_step", "scale_values"], done.stdout[-4000:]

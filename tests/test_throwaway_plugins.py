@@ -14,6 +14,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from warm_start import run_argv
+
 ROOT = Path(__file__).resolve().parents[1]
 
 THROWAWAY_SOURCE = '''
@@ -74,11 +76,8 @@ def test_a_throwaway_data_source_and_reading_are_found_tested_and_used_with_no_o
                RF_EVAL_MEASURES_PATH=str(folders["measures"]), OMP_NUM_THREADS="1")
     env.pop("HF_HUB_OFFLINE", None)
     env.pop("RF_EVAL_DATA", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-v", "-n0", "-p", "no:cacheprovider", "-k", "glossary",
-         "tests/tasks/test_data_source_contract.py", "tests/stats/test_measures_contract.py"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )
+    done = run_argv([sys.executable, "-m", "pytest", "-v", "-n0", "-p", "no:cacheprovider", "-k", "glossary",
+         "tests/tasks/test_data_source_contract.py", "tests/stats/test_measures_contract.py"], cwd=ROOT, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     ran = re.findall(r"::(\w+)\[(glossary|glossary_nll)\] PASSED", done.stdout)
     assert sorted(name for _, name in ran) == ["glossary", "glossary_nll"], done.stdout[-4000:]

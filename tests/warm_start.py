@@ -1,4 +1,5 @@
-"""`python -m lm_eval ...` and `python -m rf_eval ...` for the tests, each a process of its own started warm.
+"""`python -m lm_eval ...`, `python -m rf_eval ...` (and pytest, and scripts) for the tests, each a process of
+its own started warm.
 
 Each such process spends about 4.5 s of CPU importing torch, transformers, datasets and lm-eval's model
 modules before it reads its first argument; the suite starts dozens. A warm starter (one per test worker)
@@ -58,10 +59,15 @@ def _child(request: dict) -> int:
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
-    sys.path[0] = request["cwd"]  # as `python -m` puts the current folder first
-    sys.argv = [request["module"], *request["args"]]
+    script = request.get("script")
+    # as `python -m` puts the current folder first, and `python script.py` the script's folder
+    sys.path[0] = os.path.dirname(os.path.abspath(script)) if script else request["cwd"]
+    sys.argv = [script or request["module"], *request["args"]]
     try:
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        if script:
+            runpy.run_path(script, run_name="__main__")
+        else:
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as stop:
         if stop.code is None or isinstance(stop.code, int):
@@ -110,11 +116,11 @@ class _Starter:
     def matches(self, env: dict[str, str]) -> bool:
         return self.proc.poll() is None and _import_time(env) == _import_time(self.env)
 
-    def run(self, module: str, args: list[str], env: dict[str, str], cwd: str, timeout: float
-            ) -> subprocess.CompletedProcess:
+    def run(self, module: str, args: list[str], env: dict[str, str], cwd: str, timeout: float,
+            script: str | None = None) -> subprocess.CompletedProcess:
         with self.lock, tempfile.TemporaryDirectory(prefix="warm-start-") as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-            request = {"module": module, "args": args, "env": env, "cwd": cwd, "stdout": str(out),
+            request = {"module": module, "script": script, "args": args, "env": env, "cwd": cwd, "stdout": str(out),
                        "stderr": str(err)}
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
@@ -126,7 +132,7 @@ class _Starter:
                 code = json.loads(self.proc.stdout.readline())["returncode"]
             finally:
                 timer.cancel()
-            argv = [sys.executable, "-m", module, *args]
+            argv = [sys.executable, *([script] if script else ["-m", module]), *args]
             if killed:
                 raise subprocess.TimeoutExpired(argv, timeout, out.read_text(), err.read_text())
             return subprocess.CompletedProcess(argv, code, out.read_text(errors="replace"),
@@ -152,9 +158,10 @@ _starters: list[_Starter] = []
 
 
 def run(module: str, args: list[str], *, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
-        timeout: float = 600) -> subprocess.CompletedProcess:
-    """`python -m <module> <args>` with `env` (default: this process's) in `cwd`, output captured as text, as
-    `subprocess.run(..., capture_output=True, text=True, timeout=timeout)` returns it."""
+        timeout: float = 600, script: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m <module> <args>` (or `python <script> <args>`) with `env` (default: this process's) in `cwd`,
+    output captured as text, as `subprocess.run(..., capture_output=True, text=True, timeout=timeout)`
+    returns it."""
     env = dict(os.environ if env is None else env)
     cwd = str(cwd or os.getcwd())
     if os.environ.get("RF_EVAL_TESTS_COLD") != "1" and hasattr(os, "fork"):
@@ -162,19 +169,22 @@ def run(module: str, args: list[str], *, env: dict[str, str] | None = None, cwd:
         if starter is None:
             starter = _Starter(env)
             _starters.append(starter)
-        return starter.run(module, list(args), env, cwd, timeout)
-    return subprocess.run([sys.executable, "-m", module, *args], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+        return starter.run(module, list(args), env, cwd, timeout, script)
+    argv = [sys.executable, *([script] if script else ["-m", module]), *args]
+    return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 def run_argv(argv: list[str], *, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
              timeout: float = 600) -> subprocess.CompletedProcess:
     """`argv` as `subprocess.run(argv, capture_output=True, text=True, ...)` runs it: warm (`run`) where it is
-    `python -m lm_eval|rf_eval ...` or the `lm_eval` script of this environment, a plain subprocess otherwise."""
+    `python -m lm_eval|rf_eval|pytest ...`, `python SCRIPT.py ...` or the `lm_eval` script of this
+    environment, a plain subprocess otherwise (`python -c`: a fresh interpreter is what those check)."""
     argv = [str(a) for a in argv]
     script = str(Path(sys.executable).parent / "lm_eval")
-    if argv[:3] in ([sys.executable, "-m", "lm_eval"], [sys.executable, "-m", "rf_eval"]):
+    if argv[:2] == [sys.executable, "-m"] and argv[2] in ("lm_eval", "rf_eval", "pytest"):
         return run(argv[2], argv[3:], env=env, cwd=cwd, timeout=timeout)
+    if argv[0] == sys.executable and argv[1].endswith(".py"):
+        return run("", argv[2:], env=env, cwd=cwd, timeout=timeout, script=argv[1])
     if argv[0] == script:
         return run("lm_eval", argv[1:], env=env, cwd=cwd, timeout=timeout)
     return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)

@@ -9,7 +9,6 @@ scripts run at toy size and that the table states each target and its outcome.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ sys.path.insert(0, str(BENCH))
 
 import bench_tables as tables  # noqa: E402  (benchmarks/bench_tables.py)
 import run  # noqa: E402  (benchmarks/run.py)
+from warm_start import run_argv  # noqa: E402
 
 ROOT = BENCH.parent
 
@@ -34,11 +34,16 @@ def test_targets_are_judged(value, target, want):
     assert tables.meets(value, target) == want
 
 
+def bench(argv: list, **kwargs) -> None:
+    """A benchmark script run as its own process (warm: tests/warm_start.py); it must exit 0."""
+    done = run_argv(argv, **kwargs)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+
+
 def test_engine_benchmark_at_toy_size(tmp_path):
     out = tmp_path / "engine.json"
-    subprocess.run([sys.executable, str(BENCH / "bench_engine.py"), "--n", "320", "--tail", "64", "--layers", "8",
-                    "--hidden", "128", "--repeats", "1", "--skip-memory", "--device", "cpu", "--json", str(out)],
-                   check=True, capture_output=True, text=True, timeout=300)
+    bench([sys.executable, str(BENCH / "bench_engine.py"), "--n", "320", "--tail", "64", "--layers", "8",
+           "--hidden", "128", "--repeats", "1", "--skip-memory", "--device", "cpu", "--json", str(out)], timeout=300)
     figures = json.loads(out.read_text())
     prefix = 320 - 64
     # every arm's ceiling is the cost model's, and rows only lower it
@@ -58,9 +63,8 @@ def test_engine_benchmark_at_toy_size(tmp_path):
 def test_the_probe_account_splits_its_time_into_phases_at_toy_size(tmp_path):
     """`bench_probe.py`: the probe's phases add up to its prefill, each beside its MAC charge (#28 item 4)."""
     out = tmp_path / "probe.json"
-    subprocess.run([sys.executable, str(BENCH / "bench_probe.py"), "--n", "512", "--tail", "64", "--layers", "8",
-                    "--hidden", "128", "--repeats", "1", "--device", "cpu", "--json", str(out)],
-                   check=True, capture_output=True, text=True, timeout=300, cwd=BENCH)
+    bench([sys.executable, str(BENCH / "bench_probe.py"), "--n", "512", "--tail", "64", "--layers", "8",
+           "--hidden", "128", "--repeats", "1", "--device", "cpu", "--json", str(out)], timeout=300, cwd=BENCH)
     (block,) = json.loads(out.read_text())["lengths"]
     phases = block["phases"]
     assert list(phases) == ["lower", "base", "sweep", "late"]
@@ -77,9 +81,8 @@ def test_the_probe_account_splits_its_time_into_phases_at_toy_size(tmp_path):
 
 def test_the_batch_benchmark_finds_batch_8_answers_equal_to_batch_1(tmp_path):
     out = tmp_path / "batch.json"
-    subprocess.run([sys.executable, str(BENCH / "bench_batch.py"), "--tokens", "96", "--prompts", "8", "--tail", "32",
-                    "--hidden", "64", "--layers", "4", "--repeats", "1", "--json", str(out)],
-                   check=True, capture_output=True, text=True, timeout=300, cwd=BENCH)
+    bench([sys.executable, str(BENCH / "bench_batch.py"), "--tokens", "96", "--prompts", "8", "--tail", "32",
+           "--hidden", "64", "--layers", "4", "--repeats", "1", "--json", str(out)], timeout=300, cwd=BENCH)
     report = json.loads(out.read_text())
     figures = report["figures"]
     assert figures["filled answers at every batch size equal batch 1's"] == 1.0
@@ -148,8 +151,8 @@ def test_run_rewrites_both_tables(tmp_path):
     readme.write_text(f"intro\n{tables.HEADLINE_BEGIN}\nold headlines\n{tables.HEADLINE_END}\nafter\n")
     full.write_text(f"all\n{tables.BEGIN}\nold table\n{tables.END}\nend\n")
     out = tmp_path / "bench.json"
-    subprocess.run([sys.executable, str(BENCH / "run.py"), "--only", "bootstrap", "--out", str(out),
-                    "--readme", str(readme)], check=True, capture_output=True, text=True, timeout=600)
+    bench([sys.executable, str(BENCH / "run.py"), "--only", "bootstrap", "--out", str(out),
+           "--readme", str(readme)], timeout=600)
     saved = json.loads(out.read_text())
     assert saved["machine"]["cores"] and saved["runs"]["bootstrap"]["argv"][0] == "bench_bootstrap.py"
     text = full.read_text()
@@ -165,8 +168,7 @@ def test_run_rewrites_both_tables(tmp_path):
 
 def test_the_gpu_benchmark_writes_every_field_at_toy_size(tmp_path):
     """`benchmarks/gpu.py --tiny --device cpu`: the GPU command's fields and tables, at toy shapes (#28)."""
-    subprocess.run([sys.executable, str(BENCH / "gpu.py"), "--tiny", "--device", "cpu", "--out", str(tmp_path)],
-                   check=True, capture_output=True, text=True, timeout=600, cwd=BENCH)
+    bench([sys.executable, str(BENCH / "gpu.py"), "--tiny", "--device", "cpu", "--out", str(tmp_path)], timeout=600, cwd=BENCH)
     report = json.loads((tmp_path / "gpu.json").read_text())
     assert [b["N"] for b in report["lengths"]] == [256, 512] and report["skipped_lengths"] == []
     for block in report["lengths"]:

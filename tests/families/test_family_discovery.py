@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from warm_start import run_argv
 
 from rf_eval import families
 from rf_eval.families import family_class, family_class_for, registered_families, supported_model_types
@@ -112,11 +112,8 @@ def test_a_model_type_claimed_twice_is_an_error(tmp_path, monkeypatch):
 def test_a_new_family_module_runs_every_engine_invariant_with_no_other_edit(tmp_path):
     (tmp_path / f"{THROWAWAY}.py").write_text(textwrap.dedent(THROWAWAY_MODULE).lstrip())
     env = dict(os.environ, **{families.FAMILY_PATH_ENV: str(tmp_path)}, OMP_NUM_THREADS="1")
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-v", "-n0", "-p", "no:cacheprovider", "tests/engine/test_engine.py", "-k",
-             THROWAWAY],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )
+    done = run_argv([sys.executable, "-m", "pytest", "-v", "-n0", "-p", "no:cacheprovider", "tests/engine/test_engine.py", "-k",
+             THROWAWAY], cwd=ROOT, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     ran = re.findall(rf"^tests/engine/test_engine\.py::(\w+)\[{THROWAWAY}\] PASSED", done.stdout, re.M)
     summary = re.search(r"(\d+) passed", done.stdout)
