@@ -68,7 +68,6 @@ def adapter_keys() -> dict[str, tuple[str, ...]]:
     """Each rf-eval adapter's own model_args keys, by lm-eval model name (`rf_eval.methods`: the adapters and
     the methods each runs): the model, the files its methods load (`Method.keys`), `method` (the generic
     adapter's choice), reference, seed, name, then its methods' arm fields."""
-
     declared = [METHODS[name] for name in METHODS]
     out = {}
     for model in ADAPTERS:

@@ -93,7 +93,6 @@ class RidgeFillSettings(AdapterSettings):
 
 def parse_ridgefill_args(args: dict[str, Any]) -> tuple[RidgeFillSettings, dict[str, Any]]:
     """(settings, HFLM keyword arguments) from `--model_args`; every check that needs no weights."""
-
     demo = str(args.get("pretrained") or "demo").strip().lower() == "demo"
     needed = () if args.get("preset") not in (None, "") else ("fill",)  # a preset sets the fill
     mine, hf = take_model_args(args, OWN_KEYS, needed, defaults=demo_defaults, model="ridgefill")
@@ -150,7 +149,6 @@ class RidgeFillLM(PrefillLM):
         demo model, the task lengths its context fits."""
         facts = {**super().run_facts(), "tail": self.settings.arm.tail, "fills_rows": self.settings.arm.fills_rows}
         if self.settings.demo:
-
             facts["task_defaults"] = demo_task_defaults()
         return facts
 

@@ -32,7 +32,6 @@ FLOOR_PROBE_TOKENS = 64
 
 def ledger_head() -> Any:
     """The head of `$RF_EVAL_LEDGER` (None without one); a ModelArgsError naming a bad ledger."""
-
     try:
         return ledger_from_env()
     except LedgerError as err:
@@ -86,7 +85,6 @@ def measure_engine_floor(model: Any, exact: Any, split: int, max_length: int, de
     """`rf_eval.engine.engine_floor` at `split` on a seeded probe prompt, run under the exact method's
     forward (a fill that replaced the forward pauses): `{bitwise, max_abs, kl, first_diff, why,
     filled_kernel: {...}, probe_tokens, split}`."""
-
     n = min(FLOOR_PROBE_TOKENS, int(max_length))
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, int(model.config.vocab_size), (1, n), generator=gen).to(device)

@@ -59,7 +59,6 @@ def load_task_yaml(path: Path) -> dict[str, Any]:
 
 def task_configs() -> dict[str, dict[str, Any]]:
     """rf-eval's tasks by name: their YAML configs."""
-
     configs = {}
     for path in sorted(Path(task_dir()).glob("*/*.yaml")):
         config = load_task_yaml(path)
@@ -129,7 +128,6 @@ def check_run_options(bound: dict[str, Any]) -> None:
     """lm_eval options that would fail only after the model loaded, refused now in one line: `--limit` 0 or
     below (lm-eval stops at "did not find any docs"), `--apply_chat_template` with a tokenizer that has no
     chat template (transformers stops at the first prompt)."""
-
     limit = bound.get("limit")
     if limit is not None and float(limit) <= 0:
         raise UserError(f"--limit {limit} runs no sample; give a count >= 1, a fraction in (0, 1), or leave it out")

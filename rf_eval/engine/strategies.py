@@ -344,7 +344,6 @@ def row_fill_for(plan: Plan, fill: FillFn | RowFill | None, hooks: LateLayerHook
 
     `hooks` wrap it (`Corrected`).
     """
-
     if isinstance(fill, RowFill):
         strategy = fill
     elif plan.fill == MAPPED:

@@ -82,7 +82,6 @@ def replaced_forward(model: Any) -> ReplacedForward | None:
 def check_model_forward(model: Any, fill: str) -> None:
     """Refuse (ValueError) an arm of fill `fill` on a model whose forward another fill method replaced;
     the exact arm runs beside it (its calls pause the replacement: `rf_eval.method.method_forward`)."""
-
     replaced = replaced_forward(model)
     if replaced is not None and fill not in (replaced.fill, FILL_OFF):
         raise ValueError(f"this model's forward was made fill={replaced.fill}'s (an arm of that fill was built on "
@@ -94,7 +93,6 @@ def check_ragged_cache(fill: str, model_config: Any) -> None:
     decode from such a cache: a sliding-window layer's mask assumes every row, and eager attention adds
     one mask as long as the lower layers' cache to every layer (transformers' SDPA path decodes one
     query without a mask, so each layer attends to exactly the rows it holds)."""
-
     why = "fill={} leaves late layers with fewer rows than the prompt, which {}; use a fill, or a longer tail " \
           "(tail >= the prompt) for the exact arm"
     if sliding_window(model_config) is not None:
@@ -150,7 +148,6 @@ class FillMethod:
 
     def bind(self, model: Any, maps: Any) -> Any:
         """The fill function for one loaded model (default: `fill_fn` at its dtype and input device)."""
-
         return self.fill_fn(maps, next(model.parameters()).dtype, input_device(model))
 
     def default_split(self, model_config: Any) -> int | None:
@@ -162,7 +159,6 @@ class FillMethod:
 
     def row_fill(self, fill_fn: Any) -> Any:
         """The engine's row-fill strategy (`rf_eval.engine.rowfill.RowFill`) from `fill_fn`."""
-
         if self.strategy == "absent":
             return AbsentRows()
         if self.strategy == "inputs":
@@ -191,7 +187,6 @@ class FillMethod:
     def check(self, model_config: Any, maps: Any) -> None:
         """The method's own rules for a model and its maps (raise `rf_eval.fields.ArmError`)."""
         if self.needs_maps and maps is None:
-
             fit = f" (fit them with `rf-eval {self.fit_command}`)" if self.fit_command else ""
             raise ArmError(f"fill={self.name} needs maps= (a folder or file of fitted maps){fit}")
         if self.absent:

@@ -26,7 +26,6 @@ class Ridge(FillMethod):
         super().check(model_config, maps)
         target = (maps.metadata or {}).get("target", self.fit_target) if maps is not None else self.fit_target
         if target != self.fit_target:
-
             raise ArmError(f"fill={self.name} reads maps of late layers' inputs; {maps.where()} holds maps of "
                            f"target {target!r} (fitted for fill={maps.metadata.get('fill')})")
 

@@ -153,7 +153,6 @@ class RaReCache:
 
     def speedup_ceilings(self, n: int) -> dict[str, float]:
         """On an n-token prompt: `ceiling`, eq. 11 (`rf_eval.rarecache.cost.ceiling_for`; its row selectors)."""
-
         if self.is_plain(n):
             return {"ceiling": 1.0}
         if self.chooser.whole_layers:  # eq. 11 counts recomputed rows, not layers

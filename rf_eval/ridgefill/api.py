@@ -214,7 +214,6 @@ class RidgeFill:
     def speedup_ceilings(self, n: int) -> dict[str, float]:
         """On an n-token prompt: `ceiling`, 1/r of layer passes, and `mac_ceiling`, the MAC model's (where it
         knows the family; `rf_eval.mac_model`)."""
-
         if self.is_plain(n):
             return {"ceiling": 1.0, "mac_ceiling": 1.0}
         plan = self.plan_for(n)
@@ -230,7 +229,6 @@ class RidgeFill:
         """What the prefill of an n-token prompt cost (`rf_eval.prefill_cost`), by the MAC model at the rows
         `result` ran (its prompt minus the tokens held back, which run as tail rows); a plain prompt's
         (or no `result`: the plan's rows) is exact's."""
-
         plan = self.plan_for(n)
         budget = {"budget": self.spec.budget, "knob_value": self.spec.knob_value(n)} \
             if self.spec.budget is not None else {}

@@ -38,7 +38,6 @@ def knob_name(preset: str | None, selector: Any) -> str:
     """The knob an arm turns: a preset's own (POP: `split`; FastKV: `rows`), `rows` with a row selector, else
     `tail`."""
     if preset is not None:
-
         return named(preset).knob
     return "rows" if selector is not None else "tail"
 

@@ -150,7 +150,6 @@ class RidgeFillArm:
     @classmethod
     def from_fields(cls, values: dict[str, Any], *, what: str = "arm") -> RidgeFillArm:
         """The spec from loose values (strings from model_args or a request, or typed Python values)."""
-
         if values.get("preset") not in (None, ""):
             given = [k for k in PRESET_FIELDS if k in values]
             if given:
@@ -168,7 +167,6 @@ class RidgeFillArm:
         A `preset` among the fields replaces this arm's fill, tail and split; a
         fill, tail or split among them leaves this arm's preset.
         """
-
         merged = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
         if fields.get("preset"):
             merged = {k: v for k, v in merged.items() if k not in PRESET_FIELDS}
@@ -268,7 +266,6 @@ class RidgeFillArm:
                 raise ArmError(f"split={split} contradicts the maps, fitted for split {maps_split}")
             split = maps_split
         if self.preset is not None:
-
             own = preset(self.preset).split(n_layers)
             if split not in (None, own):
                 raise ArmError(f"preset={self.preset} splits this {n_layers}-layer model at {own}, not {split}")
@@ -294,7 +291,6 @@ class RidgeFillArm:
         when the maps' folder holds one) filled in; an `ArmError` for anything
         that does not fit (a `MapError` for maps that do not).
         """
-
         if maps is not None:
             maps.check_model(model_config)  # a MapError naming both config hashes
             if weights is not None:
@@ -329,7 +325,6 @@ class RidgeFillArm:
     def knob(self, model_config: Any) -> Any:
         """The knob `budget=` turns on this (resolved) arm on a model of `model_config`, a `rf_eval.budget.Knob`
         (None without a budget)."""
-
         return ridgefill_knob(self, model_config)
 
     def describe(self) -> dict[str, Any]:
@@ -354,7 +349,6 @@ class RidgeFillArm:
 
 def _parse_parts(arm: RidgeFillArm) -> dict[str, Any]:
     """Selector, corrections and cost match parsed by their own registries, errors naming the key."""
-
     def selector(value):
         return selector_from(value) if isinstance(value, (str, dict)) else value
 

@@ -126,7 +126,6 @@ class Backend:
     def from_model_args(cls, model_args: dict[str, Any], served_name: str | None = None,
                         max_batch: int = MAX_BATCH) -> Backend:
         """The adapter of the method `method` names (default ridgefill; `rf_eval.methods`) built from `model_args`."""
-
         adapter, args = adapter_args(model_args)
         return cls(adapter(**args), served_name, max_batch)
 
@@ -373,7 +372,6 @@ class Backend:
 
     def score_prompt(self, ids: list[int], arm: ServedArm, k: int) -> list[TokenScore]:
         """Log-probabilities of the prompt's own tokens under `arm`; see `scoring.score_prompt`."""
-
         self.check_length(len(ids), 0)
         with self.lock, forward_context(arm.method):
             return score_prompt(self.model, arm.method, ids, k)

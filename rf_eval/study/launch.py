@@ -25,7 +25,6 @@ from rf_eval.task_index_cache import child_env
 
 def arm_env() -> dict[str, str]:
     """The environment an arm's lm_eval runs in: this one, with the task index cache on."""
-
     return child_env(dict(os.environ, TOKENIZERS_PARALLELISM="false"))
 
 
