@@ -41,7 +41,10 @@ from rf_eval.method import PrefillMethod, generate, method_forward, model_identi
 from rf_eval.prefill_cost import PrefillCost
 from rf_eval.weights import weights_fingerprint
 
-__all__ = ["GENERIC_MODEL", "Method", "NoSettings"]
+__all__ = ["GENERIC_MODEL", "MapsSplit", "Method", "NoSettings"]
+
+#: the split of maps not loaded yet, given the arm's own split (None where nothing says): `rf-eval study plan`
+MapsSplit = Callable[[int | None], int | None]
 
 #: the lm-eval model of a method with no adapter of its own (`--model prefill --model_args method=NAME,...`)
 GENERIC_MODEL = "prefill"
@@ -85,7 +88,7 @@ class Method:
 
     @classmethod
     def planned_costs(cls, config: Any, arm: Any, lengths: Sequence[int], *,
-                      maps_split: Callable[[int | None], int | None]) -> dict[int, tuple[float, str | None]]:
+                      maps_split: MapsSplit) -> dict[int, tuple[float, str | None]]:
         """`rf-eval study plan`'s preview of an arm before anything loads: at each of `lengths`, its MAC cost
         relative to exact prefill and what its budget sets there ("tail 812"; None without one). `config`:
         the model's `transformers` config; `maps_split(split)`: the split of maps not yet loaded (None where
@@ -94,7 +97,7 @@ class Method:
 
     @classmethod
     def check_budget(cls, model_args: Mapping[str, Any], arm: Any, lengths: Sequence[int] | None, *,
-                     maps_split: Callable[[int | None], int | None]) -> None:
+                     maps_split: MapsSplit) -> None:
         """Refuse, before a study runs anything, a budget the arm cannot meet at some length (a `BudgetError`
         naming it; `lengths` None: every length the model takes). `model_args`: the arm's, with the files
         it loads. The default checks nothing here: the run refuses the budget before its first prompt."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from transformers import AutoConfig
 
-from rf_eval.methods.base import Method
+from rf_eval.methods.base import MapsSplit, Method
 from rf_eval.rarecache.api import RaReCache
 from rf_eval.rarecache.arm_spec import RaReCacheArm
 from rf_eval.rarecache.budget import knob_from_configs
@@ -29,7 +29,7 @@ class RaReCacheMethod(Method):
 
     @classmethod
     def check_budget(cls, model_args: Mapping[str, Any], arm: RaReCacheArm, lengths: Sequence[int] | None, *,
-                     maps_split: Any = None) -> None:
+                     maps_split: MapsSplit) -> None:
         """The budget's knob from the source's and target's configs and the maps (eq. 11), before any weights."""
         configs = [AutoConfig.from_pretrained(model_args[k]) for k in ("source", "pretrained")]
         knob_from_configs(arm, load_transfer_maps(model_args["maps"]), *configs).check_reachable(lengths)

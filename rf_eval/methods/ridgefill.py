@@ -5,18 +5,16 @@ Run by `--model ridgefill` (`rf_eval.model_adapters.ridgefill`), which loads its
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from transformers import AutoConfig
 
 from rf_eval.errors import UserError
 from rf_eval.mac_model import prefill_macs
-from rf_eval.methods.base import Method
+from rf_eval.methods.base import MapsSplit, Method
 from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
-
-MapsSplit = Callable[[int | None], int | None]
 
 
 class RidgeFillMethod(Method):
