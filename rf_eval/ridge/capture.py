@@ -27,20 +27,31 @@ def _layer_input(args: tuple, kwargs: dict) -> torch.Tensor:
     return args[0] if args else kwargs["hidden_states"]
 
 
+class _LastInputSeen(Exception):
+    """Raised by the last layer's hook: what the last layer and the final norm compute is never read."""
+
+
 @torch.no_grad()
 def run_with_layer_hooks(model: nn.Module, input_ids: torch.Tensor, first_layer: int, hook: Hook) -> None:
-    """One plain forward (no cache, no lm_head) calling hook(l, x_l, layer_kwargs) for l >= first_layer."""
+    """One plain forward (no cache) calling hook(l, x_l, layer_kwargs) for l >= first_layer; it stops once the
+    last layer's input is seen, so neither the last layer, the final norm nor the lm_head runs (one layer
+    in L saved: the inputs x_l never depend on it)."""
+    layers = decoder_layers(model)
     handles = []
-    for index, layer in enumerate(decoder_layers(model)):
+    for index, layer in enumerate(layers):
         if index < first_layer:
             continue
 
         def pre(_module, args, kwargs, index=index):
             hook(index, _layer_input(args, kwargs), kwargs)
+            if index == len(layers) - 1:
+                raise _LastInputSeen
 
         handles.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
     try:
         model.model(input_ids=input_ids, use_cache=False)
+    except _LastInputSeen:
+        pass
     finally:
         for handle in handles:
             handle.remove()

@@ -118,9 +118,9 @@ def test_explicit_choices_ignore_the_gpu_room(monkeypatch):
 
 
 def forwards_of_a_fit(model, tok, splits, calibration, out) -> tuple[int, int]:
-    """(model.model forwards, layer-0 calls) during one fit_maps."""
+    """(model.model forwards started, layer-0 calls) during one fit_maps."""
     calls, layer_calls = [], []
-    handle = model.model.register_forward_hook(lambda *_: calls.append(1))
+    handle = model.model.register_forward_pre_hook(lambda *_: calls.append(1))
     first = model.model.layers[0].register_forward_hook(lambda *_: layer_calls.append(1))
     try:
         result = fit_maps(model, tok, splits=splits, calibration=[calibration], out=out, progress=False,
@@ -198,7 +198,7 @@ def fit_in_passes(model, tok, calibration, heldout, out, budget_gib, monkeypatch
 
     monkeypatch.setattr(RidgeSums, "solve", solve_and_track)
     monkeypatch.setattr(lambda_choice, "heldout_cosines", counted)
-    handle = model.model.register_forward_hook(lambda *_: forwards.append(1))
+    handle = model.model.register_forward_pre_hook(lambda *_: forwards.append(1))
     try:
         result = fit_maps(model, tok, splits=[3], calibration=[calibration], heldout=[heldout], lambdas=LAMBDAS,
                           out=out, progress=False, save_sums=False, heldout_memory=budget_gib)
