@@ -45,9 +45,10 @@ from rf_eval.data_files import (
     read_text,
 )
 from rf_eval.errors import UserError
+from rf_eval.tasks import ruler_cache
 from rf_eval.tasks.common import tokenizer_name, with_run_defaults
 from rf_eval.tasks.data import SOURCES, local_copy, missing_message, use_nltk_data
-from rf_eval.tasks.data_sources.ruler_modules import offline, patched, ruler_module
+from rf_eval.tasks.data_sources.ruler_modules import ESSAY_HAYSTACK, offline, patched, ruler_module
 
 # lm-eval task name -> (module in lm_eval.tasks.ruler, dataset function, needle kind, answer budget)
 RULER_TASKS: dict[str, tuple[str, str, str, int]] = {
@@ -218,13 +219,23 @@ def generate(base_task: str, metadata: dict[str, Any]):
             f"{base_task}: RULER sizes its samples with the model's tokenizer; pass `pretrained=` or "
             "`tokenizer=` in --model_args (or `tokenizer` in --metadata)"
         )
-    module_name, func_name, _, _ = RULER_TASKS[base_task]
+    module_name, func_name, kind, _ = RULER_TASKS[base_task]
     seed = int(metadata.get("seed", DEFAULT_SEED))
     numpy_seed = int(metadata.get("numpy_seed", DEFAULT_NUMPY_SEED))
+    reads_files = base_task in ESSAY_HAYSTACK or kind == "qa"  # sources a cache key cannot see
+    key = None
+    if ruler_cache.folder_from_env() and not reads_files:
+        key = ruler_cache.sample_key(base_task, metadata, seed, numpy_seed)
+        cached = ruler_cache.load(key) if key else None
+        if cached is not None:
+            return cached
     with local_sources(metadata, base_task):
         fn = getattr(ruler_module(module_name), func_name)
         with seeded(seed, numpy_seed):
-            return fn(**dict(metadata))
+            result = fn(**dict(metadata))
+    if key:
+        ruler_cache.store(key, result)
+    return result
 
 
 def qa_gold_documents(base_task: str, index: int) -> list[str]:

@@ -23,6 +23,12 @@ if "RF_EVAL_TASK_INDEX_CACHE" not in os.environ:
     import tempfile
 
     os.environ["RF_EVAL_TASK_INDEX_CACHE"] = tempfile.mkdtemp(prefix="rf-eval-task-index-")
+# and generate each RULER setting once (rf_eval.tasks.ruler_cache, as a study's arms share one), in a folder
+# of this run's: the task tests that check the generator itself switch it off (tests/tasks/conftest.py)
+if "RF_EVAL_RULER_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["RF_EVAL_RULER_CACHE"] = tempfile.mkdtemp(prefix="rf-eval-ruler-samples-")
 
 
 @pytest.fixture(scope="session")

@@ -137,6 +137,9 @@ def check_gpu_runs(root: Path, ran: Ran, values: dict) -> None:
         assert info["fill"] == fill and len(samples) == 2 and all(s["filled"] == 1 for s in samples)
         if fill != "exact":
             assert (info["split"], info["tail"]) == (3, 256)
+        # the samples the study built before registering, read by every arm instead of generated again
+        log = (out / "logs" / f"{fill}.log").read_text()
+        assert "RULER samples read from" in log and "Generating synthetic samples" not in log, fill
     # data parallel over two processes: the same samples, the same answers
     res, dp = results(out / "ridge_dp")
     _, single = results(out / "arms" / "ridge")

@@ -259,6 +259,7 @@ def runs(tmp_path_factory) -> Runs:
     env = adapter_helpers.cli_env()  # offline, one torch thread per process
     env.update(NLTK_DATA=str(nltk), PYTHONUNBUFFERED="1", PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}")
     env.pop("RF_EVAL_NO_LM_EVAL_HOOK", None)
+    env["RF_EVAL_RULER_CACHE"] = str(root / "ruler-samples")  # not the user's own cache folder
     return Runs(Workspace(root, env, {"llama": str(llama), "source": str(source), "target": str(target)}))
 
 

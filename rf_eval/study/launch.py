@@ -21,11 +21,12 @@ from typing import Any
 
 from rf_eval.study.jobs import ArmJob, Progress, iso_time
 from rf_eval.task_index_cache import child_env
+from rf_eval.tasks import ruler_cache
 
 
 def arm_env() -> dict[str, str]:
-    """The environment an arm's lm_eval runs in: this one, with the task index cache on."""
-    return child_env(dict(os.environ, TOKENIZERS_PARALLELISM="false"))
+    """The environment an arm's lm_eval runs in: this one, with the task index and RULER samples caches on."""
+    return ruler_cache.child_env(child_env(dict(os.environ, TOKENIZERS_PARALLELISM="false")))
 
 
 def run_arm(job: ArmJob, in_process: bool = False) -> dict[str, Any]:

@@ -33,6 +33,14 @@ def no_run_model():
     run_context.clear()
 
 
+@pytest.fixture(autouse=True)
+def fresh_ruler_samples(monkeypatch):
+    """The task tests check lm-eval's generator and rf-eval's seeding around it: each generates its samples
+    itself, never reading another test's from the RULER samples cache (tests/tasks/test_ruler_cache.py
+    switches the cache on where it tests it)."""
+    monkeypatch.setenv("RF_EVAL_RULER_CACHE", "off")
+
+
 @pytest.fixture(scope="session")
 def th():
     """The helper module (task loading, the lm_eval command line)."""
