@@ -18,25 +18,28 @@ from rf_eval.devices import check_model_source
 from rf_eval.errors import UserError
 from rf_eval.methods import method_for_arm
 from rf_eval.study.plan import maps_split
-from rf_eval.study.runner import model_args
+from rf_eval.study.runner import model_args, task_metadata
 from rf_eval.study.study_file import ADAPTERS, Study, StudyError
 from rf_eval.task_index_cache import ENV, child_env
+from rf_eval.tasks import ruler_cache
 from rf_eval.tasks.data import TaskDataMissing
 from rf_eval.tasks.data_needs import preflight
 
 
 @contextmanager
 def _task_index_cache() -> Iterator[None]:
-    """lm-eval's task index read from rf-eval's disk cache, as the study's own lm_eval processes do."""
-    before = os.environ.get(ENV)
-    os.environ.update(child_env(dict(os.environ)))
+    """lm-eval's task index and RULER samples read from (and written to) rf-eval's disk caches, as the
+    study's own lm_eval processes do."""
+    before = {name: os.environ.get(name) for name in (ENV, ruler_cache.ENV)}
+    os.environ.update(ruler_cache.child_env(child_env(dict(os.environ))))
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def unknown_tasks(study: Study) -> list[str]:
@@ -145,9 +148,7 @@ def check_study(study: Study) -> None:
         raise StudyError(f"{study.path.name}: tasks {', '.join(unknown)} are not lm-eval's{where}; "
                          "`lm_eval ls tasks` lists them")
     for arm in study.arms.values():
-        metadata = {**model_args(study, arm, study.maps), **study.metadata}
-        if study.lengths:
-            metadata["max_seq_lengths"] = list(study.lengths)  # as the arm's lm_eval gets them
+        metadata = {**model_args(study, arm, study.maps), **task_metadata(study)}  # as the arm's lm_eval gets them
         try:
             preflight(study.tasks, metadata)
         except TaskDataMissing as err:
@@ -161,15 +162,17 @@ def build_task_data(study: Study) -> int:
     the model_args to the tasks, and RULER sizes its samples with the tokenizer), so a study of arms of one
     model builds once. A generator that fails (a tokenizer that does not load, a docs file it cannot read,
     a RULER setting it refuses) is a StudyError naming the arm, before anything is registered or fitted.
-    The arms build their own copies again: lm-eval keeps no samples between processes.
+    lm-eval keeps no samples between processes; the RULER samples built here are written to rf-eval's
+    samples cache (`rf_eval.tasks.ruler_cache`), which the arms read instead of generating them again.
     """
     from lm_eval.tasks import TaskManager
 
     built: set[str] = set()
     for arm in study.arms.values():
         args = model_args(study, arm, study.maps)
-        metadata = {**args, **study.metadata}
-        key = json.dumps([args.get("pretrained"), args.get("tokenizer"), study.metadata], sort_keys=True, default=str)
+        metadata = {**args, **task_metadata(study)}  # the lengths too: the samples the arms will read
+        key = json.dumps([args.get("pretrained"), args.get("tokenizer"), metadata.get("tokenizer"),
+                          task_metadata(study)], sort_keys=True, default=str)
         if key in built:
             continue
         built.add(key)

@@ -93,13 +93,19 @@ def arm_folder(study: Study, out: Path, arm: str) -> Path:
     return out / study.arms_folder / arm
 
 
+def task_metadata(study: Study) -> dict[str, Any]:
+    """The `--metadata` every arm's tasks get: the study's, with its `lengths` as `max_seq_lengths`."""
+    metadata = dict(study.metadata)
+    if study.lengths:
+        metadata["max_seq_lengths"] = list(study.lengths)
+    return metadata
+
+
 def lm_eval_command(study: Study, arm: StudyArm, out: Path, maps: str | None, key_reference: str | None = None
                     ) -> list[str]:
     """The arm's `lm_eval` argv (without a launcher prefix); `key_reference` for an arm that shares the
     reference arm's key tokens."""
-    metadata = dict(study.metadata)
-    if study.lengths:
-        metadata["max_seq_lengths"] = list(study.lengths)
+    metadata = task_metadata(study)
     if key_reference is not None:
         metadata["key_reference"] = key_reference
     cmd = ["-m", "lm_eval", "--model", arm.model, "--model_args", json.dumps(model_args(study, arm, maps)),
