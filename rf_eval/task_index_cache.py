@@ -25,26 +25,15 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from rf_eval.cache_folder import CacheFolder
+
 log = logging.getLogger(__name__)
 ENV = "RF_EVAL_TASK_INDEX_CACHE"
 FORMAT = 1
 
 
-def default_folder() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "rf-eval" / "lm-eval-task-index"
-
-
-def child_env(env: dict[str, str]) -> dict[str, str]:
-    """`env` with the cache switched on at the default folder, unless the user chose (or switched it off)."""
-    if ENV not in env:
-        env = {**env, ENV: str(default_folder())}
-    return env
-
-
-def folder_from_env() -> Path | None:
-    value = os.environ.get(ENV, "").strip()
-    return None if value.lower() in ("", "off", "0", "false", "no") else Path(value)
+CACHE = CacheFolder(ENV, "lm-eval-task-index")
+default_folder, child_env, folder_from_env = CACHE.default_folder, CACHE.child_env, CACHE.folder_from_env
 
 
 def _stat(path: str) -> tuple[int, int] | None:

@@ -33,6 +33,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from rf_eval.cache_folder import CacheFolder
 from rf_eval.tasks.common import tokenizer_name
 
 log = logging.getLogger("lm_eval.rf_eval.ruler_cache")  # shown in lm-eval's own log of the run
@@ -40,19 +41,8 @@ ENV = "RF_EVAL_RULER_CACHE"
 FORMAT = 1
 
 
-def default_folder() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "rf-eval" / "ruler-samples"
-
-
-def child_env(env: dict[str, str]) -> dict[str, str]:
-    """`env` with the cache switched on at the default folder, unless the user chose (or switched it off)."""
-    return env if ENV in env else {**env, ENV: str(default_folder())}
-
-
-def folder_from_env() -> Path | None:
-    value = os.environ.get(ENV, "").strip()
-    return None if value.lower() in ("", "off", "0", "false", "no") else Path(value).expanduser()
+CACHE = CacheFolder(ENV, "ruler-samples")
+default_folder, child_env, folder_from_env = CACHE.default_folder, CACHE.child_env, CACHE.folder_from_env
 
 
 def _generator_sources() -> str:
