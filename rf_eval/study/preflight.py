@@ -171,8 +171,8 @@ def build_task_data(study: Study) -> int:
     for arm in study.arms.values():
         args = model_args(study, arm, study.maps)
         metadata = {**args, **task_metadata(study)}  # the lengths too: the samples the arms will read
-        key = json.dumps([args.get("pretrained"), args.get("tokenizer"), metadata.get("tokenizer"),
-                          task_metadata(study)], sort_keys=True, default=str)
+        key = json.dumps([args.get("pretrained"), args.get("tokenizer"), task_metadata(study)], sort_keys=True,
+                         default=str)
         if key in built:
             continue
         built.add(key)
