@@ -1,8 +1,9 @@
-"""A disk cache that one environment variable switches on: off unless it names a folder (`off`, `0`, `false`,
-`no` or empty: off), and turned on at a default folder under the user's cache (`$XDG_CACHE_HOME`, else
-`~/.cache`, then `rf-eval/<name>`) for the processes `rf-eval study` and `rf-eval demo` start, unless the
+"""rf-eval's cache folder (`cache_root`), and the disk caches that one environment variable switches on.
+
+Such a cache is off unless its variable names a folder (`off`, `0`, `false`, `no` or empty: off), and is
+turned on at `cache_root()/<name>` for the processes `rf-eval study` and `rf-eval demo` start, unless the
 user set it (`child_env`). The lm-eval task index (`rf_eval.task_index_cache`) and the RULER samples
-(`rf_eval.tasks.ruler_cache`) are such caches."""
+(`rf_eval.tasks.ruler_cache`) are such caches; the demo's model and maps live under `cache_root()` too."""
 
 from __future__ import annotations
 
@@ -13,14 +14,21 @@ from pathlib import Path
 OFF = ("", "off", "0", "false", "no")
 
 
+def cache_root() -> Path:
+    """rf-eval's cache folder: $RF_EVAL_CACHE, else $XDG_CACHE_HOME/rf-eval, else ~/.cache/rf-eval."""
+    if os.environ.get("RF_EVAL_CACHE"):
+        return Path(os.environ["RF_EVAL_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "rf-eval"
+
+
 @dataclass(frozen=True)
 class CacheFolder:
     env: str  #: the variable that names the folder
-    name: str  #: the default folder's name under rf-eval's user cache
+    name: str  #: the default folder's name under `cache_root()`
 
     def default_folder(self) -> Path:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        return Path(base) / "rf-eval" / self.name
+        return cache_root() / self.name
 
     def child_env(self, env: dict[str, str]) -> dict[str, str]:
         """`env` with the cache on at the default folder, unless the user chose a folder (or switched it off)."""

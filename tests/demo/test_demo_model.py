@@ -26,17 +26,6 @@ def demo_cache(tmp_path_factory):
 # -- fast ---------------------------------------------------------------------------------------
 
 
-def test_cache_root_respects_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv("RF_EVAL_CACHE", str(tmp_path / "a"))
-    assert demo_model.cache_root() == tmp_path / "a"
-    monkeypatch.delenv("RF_EVAL_CACHE")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
-    assert demo_model.cache_root() == tmp_path / "x" / "rf-eval"
-    monkeypatch.delenv("XDG_CACHE_HOME")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert demo_model.cache_root() == tmp_path / "home" / ".cache" / "rf-eval"
-
-
 def test_gguf_file_is_found_without_importing_the_package():
     import sys
 
