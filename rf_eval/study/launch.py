@@ -19,14 +19,22 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from rf_eval import task_index_cache
 from rf_eval.study.jobs import ArmJob, Progress, iso_time
-from rf_eval.task_index_cache import child_env
 from rf_eval.tasks import ruler_cache
+
+#: the variables of the disk caches a study turns on for what it runs (unless the user set them)
+CACHE_VARIABLES = (task_index_cache.ENV, ruler_cache.ENV)
+
+
+def with_study_caches(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the lm-eval task index and RULER samples caches on (`rf_eval.cache_folder.CacheFolder`)."""
+    return ruler_cache.child_env(task_index_cache.child_env(env))
 
 
 def arm_env() -> dict[str, str]:
-    """The environment an arm's lm_eval runs in: this one, with the task index and RULER samples caches on."""
-    return ruler_cache.child_env(child_env(dict(os.environ, TOKENIZERS_PARALLELISM="false")))
+    """The environment an arm's lm_eval runs in: this one, with the study's caches on."""
+    return with_study_caches(dict(os.environ, TOKENIZERS_PARALLELISM="false"))
 
 
 def run_arm(job: ArmJob, in_process: bool = False) -> dict[str, Any]:

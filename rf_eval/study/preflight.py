@@ -17,21 +17,20 @@ from pathlib import Path
 from rf_eval.devices import check_model_source
 from rf_eval.errors import UserError
 from rf_eval.methods import method_for_arm
+from rf_eval.study.launch import CACHE_VARIABLES, with_study_caches
 from rf_eval.study.plan import maps_split
 from rf_eval.study.runner import model_args, task_metadata
 from rf_eval.study.study_file import ADAPTERS, Study, StudyError
-from rf_eval.task_index_cache import ENV, child_env
-from rf_eval.tasks import ruler_cache
 from rf_eval.tasks.data import TaskDataMissing
 from rf_eval.tasks.data_needs import preflight
 
 
 @contextmanager
-def _task_index_cache() -> Iterator[None]:
+def _study_caches() -> Iterator[None]:
     """lm-eval's task index and RULER samples read from (and written to) rf-eval's disk caches, as the
     study's own lm_eval processes do."""
-    before = {name: os.environ.get(name) for name in (ENV, ruler_cache.ENV)}
-    os.environ.update(ruler_cache.child_env(child_env(dict(os.environ))))
+    before = {name: os.environ.get(name) for name in CACHE_VARIABLES}
+    os.environ.update(with_study_caches(dict(os.environ)))
     try:
         yield
     finally:
@@ -46,7 +45,7 @@ def unknown_tasks(study: Study) -> list[str]:
     """The study's task names lm-eval's TaskManager does not know (each with its closest names)."""
     from lm_eval.tasks import TaskManager
 
-    with _task_index_cache():
+    with _study_caches():
         manager = TaskManager(include_path=study.include_path)
     known = manager.all_tasks
     problems = []
@@ -176,7 +175,7 @@ def build_task_data(study: Study) -> int:
         if key in built:
             continue
         built.add(key)
-        with _task_index_cache():
+        with _study_caches():
             manager = TaskManager(include_path=study.include_path, metadata=metadata)
             try:
                 manager.load(list(study.tasks))
