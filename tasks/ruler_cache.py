@@ -23,6 +23,7 @@ unreadable entry is generated again (and rewritten), never an error.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
@@ -45,6 +46,7 @@ CACHE = CacheFolder(ENV, "ruler-samples")
 default_folder, child_env, folder_from_env = CACHE.default_folder, CACHE.child_env, CACHE.folder_from_env
 
 
+@functools.cache  # the files do not change under a running process; a study's build keys several tasks
 def _generator_sources() -> str:
     """sha256 over lm-eval's RULER module files, rf-eval's seeding around them and the word list's version."""
     h = hashlib.sha256()
