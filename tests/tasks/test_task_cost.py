@@ -175,7 +175,6 @@ def test_bad_budgets_are_refused_before_the_weights_load(args, says, tiny_llama,
 
 
 def test_an_unreachable_budget_exits_2_in_one_line_through_lm_eval(tiny_llama, th, tmp_path):
-
     cmd = th.lm_eval_argv() + ["--model", "ridgefill", "--model_args",
                                f"pretrained={tiny_llama},fill=identity,split={SPLIT},budget=0.01",
                                "--tasks", "keytoken_nll", "--output_path", str(tmp_path)]
