@@ -56,20 +56,25 @@ class ScoringMixin:
 
     @torch.no_grad()
     def _score_plain(self, prompt: list[int], conts: list[list[int]]) -> list[torch.Tensor]:
-        """The stock model over prompt + continuation in one forward (`hf`'s computation)."""
+        """The stock model over prompt + continuation in one forward (`hf`'s computation), its logits only
+        for the rows that predict a continuation token (`logits_to_keep`): `hf` computes the vocabulary's
+        logits for every prompt row and throws them away, N x V floats (16 GB in fp32 at 32K tokens and a
+        128K vocabulary); the kept rows are the same sums (tests/model_adapters/test_adapter_requests.py)."""
         inputs: dict[tuple[int, ...], list[int]] = {}  # like `hf`, one forward per distinct input
         for j, cont in enumerate(conts):
             inputs.setdefault(tuple(prompt + cont[:-1]), []).append(j)
         rows: list[torch.Tensor | None] = [None] * len(conts)
         keys = sorted(inputs, key=len, reverse=True)
         step = self.continuation_batch
+        first = len(prompt) - 1  # the row that predicts the first continuation token
         for start in range(0, len(keys), step):
             chunk = keys[start : start + step]
             batch = _right_padded([list(k) for k in chunk], 0).to(self.input_device)
-            logprobs = F.log_softmax(self.model(batch).logits, dim=-1)
+            logits = self.model(batch, logits_to_keep=batch.shape[1] - first).logits
+            logprobs = F.log_softmax(logits, dim=-1)
             for row, key in enumerate(chunk):
                 for j in inputs[key]:
-                    rows[j] = logprobs[row, len(prompt) - 1 : len(prompt) - 1 + len(conts[j])]
+                    rows[j] = logprobs[row, : len(conts[j])]
         return rows  # type: ignore[return-value]
 
     def _encode_request(self, context: str, continuation: str) -> tuple[list[int], list[int]]:

@@ -140,6 +140,24 @@ def test_token_logprobs_one_pass_with_exact_reference(tiny_model_dir, monkeypatc
     assert sum(res["logprobs"]) == pytest.approx(ll[0], abs=1e-4)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_plain_scoring_keeps_the_full_forwards_rows(tiny_model_dir, family, batch_size):
+    """`_score_plain` computes logits only for the rows that predict the continuations (`logits_to_keep`); each
+    continuation's rows are the full forward's over its own prompt + continuation, one at a time or
+    right-padded beside a longer one: the same sums, to the last bits a matrix product of fewer rows may
+    round differently (on these tiny models; bit for bit at the demo model's sizes)."""
+    model = lm(tiny_model_dir(family), fill="exact", batch_size=batch_size)
+    prompt = model.tok_encode(CONTEXT)
+    conts = [model.tok_encode(c, add_special_tokens=False) for c in CONTINUATIONS]
+    got = model._score_plain(prompt, conts)
+    for cont, rows in zip(conts, got):
+        with torch.no_grad():
+            full = model.model(torch.tensor([prompt + cont[:-1]])).logits
+        expected = F.log_softmax(full, dim=-1)[0, len(prompt) - 1 :]
+        torch.testing.assert_close(rows, expected, rtol=0, atol=1e-5)
+
+
 def test_token_logprobs_against_the_exact_greedy_continuation(tiny_model_dir):
     model = lm(tiny_model_dir("llama"), fill="identity", tail=4, reference="exact")
     (res,) = model.token_logprobs([req("token_logprobs", CONTEXT, {"exact_greedy": 6})])
