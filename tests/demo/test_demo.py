@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from warm_start import run_argv
 
 from rf_eval.demo.study import SPLIT, caption, render_study, settings
 from rf_eval.demo.table import readme_block, record_path, render_table
@@ -86,8 +87,7 @@ QUICK_DEMO = ["rf-eval", "demo", "--quick"]
 
 
 def _demo(out: Path) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "rf_eval", *QUICK_DEMO[1:], "--out", str(out)],
-                          capture_output=True, text=True, timeout=1800)
+    done = run_argv([sys.executable, "-m", "rf_eval", *QUICK_DEMO[1:], "--out", str(out)], timeout=1800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (out / "report.html").is_file() and (out / "report.md").is_file() and "report:" in done.stdout
     return done
@@ -150,8 +150,7 @@ def test_quick_demo_runs_end_to_end_and_is_deterministic(tmp_path):
     for flag, value in (("--output_path", str(tmp_path / "again")), ("--use_cache", str(tmp_path / "again-cache")),
                         ("--samples", json.dumps(subset))):
         command[command.index(flag) + 1] = value
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1200,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    done = run_argv(command, timeout=1200, env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     for file in sorted((tmp_path / "again").glob("*/samples_*.jsonl")):
         task = file.name.split("samples_")[1].rsplit("_", 1)[0]

@@ -16,8 +16,9 @@ def test_lm_eval_ridgefill_without_model_args_runs_the_demo(tmp_path, th):
     demo = settings(quick=False)
     out = tmp_path / "headline"
     # niah_single_1_filled: the ruler_filled task that needs no download (the others read the essays)
+    # eight answer tokens: the test reads the run's settings, not the answer (the task's own cap is 128)
     proc = th.start_lm_eval(["--model", "ridgefill", "--tasks", "niah_single_1_filled", "--limit", "1",
-                             "--device", "cpu"], out, {})
+                             "--device", "cpu", "--gen_kwargs", "max_gen_toks=8"], out, {})
     run = th.finish(proc, out, timeout=1800)
     info = run["results"]["config"]["rf_eval"]
     assert info["fill"] == "ridge" and "demo-maps" in str(info["maps_path"])
@@ -28,3 +29,4 @@ def test_lm_eval_ridgefill_without_model_args_runs_the_demo(tmp_path, th):
     (sample,) = run["samples"]["niah_single_1_filled"]
     assert sample["doc"]["max_length"] == demo.lengths[0]
     assert sample["filled"] == int(sample["needle_rows_from_end"] >= demo.tail)
+    assert run["results"]["configs"]["niah_single_1_filled"]["generation_kwargs"]["max_gen_toks"] == 8
