@@ -14,6 +14,7 @@ from lm_eval.api.model import CachingLM
 from rf_eval.model_adapters.config import ModelArgsError
 from rf_eval.model_adapters.ridgefill import RidgeFillLM
 from rf_eval.ridgefill.arm import prefill_arm
+from rf_eval.testing import FAMILIES
 
 CONTEXT = "the quick brown fox jumps over the lazy dog while the river runs past the old stone house"
 CONTINUATIONS = [" and then", " again and again", " x"]
@@ -140,12 +141,11 @@ def test_token_logprobs_one_pass_with_exact_reference(tiny_model_dir, monkeypatc
     assert sum(res["logprobs"]) == pytest.approx(ll[0], abs=1e-4)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
-@pytest.mark.parametrize("batch_size", [1, 2])
+@pytest.mark.parametrize(("family", "batch_size"), [("llama", 1), *((f, 2) for f in FAMILIES)])
 def test_plain_scoring_keeps_the_full_forwards_rows(tiny_model_dir, family, batch_size):
     """`_score_plain` computes logits only for the rows that predict the continuations (`logits_to_keep`); each
     continuation's rows are the full forward's over its own prompt + continuation, one at a time or
-    right-padded beside a longer one: the same sums, to the last bits a matrix product of fewer rows may
+    right-padded beside a longer one, in every family (`logits_to_keep` is each model's own argument): the same sums, to the last bits a matrix product of fewer rows may
     round differently (on these tiny models; bit for bit at the demo model's sizes)."""
     model = lm(tiny_model_dir(family), fill="exact", batch_size=batch_size)
     prompt = model.tok_encode(CONTEXT)
