@@ -119,7 +119,10 @@ def serve() -> int | None:
     for name in PRELOAD:
         importlib.import_module(name)
     if _offline():
-        _preload_ruler_generator()
+        try:
+            _preload_ruler_generator()
+        except ImportError:  # no RULER extras (nltk, wonderwords): each command finds that out itself
+            pass
     print(json.dumps({"ready": os.getpid()}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
