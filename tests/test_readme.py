@@ -159,7 +159,7 @@ def test_two_commands_are_what_ci_runs():
     assert 'rf-eval = "rf_eval.cli:main"' in (ROOT / "pyproject.toml").read_text()  # `python -m rf_eval` is the same
     test_demo = load_helper("demo/test_demo.py")  # the end-to-end test that runs command 1 in CI
     assert " ".join(test_demo.QUICK_DEMO) == demo
-    marks = {m.name for m in test_demo.test_quick_demo_runs_end_to_end_and_is_deterministic.pytestmark}
+    marks = {m.name for m in test_demo.test_quick_demo_runs_end_to_end.pytestmark}
     assert "slow" in marks  # selected by command 2's `-m "slow or not slow"`
 
 

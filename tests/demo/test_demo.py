@@ -1,5 +1,7 @@
-"""`rf-eval demo --quick` end to end, offline: fit (cached), the built-in study's four arms through lm_eval,
-report; then one arm again from scratch, whose samples must come out file for file the same."""
+"""`rf-eval demo --quick` end to end, offline, run once per module (`quick_demo`): fit (cached), the built-in
+study's five arms through lm_eval, report; the tests read that run (the real-weight guard that ridge beats
+identity at one budget among them); then one arm again from scratch, whose samples must come out line for
+line the same."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -93,59 +96,136 @@ def _demo(out: Path) -> subprocess.CompletedProcess:
     return done
 
 
-@pytest.mark.slow
-def test_quick_demo_runs_end_to_end_and_is_deterministic(tmp_path):
-    out = tmp_path / "demo"
+@dataclass(frozen=True)
+class QuickDemo:
+    """One `rf-eval demo --quick` run, read by every test below (each reads what it checks)."""
+
+    out: Path
+    state: dict  # study.json
+    summary: dict  # report.json
+    budget: float  # the three fills' shared budget
+
+    def arm(self, fill: str) -> str:
+        return f"{fill}@{self.budget:g}"
+
+    def per_document(self, arm: str) -> dict[int, dict]:
+        """The arm's keytoken_nll samples, by document."""
+        (file,) = self.out.glob(f"runs/{arm}/*/samples_keytoken_nll_*.jsonl")
+        return {row["doc_id"]: row for row in map(json.loads, file.read_text().splitlines())}
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory) -> QuickDemo:
+    """The README's first command once, end to end, offline (the fit cached as the quality tests cache it)."""
+    out = tmp_path_factory.mktemp("quick") / "demo"
     _demo(out)
-    first = _samples(out)
-    assert len(first) == 5 * 2  # 5 arms x (needle task, keytoken_nll)
     state = json.loads((out / "study.json").read_text())
-    (reference,) = out.glob("runs/exact/*/samples_keytoken_nll_*.jsonl")
     budget = next(float(a.split("@")[1]) for a in state["arms"] if a.startswith("ridge@"))
-    for arm in (f"identity@{budget:g}", f"ridge@{budget:g}", ROWS, f"nofill@{budget:g}"):  # key tokens from exact
+    return QuickDemo(out, state, json.loads((out / "report.json").read_text()), budget)
+
+
+@pytest.mark.slow
+def test_quick_demo_runs_end_to_end(quick_demo):
+    out, state = quick_demo.out, quick_demo.state
+    assert len(_samples(out)) == 5 * 2  # 5 arms x (needle task, keytoken_nll)
+    (reference,) = out.glob("runs/exact/*/samples_keytoken_nll_*.jsonl")
+    for arm in (*map(quick_demo.arm, ("identity", "ridge", "nofill")), ROWS):  # key tokens from exact
         command = state["arms"][arm]["command"]
         assert json.loads(command[command.index("--metadata") + 1])["key_reference"] == str(reference)
     # the exact arm reads the context: >= 90% on the filled-region samples
-    exact = next(v for k, v in first.items() if k.startswith("exact/samples_niah"))
-    rows = [json.loads(line) for line in exact.splitlines()]
-    filled = [r for r in rows if r.get("filled") == 1]
+    (exact,) = out.glob("runs/exact/*/samples_niah*.jsonl")
+    filled = [r for r in map(json.loads, exact.read_text().splitlines()) if r.get("filled") == 1]
     assert filled, "no needle fell in the filled region"
     assert sum(r["acc_filled"] for r in filled) / len(filled) >= 0.9
     html = (out / "report.html").read_text()
     assert "identity" in html and "ridge,selector=attention" in html
 
-    # what a newcomer sees (issue #23), now at one cost (issue #38): at the budget they share, the fitted map
-    # keeps at least identity's needles, under half its KL and under half its key-token loss, and the compute
-    # spent on a longer tail instead (nofill) loses more than either fill
-    summary = json.loads((out / "report.json").read_text())
+
+#: ridge's KL and novel-token ΔNLL must be below identity's divided by this, and its key-token ΔNLL likewise
+#: (issue #23; measured at the quick demo's budget: 5.7x, 4.9x and 2.6x, on 94 key tokens in 12 documents)
+RIDGE_FACTOR = 2.0
+
+
+@pytest.mark.slow
+def test_at_one_budget_ridge_beats_identity_and_identity_beats_nofill(quick_demo):
+    """What a newcomer sees (issue #23), at one cost (issue #38), on real weights: at the budget they share, the
+    fitted map keeps at least identity's needles and has under half its KL, novel-token and key-token loss;
+    the compute spent on a longer tail instead (nofill) loses more than either fill. This is the guard that
+    fails when a default makes the fitted map worse than the identity fill."""
+    summary, budget = quick_demo.summary, quick_demo.budget
     assert next(a["budget"] for a in summary["arms"] if a["name"].startswith("ridge@")) == budget
-    ridge, identity, nofill = (f"{fill}@{budget:g}" for fill in ("ridge", "identity", "nofill"))
+    ridge, identity, nofill = map(quick_demo.arm, ("ridge", "identity", "nofill"))
     needles = {row["arm"]: row["arm_score"] * row["n"] / 100 for row in summary["overall"]}
     (keytoken,) = [m for m in summary["measures"] if m["task"] == "keytoken_nll"]
+    for measure in ("key", "novel", "kl"):
+        loss = {row["arm"]: row["cells"][measure]["difference"] for row in keytoken["rows"]}
+        assert loss[ridge] < loss[identity] / RIDGE_FACTOR, (measure, loss)
+        assert loss[nofill] > loss[identity], (measure, loss)
     key = {row["arm"]: row["cells"]["key"]["difference"] for row in keytoken["rows"]}
-    kl = {row["arm"]: row["cells"]["kl"]["difference"] for row in keytoken["rows"]}
     assert needles[ridge] >= needles[identity], needles
-    assert key[ridge] < key[identity] / 2 and kl[ridge] < kl[identity] / 2, (key, kl)
-    assert key[nofill] > key[identity] and kl[nofill] > kl[identity], (key, kl)
-    assert key["ridge,selector=attention"] < key[ridge], key  # the rows buy a lower loss ...
-    # the cost half: the three fills spent the same budget, within one tail row of it; the attention rows cost more
+    assert key[ROWS] < key[ridge], key  # the rows buy a lower loss (for more compute: the cost test)
+    assert sum(row["n_key"] for row in quick_demo.per_document("exact").values()) >= 10  # enough key tokens
+
+
+def _paired_lower_bound(worse: dict[int, dict], better: dict[int, dict], measure: str) -> float:
+    """The 95% percentile-bootstrap lower bound of the mean per-document difference worse - better (scipy's
+    bootstrap, paired by document, fixed seed), over the documents that have the measure."""
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    docs = [d for d in sorted(worse) if worse[d][measure] is not None]
+    assert docs and all(better[d][measure] is not None for d in docs), measure  # one key-token set for both
+    diffs = np.array([worse[d][measure] - better[d][measure] for d in docs])
+    result = bootstrap((diffs,), np.mean, confidence_level=0.95, n_resamples=10_000, method="percentile",
+                       random_state=np.random.default_rng(0))
+    return float(result.confidence_interval.low)
+
+
+@pytest.mark.slow
+def test_ridge_beats_identity_with_a_paired_interval_above_zero(quick_demo):
+    """The factor test compares point estimates (the full demo's ridge interval against exact includes zero);
+    this one asks the paired question directly: over the report documents, identity's loss minus ridge's at
+    the shared budget has a 95% bootstrap interval wholly above zero, per measure (measured: key-token
+    +0.222, novel-token +0.066, KL +0.075)."""
+    identity, ridge = (quick_demo.per_document(quick_demo.arm(fill)) for fill in ("identity", "ridge"))
+    assert identity.keys() == ridge.keys() and len(identity) == 12
+    for measure in ("dnll_key", "dnll_novel", "kl"):
+        low = _paired_lower_bound(identity, ridge, measure)
+        print(f"identity - ridge, {measure}: 95% lower bound {low:+.4f}")
+        assert low > 0, (measure, low)
+
+
+@pytest.mark.slow
+def test_the_fills_spend_one_budget_and_the_report_compares_them(quick_demo):
+    """The cost half: the three fills spent the same budget, within one tail row of it; the attention rows cost
+    more; the report draws the frontier and compares the arms of the one budget."""
+    summary, budget = quick_demo.summary, quick_demo.budget
     costs = {a["name"]: {c["length"]: c for c in a["cost"]} for a in summary["arms"]}
-    for arm in (ridge, identity, nofill):
+    fills = [quick_demo.arm(fill) for fill in ("ridge", "identity", "nofill")]
+    for arm in fills:
         assert all(budget - 0.01 < c["macs_fraction"] <= budget for c in costs[arm].values()), costs[arm]
-    assert all(c["macs_fraction"] > budget for c in costs["ridge,selector=attention"].values())  # ... for more
+    assert all(c["macs_fraction"] > budget for c in costs[ROWS].values())
+    html = (quick_demo.out / "report.html").read_text()
     assert "Quality-cost frontier" in html and html.count('class="frontier-chart"') == 2
     (matched,) = summary["budgets"]
-    assert matched["budget"] == budget and {a["arm"] for a in matched["arms"]} == {ridge, identity, nofill}
-    # the README's quick-demo table is this run's, character for character
-    table = (out / "demo_table.md").read_text()
+    assert matched["budget"] == budget and {a["arm"] for a in matched["arms"]} == set(fills)
+
+
+@pytest.mark.slow
+def test_the_readme_quick_demo_table_is_this_runs(quick_demo):
+    table = (quick_demo.out / "demo_table.md").read_text()
     assert readme_block((ROOT / "README.md").read_text(), quick=True) == table, (
         "README.md's quick demo table differs from what the demo produced; run "
         "`rf-eval demo --quick --readme README.md` and commit the result:\n" + table)
 
-    # determinism: the rows arm (map, selector and the shared key tokens) again, its own lm_eval command on a
-    # needle sample and two documents, from scratch (another output folder, no request cache): the samples are
-    # the first run's, line for line, but for the measured prefill seconds
-    command = list(state["arms"][ROWS]["command"])
+
+@pytest.mark.slow
+def test_one_arm_again_from_scratch_gives_the_same_samples(quick_demo, tmp_path):
+    """Determinism: the rows arm (map, selector and the shared key tokens) again, its own lm_eval command on a
+    needle sample and two documents, from scratch (another output folder, no request cache): the samples are
+    the first run's, line for line, but for the measured prefill seconds."""
+    first = _samples(quick_demo.out)
+    command = list(quick_demo.state["arms"][ROWS]["command"])
     subset = {"niah_single_1_filled": [0], "keytoken_nll": [0, 1]}
     for flag, value in (("--output_path", str(tmp_path / "again")), ("--use_cache", str(tmp_path / "again-cache")),
                         ("--samples", json.dumps(subset))):

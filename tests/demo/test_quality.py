@@ -1,14 +1,15 @@
 """Quality on real weights: the embedded SmolLM2-135M with the demo's maps, at the demo's split and tail.
 
-Invariants on random weights prove the engine exact, not the method useful. These tests fail when a
-default makes the fitted map worse than the identity fill (issue #23): with the demo's maps (fitted on
-the standard library's docstrings, `rf_eval.demo.study.demo_maps`, cached as the demo caches them) and the
-corpus's evaluation documents (never fitted on, never used to choose lambda), the default ridge arm's
-KL(exact || arm) and novel-token ΔNLL are below identity's by RIDGE_FACTOR and its key-token ΔNLL by
-KEY_FACTOR, identity's below nofill's; the
-exact keys-and-values splice removes the fill's loss (this model has attention layers only); the probe
-and attention rows keep every filled-region needle ridge keeps. Every arm is the default but for what
-its name says, so a changed default (map_split=true, a weaker lambda) lands here.
+Invariants on random weights prove the engine exact, not the method useful. The guard that fails when a
+default makes the fitted map worse than the identity fill (issue #23) reads the quick demo's own run, at the
+budget its fills share, through lm_eval (tests/demo/test_demo.py: ridge's KL, novel-token and key-token
+ΔNLL under half identity's, a paired interval above zero, identity's below nofill's). These tests measure
+in process what the demo does not run, with the demo's maps (fitted on the standard library's docstrings,
+`rf_eval.demo.study.demo_maps`, cached as the demo caches them) on the corpus's evaluation documents (never
+fitted on, never used to choose lambda): the exact keys-and-values splice removes the fill's loss (this
+model has attention layers only); the probe and attention rows keep every filled-region needle ridge keeps;
+the default arm writes layer S exactly and the map there (`map_split=true`) only adds error, as the README
+states. Every arm is the default but for what its name says, so a changed default lands here.
 """
 
 from __future__ import annotations
@@ -24,11 +25,6 @@ import torch
 from rf_eval.demo import quality
 from rf_eval.demo.study import SPLIT, demo_maps, settings
 
-#: ridge's KL and novel-token ΔNLL must be below identity's divided by this (measured: 6.2x and 5.7x here)
-RIDGE_FACTOR = 2.0
-#: ridge's key-token ΔNLL must be below identity's divided by this, as issue #23 asks of the demo (measured:
-#: 2.8x here, on 94 key tokens; 2.5x on the full demo's 15 documents)
-KEY_FACTOR = 2.0
 NEEDLES_PER_LENGTH = 3
 
 pytestmark = pytest.mark.slow
@@ -71,47 +67,13 @@ def arm(demo, **fields):
 
 @pytest.fixture(scope="module")
 def losses(demo):
-    arms = {"identity": arm(demo, fill="identity"), "ridge": arm(demo, fill="ridge"),
-            "nofill": arm(demo, fill="nofill"), "map_split": arm(demo, fill="ridge", map_split=True)}
+    """The default ridge arm and its map-at-S twin at the quick demo's tail (ridge against identity and nofill
+    at one budget: the demo's own run, tests/demo/test_demo.py). Measured: KL 0.0199 and 0.0207, key-token
+    ΔNLL +0.348 over 94 key tokens in the 12 documents."""
+    arms = {"ridge": arm(demo, fill="ridge"), "map_split": arm(demo, fill="ridge", map_split=True)}
     report = quality.loss_report(arms, arm(demo, fill="exact"), demo["docs"], demo["score"], demo["key_context"])
     print(json.dumps(report.as_dict(), indent=1))
     return report
-
-
-def test_ridge_beats_identity_by_the_factor(losses):
-    """Measured at the quick demo's sizes: KL 0.020 against identity's 0.124, novel-token ΔNLL +0.022
-    against +0.125, key-token ΔNLL +0.348 against +0.974 (94 key tokens in the 12 documents)."""
-    assert losses.n_key >= 10, f"too few key tokens ({losses.n_key}) for a key-token ΔNLL"
-    for measure in (losses.kl, losses.dnll_novel):
-        assert measure["ridge"] < measure["identity"] / RIDGE_FACTOR, measure
-    assert losses.dnll_key["ridge"] < losses.dnll_key["identity"] / KEY_FACTOR, losses.dnll_key
-
-
-def _paired_lower_bound(report, measure: str, worse: str, better: str) -> float:
-    """The 95% percentile-bootstrap lower bound of the mean per-document difference worse - better (scipy's
-    bootstrap, paired by document, fixed seed)."""
-    import numpy as np
-    from scipy.stats import bootstrap
-
-    diffs = np.subtract(report.per_document[worse][measure], report.per_document[better][measure])
-    result = bootstrap((diffs,), np.mean, confidence_level=0.95, n_resamples=10_000, method="percentile",
-                       random_state=np.random.default_rng(0))
-    return float(result.confidence_interval.low)
-
-
-def test_ridge_beats_identity_with_a_paired_interval_above_zero(losses):
-    """The factor tests compare point estimates (the full demo's ridge interval against exact,
-    [-0.026, +0.896], includes zero); this one asks the paired question directly: over the report
-    documents, identity's loss minus ridge's has a 95% bootstrap interval wholly above zero, per measure."""
-    for measure in ("key", "novel", "kl"):
-        low = _paired_lower_bound(losses, measure, "identity", "ridge")
-        print(f"identity - ridge, {measure}: 95% lower bound {low:+.4f}")
-        assert low > 0, (measure, low)
-
-
-def test_identity_beats_nofill(losses):
-    for measure in (losses.kl, losses.dnll_key, losses.dnll_novel):
-        assert measure["identity"] < measure["nofill"], measure
 
 
 #: documents the splice invariant is checked on: an exactness invariant holds on each document, so two (with
