@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from rf_eval.errors import UserError
+from rf_eval.lm_eval_ruler import offline
 from rf_eval.tasks.data_sources import SOURCES, source
 from rf_eval.tasks.data_sources.base import MANIFEST
-from rf_eval.tasks.data_sources.ruler_modules import offline
 
 __all__ = ["DATA_ENV", "DATA_OPTION", "MANIFEST", "SOURCES", "TaskDataMissing", "available", "data_dir",
            "local_copy", "missing_message", "offline", "reachable", "use_nltk_data", "why_missing"]

@@ -34,6 +34,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from rf_eval import lm_eval_ruler
 from rf_eval.cache_folder import CacheFolder
 from rf_eval.tasks.common import tokenizer_name
 
@@ -54,7 +55,7 @@ def _generator_sources() -> str:
     folders = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
     here = Path(__file__).resolve().parent
     files = [f for folder in folders for f in sorted(folder.glob("*.py"))]
-    files += [here / "ruler_data.py", here / "data_sources" / "ruler_modules.py"]
+    files += [here / "ruler_data.py", Path(lm_eval_ruler.__file__).resolve()]
     for file in files:
         h.update(file.name.encode() + b"\0" + file.read_bytes() + b"\0")
     for package in ("lm_eval", "wonderwords"):

@@ -45,10 +45,10 @@ from rf_eval.data_files import (
     read_text,
 )
 from rf_eval.errors import UserError
+from rf_eval.lm_eval_ruler import ESSAY_HAYSTACK, offline, patched, ruler_module
 from rf_eval.tasks import ruler_cache
 from rf_eval.tasks.common import tokenizer_name, with_run_defaults
 from rf_eval.tasks.data import SOURCES, local_copy, missing_message, use_nltk_data
-from rf_eval.tasks.data_sources.ruler_modules import ESSAY_HAYSTACK, offline, patched, ruler_module
 
 # lm-eval task name -> (module in lm_eval.tasks.ruler, dataset function, needle kind, answer budget)
 RULER_TASKS: dict[str, tuple[str, str, str, int]] = {

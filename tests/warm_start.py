@@ -10,14 +10,14 @@ process of its own: the test reads its exit status and its output, and nothing t
 the worker or the next command.
 
 The starter imports no rf-eval module but the startup hook (`rf_eval._startup`, which every interpreter
-imports) and, offline, lm-eval's RULER generator (`RULER_GENERATOR`, which brings the task manager and
-index the hook wraps, and `rf_eval.task_index_cache` with them: it reads its variable when an index is
-built), so everything that reads rf-eval's variables (RF_EVAL_FILL_PATH, RF_EVAL_TASK_INDEX_CACHE, ...)
-reads them in the child, after the command's environment is set. The libraries it does import read
-some variables once, at import (HF_HUB_OFFLINE,
-OMP_NUM_THREADS, ...): a command whose environment differs from the starter's in any variable of those
-families runs as a plain subprocess instead (`run` decides), and so does any command while
-RF_EVAL_TESTS_COLD=1.
+imports), `rf_eval.lm_eval_ruler` (which reads no variable at import) and, offline, lm-eval's RULER
+generator through it (`RULER_GENERATOR`, which brings the task manager and index the hook wraps, and
+`rf_eval.task_index_cache` with them: it reads its variable when an index is built), so everything that
+reads rf-eval's variables (RF_EVAL_FILL_PATH, RF_EVAL_TASK_INDEX_CACHE, ...) reads them in the child, after
+the command's environment is set. The libraries it does import read some variables once, at import
+(HF_HUB_OFFLINE, OMP_NUM_THREADS, ...): a command whose environment differs from the starter's in any
+variable of those families runs as a plain subprocess instead (`run` decides), and so does any command
+while RF_EVAL_TESTS_COLD=1.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ PRELOAD = ("torch", "transformers", "datasets", "transformers.modeling_utils", "
            "transformers.generation", "transformers.models.llama.modeling_llama", "lm_eval.api.model",
            "lm_eval.api.registry", "lm_eval.models.huggingface")
 #: lm-eval's RULER generator, which builds its word list at import (about 7 s here): every RULER task that
-#: generates its samples imports it. Preloaded only offline, as rf-eval imports it offline
-#: (`rf_eval.tasks.data_sources.ruler_modules.ruler_module`: nltk's downloader off, lm-eval's "Downloaded
-#: punkt_tab" line unprinted); online its import may try the network, so each command imports it itself.
-RULER_GENERATOR = "lm_eval.tasks.ruler.niah_utils"
+#: generates its samples imports it. Preloaded only offline, through rf-eval's own offline import
+#: (`rf_eval.lm_eval_ruler.ruler_module`: nltk's downloader off, lm-eval's "Downloaded punkt_tab" line
+#: unprinted); online its import may try the network, so each command imports it itself.
+RULER_GENERATOR = "niah_utils"
 #: variables the preloaded libraries read at import: a command that sets any of them differently runs cold
 IMPORT_TIME = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "TORCH", "PYTORCH", "CUDA", "OMP_", "MKL_", "KMP_",
                "TOKENIZERS", "DATASETS", "PYTHON", "LD_", "RF_EVAL_NO_LM_EVAL_HOOK", "NLTK", "LOCAL_RANK")
@@ -88,39 +88,18 @@ def _child(request: dict) -> int:
     return code
 
 
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _preload_ruler_generator() -> None:
-    """Import RULER_GENERATOR as rf-eval does offline. It also imports lm-eval's task manager and index, so
-    the startup hook wraps them here (and imports `rf_eval.task_index_cache`, which reads its variable when
-    an index is built, in the child)."""
-    import contextlib
-    import importlib
-    import io
-
-    import nltk
-
-    download = nltk.download
-    nltk.download = lambda *args, **kwargs: False
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            importlib.import_module(RULER_GENERATOR)
-    finally:
-        nltk.download = download
-
-
 def serve() -> int | None:
     """The starter's loop: one JSON request a line on stdin; replies {"pid"} then {"returncode"}. In a
     child it returns the command's exit status (the caller exits with it); in the starter, None at EOF."""
     import importlib
 
+    from rf_eval import lm_eval_ruler
+
     for name in PRELOAD:
         importlib.import_module(name)
-    if _offline():
-        try:
-            _preload_ruler_generator()
+    if lm_eval_ruler.offline():
+        try:  # it also imports lm-eval's task manager and index, which the startup hook wraps here
+            lm_eval_ruler.ruler_module(RULER_GENERATOR)
         except ImportError:  # no RULER extras (nltk, wonderwords): each command finds that out itself
             pass
     print(json.dumps({"ready": os.getpid()}), flush=True)

@@ -31,7 +31,7 @@ def _check(cls: type[DataSource], where: str) -> None:
 
 #: every data source by name (`rf_eval.plugins.Registry`)
 SOURCES: Registry[DataSource] = Registry("data source", DataSource, __name__, env=SOURCE_PATH_ENV,
-                                         group=ENTRY_POINTS, skip=("base", "ruler_qa", "ruler_modules"), check=_check)
+                                         group=ENTRY_POINTS, skip=("base", "ruler_qa"), check=_check)
 
 
 def source(name: str) -> DataSource:

@@ -7,8 +7,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from rf_eval.lm_eval_ruler import ESSAY_HAYSTACK
 from rf_eval.tasks.data_sources.base import DataSource
-from rf_eval.tasks.data_sources.ruler_modules import ESSAY_HAYSTACK
 
 
 class PunktTab(DataSource):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from rf_eval.lm_eval_ruler import ESSAY_HAYSTACK
 from rf_eval.tasks import data, data_fetch, data_needs, ruler_data
 from rf_eval.tasks.data_sources import source
-from rf_eval.tasks.data_sources.ruler_modules import ESSAY_HAYSTACK
 
 
 @pytest.mark.parametrize("task, sources", [

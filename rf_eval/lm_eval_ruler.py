@@ -1,7 +1,8 @@
 """lm-eval's RULER modules, imported so that an offline start neither downloads nor lies, and the tasks
-whose haystack is the essays: what the RULER data sources (`essays`, `punkt_tab`, `squad`, `hotpotqa`) and
-the RULER tasks (`rf_eval.tasks.ruler_data`) both read, kept here so the sources need nothing from the
-tasks' folder above them."""
+whose haystack is the essays: what the RULER data sources (`essays`, `punkt_tab`, `squad`, `hotpotqa`), the
+RULER tasks (`rf_eval.tasks.ruler_data`) and the tests' warm starter (tests/warm_start.py, which preloads
+the generator) all read. A root module that imports nothing of rf-eval's and reads no variable at import,
+so that each of them can import it without the others' packages."""
 
 from __future__ import annotations
 
