@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from rf_eval import plain_rows
 from rf_eval.engine import PrefillResult
 from rf_eval.method import batched_prefills, forward_context, timed_prefill
 
@@ -67,15 +68,31 @@ class ScoringMixin:
         keys = sorted(inputs, key=len, reverse=True)
         step = self.continuation_batch
         first = len(prompt) - 1  # the row that predicts the first continuation token
+        shared = len(keys) == 1 and plain_rows.active()  # one forward alone: rows another arm may share
         for start in range(0, len(keys), step):
             chunk = keys[start : start + step]
-            batch = _right_padded([list(k) for k in chunk], 0).to(self.input_device)
-            logits = self.model(batch, logits_to_keep=batch.shape[1] - first).logits
-            logprobs = F.log_softmax(logits, dim=-1)
+            logprobs = self._shared_logprobs(chunk[0], first) if shared else self._plain_logprobs(chunk, first)
             for row, key in enumerate(chunk):
                 for j in inputs[key]:
                     rows[j] = logprobs[row, : len(conts[j])]
         return rows  # type: ignore[return-value]
+
+    def _plain_logprobs(self, inputs: list[tuple[int, ...]], first: int) -> torch.Tensor:
+        """Log-softmax of the stock model's logits from row `first` on, for `inputs` right-padded into one batch."""
+        batch = _right_padded([list(k) for k in inputs], 0).to(self.input_device)
+        logits = self.model(batch, logits_to_keep=batch.shape[1] - first).logits
+        return F.log_softmax(logits, dim=-1)
+
+    def _shared_logprobs(self, tokens: tuple[int, ...], first: int) -> torch.Tensor:
+        """`_plain_logprobs` of one input inside `plain_rows.shared_rows()`: the rows an earlier arm of this
+        process computed from the same weights and tokens, else computed and kept for the next."""
+        if getattr(self, "_plain_rows_key", None) is None:  # once per scorer: the weights' full sha256
+            self._plain_rows_key = plain_rows.model_key(self.model, self.input_device)
+        found = plain_rows.lookup(self._plain_rows_key, tokens, first, self.input_device)
+        if found is None:
+            found = self._plain_logprobs([tokens], first)
+            plain_rows.keep(self._plain_rows_key, tokens, first, found)
+        return found
 
     def _encode_request(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         """(context, continuation) tokens exactly as lm-eval's loglikelihood makes them (empty context included)."""

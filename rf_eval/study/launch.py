@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from rf_eval import task_index_cache
+from rf_eval import plain_rows, task_index_cache
 from rf_eval.study.jobs import ArmJob, Progress, iso_time
 from rf_eval.tasks import ruler_cache
 
@@ -153,9 +153,12 @@ class InProcessLauncher(LocalLauncher):
     """Arms one after another inside this process, through lm-eval's own CLI entry point (`lm_eval_here`):
     each arm's command, log, `done.json` and results are those of LocalLauncher; what is saved is each
     arm's interpreter start and imports (about 15 s an arm on 2 cores, 12-13 s of them lm-eval's RULER
-    word list). For `rf-eval demo`, whose arms take under a minute; a study's arms each get a process
-    (nothing one arm leaves in memory can reach the next). Progress lines go to the terminal the
-    launcher started on while the arm's output goes to its log."""
+    word list), and the stock model's rows that every `reference=exact` arm computes again for the
+    same documents (`rf_eval.plain_rows`: found only under the full weights' sha256, the device, the
+    thread count and the tokens, so bit for bit what the arm would compute). For `rf-eval demo`, whose
+    arms take under a minute; a study's arms each get a process (nothing else one arm leaves in memory
+    can reach the next). Progress lines go to the terminal the launcher started on while the arm's
+    output goes to its log."""
 
     in_process = True
 
@@ -167,8 +170,12 @@ class InProcessLauncher(LocalLauncher):
         terminal = os.fdopen(os.dup(1), "w", buffering=1)
         progress.stream = terminal
         try:
-            for job in jobs:  # in this (the main) thread, one after another
-                self.run_one(job, progress)
+            with plain_rows.shared_rows():
+                for job in jobs:  # in this (the main) thread, one after another
+                    self.run_one(job, progress)
+                if plain_rows.hits():
+                    print(f"[arms] the stock model's rows of {plain_rows.hits()} prompts read back from an earlier arm "
+                          "instead of computed again", file=terminal)
         finally:
             progress.stream = None
             terminal.close()

@@ -104,6 +104,7 @@ class QuickDemo:
     state: dict  # study.json
     summary: dict  # report.json
     budget: float  # the three fills' shared budget
+    stdout: str
 
     def arm(self, fill: str) -> str:
         return f"{fill}@{self.budget:g}"
@@ -118,10 +119,10 @@ class QuickDemo:
 def quick_demo(tmp_path_factory) -> QuickDemo:
     """The README's first command once, end to end, offline (the fit cached as the quality tests cache it)."""
     out = tmp_path_factory.mktemp("quick") / "demo"
-    _demo(out)
+    done = _demo(out)
     state = json.loads((out / "study.json").read_text())
     budget = next(float(a.split("@")[1]) for a in state["arms"] if a.startswith("ridge@"))
-    return QuickDemo(out, state, json.loads((out / "report.json").read_text()), budget)
+    return QuickDemo(out, state, json.loads((out / "report.json").read_text()), budget, done.stdout)
 
 
 @pytest.mark.slow
@@ -139,6 +140,9 @@ def test_quick_demo_runs_end_to_end(quick_demo):
     assert sum(r["acc_filled"] for r in filled) / len(filled) >= 0.9
     html = (out / "report.html").read_text()
     assert "identity" in html and "ridge,selector=attention" in html
+    # the arms run in this process: each reference=exact arm read the exact arm's rows of the 12 documents
+    # back (rf_eval.plain_rows) instead of computing them again; the determinism test below computes them
+    assert "the stock model's rows of 48 prompts read back from an earlier arm" in quick_demo.stdout
 
 
 #: ridge's KL and novel-token ΔNLL must be below identity's divided by this, and its key-token ΔNLL likewise
@@ -222,8 +226,9 @@ def test_the_readme_quick_demo_table_is_this_runs(quick_demo):
 @pytest.mark.slow
 def test_one_arm_again_from_scratch_gives_the_same_samples(quick_demo, tmp_path):
     """Determinism: the rows arm (map, selector and the shared key tokens) again, its own lm_eval command on a
-    needle sample and two documents, from scratch (another output folder, no request cache): the samples are
-    the first run's, line for line, but for the measured prefill seconds."""
+    needle sample and two documents, from scratch (another output folder, no request cache, its exact
+    reference computed in its own process instead of read back from the exact arm's): the samples are the
+    first run's, line for line, but for the measured prefill seconds."""
     first = _samples(quick_demo.out)
     command = list(quick_demo.state["arms"][ROWS]["command"])
     subset = {"niah_single_1_filled": [0], "keytoken_nll": [0, 1]}

@@ -1,0 +1,95 @@
+"""The stock model's scored rows for one prompt and continuation, shared by the arms of one process.
+
+A study's `reference=exact` arms each score every keytoken document with the stock model for
+KL(exact || arm) (`token_logprobs`), and the exact arm scores the same documents as its own rows: the same
+forward, on the same input, with the same weights, run once per arm. Arms that run one after another in
+one process (`rf_eval.study.launch.InProcessLauncher`, `rf-eval demo`) share those rows inside
+`shared_rows()`: the first arm computes them, the others read them (a third of a filled demo arm's time).
+
+A row set is found only under what fixes every bit of it: the sha256 of all the model's parameter and
+buffer bytes (not a sample: an in-place edit of one element is another key), the model class, the device,
+torch's thread count (reductions, so bits, depend on it), the tokens and the first scored row. Outside
+`shared_rows()` nothing is kept. The rows are held on the CPU, up to `max_bytes` (new rows beyond it are
+not kept), and dropped when the block ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+#: the rows one block keeps, at most (the quick demo's 12 documents: 0.6 GB in fp32)
+DEFAULT_MAX_BYTES = 2 << 30
+
+
+class _Rows:
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.used = 0
+        self.rows: dict[tuple, torch.Tensor] = {}
+        self.hits = 0
+
+
+_ACTIVE: list[_Rows] = []
+
+
+@contextmanager
+def shared_rows(max_bytes: int = DEFAULT_MAX_BYTES) -> Iterator[None]:
+    """Within the block, `lookup`/`keep` share the stock model's rows between scorers (see the module)."""
+    _ACTIVE.append(_Rows(max_bytes))
+    try:
+        yield
+    finally:
+        _ACTIVE.pop()
+
+
+def active() -> bool:
+    return bool(_ACTIVE)
+
+
+def weights_sha256(model: nn.Module) -> str:
+    """sha256 of every parameter's and buffer's name, dtype, shape and bytes (moved to the CPU)."""
+    digest = hashlib.sha256(type(model).__qualname__.encode())
+    with torch.no_grad():
+        for name, tensor in [*sorted(model.named_parameters()), *sorted(model.named_buffers())]:
+            digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}\n".encode())
+            flat = tensor.detach().reshape(-1).to("cpu").contiguous()
+            digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    return digest.hexdigest()
+
+
+def model_key(model: nn.Module, device: Any) -> tuple:
+    """What, beside the tokens, fixes a row set's bits (a scorer computes it once, at its first lookup)."""
+    return weights_sha256(model), str(device), torch.get_num_threads()
+
+
+def lookup(key: tuple, tokens: Sequence[int], first: int, device: Any) -> torch.Tensor | None:
+    """The rows kept for (key, tokens, first scored row) in the current block, on `device`; None if none."""
+    if not _ACTIVE:
+        return None
+    found = _ACTIVE[-1].rows.get((key, tuple(tokens), first))
+    if found is None:
+        return None
+    _ACTIVE[-1].hits += 1
+    return found.to(device)
+
+
+def keep(key: tuple, tokens: Sequence[int], first: int, rows: torch.Tensor) -> None:
+    """Keep `rows` for (key, tokens, first scored row) in the current block, if it has room."""
+    if not _ACTIVE:
+        return
+    block = _ACTIVE[-1]
+    size = rows.numel() * rows.element_size()
+    if block.used + size <= block.max_bytes:
+        block.rows[(key, tuple(tokens), first)] = rows.detach().to("cpu", copy=True)
+        block.used += size
+
+
+def hits() -> int:
+    """Rows read back in the current block (0 outside one)."""
+    return _ACTIVE[-1].hits if _ACTIVE else 0
