@@ -1,4 +1,4 @@
-"""The stock model's scored rows for one prompt and continuation, shared by the arms of one process.
+"""The stock model's scored rows of one prompt, shared by the arms of one process.
 
 A study's `reference=exact` arms each score every keytoken document with the stock model for
 KL(exact || arm) (`token_logprobs`), and the exact arm scores the same documents as its own rows: the same
@@ -9,8 +9,8 @@ one process (`rf_eval.study.launch.InProcessLauncher`, `rf-eval demo`) share tho
 A row set is found only under what fixes every bit of it: the sha256 of all the model's parameter and
 buffer bytes (not a sample: an in-place edit of one element is another key), the model class, the device,
 torch's thread count (reductions, so bits, depend on it), the tokens and the first scored row. Outside
-`shared_rows()` nothing is kept. The rows are held on the CPU, up to `max_bytes` (new rows beyond it are
-not kept), and dropped when the block ends.
+`shared_rows()` nothing is kept or read. The rows are held on the CPU, up to the store's `max_bytes` (new
+rows beyond it are not kept), for as long as the store lives (an `InProcessLauncher`: one study).
 """
 
 from __future__ import annotations
@@ -23,27 +23,31 @@ from typing import Any
 import torch
 from torch import nn
 
-#: the rows one block keeps, at most (the quick demo's 12 documents: 0.6 GB in fp32)
+#: the bytes of rows one store keeps, at most (the quick demo's 12 documents: 0.6 GB in fp32)
 DEFAULT_MAX_BYTES = 2 << 30
 
 
-class _Rows:
-    def __init__(self, max_bytes: int):
+class SharedRows:
+    """The rows one set of arms shares (an `InProcessLauncher` keeps one for all its arms)."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES):
         self.max_bytes = max_bytes
         self.used = 0
         self.rows: dict[tuple, torch.Tensor] = {}
         self.hits = 0
 
 
-_ACTIVE: list[_Rows] = []
+_ACTIVE: list[SharedRows] = []
 
 
 @contextmanager
-def shared_rows(max_bytes: int = DEFAULT_MAX_BYTES) -> Iterator[None]:
-    """Within the block, `lookup`/`keep` share the stock model's rows between scorers (see the module)."""
-    _ACTIVE.append(_Rows(max_bytes))
+def shared_rows(store: SharedRows | None = None) -> Iterator[SharedRows]:
+    """Within the block, `lookup`/`keep` share the stock model's rows between scorers through `store` (a new
+    one by default; see the module)."""
+    store = SharedRows() if store is None else store
+    _ACTIVE.append(store)
     try:
-        yield
+        yield store
     finally:
         _ACTIVE.pop()
 
@@ -90,6 +94,3 @@ def keep(key: tuple, tokens: Sequence[int], first: int, rows: torch.Tensor) -> N
         block.used += size
 
 
-def hits() -> int:
-    """Rows read back in the current block (0 outside one)."""
-    return _ACTIVE[-1].hits if _ACTIVE else 0

@@ -164,18 +164,20 @@ class InProcessLauncher(LocalLauncher):
 
     def __init__(self):
         super().__init__(1)
+        self.rows = plain_rows.SharedRows()  # for every run() of this launcher: the reference, then the rest
 
     def run(self, jobs: list[ArmJob], progress: Progress) -> None:
         sys.stdout.flush()
         terminal = os.fdopen(os.dup(1), "w", buffering=1)
         progress.stream = terminal
+        before = self.rows.hits
         try:
-            with plain_rows.shared_rows():
+            with plain_rows.shared_rows(self.rows):
                 for job in jobs:  # in this (the main) thread, one after another
                     self.run_one(job, progress)
-                if plain_rows.hits():
-                    print(f"[arms] the stock model's rows of {plain_rows.hits()} prompts read back from an earlier arm "
-                          "instead of computed again", file=terminal)
+            if self.rows.hits > before:
+                print(f"[arms] the stock model's rows of {self.rows.hits - before} prompts read back from an earlier "
+                      "arm instead of computed again", file=terminal)
         finally:
             progress.stream = None
             terminal.close()

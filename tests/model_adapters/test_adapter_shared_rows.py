@@ -37,20 +37,21 @@ def test_the_exact_arms_rows_are_the_filled_arms_reference_bit_for_bit(tiny_mode
     filled = lm(path, fill="identity", tail=4, reference="exact")
     forwards_alone = count_forwards(monkeypatch, filled.model)
     (alone,) = filled.token_logprobs([REQUEST])  # nothing shared: the arm's pass over its cache, the reference
-    with plain_rows.shared_rows():
+    with plain_rows.shared_rows() as rows:
         (own,) = lm(path, fill="exact").token_logprobs([REQUEST])  # the exact arm: its own rows, kept
+    with plain_rows.shared_rows(rows):  # a later block with the same store (the launcher's next run)
         filled = lm(path, fill="identity", tail=4, reference="exact")
         forwards = count_forwards(monkeypatch, filled.model)
         (shared,) = filled.token_logprobs([REQUEST])
-        assert plain_rows.hits() == 1 and len(forwards) == len(forwards_alone) - 1  # no reference forward
+    assert rows.hits == 1 and len(forwards) == len(forwards_alone) - 1  # no reference forward
     assert shared == alone and shared["exact_logprobs"] == own["logprobs"]
-    assert plain_rows.hits() == 0 and not plain_rows.active()  # nothing outlives the block
+    assert not plain_rows.active()  # outside a block nothing is kept or read
 
 
 @pytest.mark.parametrize("change", ["one weight", "threads", "no room"])
 def test_rows_are_read_back_only_under_the_same_weights_threads_and_room(tiny_model_dir, change):
     path = tiny_model_dir("llama")
-    with plain_rows.shared_rows(max_bytes=0 if change == "no room" else plain_rows.DEFAULT_MAX_BYTES):
+    with plain_rows.shared_rows(plain_rows.SharedRows(0 if change == "no room" else plain_rows.DEFAULT_MAX_BYTES)) as rows:
         lm(path, fill="exact").token_logprobs([REQUEST])
         other = lm(path, fill="exact")
         if change == "one weight":  # one element, where a sampled fingerprint would not look
@@ -59,4 +60,4 @@ def test_rows_are_read_back_only_under_the_same_weights_threads_and_room(tiny_mo
         if change == "threads":
             torch.set_num_threads(2)
         other.token_logprobs([REQUEST])
-        assert plain_rows.hits() == 0
+    assert rows.hits == 0
