@@ -7,7 +7,8 @@ one process (`rf_eval.study.launch.InProcessLauncher`, `rf-eval demo`) share tho
 `shared_rows()`: the first arm computes them, the others read them (a third of a filled demo arm's time).
 
 A row set is found only under what fixes every bit of it: the sha256 of all the model's parameter and
-buffer bytes (not a sample: an in-place edit of one element is another key), the model class, the device,
+buffer bytes (`rf_eval.weights.weights_sha256`, not the sampled fingerprint: an in-place edit of one
+element is another key), the model class, the device,
 torch's thread count (reductions, so bits, depend on it), the tokens and the first scored row. Outside
 `shared_rows()` nothing is kept or read. The rows are held on the CPU, up to the store's `max_bytes` (new
 rows beyond it are not kept), for as long as the store lives (an `InProcessLauncher`: one study).
@@ -15,13 +16,14 @@ rows beyond it are not kept), for as long as the store lives (an `InProcessLaunc
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
+
+from rf_eval.weights import weights_sha256
 
 #: the bytes of rows one store keeps, at most (the quick demo's 12 documents: 0.6 GB in fp32)
 DEFAULT_MAX_BYTES = 2 << 30
@@ -56,20 +58,11 @@ def active() -> bool:
     return bool(_ACTIVE)
 
 
-def weights_sha256(model: nn.Module) -> str:
-    """sha256 of every parameter's and buffer's name, dtype, shape and bytes (moved to the CPU)."""
-    digest = hashlib.sha256(type(model).__qualname__.encode())
-    with torch.no_grad():
-        for name, tensor in [*sorted(model.named_parameters()), *sorted(model.named_buffers())]:
-            digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}\n".encode())
-            flat = tensor.detach().reshape(-1).to("cpu").contiguous()
-            digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
-    return digest.hexdigest()
-
-
-def model_key(model: nn.Module, device: Any) -> tuple:
-    """What, beside the tokens, fixes a row set's bits (a scorer computes it once, at its first lookup)."""
-    return weights_sha256(model), str(device), torch.get_num_threads()
+def model_key(model: nn.Module, device: Any) -> tuple | None:
+    """What, beside the tokens, fixes a row set's bits (a scorer computes it once, at its first lookup); None
+    where the weights cannot all be read (`meta`): such a model shares nothing."""
+    digest = weights_sha256(model)
+    return None if digest is None else (digest, str(device), torch.get_num_threads())
 
 
 def lookup(key: tuple, tokens: Sequence[int], first: int, device: Any) -> torch.Tensor | None:

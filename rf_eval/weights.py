@@ -8,6 +8,10 @@ It costs well under a second on an 8B model. It tells apart two checkpoints of
 one architecture (a fine-tune or a merged adapter changes nearly every
 element) and weights changed in place; an edit that touches only elements
 outside the sample is not detected.
+
+`weights_sha256(model)` hashes every byte of the parameters and buffers instead, for what must be exact
+(`rf_eval.plain_rows`: rows read back only for the very same weights); None where a tensor's bytes are
+not in memory (`meta`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,11 @@ from torch import nn
 SAMPLE = 4096
 
 
+def _raw_bytes(tensor: torch.Tensor) -> bytes:
+    """The tensor's element bytes on the CPU (numpy has no bfloat16: the raw words, whatever the dtype)."""
+    return tensor.detach().reshape(-1).to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
+
+
 def weights_fingerprint(model: nn.Module) -> str:
     """sha256 (hex) of the model's parameters, sampled; see the module docstring."""
     digest = hashlib.sha256()
@@ -30,9 +39,19 @@ def weights_fingerprint(model: nn.Module) -> str:
             if param.device.type == "meta" or param.numel() == 0:
                 continue
             flat = param.detach().reshape(-1)
-            step = max(1, flat.numel() // SAMPLE)
-            sample = flat[::step][:SAMPLE].to("cpu").contiguous()
-            if sample.dtype == torch.bfloat16:  # numpy has no bfloat16: hash the raw 16-bit words
-                sample = sample.view(torch.int16)
-            digest.update(sample.numpy().tobytes())
+            digest.update(_raw_bytes(flat[::max(1, flat.numel() // SAMPLE)][:SAMPLE]))
+    return digest.hexdigest()
+
+
+def weights_sha256(model: nn.Module) -> str | None:
+    """sha256 (hex) of the model's class and every parameter's and buffer's name, dtype, shape and bytes;
+    None if any of them is on the `meta` device."""
+    tensors = [*sorted(model.named_parameters()), *sorted(model.named_buffers())]
+    if any(t.device.type == "meta" for _, t in tensors):
+        return None
+    digest = hashlib.sha256(type(model).__qualname__.encode())
+    with torch.no_grad():
+        for name, tensor in tensors:
+            digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}\n".encode())
+            digest.update(_raw_bytes(tensor) if tensor.numel() else b"")
     return digest.hexdigest()

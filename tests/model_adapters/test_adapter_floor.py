@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 
-from rf_eval.model_adapters.ridgefill import RidgeFillLM
+from adapter_helpers import lm
+
 from rf_eval.model_adapters.run_records import FLOOR_PROBE_TOKENS
-
-
-def lm(model_dir: str, **args) -> RidgeFillLM:
-    return RidgeFillLM.create_from_arg_obj({"pretrained": model_dir, "device": "cpu", **args})
 
 
 def test_reference_exact_records_the_engine_floor(tiny_model_dir):

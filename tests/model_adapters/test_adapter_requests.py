@@ -7,12 +7,11 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from adapter_helpers import identity_maps
+from adapter_helpers import identity_maps, lm
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import CachingLM
 
 from rf_eval.model_adapters.config import ModelArgsError
-from rf_eval.model_adapters.ridgefill import RidgeFillLM
 from rf_eval.ridgefill.arm import prefill_arm
 from rf_eval.testing import FAMILIES
 
@@ -21,10 +20,6 @@ CONTINUATIONS = [" and then", " again and again", " x"]
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def lm(model_dir: str, **args) -> RidgeFillLM:
-    return RidgeFillLM.create_from_arg_obj({"pretrained": model_dir, "device": "cpu", **args})
 
 
 def req(kind: str, *args) -> Instance:

@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from adapter_helpers import lm
 from lm_eval.api.instance import Instance
 
 from rf_eval import plain_rows
-from rf_eval.model_adapters.ridgefill import RidgeFillLM
 
 CONTEXT = "the quick brown fox jumps over the lazy dog while the river runs past the old stone house"
 REQUEST = Instance("token_logprobs", {}, (CONTEXT, " and then again"), 0)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def lm(model_dir: str, **args) -> RidgeFillLM:
-    return RidgeFillLM.create_from_arg_obj({"pretrained": model_dir, "device": "cpu", **args})
 
 
 def count_forwards(monkeypatch, model) -> list[int]:
@@ -61,3 +57,19 @@ def test_rows_are_read_back_only_under_the_same_weights_threads_and_room(tiny_mo
             torch.set_num_threads(2)
         other.token_logprobs([REQUEST])
     assert rows.hits == 0
+
+
+def test_a_model_whose_weights_are_not_in_memory_shares_nothing(tiny_model_dir):
+    """Weights on the `meta` device (offloaded) have no bytes to hash: no key, so nothing is kept or read."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rf_eval.weights import weights_sha256
+
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model_dir("llama")))
+    assert weights_sha256(meta) is None and plain_rows.model_key(meta, "cpu") is None
+    scorer = lm(tiny_model_dir("llama"), fill="exact")
+    scorer._plain_rows_key = None  # what such a model's scorer holds
+    with plain_rows.shared_rows() as rows:
+        (out,) = scorer.token_logprobs([REQUEST])
+    assert rows.rows == {} and len(out["logprobs"]) == len(out["tokens"]) > 0  # scored, nothing kept
