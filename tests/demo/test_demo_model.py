@@ -7,20 +7,20 @@ import shutil
 
 import pytest
 
+from rf_eval.cache_folder import cache_root
 from rf_eval.cli import main
 from rf_eval.demo import model as demo_model
 from rf_eval.hashing import file_sha256
 
 
 @pytest.fixture(scope="session")
-def demo_cache(tmp_path_factory):
-    """A cache folder holding one conversion of the demo model (about a minute, once per session)."""
-    root = tmp_path_factory.mktemp("rf_eval_cache")
-    before = demo_model.conversions
-    path = demo_model.demo_model_dir(root)
-    assert demo_model.conversions == before + 1
-    yield root, path
-    shutil.rmtree(root, ignore_errors=True)  # 0.5 GB: not left behind in pytest's kept temp folders
+def demo_cache():
+    """rf-eval's cache folder (`cache_root()`, the quick demo's and the quality tests') and the demo model
+    converted there: here, or by whichever of those came first (one process converts, the others wait for
+    it: `rf_eval.demo.cache_lock`), so the suite converts the GGUF file once; the corrupted-copy test
+    converts again, in a folder of its own."""
+    root = cache_root()
+    return root, demo_model.demo_model_dir(root)
 
 
 # -- fast ---------------------------------------------------------------------------------------
