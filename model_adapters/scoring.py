@@ -86,14 +86,13 @@ class ScoringMixin:
     def _shared_logprobs(self, tokens: tuple[int, ...], first: int) -> torch.Tensor:
         """`_plain_logprobs` of one input inside `plain_rows.shared_rows()`: the rows an earlier arm of this
         process computed from the same weights and tokens, else computed and kept for the next."""
-        if not hasattr(self, "_plain_rows_key"):  # once per scorer: the weights' full sha256
-            self._plain_rows_key = plain_rows.model_key(self.model, self.input_device)
-        if self._plain_rows_key is None:  # weights not all in memory: nothing to share under
+        key = plain_rows.model_key(self.model, self.input_device)
+        if key is None:  # weights not all in memory: nothing to share under
             return self._plain_logprobs([tokens], first)
-        found = plain_rows.lookup(self._plain_rows_key, tokens, first, self.input_device)
+        found = plain_rows.lookup(key, tokens, first, self.input_device)
         if found is None:
             found = self._plain_logprobs([tokens], first)
-            plain_rows.keep(self._plain_rows_key, tokens, first, found)
+            plain_rows.keep(key, tokens, first, found)
         return found
 
     def _encode_request(self, context: str, continuation: str) -> tuple[list[int], list[int]]:

@@ -234,12 +234,13 @@ def generation_cache_needed(method: PrefillMethod, prompt: Sequence[int], plain:
 
 def timed_prefill(method: PrefillMethod, input_ids: torch.Tensor, *, for_generation: bool = False
                   ) -> tuple[PrefillResult, PrefillCost]:
-    """`method.prefill`, timed (`rf_eval.prefill_timer.Stopwatch`), and what it cost: the whole prompt's
-    `PrefillCost`, the held-back last token of a generation prefill included."""
+    """`method.prefill`, timed (`rf_eval.prefill_timer.Stopwatch`, plus the seconds of any work it read back
+    instead of running: its `timings["reused"]`), and what it cost: the whole prompt's `PrefillCost`,
+    the held-back last token of a generation prefill included."""
     with Stopwatch(input_ids.device) as clock:
         result = method.prefill(input_ids, for_generation=for_generation)
     n = input_ids.shape[1] + int(for_generation and not getattr(method, "reads_whole_prompt", False))
-    return result, method.prefill_cost(n, result).timed(clock.seconds)
+    return result, method.prefill_cost(n, result).timed(clock.seconds + result.timings.get("reused", 0.0))
 
 
 def generation_cache(method: PrefillMethod, prompt: list[int], plain: bool | None = None) -> PrefillResult | None:
@@ -276,7 +277,7 @@ def batched_prefills(method: PrefillMethod, prompts: Sequence[Sequence[int]], ba
             whole = getattr(method, "reads_whole_prompt", False)
             for i, result in zip(chunk, results):
                 cost = method.prefill_cost(length + int(for_generation and not whole), result)
-                yield i, result, cost.timed(clock.seconds / len(chunk))
+                yield i, result, cost.timed((clock.seconds + result.timings.get("reused", 0.0)) / len(chunk))
 
 
 def prefill_each(method: PrefillMethod, input_ids: torch.Tensor, *, for_generation: bool = False

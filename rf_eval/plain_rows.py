@@ -1,21 +1,25 @@
-"""The stock model's scored rows of one prompt, shared by the arms of one process.
+"""The stock model's computation over one prompt, shared by the arms of one process.
 
 A study's `reference=exact` arms each score every keytoken document with the stock model for
 KL(exact || arm) (`token_logprobs`), and the exact arm scores the same documents as its own rows: the same
-forward, on the same input, with the same weights, run once per arm. Arms that run one after another in
-one process (`rf_eval.study.launch.InProcessLauncher`, `rf-eval demo`) share those rows inside
-`shared_rows()`: the first arm computes them, the others read them (a third of a filled demo arm's time).
+forward, on the same input, with the same weights, run once per arm. Likewise every arm of split S runs
+layers 0..S-1 of the stock model over each whole prompt (`rf_eval.engine.shared_lower`). Arms that run one
+after another in one process (`rf_eval.study.launch.InProcessLauncher`, `rf-eval demo`) share both inside
+`shared_rows()`: the first arm computes, the others read back (a third of a filled demo arm's time for the
+rows, most of what is left of its prefill for the lower layers).
 
-A row set is found only under what fixes every bit of it: the sha256 of all the model's parameter and
+An entry is found only under what fixes every bit of it: the sha256 of all the model's parameter and
 buffer bytes (`rf_eval.weights.weights_sha256`, not the sampled fingerprint: an in-place edit of one
 element is another key), the model class, the device,
-torch's thread count (reductions, so bits, depend on it), the tokens and the first scored row. Outside
-`shared_rows()` nothing is kept or read. The rows are held on the CPU, up to the store's `max_bytes` (new
-rows beyond it are not kept), for as long as the store lives (an `InProcessLauncher`: one study).
+torch's thread count (reductions, so bits, depend on it), the tokens and what was computed from them.
+Outside `shared_rows()` nothing is kept or read. Entries are held on the CPU, up to the store's
+`max_bytes` (new entries beyond it are not kept), for as long as the store lives (an `InProcessLauncher`:
+one study).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -25,18 +29,22 @@ from torch import nn
 
 from rf_eval.weights import weights_sha256
 
-#: the bytes of rows one store keeps, at most (the quick demo's 12 documents: 0.6 GB in fp32)
+#: the bytes one store keeps, at most (the quick demo: 0.6 GB of rows for its 12 documents, 0.4 GB of lower
+#: layers for them and its 3 needle prompts, in fp32)
 DEFAULT_MAX_BYTES = 2 << 30
 
 
 class SharedRows:
-    """The rows one set of arms shares (an `InProcessLauncher` keeps one for all its arms)."""
+    """What one set of arms shares (an `InProcessLauncher` keeps one for all its arms): `rows` by (model key,
+    tokens, first scored row), and other entries (`hold`) by keys their owners make."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES):
         self.max_bytes = max_bytes
         self.used = 0
-        self.rows: dict[tuple, torch.Tensor] = {}
-        self.hits = 0
+        self.rows: dict[tuple, Any] = {}
+        self.hits = 0  # rows read back
+        self.passes = 0  # other entries read back
+        self.digests: dict[int, tuple[weakref.ref, str | None]] = {}  # by model object: its weights' sha256
 
 
 _ACTIVE: list[SharedRows] = []
@@ -59,17 +67,22 @@ def active() -> bool:
 
 
 def model_key(model: nn.Module, device: Any) -> tuple | None:
-    """What, beside the tokens, fixes a row set's bits (a scorer computes it once, at its first lookup); None
-    where the weights cannot all be read (`meta`): such a model shares nothing."""
-    digest = weights_sha256(model)
-    return None if digest is None else (digest, str(device), torch.get_num_threads())
+    """What, beside the tokens, fixes an entry's bits, in the current block: the weights' sha256 (taken once per
+    model object in the block, for it reads every byte: the arms of a block load their models and leave the
+    weights as loaded), the device and torch's thread count. None outside a block, and where the weights
+    cannot all be read (`meta`): such a model shares nothing."""
+    if not _ACTIVE:
+        return None
+    digests = _ACTIVE[-1].digests
+    known = digests.get(id(model))
+    if known is None or known[0]() is not model:
+        known = digests[id(model)] = (weakref.ref(model), weights_sha256(model))
+    return None if known[1] is None else (known[1], str(device), torch.get_num_threads())
 
 
 def lookup(key: tuple, tokens: Sequence[int], first: int, device: Any) -> torch.Tensor | None:
     """The rows kept for (key, tokens, first scored row) in the current block, on `device`; None if none."""
-    if not _ACTIVE:
-        return None
-    found = _ACTIVE[-1].rows.get((key, tuple(tokens), first))
+    found = _kept((key, tuple(tokens), first))
     if found is None:
         return None
     _ACTIVE[-1].hits += 1
@@ -78,12 +91,30 @@ def lookup(key: tuple, tokens: Sequence[int], first: int, device: Any) -> torch.
 
 def keep(key: tuple, tokens: Sequence[int], first: int, rows: torch.Tensor) -> None:
     """Keep `rows` for (key, tokens, first scored row) in the current block, if it has room."""
+    rows = rows.detach().to("cpu", copy=True)
+    hold((key, tuple(tokens), first), rows, rows.numel() * rows.element_size())
+
+
+def find(key: tuple) -> Any | None:
+    """The entry kept under `key` in the current block (`hold`); None outside a block or if none."""
+    found = _kept(key)
+    if found is not None:
+        _ACTIVE[-1].passes += 1
+    return found
+
+
+def _kept(key: tuple) -> Any | None:
+    return _ACTIVE[-1].rows.get(key) if _ACTIVE else None
+
+
+def hold(key: tuple, entry: Any, size: int) -> None:
+    """Keep `entry` (`size` bytes, its tensors on the CPU: the caller copies them) under `key` in the current
+    block, if it has room."""
     if not _ACTIVE:
         return
     block = _ACTIVE[-1]
-    size = rows.numel() * rows.element_size()
-    if block.used + size <= block.max_bytes:
-        block.rows[(key, tuple(tokens), first)] = rows.detach().to("cpu", copy=True)
+    if key not in block.rows and block.used + size <= block.max_bytes:
+        block.rows[key] = entry
         block.used += size
 
 

@@ -60,6 +60,7 @@ from rf_eval.engine.plan import (
     check_split,
 )
 from rf_eval.engine.rowfill import AttentionRows, RowFill
+from rf_eval.engine.shared_lower import run_shared_lower_layers
 from rf_eval.engine.step import LayerStep, Rows
 from rf_eval.engine.strategies import (
     AbsentRows,
@@ -165,7 +166,7 @@ def prefill(
     family = family_for(model.config)
     t0 = time.perf_counter()
     cache = new_cache(model)
-    inputs, lower = run_lower_layers(model, input_ids, plan.split, cache, plan.chunk_size, capture)
+    inputs, lower, reused = run_shared_lower_layers(model, input_ids, plan.split, cache, plan.chunk_size, capture)
     t1 = time.perf_counter()
     selected = None
     if select is not None:
@@ -188,7 +189,7 @@ def prefill(
         cache=cache,
         logits=logits,
         exact_rows=exact,
-        timings={"lower": t1 - t0, "select": t2 - t1, "late": t3 - t2, "total": t3 - t0},
+        timings={"lower": t1 - t0, "select": t2 - t1, "late": t3 - t2, "total": t3 - t0, "reused": reused},
         prompt_length=n,
         ragged=strategy.absent and exact.numel() < n,
         plan=plan,

@@ -153,9 +153,10 @@ class InProcessLauncher(LocalLauncher):
     """Arms one after another inside this process, through lm-eval's own CLI entry point (`lm_eval_here`):
     each arm's command, log, `done.json` and results are those of LocalLauncher; what is saved is each
     arm's interpreter start and imports (about 15 s an arm on 2 cores, 12-13 s of them lm-eval's RULER
-    word list), and the stock model's rows that every `reference=exact` arm computes again for the
-    same documents (`rf_eval.plain_rows`: found only under the full weights' sha256, the device, the
-    thread count and the tokens, so bit for bit what the arm would compute). For `rf-eval demo`, whose
+    word list), the stock model's rows that every `reference=exact` arm computes again for the same
+    documents and the lower layers every arm of one split runs again over the same prompts
+    (`rf_eval.plain_rows`: found only under the full weights' sha256, the device, the thread count and
+    the tokens, so bit for bit what the arm would compute; `rf_eval.engine.shared_lower`). For `rf-eval demo`, whose
     arms take under a minute; a study's arms each get a process (nothing else one arm leaves in memory
     can reach the next). Progress lines go to the terminal the launcher started on while the arm's
     output goes to its log."""
@@ -170,14 +171,15 @@ class InProcessLauncher(LocalLauncher):
         sys.stdout.flush()
         terminal = os.fdopen(os.dup(1), "w", buffering=1)
         progress.stream = terminal
-        before = self.rows.hits
+        before = self.rows.hits, self.rows.passes
         try:
             with plain_rows.shared_rows(self.rows):
                 for job in jobs:  # in this (the main) thread, one after another
                     self.run_one(job, progress)
-            if self.rows.hits > before:
-                print(f"[arms] the stock model's rows of {self.rows.hits - before} prompts read back from an earlier "
-                      "arm instead of computed again", file=terminal)
+            rows, passes = self.rows.hits - before[0], self.rows.passes - before[1]
+            if rows or passes:
+                print(f"[arms] read back from an earlier arm instead of computed again: the stock model's rows of "
+                      f"{rows} prompts, the lower layers of {passes}", file=terminal)
         finally:
             progress.stream = None
             terminal.close()

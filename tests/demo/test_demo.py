@@ -141,8 +141,11 @@ def test_quick_demo_runs_end_to_end(quick_demo):
     html = (out / "report.html").read_text()
     assert "identity" in html and "ridge,selector=attention" in html
     # the arms run in this process: each reference=exact arm read the exact arm's rows of the 12 documents
-    # back (rf_eval.plain_rows) instead of computing them again; the determinism test below computes them
-    assert "the stock model's rows of 48 prompts read back from an earlier arm" in quick_demo.stdout
+    # back (rf_eval.plain_rows) instead of computing them again, and the later filled arms the lower layers
+    # identity@ ran (rf_eval.engine.shared_lower; where the rows arm's selector captures lower-layer inputs,
+    # it runs its own); the determinism test below computes both itself
+    assert ("read back from an earlier arm instead of computed again: the stock model's rows of 48 prompts, the "
+            "lower layers of 33") in quick_demo.stdout
 
 
 #: ridge's KL and novel-token ΔNLL must be below identity's divided by this, and its key-token ΔNLL likewise

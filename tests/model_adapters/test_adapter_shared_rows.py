@@ -59,7 +59,7 @@ def test_rows_are_read_back_only_under_the_same_weights_threads_and_room(tiny_mo
     assert rows.hits == 0
 
 
-def test_a_model_whose_weights_are_not_in_memory_shares_nothing(tiny_model_dir):
+def test_a_model_whose_weights_are_not_in_memory_shares_nothing(tiny_model_dir, monkeypatch):
     """Weights on the `meta` device (offloaded) have no bytes to hash: no key, so nothing is kept or read."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -67,9 +67,10 @@ def test_a_model_whose_weights_are_not_in_memory_shares_nothing(tiny_model_dir):
 
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model_dir("llama")))
-    assert weights_sha256(meta) is None and plain_rows.model_key(meta, "cpu") is None
+    with plain_rows.shared_rows():
+        assert weights_sha256(meta) is None and plain_rows.model_key(meta, "cpu") is None
     scorer = lm(tiny_model_dir("llama"), fill="exact")
-    scorer._plain_rows_key = None  # what such a model's scorer holds
+    monkeypatch.setattr(plain_rows, "model_key", lambda model, device: None)  # what such a model's key is
     with plain_rows.shared_rows() as rows:
         (out,) = scorer.token_logprobs([REQUEST])
     assert rows.rows == {} and len(out["logprobs"]) == len(out["tokens"]) > 0  # scored, nothing kept
