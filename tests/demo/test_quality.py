@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rf_eval import plain_rows
 from rf_eval.demo import quality
 from rf_eval.demo.study import SPLIT, demo_maps, settings
 
@@ -50,8 +51,11 @@ def demo():
         write_demo_corpus(tmp, 0, 0, tok, n_evaluation=s.keytoken_docs, min_tokens=lo, max_tokens=hi)
         docs = [tok(json.loads(line)["text"], return_tensors="pt").input_ids
                 for line in (Path(tmp) / "evaluation.jsonl").read_text().splitlines()]
-    yield {"model": model, "tok": tok, "maps": maps, "tail": s.tail, "docs": docs, "dir": str(model_dir),
-           "score": s.keytoken_score, "key_context": s.keytoken_context}
+    # the arms below run each prompt's layers 0..S-1 once between them, as the demo's arms do
+    # (`rf_eval.engine.shared_lower`: read back bit for bit)
+    with plain_rows.shared_rows() as shared:
+        yield {"model": model, "tok": tok, "maps": maps, "tail": s.tail, "docs": docs, "dir": str(model_dir),
+               "score": s.keytoken_score, "key_context": s.keytoken_context, "shared": shared}
     torch.set_num_threads(threads)
 
 
