@@ -35,13 +35,13 @@ DEFAULT_MAX_BYTES = 2 << 30
 
 
 class SharedRows:
-    """What one set of arms shares (an `InProcessLauncher` keeps one for all its arms): `rows` by (model key,
-    tokens, first scored row), and other entries (`hold`) by keys their owners make."""
+    """What one set of arms shares (an `InProcessLauncher` keeps one for all its arms): scored rows (`keep`)
+    by (model key, tokens, first scored row), and other entries (`hold`) by keys their owners make."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES):
         self.max_bytes = max_bytes
         self.used = 0
-        self.rows: dict[tuple, Any] = {}
+        self.entries: dict[tuple, Any] = {}
         self.hits = 0  # rows read back
         self.passes = 0  # other entries read back
         self.digests: dict[int, tuple[weakref.ref, str | None]] = {}  # by model object: its weights' sha256
@@ -91,8 +91,8 @@ def lookup(key: tuple, tokens: Sequence[int], first: int, device: Any) -> torch.
 
 def keep(key: tuple, tokens: Sequence[int], first: int, rows: torch.Tensor) -> None:
     """Keep `rows` for (key, tokens, first scored row) in the current block, if it has room."""
-    rows = rows.detach().to("cpu", copy=True)
-    hold((key, tuple(tokens), first), rows, rows.numel() * rows.element_size())
+    if _ACTIVE:
+        hold((key, tuple(tokens), first), rows.detach().to("cpu", copy=True), rows.numel() * rows.element_size())
 
 
 def find(key: tuple) -> Any | None:
@@ -104,7 +104,7 @@ def find(key: tuple) -> Any | None:
 
 
 def _kept(key: tuple) -> Any | None:
-    return _ACTIVE[-1].rows.get(key) if _ACTIVE else None
+    return _ACTIVE[-1].entries.get(key) if _ACTIVE else None
 
 
 def hold(key: tuple, entry: Any, size: int) -> None:
@@ -113,8 +113,8 @@ def hold(key: tuple, entry: Any, size: int) -> None:
     if not _ACTIVE:
         return
     block = _ACTIVE[-1]
-    if key not in block.rows and block.used + size <= block.max_bytes:
-        block.rows[key] = entry
+    if key not in block.entries and block.used + size <= block.max_bytes:
+        block.entries[key] = entry
         block.used += size
 
 

@@ -46,14 +46,9 @@ class LowerPass:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def run_shared_lower_layers(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    split: int,
-    cache: DynamicCache,
-    chunk_size: int | None = None,
-    capture: dict[int, slice] | None = None,
-) -> tuple[LayerInputs, dict[int, torch.Tensor], float]:
+def run_shared_lower_layers(model: nn.Module, input_ids: torch.Tensor, split: int, cache: DynamicCache,
+                            chunk_size: int | None = None, capture: dict[int, slice] | None = None
+                            ) -> tuple[LayerInputs, dict[int, torch.Tensor], float]:
     """`run_lower_layers`, read back when an earlier arm of the block ran it (see the module); returns its
     (inputs, captured lower-layer inputs) and the seconds the pass took where it ran (0 if run here)."""
     key = _key(model, input_ids, split, chunk_size, cache)

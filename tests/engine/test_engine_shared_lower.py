@@ -47,7 +47,7 @@ def test_a_later_arm_reads_the_lower_layers_back_bit_for_bit(tiny_model_dir, fam
     with plain_rows.shared_rows() as store:
         first = identity_arm(model, ids)  # runs the pass and keeps it
         later = nofill_arm(model, ids)  # another fill, tail and strategy over the same lower layers
-    (kept,) = store.rows.values()
+    (kept,) = store.entries.values()
     assert len(runs) == 1 and store.passes == 1  # layer 0 ran for the first arm only
     assert compare(later, alone) is None and later.exact_rows.tolist() == alone.exact_rows.tolist()
     assert first.timings["reused"] == 0 and later.timings["reused"] == kept.seconds > 0
@@ -60,7 +60,7 @@ def test_the_seconds_read_back_are_in_the_arms_measured_prefill(tiny_model):
     with plain_rows.shared_rows() as store:
         timed_prefill(RidgeFill(model, tok, fill="identity", split=3, tail=4), ids)
         result, cost = timed_prefill(RidgeFill(model, tok, fill="nofill", split=3, tail=8), ids)
-    (kept,) = store.rows.values()
+    (kept,) = store.entries.values()
     assert result.timings["reused"] == kept.seconds and cost.prefill_seconds > kept.seconds
 
 
@@ -93,4 +93,4 @@ def test_sliding_window_and_recurrent_lower_layers_are_not_shared(tiny_model, fa
     with plain_rows.shared_rows() as store:
         identity_arm(model, ids)
         assert nofill_arm(model, ids).timings["reused"] == 0
-    assert store.rows == {} and store.passes == 0
+    assert store.entries == {} and store.passes == 0

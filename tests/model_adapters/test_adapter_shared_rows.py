@@ -73,4 +73,4 @@ def test_a_model_whose_weights_are_not_in_memory_shares_nothing(tiny_model_dir, 
     monkeypatch.setattr(plain_rows, "model_key", lambda model, device: None)  # what such a model's key is
     with plain_rows.shared_rows() as rows:
         (out,) = scorer.token_logprobs([REQUEST])
-    assert rows.rows == {} and len(out["logprobs"]) == len(out["tokens"]) > 0  # scored, nothing kept
+    assert rows.entries == {} and len(out["logprobs"]) == len(out["tokens"]) > 0  # scored, nothing kept
