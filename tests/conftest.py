@@ -14,8 +14,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 # Measured: the quick demo's arms took 2.5-3 min each instead of 52 s when its 2-thread torch shared the
 # cores with the other worker; its README table comes out the same on one thread.
+# MKL's count likewise, so that the commands a test starts with the adapters' one-thread environment
+# (adapter_helpers.cli_env) find the worker's warm starter instead of starting one of their own.
 if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
 # Every `lm_eval` process the tests start (dozens) reads lm-eval's task index from one cache instead of
 # parsing its ~14,000 YAML files again (10-15 s each here); tests/test_task_index_cache.py checks that the
 # cached index equals lm-eval's own build and is rebuilt when a file changes.
