@@ -38,7 +38,9 @@ class LowerPass:
 
     keys: tuple[torch.Tensor, ...]
     values: tuple[torch.Tensor, ...]
+    devices: tuple[torch.device, ...]  # each lower layer's (a model dispatched over devices has several)
     inputs: LayerInputs
+    inputs_device: torch.device  # the split layer's
     seconds: float
 
     def nbytes(self) -> int:
@@ -57,11 +59,13 @@ def run_shared_lower_layers(model: nn.Module, input_ids: torch.Tensor, split: in
         return inputs, lower, 0.0
     kept = None if capture else find(key)
     if kept is not None:
-        return _restored(kept, cache, input_ids.device), {}, kept.seconds
+        return _restored(kept, cache), {}, kept.seconds
     with Stopwatch(input_ids.device) as clock:
         inputs, lower = run_lower_layers(model, input_ids, split, cache, chunk_size, capture)
-    cpu = LowerPass(tuple(_copy(cache.layers[i].keys) for i in range(split)),
-                    tuple(_copy(cache.layers[i].values) for i in range(split)), _moved(inputs, "cpu"), clock.seconds)
+    layers = cache.layers[:split]
+    cpu = LowerPass(tuple(_moved(layer.keys, "cpu") for layer in layers),
+                    tuple(_moved(layer.values, "cpu") for layer in layers), tuple(layer.keys.device for layer in layers),
+                    _moved_inputs(inputs, "cpu"), inputs.x_split.device, clock.seconds)
     hold(key, cpu, cpu.nbytes())
     return inputs, lower, 0.0
 
@@ -77,23 +81,20 @@ def _key(model: nn.Module, input_ids: torch.Tensor, split: int, chunk_size: int 
     return ("lower layers", weights, split, chunk_size, tuple(map(tuple, input_ids.tolist())))
 
 
-def _restored(kept: LowerPass, cache: DynamicCache, device: torch.device) -> LayerInputs:
-    for layer, keys, values in zip(cache.layers, kept.keys, kept.values):
+def _restored(kept: LowerPass, cache: DynamicCache) -> LayerInputs:
+    for layer, keys, values, device in zip(cache.layers, kept.keys, kept.values, kept.devices):
         layer.update(keys.to(device), values.to(device))  # concatenated onto an empty layer: a copy
-    return _moved(kept.inputs, device)
+    return _moved_inputs(kept.inputs, kept.inputs_device)
 
 
-def _copy(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().to("cpu", copy=True)
+def _moved(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A copy on `device`, never the same tensor: an arm may write into what it reads."""
+    return tensor.detach().to(device, copy=True)
 
 
-def _moved(inputs: LayerInputs, device: torch.device | str) -> LayerInputs:
-    """A copy of `inputs` on `device` (never the same tensors: an arm may write into what it reads)."""
-    def move(t: torch.Tensor) -> torch.Tensor:
-        return t.detach().to(device, copy=True)
-
-    tables = None if inputs.tables is None else {kind: (move(c), move(s)) for kind, (c, s) in inputs.tables.items()}
-    return LayerInputs(move(inputs.x_split), move(inputs.cos), move(inputs.sin), tables)
+def _moved_inputs(inputs: LayerInputs, device: torch.device | str) -> LayerInputs:
+    tables = inputs.tables and {kind: (_moved(c, device), _moved(s, device)) for kind, (c, s) in inputs.tables.items()}
+    return LayerInputs(_moved(inputs.x_split, device), _moved(inputs.cos, device), _moved(inputs.sin, device), tables)
 
 
 def _tensors(inputs: LayerInputs) -> list[torch.Tensor]:
