@@ -103,6 +103,11 @@ def find(key: tuple) -> Any | None:
     return found
 
 
+def holds(key: tuple) -> bool:
+    """Whether the current block keeps an entry under `key` (nothing read back, nothing counted)."""
+    return _kept(key) is not None
+
+
 def _kept(key: tuple) -> Any | None:
     return _ACTIVE[-1].entries.get(key) if _ACTIVE else None
 

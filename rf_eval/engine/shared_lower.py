@@ -28,7 +28,7 @@ from transformers.cache_utils import DynamicLayer
 
 from rf_eval.engine.lower import run_lower_layers
 from rf_eval.engine.plan import LayerInputs
-from rf_eval.plain_rows import active, find, hold, model_key
+from rf_eval.plain_rows import active, find, hold, holds, model_key
 from rf_eval.prefill_timer import Stopwatch
 
 
@@ -62,6 +62,8 @@ def run_shared_lower_layers(model: nn.Module, input_ids: torch.Tensor, split: in
         return _restored(kept, cache), {}, kept.seconds
     with Stopwatch(input_ids.device) as clock:
         inputs, lower = run_lower_layers(model, input_ids, split, cache, chunk_size, capture)
+    if holds(key):  # a capturing arm ran a pass already kept: no second copy
+        return inputs, lower, 0.0
     layers = cache.layers[:split]
     cpu = LowerPass(tuple(_moved(layer.keys, "cpu") for layer in layers),
                     tuple(_moved(layer.values, "cpu") for layer in layers), tuple(layer.keys.device for layer in layers),
