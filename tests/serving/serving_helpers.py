@@ -12,6 +12,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from warm_start import popen_argv
 
 START_TIMEOUT = 360.0  # seconds: a cold start imports torch, transformers and lm-eval on a busy 2-core machine (the
 # floors run it at nice 15 beside the main suite: one start there took 189 s)
@@ -41,7 +44,7 @@ def child_env(nltk_data: Path) -> dict[str, str]:
 @dataclass
 class Served:
     url: str
-    proc: subprocess.Popen
+    proc: Any  # subprocess.Popen or warm_start.WarmProcess
     request_log: Path
     output: Path
 
@@ -69,8 +72,7 @@ def start_server(model_dir: str, folder: Path, env: dict[str, str], *args: str) 
     log, out = folder / f"requests_{port}.jsonl", folder / f"server_{port}.out"
     cmd = [sys.executable, "-m", "rf_eval", "serve", "--model", model_dir, "--host", "127.0.0.1", "--port", str(port),
            "--threads", "1", "--request-log", str(log), *args]
-    with open(out, "wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    proc = popen_argv(cmd, stdout=out, env=env)  # forked warm (tests/warm_start.py), its own process
     served = Served(f"http://127.0.0.1:{port}", proc, log, out)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
 from serving_helpers import post
+from warm_start import run_argv
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 3
 
@@ -85,8 +85,8 @@ def test_a_port_in_use_fails_before_the_model_loads(serve_model_dir, serve_env):
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        proc = subprocess.run([sys.executable, "-m", "rf_eval", "serve", "--model", serve_model_dir, "--port", str(port)],
-                              capture_output=True, text=True, env=serve_env, timeout=300)
+        proc = run_argv([sys.executable, "-m", "rf_eval", "serve", "--model", serve_model_dir, "--port", str(port)],
+                        env=serve_env, timeout=300)
     assert proc.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr
     assert "Loading weights" not in proc.stderr + proc.stdout

@@ -4,11 +4,11 @@ generations as `--model ridgefill` with the same arm, and the two runs pair in t
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 from serving_helpers import post
+from warm_start import popen_argv
 
 TASK = "niah_single_1_filled"
 META = {"max_seq_lengths": [512], "tail": 64, "protocol": "serving"}
@@ -53,15 +53,14 @@ def test_local_completions_matches_ridgefill_and_pairs(exact_server, serve_model
     cmd = [*lm_eval_command(), "--model", "local-completions", "--model_args", model_args, "--tasks", TASK,
            "--metadata", json.dumps(META), "--limit", str(LIMIT), "--apply_chat_template",
            "--gen_kwargs", f"max_gen_toks={MAX_GEN}", "--log_samples", "--output_path", str(tmp_path / "api")]
-    with open(tmp_path / "lm_eval.log", "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=serve_env, cwd=tmp_path)
-        try:
-            run_ridgefill_in_process(serve_model_dir, tmp_path / "rf")  # meanwhile, in this process
-            proc.wait(timeout=600)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    proc = popen_argv(cmd, stdout=tmp_path / "lm_eval.log", env=serve_env, cwd=tmp_path)
+    try:
+        run_ridgefill_in_process(serve_model_dir, tmp_path / "rf")  # meanwhile, in this process
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 0, (tmp_path / "lm_eval.log").read_text()[-4000:]
 
     api, rf = read_samples(tmp_path / "api"), read_samples(tmp_path / "rf")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from datetime import datetime
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import adapter_helpers as helpers  # noqa: E402
-from warm_start import run_argv
+from warm_start import popen_argv, run_argv
 
 from rf_eval.cli import main as cli
 from rf_eval.prefill_cost import MEASURED_FIELDS
@@ -278,8 +277,7 @@ def test_a_killed_study_resumes_to_the_samples_of_an_uninterrupted_run(study_fil
     assert key_reference_of(whole, "identity") == key_reference_of(whole, "nofill") == str(reference)
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(study_cli("run", str(path), "--out", str(killed)), env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = popen_argv(study_cli("run", str(path), "--out", str(killed)), env=env, stdout=tmp_path / "killed.log")
     deadline = time.time() + 600
     while time.time() < deadline:
         if done_marker(killed, "exact").is_file() and cached_requests(killed, "identity") > 0:
@@ -310,9 +308,8 @@ def test_the_slurm_launcher_through_submitits_local_executor_gives_the_same_samp
     """Every step is submitted at once (the reference, the other arms as one array, the report job); the local
     executor knows no `afterok`, so each job waits for the steps it needs, as the Slurm jobs would."""
     out = tmp_path / "slurm"
-    done = subprocess.run(study_cli("run", str(study_file), "--out", str(out), "--launcher", "slurm",
-                                    "--slurm-cluster", "local", "--parallel", "2"), env=helpers.cli_env(),
-                          capture_output=True, text=True, timeout=900)
+    done = run_argv(study_cli("run", str(study_file), "--out", str(out), "--launcher", "slurm",
+                              "--slurm-cluster", "local", "--parallel", "2"), env=helpers.cli_env(), timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert samples_of(out) == samples_of(whole) and len(samples_of(whole)) == 9
     assert any((out / "slurm").glob("*_log.out"))  # submitit's own job logs
@@ -331,10 +328,10 @@ def test_the_accelerate_launcher_runs_an_arm_data_parallel_with_the_same_samples
     """`--launcher accelerate --processes 2`: the arm runs as two torch.distributed processes (gloo on this CPU
     machine, one per GPU on a GPU machine); lm-eval gathers their samples, which equal the one-process run's."""
     out = tmp_path / "accelerate"
-    done = subprocess.run(study_cli("run", str(exact_arm_only(study_file, tmp_path)), "--out", str(out),
-                                    "--launcher", "accelerate", "--processes", "2", "--no-report"),
-                          env=dict(helpers.cli_env(), ACCELERATE_USE_CPU="true"),  # accelerate's CPU switch: gloo
-                          capture_output=True, text=True, timeout=900)
+    done = run_argv(study_cli("run", str(exact_arm_only(study_file, tmp_path)), "--out", str(out),
+                              "--launcher", "accelerate", "--processes", "2", "--no-report"),
+                    env=dict(helpers.cli_env(), ACCELERATE_USE_CPU="true"),  # accelerate's CPU switch: gloo
+                    timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     command = json.loads(done_marker(out, "exact").read_text())["command"]
     assert command[1:6] == ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]

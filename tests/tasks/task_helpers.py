@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from warm_start import WarmProcess, popen_argv
+
 
 def task_manager(metadata: dict):
     """An lm-eval TaskManager over this package's tasks only (lm-eval's own index takes seconds)."""
@@ -69,7 +71,7 @@ def lm_eval_argv() -> list[str]:
     return [sys.executable, "-c", boot]
 
 
-def start_lm_eval(args: list[str], out_dir: Path, extra_env: dict[str, str]) -> subprocess.Popen:
+def start_lm_eval(args: list[str], out_dir: Path, extra_env: dict[str, str]) -> subprocess.Popen | WarmProcess:
     """Start the lm_eval CLI with `args` (plus --output_path, --log_samples, and --include_path
     of `rf_eval.tasks.task_dir()`, which the startup hook makes redundant but harmless)."""
     from rf_eval.tasks import task_dir
@@ -77,11 +79,10 @@ def start_lm_eval(args: list[str], out_dir: Path, extra_env: dict[str, str]) -> 
     env = {**os.environ, **extra_env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     cmd = lm_eval_argv() + args + ["--include_path", task_dir(), "--output_path", str(out_dir), "--log_samples"]
-    with open(out_dir.parent / f"{out_dir.name}.log", "w") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out_dir.parent)
+    return popen_argv(cmd, stdout=out_dir.parent / f"{out_dir.name}.log", env=env, cwd=out_dir.parent)
 
 
-def finish(proc: subprocess.Popen, out_dir: Path, timeout: float = 600) -> dict:
+def finish(proc: subprocess.Popen | WarmProcess, out_dir: Path, timeout: float = 600) -> dict:
     """Wait for a CLI run; return {"results": results json, "samples": {task: [records]}}."""
     proc.wait(timeout=timeout)
     log = (out_dir.parent / f"{out_dir.name}.log").read_text()
