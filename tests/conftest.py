@@ -19,6 +19,12 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
     os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
+# scikit-learn sets these two at its import (a test's in-process lm-eval scorer imports it) and the commands a
+# test starts afterwards inherit them: set as it sets them before any command starts, so that the warm
+# starters' environment (tests/warm_start.py, where KMP_ counts as read at import) does not change midway
+# (measured: one extra starter per worker, about 12 s each)
+os.environ.setdefault("KMP_DUPLICATE_LIB_OK", "True")
+os.environ.setdefault("KMP_INIT_AT_FORK", "FALSE")
 # Every `lm_eval` process the tests start (dozens) reads lm-eval's task index from one cache instead of
 # parsing its ~14,000 YAML files again (10-15 s each here); tests/test_task_index_cache.py checks that the
 # cached index equals lm-eval's own build and is rebuilt when a file changes.
