@@ -196,7 +196,8 @@ class _Starter:
                 else:
                     self.forked.append(reply["pid"])
                 self.changed.notify_all()
-        with self.changed:  # the starter is gone: nothing more will come
+        self.proc.wait()  # its output ended: reaped before the waiters look, so that they see it gone
+        with self.changed:  # nothing more will come
             self.changed.notify_all()
 
     def matches(self, env: dict[str, str]) -> bool:
