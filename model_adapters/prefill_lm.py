@@ -129,6 +129,13 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
         """(settings, keyword arguments for HFLM), checked before any weights load."""
         raise NotImplementedError
 
+    @classmethod
+    def preflight(cls, args: dict[str, Any]) -> Any:
+        """The arm of `args`, checked as far as can be before a study runs (`rf_eval.study.preflight`): a
+        ModelArgsError or ArmError naming a bad value. The default is `parse`'s arm; an adapter whose parse
+        reads files a study may only write later (RidgeFill's maps) checks without reading them."""
+        return cls.parse(args)[0].arm
+
     def build_method(self) -> tuple[Any, Any]:
         """(the arm's method, the exact method) over `self.model`."""
         raise NotImplementedError

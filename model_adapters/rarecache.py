@@ -110,6 +110,13 @@ class RaReCacheLM(PrefillLM):
     def parse(cls, args: dict[str, Any]) -> tuple[RaReCacheSettings, dict[str, Any]]:
         return parse_rarecache_args(args)
 
+    @classmethod
+    def preflight(cls, args: dict[str, Any]) -> RaReCacheArm:
+        """The keys and the arm, without loading the tokenizers and maps `parse` compares (the study's own
+        budget check reads the maps where a budget needs them)."""
+        mine, _ = take_model_args(args, OWN_KEYS, ("pretrained", "source", "maps"), model="rarecache")
+        return RaReCacheArm.from_fields({k: v for k, v in mine.items() if k in RaReCacheArm.fields()}, what="args")
+
     def build_method(self) -> tuple[Any, Any]:
         from transformers import AutoModelForCausalLM
 

@@ -128,6 +128,13 @@ class RidgeFillLM(PrefillLM):
     def parse(cls, args: dict[str, Any]) -> tuple[RidgeFillSettings, dict[str, Any]]:
         return parse_ridgefill_args(args)
 
+    @classmethod
+    def preflight(cls, args: dict[str, Any]) -> RidgeFillArm:
+        """The keys and the arm, without reading the maps (a study's `fit:` block writes them later)."""
+        needed = () if args.get("preset") not in (None, "") else ("fill",)
+        mine, _ = take_model_args(args, OWN_KEYS, needed, model="ridgefill")
+        return RidgeFillArm.from_fields({k: v for k, v in mine.items() if k in RidgeFillArm.fields()}, what="args")
+
     def build_method(self) -> tuple[Any, Any]:
         s = self.settings
         try:  # the maps' weights fingerprint can only be checked now, with the weights loaded

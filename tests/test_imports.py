@@ -45,9 +45,9 @@ LAZY_IMPORTS = {
        for command in LIGHT_COMMANDS},
     "rf_eval.tasks.common -> rf_eval.engine.plan": "the report reads tasks.common (rf_eval.stats.runs, "
     "cap_hits) and runs without torch; the default tail is the engine's, which imports torch",
-    "rf_eval.study.preflight": "a study's arms are checked by their own method's adapter and arm class: an "
-    "adapter (lm-eval, torch) loads only when the study has an arm of that method, and one method's arm "
-    "class is bound per branch to the same local name (`OWN_KEYS`, `ArmSpec`)",
+    "rf_eval.study.preflight": "a study's arms are checked by their own adapter (`PrefillLM.preflight`), "
+    "which loads lm-eval only when the study has an rf-eval arm; a split is checked against the model's "
+    "config, read through transformers only when an arm names one",
     "rf_eval.overlap -> rf_eval.ridge.calibration": "`rf-eval overlap` on text files runs without torch; "
     "only a calibration file is read through the ridge package, which imports it",
 }

@@ -63,6 +63,9 @@ class Method:
     model: ClassVar[str] = GENERIC_MODEL
     #: the model_args its adapter reads beside the arm's fields (what it loads for `build`: `maps`, `source`)
     keys: ClassVar[tuple[str, ...]] = ()
+    #: the arm fields a `budget` sets instead (RaReCache's `rho`, a dropper's `keep`): a study's `budgets:`
+    #: leaves them out of the arms it makes of one arm, one per budget (`rf_eval.study.study_file`)
+    budget_sets: ClassVar[tuple[str, ...]] = ()
 
     # -- the declaration ------------------------------------------------------------------
     @classmethod
@@ -85,6 +88,18 @@ class Method:
             return own(dict(fields), what=what)
         return cls.parse_arm({**{f.name: getattr(arm, f.name) for f in dataclasses.fields(arm)}, **fields},
                              what=what)
+
+    @classmethod
+    def missing_fields(cls, fields: Mapping[str, Any]) -> dict[str, str]:
+        """The fields a study arm of this method must name and `fields` (its `args`) lacks, each with the
+        values it takes: a study file that leaves one out is refused as it is read, at the arm's line."""
+        return {}
+
+    @classmethod
+    def reads_study_maps(cls, model_args: Mapping[str, Any]) -> bool:
+        """Whether an arm with `model_args`, naming no `maps` of its own, reads the study's (its `maps:`, or
+        the maps its `fit:` block writes)."""
+        return False
 
     @classmethod
     def planned_costs(cls, config: Any, arm: Any, lengths: Sequence[int], *,

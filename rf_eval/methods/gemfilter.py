@@ -16,6 +16,7 @@ class GemFilterMethod(Method):
     name = "gemfilter"
     Arm = DropArm
     model = "drop"
+    budget_sets = ("keep", "keep_share")
 
     @classmethod
     def parse_arm(cls, values: Mapping[str, Any], *, what: str = "model_args") -> Any:

@@ -22,6 +22,7 @@ class RaReCacheMethod(Method):
     Arm = RaReCacheArm
     keys = ("source", "maps")
     model = "rarecache"
+    budget_sets = ("rho",)
 
     @classmethod
     def build(cls, model: Any, tokenizer: Any, arm: Any, *, source: Any, maps: Any, **parts: Any) -> Any:

@@ -11,6 +11,7 @@ from typing import Any
 from transformers import AutoConfig
 
 from rf_eval.errors import UserError
+from rf_eval.fills import arm_fills, fill_method
 from rf_eval.mac_model import prefill_macs
 from rf_eval.methods.base import MapsSplit, Method
 from rf_eval.ridgefill.api import RidgeFill
@@ -22,6 +23,19 @@ class RidgeFillMethod(Method):
     Arm = RidgeFillArm
     keys = ("maps",)
     model = "ridgefill"
+
+    @classmethod
+    def missing_fields(cls, fields: Mapping[str, Any]) -> dict[str, str]:
+        """`fill`, unless a preset sets it."""
+        if "fill" in fields or "preset" in fields:
+            return {}
+        return {"fill": " | ".join(arm_fills())}
+
+    @classmethod
+    def reads_study_maps(cls, model_args: Mapping[str, Any]) -> bool:
+        """A fill method that reads maps (ridge)."""
+        fill = model_args.get("fill")
+        return fill in arm_fills()[1:] and fill_method(fill).needs_maps
 
     @classmethod
     def build(cls, model: Any, tokenizer: Any, arm: Any, *, maps: Any = None, **parts: Any) -> Any:

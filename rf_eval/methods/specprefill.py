@@ -18,6 +18,7 @@ class SpecPrefillMethod(Method):
     Arm = DropArm
     keys = ("source",)
     model = "drop"
+    budget_sets = ("keep", "keep_share")
 
     @classmethod
     def parse_arm(cls, values: Mapping[str, Any], *, what: str = "model_args") -> Any:

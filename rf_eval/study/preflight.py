@@ -58,39 +58,21 @@ def unknown_tasks(study: Study) -> list[str]:
 
 
 def check_arm_args(study: Study, arm) -> None:
-    """An rf-eval arm's model_args, checked as its adapter checks them before loading anything (keys, fill,
-    selector, corrections, tail; a StudyError naming the arm), its split against the model's layer count
-    (from its config) and the maps, model and source paths it names. Maps a study's `fit:` block writes
-    are checked by the arm's own run: they exist only later."""
-    if arm.model == "ridgefill":
-        from rf_eval.model_adapters.ridgefill import OWN_KEYS
-        from rf_eval.ridgefill.arm_spec import RidgeFillArm as ArmSpec
-
-        needed: tuple[str, ...] = () if arm.args.get("preset") else ("fill",)
-    elif arm.model == "rarecache":
-        from rf_eval.model_adapters.rarecache import OWN_KEYS
-        from rf_eval.rarecache.arm_spec import RaReCacheArm as ArmSpec
-
-        needed = ("pretrained", "source", "maps")
-    elif arm.model in ADAPTERS:  # another method's adapter (`rf_eval.methods`): its own checks, before any weights
-        from rf_eval.model_adapters.registry import adapter_class
-
-        try:
-            adapter_class(arm.model).parse(model_args(study, arm, study.maps))
-        except (UserError, ValueError) as err:
-            raise StudyError(f"{study.path.name}: arms.{arm.name}: {err}") from None
-        return
-    else:
+    """An rf-eval arm's model_args, checked by its adapter before loading anything (`PrefillLM.preflight`:
+    keys, method, fill, selector, corrections, tail; a StudyError naming the arm), its split against the
+    model's layer count (from its config), its budget against the study's lengths, and the model, source and
+    maps paths it names. Maps a study's `fit:` block writes are checked by the arm's own run: they exist
+    only later."""
+    if arm.model not in ADAPTERS:
         return  # an API model: its own arguments, checked by lm-eval
-    from rf_eval.model_adapters.config import take_model_args
+    from rf_eval.model_adapters.registry import adapter_class
 
     try:
         args = model_args(study, arm, study.maps or "<maps>")
-        mine, _ = take_model_args(args, OWN_KEYS, needed, model=arm.model)
-        spec = ArmSpec.from_fields({k: v for k, v in mine.items() if k in ArmSpec.fields()}, what="args")
+        spec = adapter_class(arm.model).preflight(args)
         check_paths(args)
         check_split(args["pretrained"], getattr(spec, "split", None))
-        if spec.budget is not None:
+        if getattr(spec, "budget", None) is not None:
             check_budget(study, arm, args, spec)
     except (UserError, ValueError) as err:
         raise StudyError(f"{study.path.name}: arms.{arm.name}: {err}") from None

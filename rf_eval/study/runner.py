@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from rf_eval.errors import UserError
-from rf_eval.fills import arm_fills, fill_method
 from rf_eval.hashing import file_sha256, named_files_sha256
+from rf_eval.methods import method_for_arm
 from rf_eval.overlap import WARN, check_before_fit
 from rf_eval.reports.build import build_report
 from rf_eval.reports.build import report_argv as build_report_argv
@@ -54,16 +54,13 @@ def maps_sha256(folder: str | None) -> str:
     return named_files_sha256(sorted(path.glob("*.safetensors")) if path.is_dir() else [path])
 
 
-def _reads_maps(fill: Any) -> bool:
-    return fill in arm_fills()[1:] and fill_method(fill).needs_maps
-
-
 def model_args(study: Study, arm: StudyArm, maps: str | None) -> dict[str, Any]:
-    """The arm's model_args: the study's model, then the arm's own (the study's maps for a ridge arm), and the
-    arm's name in the study (`name`, which the report names it by: `rf_eval.stats.arms`)."""
+    """The arm's model_args: the study's model, then the arm's own (the study's maps for an arm whose method
+    reads them: `Method.reads_study_maps`), and the arm's name in the study (`name`, which the report names it by: `rf_eval.stats.arms`)."""
     if arm.model in ADAPTERS:
         args = {"pretrained": study.pretrained, **study.model_args, **arm.args}
-        if arm.model == "ridgefill" and _reads_maps(args.get("fill")) and "maps" not in args and maps:
+        method = method_for_arm(arm.model, args)
+        if method is not None and method.reads_study_maps(args) and "maps" not in args and maps:
             args["maps"] = maps
         return {**args, "name": args.get("name", arm.name)}
     return dict(arm.args)  # an API model: its own arguments only

@@ -52,15 +52,14 @@ from typing import Any
 import yaml
 
 from rf_eval._startup import MODELS
-from rf_eval.drop.arm_spec import DropArm
 from rf_eval.errors import UserError
-from rf_eval.fills import arm_fills
-from rf_eval.rarecache.arm_spec import RaReCacheArm
-from rf_eval.ridgefill.arm_spec import RidgeFillArm
+from rf_eval.methods import method_for_arm
 
 #: the rf-eval models (`rf_eval._startup.MODELS`: the adapters of `rf_eval.methods`); any other name is an
 #: lm-eval model (API arms)
 ADAPTERS: tuple[str, ...] = tuple(MODELS)
+#: an arm's model when it names none
+DEFAULT_MODEL = "ridgefill"
 
 
 class StudyError(ValueError):
@@ -210,11 +209,13 @@ def load_study(path: str | Path) -> Study:
         if not isinstance(entry, dict):
             raise StudyError(f"{where} must be a mapping (model, args) ({_line(arm_nodes.get(arm_name))})")
         _check(where, entry, _key_nodes(arm_nodes[arm_name]), _ARM, arm_nodes[arm_name])
-        model = entry.get("model", "ridgefill")
+        model = entry.get("model", DEFAULT_MODEL)
         args = dict(entry.get("args") or {})
-        if model == "ridgefill" and "fill" not in args and "preset" not in args:
-            raise StudyError(f"{where}: a ridgefill arm needs args.fill ({' | '.join(arm_fills())}) "
-                             f"({_line(arm_nodes[arm_name])})")
+        method = method_for_arm(model, args)
+        missing = method.missing_fields(args) if method else {}
+        if missing:
+            needs = " and ".join(f"args.{key} ({values})" for key, values in missing.items())
+            raise StudyError(f"{where}: a {model} arm needs {needs} ({_line(arm_nodes[arm_name])})")
         arms[str(arm_name)] = StudyArm(str(arm_name), model, args)
     if not arms:
         raise StudyError(f"{name}: arms is empty")
@@ -286,15 +287,17 @@ def _budgets(name: str, values: list | None, node: yaml.Node | None) -> tuple[fl
 
 
 def takes_budget(arm: StudyArm) -> bool:
-    """Whether an arm's settings take a budget: an rf-eval arm (of a fill, or RaReCache) without one of its
-    own, whose arm spec accepts one (a fill that turns its tail, a selector that counts rows, ...)."""
+    """Whether an arm's settings take a budget: an rf-eval arm without one of its own whose method's arm accepts
+    one, the fields the budget sets instead left out (`Method.budget_sets`): a fill that turns its tail, a
+    selector that counts rows, RaReCache's recomputed rows, a dropper's kept rows, ..."""
     if arm.model not in ADAPTERS or "budget" in arm.args:
         return False
-    Spec = {"ridgefill": RidgeFillArm, "rarecache": RaReCacheArm}.get(arm.model, DropArm)
-    replaced = ("rho", "keep", "keep_share")  # what a budget sets instead
-    fields = {k: v for k, v in arm.args.items() if k in Spec.fields() and k not in replaced}
+    method = method_for_arm(arm.model, arm.args)
+    if method is None:
+        return False
+    fields = {k: v for k, v in arm.args.items() if k in method.arm_fields() and k not in method.budget_sets}
     try:
-        Spec.from_fields({**fields, "budget": 0.5}, what="args")
+        method.parse_arm({**fields, "budget": 0.5}, what="args")
     except (UserError, ValueError, TypeError):
         return False
     return True
@@ -311,7 +314,8 @@ def expand_budgets(arms: dict[str, StudyArm], budgets: tuple[float, ...]) -> tup
         if not takes_budget(arm):
             out[arm.name] = arm
             continue
-        args = {k: v for k, v in arm.args.items() if k not in ("rho", "keep", "keep_share") or arm.model == "ridgefill"}
+        replaced = method_for_arm(arm.model, arm.args).budget_sets  # takes_budget found the method
+        args = {k: v for k, v in arm.args.items() if k not in replaced}
         for budget in budgets:
             name = f"{arm.name}@{budget:g}"
             if name in arms or name in out:

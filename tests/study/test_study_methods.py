@@ -13,7 +13,7 @@ from rf_eval.study.launchers import make_launcher
 from rf_eval.study.plan import plan_text
 from rf_eval.study.preflight import check_arm_args
 from rf_eval.study.runner import model_args
-from rf_eval.study.study_file import ADAPTERS, StudyError, load_study
+from rf_eval.study.study_file import ADAPTERS, StudyArm, StudyError, load_study
 
 STUDY = """\
 model:
@@ -90,3 +90,57 @@ def test_the_plan_previews_each_methods_cost_by_its_own_rule(tmp_path, tiny_mode
     assert "MAC cost / exact: N=64: " in arms["identity"] and "(" not in arms["identity"].split("MAC cost")[1]
     assert "MAC cost / exact: N=64: 1.000, N=128: 1.000" in arms["exact"]
     assert "MAC cost" not in arms["gemfilter"]  # a method with no preview: costed per item when it runs
+
+
+@dataclasses.dataclass(frozen=True)
+class ShareArm:
+    method: str = "share_study"
+    share: float | None = None
+    budget: float | None = None
+    mode: str | None = None
+
+    def __post_init__(self):
+        if self.share is not None and self.budget is not None:
+            raise ValueError("give share or budget, not both")
+
+
+class ShareStudy(Method):
+    """A throwaway method that declares its study rules: `mode` is required, a budget sets `share`, and an arm
+    with mode=mapped reads the study's maps."""
+
+    name, Arm, budget_sets = "share_study", ShareArm, ("share",)
+
+    @classmethod
+    def build(cls, model, tokenizer, arm, **parts):
+        raise AssertionError("reading a study builds no method")
+
+    @classmethod
+    def missing_fields(cls, fields):
+        return {} if "mode" in fields else {"mode": "plain | mapped"}
+
+    @classmethod
+    def reads_study_maps(cls, model_args):
+        return model_args.get("mode") == "mapped"
+
+
+def test_the_study_reads_a_methods_own_rules_for_required_fields_budgets_and_maps(tmp_path, tiny_model_dir):
+    """The study file and runner name no method: a registered method's required fields, the fields a budget
+    sets instead and whether it reads the study's maps are its own declarations (`Method`)."""
+    model = tiny_model_dir("llama")
+    study_text = STUDY.format(model=model, adapter="prefill", args="method: share_study, share: 0.5, mode: mapped")
+    register_method(ShareStudy)
+    try:
+        path = tmp_path / "study.yaml"
+        path.write_text(study_text.replace("arms:", "maps: maps/\nbudgets: [0.3, 0.6]\narms:"))
+        (tmp_path / "maps").mkdir()
+        study = load_study(path)
+        assert {"other@0.3", "other@0.6"} <= set(study.arms) and "other" not in study.arms
+        assert study.arms["other@0.3"].args == {"method": "share_study", "mode": "mapped", "budget": 0.3}
+        assert model_args(study, study.arms["other@0.3"], str(tmp_path / "maps"))["maps"] == str(tmp_path / "maps")
+        plain = StudyArm("plain", "prefill", {"method": "share_study", "mode": "plain"})
+        assert "maps" not in model_args(study, plain, str(tmp_path / "maps"))
+        path.write_text(study_text.replace(", mode: mapped", ""))
+        with pytest.raises(StudyError, match=r"arms.other: a prefill arm needs args.mode \(plain \| mapped\) \(line"):
+            load_study(path)
+    finally:
+        unregister_method("share_study")
