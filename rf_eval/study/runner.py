@@ -56,7 +56,8 @@ def maps_sha256(folder: str | None) -> str:
 
 def model_args(study: Study, arm: StudyArm, maps: str | None) -> dict[str, Any]:
     """The arm's model_args: the study's model, then the arm's own (the study's maps for an arm whose method
-    reads them: `Method.reads_study_maps`), and the arm's name in the study (`name`, which the report names it by: `rf_eval.stats.arms`)."""
+    reads them: `Method.reads_study_maps`), and the arm's name in the study (`name`, which the report names
+    it by: `rf_eval.stats.arms`)."""
     if arm.model in ADAPTERS:
         args = {"pretrained": study.pretrained, **study.model_args, **arm.args}
         method = method_for_arm(arm.model, args)
