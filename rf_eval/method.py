@@ -240,7 +240,14 @@ def timed_prefill(method: PrefillMethod, input_ids: torch.Tensor, *, for_generat
     with Stopwatch(input_ids.device) as clock:
         result = method.prefill(input_ids, for_generation=for_generation)
     n = input_ids.shape[1] + int(for_generation and not getattr(method, "reads_whole_prompt", False))
-    return result, method.prefill_cost(n, result).timed(clock.seconds + result.timings.get("reused", 0.0))
+    return result, method.prefill_cost(n, result).timed(clock.seconds + reused_seconds(result))
+
+
+def reused_seconds(result: PrefillResult) -> float:
+    """The seconds of work a prefill read back instead of running (`timings["reused"]`: an earlier arm's lower
+    layers, `rf_eval.engine.shared_lower`), this prompt's share: one engine call over a batch reads one pass
+    for all its prompts, and `engine.split_batch` gives each prompt the whole batch's timings."""
+    return result.timings.get("reused", 0.0) / result.timings.get("batch", 1)
 
 
 def generation_cache(method: PrefillMethod, prompt: list[int], plain: bool | None = None) -> PrefillResult | None:
@@ -277,7 +284,7 @@ def batched_prefills(method: PrefillMethod, prompts: Sequence[Sequence[int]], ba
             whole = getattr(method, "reads_whole_prompt", False)
             for i, result in zip(chunk, results):
                 cost = method.prefill_cost(length + int(for_generation and not whole), result)
-                yield i, result, cost.timed((clock.seconds + result.timings.get("reused", 0.0)) / len(chunk))
+                yield i, result, cost.timed(clock.seconds / len(chunk) + reused_seconds(result))
 
 
 def prefill_each(method: PrefillMethod, input_ids: torch.Tensor, *, for_generation: bool = False

@@ -94,3 +94,55 @@ def test_sliding_window_and_recurrent_lower_layers_are_not_shared(tiny_model, fa
         identity_arm(model, ids)
         assert nofill_arm(model, ids).timings["reused"] == 0
     assert store.entries == {} and store.passes == 0
+
+
+class FixedClock:
+    """A Stopwatch that always reads one second."""
+
+    def __init__(self, device):
+        self.seconds = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = 1.0
+
+
+def test_a_batch_charges_each_prompt_its_own_pass_read_back(tiny_model, monkeypatch):
+    """`batched_prefills` of two prompts whose arm prefills them one by one (a selector's rows are per
+    prompt): each prompt is charged half the batch's clock plus the whole pass it read back."""
+    import rf_eval.method as method_module
+
+    model, tok = tiny_model("llama")
+    prompts = [prompt(2)[0].tolist(), prompt(3)[0].tolist()]
+    rows = RidgeFill(model, tok, fill="nofill", split=3, tail=8, selector="random(share=0.1)")
+    assert not rows.spec.batches
+    monkeypatch.setattr(method_module, "Stopwatch", FixedClock)
+    with plain_rows.shared_rows() as store:
+        for ids in prompts:
+            prefill_arm = RidgeFill(model, tok, fill="identity", split=3, tail=4)
+            prefill_arm.prefill(torch.tensor([ids]))  # keeps each prompt's pass
+        out = list(method_module.batched_prefills(rows, prompts, batch_size=2))
+    assert store.passes == 2 and len(out) == 2
+    for _, result, cost in out:
+        assert result.timings["reused"] > 0 and "batch" not in result.timings
+        assert cost.prefill_seconds == pytest.approx(0.5 + result.timings["reused"])
+
+
+def test_one_engine_call_over_a_batch_charges_each_prompt_half_the_pass(tiny_model, monkeypatch):
+    """Two prompts in one engine call read back one pass of both: each is charged half of it."""
+    import rf_eval.method as method_module
+
+    model, tok = tiny_model("llama")
+    prompts = [prompt(4)[0].tolist(), prompt(5)[0].tolist()]
+    monkeypatch.setattr(method_module, "Stopwatch", FixedClock)
+    with plain_rows.shared_rows() as store:
+        first = RidgeFill(model, tok, fill="identity", split=3, tail=4)
+        list(method_module.batched_prefills(first, prompts, batch_size=2))  # keeps the batch's pass
+        later = RidgeFill(model, tok, fill="nofill", split=3, tail=8)
+        out = list(method_module.batched_prefills(later, prompts, batch_size=2))
+    assert store.passes == 1 and len(out) == 2
+    for _, result, cost in out:
+        assert result.timings["batch"] == 2 and result.timings["reused"] > 0
+        assert cost.prefill_seconds == pytest.approx(0.5 + result.timings["reused"] / 2)
