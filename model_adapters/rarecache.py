@@ -61,6 +61,8 @@ from rf_eval.rarecache.maps import TokenizerMismatch, check_tokenizers, load_tra
 from rf_eval.ridge.maps import MapError
 
 OWN_KEYS = adapter_keys()["rarecache"]
+#: the model_args a rarecache run cannot start without: the target, the source and their transfer maps
+REQUIRED = ("pretrained", "source", "maps")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,7 +79,7 @@ def parse_rarecache_args(args: dict[str, Any]) -> tuple[RaReCacheSettings, dict[
     """(settings, HFLM keyword arguments): tokenizers compared and maps checked for the pair, before any weights."""
     from transformers import AutoTokenizer
 
-    mine, hf = take_model_args(args, OWN_KEYS, ("pretrained", "source", "maps"), model="rarecache")
+    mine, hf = take_model_args(args, OWN_KEYS, REQUIRED, model="rarecache")
     remote = {k: hf[k] for k in ("trust_remote_code",) if hf.get(k) is not None}
     try:
         arm = RaReCacheArm.from_fields({k: v for k, v in mine.items() if k in RaReCacheArm.fields()},
@@ -114,7 +116,7 @@ class RaReCacheLM(PrefillLM):
     def preflight(cls, args: dict[str, Any]) -> RaReCacheArm:
         """The keys and the arm, without loading the tokenizers and maps `parse` compares (the study's own
         budget check reads the maps where a budget needs them)."""
-        mine, _ = take_model_args(args, OWN_KEYS, ("pretrained", "source", "maps"), model="rarecache")
+        mine, _ = take_model_args(args, OWN_KEYS, REQUIRED, model="rarecache")
         return RaReCacheArm.from_fields({k: v for k, v in mine.items() if k in RaReCacheArm.fields()}, what="args")
 
     def build_method(self) -> tuple[Any, Any]:

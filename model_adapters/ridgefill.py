@@ -94,8 +94,7 @@ class RidgeFillSettings(AdapterSettings):
 def parse_ridgefill_args(args: dict[str, Any]) -> tuple[RidgeFillSettings, dict[str, Any]]:
     """(settings, HFLM keyword arguments) from `--model_args`; every check that needs no weights."""
     demo = str(args.get("pretrained") or "demo").strip().lower() == "demo"
-    needed = () if args.get("preset") not in (None, "") else ("fill",)  # a preset sets the fill
-    mine, hf = take_model_args(args, OWN_KEYS, needed, defaults=demo_defaults, model="ridgefill")
+    mine, hf = take_model_args(args, OWN_KEYS, RidgeFillArm.required(args), defaults=demo_defaults, model="ridgefill")
     try:
         arm = RidgeFillArm.from_fields({k: v for k, v in mine.items() if k in RidgeFillArm.fields()},
                                        what="model_args")
@@ -131,8 +130,7 @@ class RidgeFillLM(PrefillLM):
     @classmethod
     def preflight(cls, args: dict[str, Any]) -> RidgeFillArm:
         """The keys and the arm, without reading the maps (a study's `fit:` block writes them later)."""
-        needed = () if args.get("preset") not in (None, "") else ("fill",)
-        mine, _ = take_model_args(args, OWN_KEYS, needed, model="ridgefill")
+        mine, _ = take_model_args(args, OWN_KEYS, RidgeFillArm.required(args), model="ridgefill")
         return RidgeFillArm.from_fields({k: v for k, v in mine.items() if k in RidgeFillArm.fields()}, what="args")
 
     def build_method(self) -> tuple[Any, Any]:

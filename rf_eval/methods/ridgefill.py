@@ -26,8 +26,8 @@ class RidgeFillMethod(Method):
 
     @classmethod
     def missing_fields(cls, fields: Mapping[str, Any]) -> dict[str, str]:
-        """`fill`, unless a preset sets it."""
-        if "fill" in fields or "preset" in fields:
+        """`fill`, unless a preset sets it (`RidgeFillArm.required`)."""
+        if "fill" in fields or "fill" not in RidgeFillArm.required(dict(fields)):
             return {}
         return {"fill": " | ".join(arm_fills())}
 

@@ -147,6 +147,11 @@ class RidgeFillArm:
                 raise ArmError(f"preset={self.preset} runs selector {chosen.selector}; give it other parameters "
                                f"(selector={chosen.selector}(...)) or leave out selector=")
 
+    @staticmethod
+    def required(values: dict[str, Any]) -> tuple[str, ...]:
+        """The fields an arm must name: its fill, unless a preset sets it."""
+        return () if values.get("preset") not in (None, "") else ("fill",)
+
     @classmethod
     def from_fields(cls, values: dict[str, Any], *, what: str = "arm") -> RidgeFillArm:
         """The spec from loose values (strings from model_args or a request, or typed Python values)."""
