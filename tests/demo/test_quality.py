@@ -53,9 +53,9 @@ def demo():
                 for line in (Path(tmp) / "evaluation.jsonl").read_text().splitlines()]
     # the arms below run each prompt's layers 0..S-1 once between them, as the demo's arms do
     # (`rf_eval.engine.shared_lower`: read back bit for bit)
-    with plain_rows.shared_rows() as shared:
+    with plain_rows.shared_rows():
         yield {"model": model, "tok": tok, "maps": maps, "tail": s.tail, "docs": docs, "dir": str(model_dir),
-               "score": s.keytoken_score, "key_context": s.keytoken_context, "shared": shared}
+               "score": s.keytoken_score, "key_context": s.keytoken_context}
     torch.set_num_threads(threads)
 
 
