@@ -1,6 +1,6 @@
 """setup.py exists only to install `rf_eval_lm_eval.pth` (all other metadata is in pyproject.toml).
 
-The .pth file runs `rf_eval._startup` at interpreter start, which lets the
+The .pth file runs `rf_eval.model_adapters.startup` at interpreter start, which lets the
 plain `lm_eval` command find rf-eval's models and tasks where lm-eval does not
 discover them itself: 0.4.13 and 0.5.0.dev1 read no entry points (pyproject.toml
 declares the models' for the releases that do), and none reads a task folder
@@ -16,7 +16,7 @@ from setuptools.command.editable_wheel import editable_wheel
 
 PTH_NAME = "rf_eval_lm_eval.pth"
 # One line; errors are swallowed so that a broken install never breaks Python's start.
-PTH_LINE = 'import sys; exec("try:\\n import rf_eval._startup\\nexcept Exception:\\n pass")\n'
+PTH_LINE = 'import sys; exec("try:\\n import rf_eval.model_adapters.startup\\nexcept Exception:\\n pass")\n'
 
 
 class BuildPyWithPth(build_py):

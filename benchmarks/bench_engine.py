@@ -35,8 +35,8 @@ import torch
 from bench_rows import make_prompt
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from rf_eval.cost.mac_model import ceiling_r, speedup_ceiling
 from rf_eval.engine import Plan, PredictedInput, partial_every_row_exact, plain_prefill, prefill
-from rf_eval.mac_model import ceiling_r, speedup_ceiling
 from rf_eval.ridge.capture import capture_sums
 from rf_eval.ridge.maps import RidgeMaps, config_hash
 from rf_eval.ridgefill.arm import prefill_arm

@@ -32,9 +32,9 @@ from bench_engine import PROBE_ROWS, make_model, random_maps, timed_round_robin
 from bench_rows import make_prompt
 
 import rf_eval.selectors.probe as probe_module
+from rf_eval.cost.mac_model import layer_costs, prefill_macs, speedup_ceiling
 from rf_eval.engine import Plan, PredictedInput, plain_prefill, prefill
 from rf_eval.fills import fill_method
-from rf_eval.mac_model import layer_costs, prefill_macs, speedup_ceiling
 from rf_eval.ridgefill.arm import prefill_arm
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.testing import build_tokenizer
@@ -43,7 +43,7 @@ PHASES = ("lower", "base", "sweep", "late")
 
 
 def charged_macs(config, n: int, split: int, tail: int, exact_rows: int, probe_rows: int) -> dict[str, int]:
-    """MACs of each probe phase under the cost model (`rf_eval.mac_model`, full causal attention)."""
+    """MACs of each probe phase under the cost model (`rf_eval.cost.mac_model`, full causal attention)."""
     costs = layer_costs(config)
     prefix, head = n - tail, config.hidden_size * config.vocab_size
     lower = sum(n * (c.write + c.rest) + c.attn_per_key * n * (n + 1) // 2 for c in costs[:split])

@@ -34,9 +34,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rf_eval import engine
-from rf_eval.rarecache.api import RaReCache
 from rf_eval.rarecache.cost import ceiling_for
 from rf_eval.rarecache.fit import fit_transfer
+from rf_eval.rarecache.method import RaReCache
 from rf_eval.testing import make_tiny_model
 
 TARGET = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
@@ -85,7 +85,7 @@ def main() -> None:
         print(f"built models and fitted maps in {time.perf_counter() - t0:.1f}s; T={ids.shape[1]}, "
               f"threads={torch.get_num_threads()}, P_map+P_probe={sum(maps.parameter_counts()):,}")
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
-    arms = {rho: RaReCache(target, source, tok, maps=maps, rho=rho, selector="rank", clock=clock)
+    arms = {rho: RaReCache(target, tok, source=source, maps=maps, rho=rho, selector="rank", clock=clock)
             for rho in args.rhos}
 
     def full_prefill() -> float:

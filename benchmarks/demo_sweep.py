@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     from rf_eval.demo import quality
     from rf_eval.demo.model import demo_model_dir
     from rf_eval.demo.study import SPLIT
-    from rf_eval.ridgefill.api import RidgeFill
+    from rf_eval.ridgefill.method import RidgeFill
 
     model_dir = demo_model_dir()
     tok = AutoTokenizer.from_pretrained(model_dir)

@@ -32,9 +32,9 @@ import torch
 from bench_engine import random_maps, timed_round_robin
 from bench_rows import make_prompt
 
+from rf_eval.cost.mac_model import ceiling_r, speedup_ceiling
 from rf_eval.engine import Plan, PredictedInput, extend, partial_every_row_exact, plain_prefill, prefill
 from rf_eval.engine.floor import compare_results, filled_kernel_every_row_exact
-from rf_eval.mac_model import ceiling_r, speedup_ceiling
 from rf_eval.ridge.capture import capture_sums
 from rf_eval.ridgefill.arm import prefill_arm
 from rf_eval.ridgefill.arm_spec import RidgeFillArm

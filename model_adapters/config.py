@@ -1,13 +1,15 @@
-"""model_args of the rf-eval lm-eval adapters: the method's keys, checked once; every other key is `hf`'s.
+"""model_args of the rf-eval lm-eval adapter: the method's keys, checked once; every other key is `hf`'s.
 
-The adapters are `HFLM` subclasses, so every key lm-eval's `hf` model takes
+The adapter is an `HFLM` subclass, so every key lm-eval's `hf` model takes
 (`revision`, `dtype`, `parallelize`, `device_map`, `peft`, `enable_thinking`,
 `chat_template_args`, `think_end_token`, ...; and, as for `hf`, any other key
 is passed on to `from_pretrained`) works as it does for `--model hf`.
-`split_model_args` takes out the method's own keys (the arm spec's fields,
-`maps`, `reference`, `seed`, `name` (the arm's name in reports, `rf_eval.stats.arms`: a label, nothing
-more); RaReCache's `source`, `rho`, ...) and refuses a
-key that looks like a typo of a known one, before anything loads.
+`parse_model_args` finds the method (`method=`, else the lm-eval name's
+default), takes out its keys (`ADAPTER_KEYS`: `pretrained`, `method`,
+`reference`, `seed`, `name`, the arm's name in reports, a label; what the method
+`loads`; its arm's fields), refuses a key that looks like a typo of a known one
+or belongs to another method, and has the method check its arm against the
+model's config and tokenizer (`Method.prepare`), all before anything loads.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from typing import Any
 
 import torch
 
+from rf_eval.demo.study import demo_defaults
 from rf_eval.devices import check_device, check_model_source
+from rf_eval.errors import UserError
 from rf_eval.families import family_class_for
 from rf_eval.fields import ArmError, close_to
-from rf_eval.methods import ADAPTERS, GENERIC_MODEL, METHODS
+from rf_eval.methods import METHODS, Method, ModelSource, chosen_method
 
 log = logging.getLogger(__name__)
 
@@ -64,38 +68,30 @@ def merge_lm_eval_flags(args: dict[str, Any], flags: dict[str, Any] | None) -> d
     return out
 
 
-def adapter_keys() -> dict[str, tuple[str, ...]]:
-    """Each rf-eval adapter's own model_args keys, by lm-eval model name (`rf_eval.methods`: the adapters and
-    the methods each runs): the model, the files its methods load (`Method.keys`), `method` (the generic
-    adapter's choice), reference, seed, name, then its methods' arm fields."""
-    declared = [METHODS[name] for name in METHODS]
-    out = {}
-    for model in ADAPTERS:
-        methods = [m for m in declared if m.model == model]
-        loads = [key for m in methods for key in m.keys]
-        chosen = ("method",) if model == GENERIC_MODEL else ()
-        fields = [field for m in methods for field in m.arm_fields()]
-        out[model] = tuple(dict.fromkeys(("pretrained", *loads, *chosen, "reference", "seed", "name", *fields)))
-    return out
+#: the adapter's own keys beside a method's `loads` and arm fields
+ADAPTER_KEYS = ("pretrained", "method", "reference", "seed", "name")
 
 
-def split_model_args(args: dict[str, Any], own: Iterable[str], model: str | None = None
-                     ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the adapter's own keys, the keys for `HFLM`); a near-miss of a known key, or a key only another
-    rf-eval adapter takes (a RaReCache `rho` in a `--model ridgefill` run), is a ModelArgsError."""
-    own = tuple(own)
+def method_keys(cls: type[Method]) -> tuple[str, ...]:
+    """Every model_args key a run of method `cls` reads itself (the rest are `hf`'s)."""
+    return tuple(dict.fromkeys((*ADAPTER_KEYS, *cls.loads, *cls.arm_fields())))
+
+
+def split_model_args(args: dict[str, Any], cls: type[Method]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the method's keys, the keys for `HFLM`); a near-miss of a known key, or a key only another method takes
+    (a RaReCache `rho` in a RidgeFill run), is a ModelArgsError."""
+    own = method_keys(cls)
     known = own + hf_keys()
     mine, hf = {}, {}
-    others = adapter_keys()
     for key, value in args.items():
         if key in own:
             mine[key] = value
             continue
-        theirs = [name for name, keys in others.items() if name != model and key in keys and key not in known]
+        theirs = sorted(name for name in METHODS if key in method_keys(METHODS[name]) and key not in known)
         if theirs:
-            raise ModelArgsError(f"model_args {key}={value!r} is a key of --model {theirs[0]}, not of --model "
-                                 f"{model or 'this model'}; its keys: {', '.join(own)} (and every key of "
-                                 "lm-eval's `hf` model)")
+            raise ModelArgsError(f"model_args {key}={value!r} is a key of method={' or '.join(theirs)}, not of "
+                                 f"method={cls.name}; its keys: {', '.join(own)} (and every key of lm-eval's `hf` "
+                                 "model)")
         near = close_to(key, known) if key not in known else None
         if near is not None:
             raise ModelArgsError(
@@ -165,16 +161,6 @@ def check_hf_args(hf: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@dataclass(frozen=True, kw_only=True)
-class AdapterSettings:
-    """The adapter's own settings, common to both methods."""
-
-    pretrained: str
-    reference: str | None = None
-    seed: int | None = None  # sampled generation: a torch seed from (seed, prompt tokens) per request
-
-
-
 def check_reference(value: Any) -> None:
     if value is not None and value not in REFERENCES:
         raise ModelArgsError(f"reference={value!r} is not valid; valid: {', '.join(REFERENCES)}")
@@ -222,21 +208,83 @@ def check_tokenizer(pretrained: str, hf: dict[str, Any], remote: dict[str, Any])
                              "tokenizer=<a folder or hub id with tokenizer files> in model_args") from None
 
 
-def take_model_args(args: dict[str, Any], own: tuple[str, ...], needed: tuple[str, ...],
-                    defaults: Any = None, model: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The adapter's keys (None dropped, `defaults` applied, `needed` present, reference checked) and
-    the checked `hf` keys: every check both adapters make before anything loads."""
-    mine, hf = split_model_args(args, own, model)
-    mine = {k: v for k, v in mine.items() if v is not None}
-    if defaults is not None:
-        mine = defaults(mine)
-    required(mine, needed, own)
-    check_reference(mine.get("reference"))
-    return mine, check_hf_args(hf)
-
-
 def required(values: dict[str, Any], names: Iterable[str], own: Iterable[str]) -> None:
     missing = [n for n in names if values.get(n) is None]
     if missing:
         raise ModelArgsError(f"missing required model_args key(s): {', '.join(missing)}; "
                              f"rf-eval keys: {', '.join(own)}")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """A run's model_args as the adapter runs them, resolved once before any weights load: the method, its
+    arm (checked against the model's config and tokenizer: `Method.prepare`), what the method read then
+    (`parts`: maps), where the model comes from, and the adapter's own keys."""
+
+    method: type[Method]
+    arm: Any
+    parts: dict[str, Any]
+    source: ModelSource
+    reference: str | None = None
+    seed: int | None = None  # sampled generation: a torch seed from (seed, prompt tokens) per request
+    demo: bool = False  # the embedded demo model (no pretrained, or pretrained=demo)
+
+    @property
+    def pretrained(self) -> str:
+        return self.source.pretrained
+
+
+def own_args(args: dict[str, Any], model: str, *, demo: bool = True
+             ) -> tuple[type[Method], dict[str, Any], dict[str, Any]]:
+    """(the method a run of the lm-eval model `model` runs, its own keys, the checked `hf` keys): the method
+    found (`rf_eval.methods.chosen_method`), the embedded demo model's defaults applied where `pretrained` is
+    missing or `demo` (`demo`), the keys split and the required ones present."""
+    try:
+        cls, args = chosen_method(args, model)
+    except UserError as err:
+        raise ModelArgsError(str(err)) from None
+    args = {k: v for k, v in args.items() if v is not None}
+    if demo and str(args.get("pretrained") or "demo").strip().lower() == "demo":
+        args = demo_defaults(cls, args)
+    mine, hf = split_model_args(args, cls)
+    required(mine, ("pretrained", *cls.missing_fields(mine)), method_keys(cls))
+    check_reference(mine.get("reference"))
+    seed = mine.get("seed")
+    if seed is not None and not str(seed).lstrip("-").isdigit():
+        raise ModelArgsError(f"seed={seed!r} is not an integer")
+    return cls, mine, check_hf_args(hf)
+
+
+def arm_of(cls: type[Method], mine: dict[str, Any], what: str = "model_args") -> Any:
+    """The method's arm of a run's own keys, parsed once."""
+    try:
+        return cls.parse_arm({k: v for k, v in mine.items() if k in cls.arm_fields()}, what=what)
+    except UserError as err:
+        raise ModelArgsError(f"method={cls.name}: {err}") from err
+
+
+def parse_model_args(args: dict[str, Any], model: str = "prefill") -> tuple[RunSettings, dict[str, Any]]:
+    """(settings, HFLM keyword arguments) of `--model MODEL --model_args ...`: every check that needs no
+    weights, each once."""
+    demo = str(args.get("pretrained") or "demo").strip().lower() == "demo"
+    cls, mine, hf = own_args(args, model)
+    arm = arm_of(cls, mine)
+    config = model_config(mine["pretrained"], hf)
+    tokenizer = hf.get("tokenizer") if isinstance(hf.get("tokenizer"), str) else str(mine["pretrained"])
+    remote = {k: hf[k] for k in ("revision", "trust_remote_code", "subfolder") if hf.get(k) is not None}
+    files = {k: str(mine[k]) for k in cls.loads if mine.get(k) is not None}
+    source = ModelSource(str(mine["pretrained"]), config, tokenizer, remote, files)
+    try:
+        arm, parts = cls.prepare(arm, source)
+    except UserError as err:
+        raise ModelArgsError(f"method={cls.name}: {err}") from err
+    seed = None if mine.get("seed") is None else int(mine["seed"])
+    return RunSettings(cls, arm, parts, source, mine.get("reference"), seed, demo), hf
+
+
+def preflight(args: dict[str, Any], model: str) -> Any:
+    """The arm of a study arm's model_args, checked as far as can be before a study runs (keys, method, arm;
+    a ModelArgsError naming a bad value), without reading what the method loads: a study's `fit:` block may
+    write its maps later."""
+    cls, mine, _ = own_args(args, model, demo=False)
+    return arm_of(cls, mine, what="args")

@@ -1,8 +1,9 @@
 """Generation requests of `PrefillLM`: generate_until and multiturn_generate.
 
-The method prefills all but the last prompt token (`rf_eval.method.generation_cache`'s rule, timed);
-`transformers`' own `generate` runs that token and decodes over the cache, with
-lm-eval's stop sequences and `hf`'s kwargs rules. Plain prompts go to `HFLM`.
+The method prefills all but the last prompt token (`rf_eval.methods.requests.generation_cache`'s rule,
+timed); `transformers`' own `generate` runs that token and decodes over the cache
+(`requests.generate_after`, the one generation loop), with lm-eval's stop sequences and `hf`'s kwargs rules.
+Plain prompts go to `HFLM`.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from rf_eval.dropped_result import generation_inputs
-from rf_eval.method import (
+from rf_eval.methods.requests import (
     batched_prefills,
     empty_result,
-    forward_context,
+    generate_after,
     generation_cache_needed,
     generation_prompt,
     sampling_seed,
@@ -35,14 +35,14 @@ class GenerationMixin:
         return ids[0].tolist()
 
     def generate_tokens(
-        self, method: Any, prompt: list[int], gen_kwargs: dict, state: dict | None = None, plain: bool | None = None
+        self, method: Any, prompt: list[int], gen_kwargs: dict, state: dict | None = None, plan: Any = None
     ) -> tuple[list[int], list[str]]:
-        """Generate after `prompt` over an engine-prefilled cache, inside the caller's `forward_context(method)`;
-        returns (new tokens, stop strings).
+        """Generate after `prompt` over the method's cache, inside the caller's forward context; returns (new
+        tokens, stop strings).
 
         `state` (multi-turn) carries the cache between calls ({"result": PrefillResult});
         the tokens of `prompt` not yet in the cache are then run by the stock model.
-        `plain`: the request's decision (None: asked of the method here, when no cache is given).
+        `plan`: the prompt's (`Method.plan`, decided once; asked here when no cache is given and none is).
         """
         from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
         from lm_eval.models.utils_hf import stop_sequences_criteria
@@ -58,32 +58,19 @@ class GenerationMixin:
             torch.manual_seed(sampling_seed(self.settings.seed, prompt))
         state = state if state is not None else {}
         result = state.get("result")
-        if result is None and generation_cache_needed(method, prompt, plain):
-            ids = self.ids_tensor(generation_prompt(method, prompt))
-            result, state["cost"] = timed_prefill(method, ids, for_generation=True)
-        elif result is None:  # a plain prompt: `generate` prefills it itself, as under `hf`
-            result = empty_result(self.model)
-        pending = prompt[result.prompt_length : -1]
-        if pending and result.ragged:  # the stock mask cannot cover several new tokens over a ragged cache
-            method.extend(result, self.ids_tensor(pending))
-        tokens, positions = generation_inputs(result, prompt)  # a dropper's cache holds its kept rows only
-        ids = self.ids_tensor(tokens)
-        if positions is not None:
-            kwargs["position_ids"] = self.ids_tensor(positions)
-        out = self.model.generate(
-            input_ids=ids,
-            attention_mask=None if result.ragged else torch.ones_like(ids),
-            cache=result.cache,
-            max_length=max_length - len(prompt) + len(tokens),
-            stopping_criteria=stop_sequences_criteria(self.tokenizer, until, len(tokens), 1),
-            pad_token_id=self.tokenizer.pad_token_id,
-            use_cache=True,
-            **kwargs,
-        )
-        new = out[0, len(tokens) :].tolist()
-        result.prompt_length = len(prompt) + len(new) - 1  # generate does not run its last token
+        if result is None:
+            plan = plan if plan is not None else method.plan(len(prompt))
+            if generation_cache_needed(plan):
+                ids = self.ids_tensor(generation_prompt(method, prompt))
+                result, state["cost"] = timed_prefill(method, ids, plan, for_generation=True)
+            else:  # a plain prompt: `generate` prefills it itself, as under `hf`
+                result = empty_result(self.model)
+        out, fed = generate_after(
+            method, prompt, result, max_length=max_length,
+            criteria=lambda fed: stop_sequences_criteria(self.tokenizer, until, fed, 1),
+            pad_token_id=self.tokenizer.pad_token_id, use_cache=True, **kwargs)
         state["result"] = result
-        return new, until
+        return out[0, fed:].tolist(), until
 
     def _answer(self, tokens: list[int], until: list[str]) -> str:
         from lm_eval.models.utils import postprocess_generated_text
@@ -106,49 +93,53 @@ class GenerationMixin:
                 raise ValueError(f"max_gen_toks {kwargs['max_gen_toks']} must be below max_length {self.max_length}")
             ids = prompts[i] = self.encode_prompt(context, budget)  # `hf`'s left truncation
             sampled_with_seed = kwargs.get("do_sample") and self.settings.seed is not None
-            is_plain = self.method.is_plain(len(ids))  # the request's one plain decision
-            if is_plain and not sampled_with_seed:
-                plain.append(i)
+            plan = self.method.plan(len(ids))  # the request's one decision
+            if plan.plain and not sampled_with_seed:
+                plain.append((i, plan))
             else:
-                engine.append((i, ids, is_plain))
+                engine.append((i, ids, plan))
         if plain:  # `hf`'s own code, batched as `hf` batches (a single prompt's prefill timed: `_model_generate`)
-            for i, text in zip(plain, super().generate_until([requests[i] for i in plain], disable_tqdm)):
+            for (i, _), text in zip(plain, super().generate_until([requests[i] for i, _ in plain], disable_tqdm)):
                 out[i] = text
-            for i in plain:
+            for i, plan in plain:
                 seconds = self._plain_seconds.get(hash(tuple(prompts[i])))
-                self.item_costs.record(requests[i].args[0], self.plain_cost(prompts[i], seconds))
+                self.item_costs.record(requests[i].args[0], self.plain_cost(plan, seconds))
             self._plain_seconds.clear()
         bar = tqdm(total=len(engine), desc="Running generate_until requests (engine)",
                    disable=disable_tqdm or self.rank != 0 or not engine)
-        with forward_context(self.method) if engine else nullcontext():  # once, around every engine request
-            for i, ids, is_plain, state in self._generation_states(engine):
+        with self.method.forward_context() if engine else nullcontext():  # once, around every engine request
+            for i, ids, plan, state in self._generation_states(engine):
                 context, gen_kwargs = requests[i].args
-                tokens, until = self.generate_tokens(self.method, ids, gen_kwargs, state, is_plain)
-                self.item_costs.record(context, self._first_cost(ids, state))
+                tokens, until = self.generate_tokens(self.method, ids, gen_kwargs, state, plan)
+                self.item_costs.record(context, self._first_cost(self.method, plan, state))
                 out[i] = self._answer(tokens, until)
                 self.cache_hook.add_partial("generate_until", (context, gen_kwargs), out[i])
                 bar.update(1)
         bar.close()
         return out  # type: ignore[return-value]
 
-    def _first_cost(self, prompt: list[int], state: dict | None) -> Any:
-        """The cost of a generation's prompt: the method's prefill's (`timed_prefill`), else exact's (the
-        stock `generate` prefilled it: a plain prompt, or one of a single token)."""
+    def _first_cost(self, method: Any, plan: Any, state: dict | None) -> Any:
+        """The cost of a generation's prompt under `method` (`plan`: its plan): the method's prefill's
+        (`timed_prefill`), else exact's (the stock `generate` prefilled it: a plain prompt, or one of a single
+        token)."""
         cost = (state or {}).get("cost")
-        return cost if cost is not None else self.plain_cost(prompt)
+        return cost if cost is not None else method.prefill_cost(plan.n, plan=plan)
 
-    def _generation_states(self, engine: list[tuple[int, list[int], bool]]):
-        """(request, prompt, its plain decision, generate_tokens state) for each engine request: the prompts
+    def _generation_states(self, engine: list[tuple[int, list[int], Any]]):
+        """(request, prompt, its plan, generate_tokens state) for each engine request: the prompts
         `generation_cache` prefills (all but the last token) go `batch_size` at a time through
         `batched_prefills`, longest first; the others (plain, or a single token) start with no state, as
         `generation_cache` has it."""
-        prefilled = [(i, ids) for i, ids, plain in engine if generation_cache_needed(self.method, ids, plain)]
-        for i, ids, plain in engine:
-            if not generation_cache_needed(self.method, ids, plain):
-                yield i, ids, plain, None
-        heads = [generation_prompt(self.method, ids) for _, ids in prefilled]
-        for p, result, cost in batched_prefills(self.method, heads, self.continuation_batch, for_generation=True):
-            yield prefilled[p][0], prefilled[p][1], False, {"result": result, "cost": cost}
+        prefilled = [(i, ids, plan) for i, ids, plan in engine if generation_cache_needed(plan)]
+        for i, ids, plan in engine:
+            if not generation_cache_needed(plan):
+                yield i, ids, plan, None
+        heads = [generation_prompt(self.method, ids) for _, ids, _ in prefilled]
+        plans = [plan for _, _, plan in prefilled]
+        for p, result, cost in batched_prefills(self.method, heads, plans, self.continuation_batch,
+                                                for_generation=True):
+            i, ids, plan = prefilled[p]
+            yield i, ids, plan, {"result": result, "cost": cost}
 
     def multiturn_generate(self, requests: list) -> list[dict[str, Any]]:
         """Custom request type: later turns appended to the cache of the earlier ones (no second prefill).
@@ -173,12 +164,12 @@ class GenerationMixin:
         per_turn = gen_kwargs if isinstance(gen_kwargs, list) else [gen_kwargs] * len(turns)
         if len(per_turn) != len(turns):
             raise ValueError(f"multiturn_generate: {len(turns)} turns but {len(per_turn)} gen_kwargs")
-        with forward_context(self.method):
+        with self.method.forward_context():
             answers, first = self._run_turns(self.method, turns, per_turn)
         self.item_costs.record(turns, first)
         out = {"answers": answers}
         if self.settings.reference == "exact":
-            with forward_context(self.exact):
+            with self.exact.forward_context():
                 out["exact_answers"] = self._run_turns(self.exact, turns, per_turn)[0]
         return out
 
@@ -191,16 +182,15 @@ class GenerationMixin:
         seq = self.encode_prompt(turns[0], first_budget)
         state: dict[str, Any] = {}
         answers, first = [], None
+        plan = method.plan(len(seq))  # the first turn's prompt: the only one the method prefills
         for index, (text, kwargs) in enumerate(zip(turns, per_turn)):
             if index:
                 seq = seq + self.tok_encode(text, add_special_tokens=False)
             if len(seq) > self.max_length:
                 log.warning("multiturn_generate: turn %d runs to %d tokens, past max_length", index, len(seq))
+            tokens, until = self.generate_tokens(method, seq, kwargs, state, plan)
             if index == 0:
-                prompt = seq
-            tokens, until = self.generate_tokens(method, seq, kwargs, state)
-            if index == 0:
-                first = self._first_cost(prompt, state)
+                first = self._first_cost(method, plan, state)
             seq = seq + tokens
             answers.append(self._answer(tokens, until))
         return answers, first

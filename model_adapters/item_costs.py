@@ -1,9 +1,9 @@
 """The prefill cost of every prompt a `PrefillLM` run prefilled, kept until the tasks write it into their samples.
 
 lm-eval hands a task's `process_results` only the document and the responses,
-so the adapter keeps each prompt's `rf_eval.prefill_cost.PrefillCost` by its
+so the adapter keeps each prompt's `rf_eval.cost.prefill_cost.PrefillCost` by its
 request (`request_key`: the request's first argument, the prompt string the task
-built) and the task asks for it by the same prompt (`rf_eval.run_context.prompt_cost`,
+built) and the task asks for it by the same prompt (`rf_eval.harness.run_context.prompt_cost`,
 `rf_eval.tasks.common.cost_fields`). With `--use_cache` the records are kept in
 the run's request database beside the results, so a resumed run's cached
 requests still carry theirs.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rf_eval.prefill_cost import PrefillCost, request_key
+from rf_eval.cost.prefill_cost import PrefillCost, request_key
 
 #: the prefix of the cost records' keys in a --use_cache database (the results' keys are lm-eval's hashes)
 DB_PREFIX = "rf-eval:cost:"

@@ -1,4 +1,11 @@
-"""`PrefillLM`: lm-eval's `hf` model with prompts prefilled by an approximate-prefill method.
+"""`PrefillLM`: lm-eval's `hf` model with prompts prefilled by a prefill method, the one adapter of every method.
+
+    lm_eval --model prefill --model_args pretrained=MODEL,method=NAME[,<the method's arm fields>]
+
+lm-eval's names `ridgefill`, `rarecache`, `drop` and `prefill` are this one
+class with a default method (`rf_eval.methods.MODELS`: ridgefill, rarecache,
+gemfilter, none), so `--model ridgefill --model_args fill=ridge,...` and
+`--model prefill --model_args method=ridgefill,fill=ridge,...` are one run.
 
 A thin `HFLM` subclass, in the style of lm-eval's own `hf_steered.py`: HFLM
 loads the model and tokenizer (every `hf` model_arg works as for `--model hf`:
@@ -7,108 +14,71 @@ loads the model and tokenizer (every `hf` model_arg works as for `--model hf`:
 runs data parallel. This class overrides only the token-level requests
 (`_loglikelihood_tokens`, `generate_until`) and adds two request types
 (`token_logprobs`, `multiturn_generate`, in scoring.py and generation.py):
-requests whose prompt has no filled row go to `super()` unchanged (bitwise
-`hf`); the others are prefilled by the method (`rf_eval.method.PrefillMethod`)
-and read by the stock model.
+requests whose prompt is plain go to `super()` unchanged (bitwise `hf`); the
+others are prefilled by the method (`rf_eval.methods.base.Method`) and read by
+the stock model.
 
-With `$RF_EVAL_LEDGER` naming a run ledger (`rf-eval ledger`), the head it
-had when the run started (hash and entry count) is recorded in the results'
-`config.rf_eval.ledger`.
+model_args (`rf_eval.model_adapters.config.parse_model_args`: unknown, missing
+or contradictory keys fail before any weights load):
+  pretrained   HF folder or hub id; `demo` or absent: the embedded demo model
+  method       the prefill method (`rf-eval methods` lists them and their arm fields)
+  <loads>      what the method reads beside the model (RidgeFill's `maps`, RaReCache's `source` and `maps`)
+  <arm fields> the method's settings
+  reference    `exact`: also run the exact method on the same inputs (token_logprobs, multiturn_generate)
+               and record the engine floor (the partial path with every row exact against the stock model,
+               RidgeFill paper sections 4.3 and 9) as `rf_eval.engine_floor`
+  seed         sampled generation draws from a torch seed made of (seed, prompt tokens), per request
+  name         the arm's name in reports (a label)
+  every other key: as for lm-eval's `hf` model
 
-A subclass names its own model_args (`own_keys`) and builds its method in
-`build_method`; settings are checked in `parse` before any weights load.
+Thinking off by default (RidgeFill paper, section 3.2 and appendix E): where
+the chat template has an `enable_thinking` switch and the run sets neither
+`enable_thinking` nor `chat_template_args`, prompts render with
+enable_thinking=False (`rf_eval.chat`; `rf-eval serve` renders alike).
 
-Thinking off by default (RidgeFill paper, section 3.2 and appendix E: the
-protocols run with thinking off): when the model's chat template has an
-`enable_thinking` switch (Qwen3, Qwen3.5) and the run sets neither
-`enable_thinking` nor `chat_template_args={"enable_thinking": ...}`, the
-adapter renders chat prompts with enable_thinking=False. A value the user
-gives wins; one the template cannot render (the same prompt with
-enable_thinking True and False, or no chat template) is refused before the
-weights load. The results record what was rendered
-(`rf_eval.chat_template`: the switch, enable_thinking, the template's sha256
-and a rendered example with its sha256). The rule is `rf_eval.chat`'s, which
-`rf-eval serve` uses too, so served and adapter arms render alike.
-
-The adapter publishes its run facts (`rf_eval.run_context`): the arm's tail
-and the tokenizer's checkpoint, which the tasks read (`rf_eval.tasks.common`).
-
-With `reference=exact` the adapter measures the engine floor once at start
-(`measure_engine_floor`: the partial path with every row exact against the
-stock model on a short probe prompt, RidgeFill paper sections 4.3 and 9) and
-records it in the results as `rf_eval.engine_floor`, so every reported
-difference from exact can be read against the engine's own rounding.
+The adapter publishes its run facts (`rf_eval.run_context`): the arm's tail and
+the tokenizer's checkpoint, which the tasks read. With `$RF_EVAL_LEDGER` naming
+a run ledger (`rf-eval ledger`), the head it had when the run started is
+recorded in `config.rf_eval.ledger`. Results of every request type go to
+lm-eval's --use_cache database as they finish (`request_cache`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
 import torch
-from lm_eval.api.model import hash_args
 from lm_eval.models.huggingface import HFLM
-from tqdm import tqdm
 
-from rf_eval import run_context
-from rf_eval.loading_report import recording_missing_keys
-from rf_eval.method import input_device
-from rf_eval.model_adapters.config import ModelArgsError, merge_lm_eval_flags
+from rf_eval.demo.study import demo_task_defaults
+from rf_eval.devices import input_device
+from rf_eval.fields import ArmError
+from rf_eval.fills.loading_report import recording_missing_keys
+from rf_eval.harness import run_context
+from rf_eval.methods.exact import Exact
+from rf_eval.model_adapters.config import ModelArgsError, RunSettings, merge_lm_eval_flags, parse_model_args
 from rf_eval.model_adapters.generation import GenerationMixin
 from rf_eval.model_adapters.item_costs import ItemCosts
+from rf_eval.model_adapters.request_cache import RequestCacheMixin
 from rf_eval.model_adapters.run_records import ChatRendering, ledger_head, measure_engine_floor
 from rf_eval.model_adapters.scoring import ScoringMixin
 from rf_eval.prefill_timer import FirstForward, timer_label
-from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.ridge.maps import MapError
 from rf_eval.version import __version__
-from rf_eval.weights import weights_fingerprint
 
 log = logging.getLogger(__name__)
 
-ARM_KEY = "rf-eval:arm"  # where the adapter records its arm in a --use_cache database
-#: `hf` keys that never change a result (left out of the --use_cache arm fingerprint)
-_NOT_RESULTS = {"device", "batch_size", "max_batch_size", "parallelize", "device_map", "max_memory_per_gpu",
-                "max_cpu_memory", "offload_folder"}
 
+class PrefillLM(RequestCacheMixin, ScoringMixin, GenerationMixin, HFLM):
+    """Every rf-eval lm-eval model; see the module docstring."""
 
-#: what the arm's fingerprint records of its inputs' contents, beside its settings (name in a warning)
-_CONTENTS = {"weights": "weights", "weights_sha256": "weights", "maps_sha256": "maps", "maps_metadata": "maps",
-             "source_weights_sha256": "weights"}
-
-
-def stale_contents(stored: str, fingerprint: dict[str, Any]) -> list[str] | None:
-    """What changed between a cache's recorded arm and this arm when only their inputs' contents differ
-    (weights or maps changed in place: the cache is stale), else None (another arm's settings)."""
-    try:
-        old = json.loads(stored)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(old, dict):
-        return None
-    new = json.loads(json.dumps(fingerprint, sort_keys=True, default=str))
-
-    def settings(fp: dict[str, Any]) -> dict[str, Any]:
-        arm = {k: v for k, v in (fp.get("arm") or {}).items() if k not in _CONTENTS}
-        return {**{k: v for k, v in fp.items() if k not in _CONTENTS}, "arm": arm}
-
-    if settings(old) != settings(new):
-        return None
-    pairs = [(old, new), (old.get("arm") or {}, new.get("arm") or {})]
-    return sorted({_CONTENTS[k] for a, b in pairs for k in _CONTENTS if a.get(k) != b.get(k)})
-
-
-class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
-    """Shared by `--model ridgefill` and `--model rarecache`; see the module docstring."""
-
-    method_name: ClassVar[str] = ""  # the lm-eval model name (`run_context` tells the tasks which adapter runs)
-
-    def __init__(self, pretrained: str | None = None, **model_args: Any) -> None:
-        settings, hf_args = self.parse({"pretrained": pretrained, **model_args})
+    def __init__(self, pretrained: str | None = None, *, model_name: str = "prefill", **model_args: Any) -> None:
+        settings, hf_args = parse_model_args({"pretrained": pretrained, **model_args}, model_name)
         self.ledger_head = ledger_head()  # read (and verified) before the weights load
         ChatRendering.check_before_load(settings.pretrained, hf_args)  # a thinking setting no prompt can carry
-        self.settings = settings
-        self._hf_args = hf_args
+        self.settings, self._hf_args = settings, hf_args
         self.item_costs = ItemCosts()  # each prompt's prefill cost, for the tasks' samples
         self._plain_seconds: dict[int, float | None] = {}  # `hf`'s own prefills, by the hash of their tokens
         with recording_missing_keys():  # an arm that reads a tensor the checkpoint lacked is refused
@@ -117,74 +87,79 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
         self.chat_template_args = self.chat.args  # what HFLM's apply_chat_template renders with
         if self.chat.thinking_default:
             self.enable_thinking = False
-        self.method, self.exact = self.build_method()
+        self.method = self.build_method(settings)
+        self.exact = Exact(self.model, self.tokenizer)  # the `reference=exact` pass, over the same weights
         run_context.publish(self, self.run_facts())
-        self.engine_floor = (measure_engine_floor(self.model, self.exact, self.floor_split(), self.max_length,
+        self.engine_floor = (measure_engine_floor(self.model, self.exact, self.method.floor_split(), self.max_length,
                                                   self.input_device)
                              if settings.reference == "exact" else None)
 
-    # ---- what a subclass provides -------------------------------------------------
+    def build_method(self, settings: RunSettings) -> Any:
+        """The arm's method over the loaded model, with what it loads beside it (`Method.load`)."""
+        cls = settings.method
+        try:
+            parts = {**settings.parts, **cls.load(settings.arm, settings.source, self.model)}
+            return cls(self.model, self.tokenizer, settings.arm, **parts)
+        except MapError as err:  # maps fitted on other weights: the one rule that needs them loaded
+            raise ModelArgsError(f"maps={settings.source.files.get('maps')!r}: {err}") from err
+        except ArmError as err:
+            raise ModelArgsError(f"method={cls.name}: {err}") from err
+
+    # ---- construction: lm-eval's names of this class ------------------------------------
     @classmethod
-    def parse(cls, args: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        """(settings, keyword arguments for HFLM), checked before any weights load."""
-        raise NotImplementedError
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None,
+                               model_name: str = "prefill") -> PrefillLM:
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls(model_name=model_name, **merge_lm_eval_flags(simple_parse_args_string(arg_string),
+                                                                additional_config))
 
     @classmethod
-    def preflight(cls, args: dict[str, Any]) -> Any:
-        """The arm of `args`, checked as far as can be before a study runs (`rf_eval.study.preflight`): a
-        ModelArgsError or ArmError naming a bad value. The default is `parse`'s arm; an adapter whose parse
-        reads files a study may only write later (RidgeFill's maps) checks without reading them."""
-        return cls.parse(args)[0].arm
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None,
+                            model_name: str = "prefill") -> PrefillLM:
+        return cls(model_name=model_name, **merge_lm_eval_flags(arg_dict, additional_config))
 
-    def build_method(self) -> tuple[Any, Any]:
-        """(the arm's method, the exact method) over `self.model`."""
-        raise NotImplementedError
-
-    def exact_method(self) -> RidgeFill:
-        """The exact arm over `self.model` (the `reference=exact` pass and the engine floor's), for an adapter
-        whose method has no exact arm of its own (RidgeFill's is `RidgeFill.reference`)."""
-        return RidgeFill(self.model, self.tokenizer, fill="exact")
+    # ---- a served request's arm (`rf_eval.serving`) -----------------------------------------
+    def arm_fields(self) -> tuple[str, ...]:
+        """The fields a served request's arm may set: the method's arm's."""
+        return type(self.method).arm_fields()
 
     def arm_with(self, fields: dict[str, Any]) -> Any:
-        """The adapter's arm with `fields` applied and checked (an `ArmError` naming a bad one): the arm of a
-        served request (`rf_eval.serving.arms`)."""
-        raise NotImplementedError
+        """The arm with `fields` applied and checked (an `ArmError` naming a bad one)."""
+        return self.method.updated_arm(fields)
 
     def method_for(self, arm: Any) -> Any:
-        """The method of `arm` (one `arm_with` made) over this adapter's models; its own for its own arm."""
-        raise NotImplementedError
+        """The method of `arm` (one `arm_with` made) over this adapter's model and parts."""
+        return self.method.rebuilt(arm)
 
-    def arm_fields(self) -> tuple[str, ...]:
-        """The fields `arm_with` takes: the arm spec's."""
-        return type(self.settings.arm).fields()
-
+    # ---- what the run records ---------------------------------------------------------------
     def arm_info(self) -> dict[str, Any]:
-        return {**self.method.provenance(), "reference": self.settings.reference,
+        """The method's provenance, the files it read, the reference and the chat rendering."""
+        files = {f"{key}_path": self.settings.source.files.get(key) for key in type(self.method).loads}
+        return {**self.method.provenance(), **files, "reference": self.settings.reference,
                 "chat_template": self.chat.record()}
 
     def run_facts(self) -> dict[str, Any]:
-        """What the tasks scoring this run read (`rf_eval.run_context`); a subclass adds its arm's tail."""
+        """What the tasks scoring this run read (`rf_eval.run_context`)."""
         tokenizer = self._hf_args.get("tokenizer")
-        return {"adapter": self.method_name, "pretrained": self.settings.pretrained, "max_length": self.max_length,
-                "tokenizer": tokenizer if isinstance(tokenizer, str) else self.settings.pretrained}
+        facts = {"adapter": self.method.name, "pretrained": self.settings.pretrained,
+                 "max_length": self.max_length,
+                 "tokenizer": tokenizer if isinstance(tokenizer, str) else self.settings.pretrained,
+                 **self.method.run_facts()}
+        if self.settings.demo:
+            facts["task_defaults"] = demo_task_defaults()
+        return facts
 
-    def floor_split(self) -> int:
-        """The split the engine floor is measured at: the arm's (at least 1: a fill from split states)."""
-        plan = getattr(self.method, "plan", None)
-        return max(int(getattr(plan, "split", 1)), 1)
+    def get_model_info(self) -> dict[str, Any]:
+        """Recorded by lm-eval in the results JSON ("config"): `hf`'s, plus the arm (and its engine floor)."""
+        info = {**self.arm_info(), "prefill_timer": timer_label(self.input_device)}
+        if self.ledger_head is not None:  # `rf-eval report --ledger` / `ledger verify --expect-head` check it
+            info = {**info, "ledger": self.ledger_head}
+        if self.engine_floor is not None:
+            info = {**info, "engine_floor": self.engine_floor}
+        return {**super().get_model_info(), "rf_eval_version": __version__, "rf_eval": info}
 
-    # ---- construction -------------------------------------------------------------
-    @classmethod
-    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
-        from lm_eval.utils import simple_parse_args_string
-
-        return cls(**merge_lm_eval_flags(simple_parse_args_string(arg_string), additional_config))
-
-    @classmethod
-    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
-        return cls(**merge_lm_eval_flags(arg_dict, additional_config))
-
-    # ---- the engine path's helpers --------------------------------------------------
+    # ---- the engine path's helpers --------------------------------------------------------
     @property
     def input_device(self) -> torch.device:
         """Where prompt ids go (also for a model placed across devices or offloaded by accelerate)."""
@@ -198,10 +173,9 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
     def ids_tensor(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor([ids], device=self.input_device)
 
-    # ---- cost records ---------------------------------------------------------------
-    def plain_cost(self, prompt: list[int], seconds: float | None = None) -> Any:
-        """The cost of a prompt the stock model prefilled (exact's; `seconds` where its prefill was timed)."""
-        return self.method.prefill_cost(len(prompt)).timed(seconds)
+    def plain_cost(self, plan: Any, seconds: float | None = None) -> Any:
+        """The cost of a prompt the stock model prefilled (`plan`: its plain plan; `seconds` where timed)."""
+        return self.method.prefill_cost(plan.n, plan=plan).timed(seconds)
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **kwargs: Any) -> torch.Tensor:
         """`hf`'s generate, with the prefill of a single prompt timed (`FirstForward`: hooks, the computation
@@ -213,69 +187,31 @@ class PrefillLM(ScoringMixin, GenerationMixin, HFLM):
         self._plain_seconds[hash(tuple(context[0].tolist()))] = clock.seconds
         return out
 
-    # ---- lm-eval plumbing -----------------------------------------------------------
-    def get_model_info(self) -> dict[str, Any]:
-        """Recorded by lm-eval in the results JSON ("config"): `hf`'s, plus the arm (and its engine floor)."""
-        info = {**self.arm_info(), "prefill_timer": timer_label(self.input_device)}
-        if self.ledger_head is not None:  # `rf-eval report --ledger` / `ledger verify --expect-head` check it
-            info = {**info, "ledger": self.ledger_head}
-        if self.engine_floor is not None:
-            info = {**info, "engine_floor": self.engine_floor}
-        return {**super().get_model_info(), "rf_eval_version": __version__, "rf_eval": info}
 
-    def set_cache_hook(self, cache_hook) -> None:
-        """Refuse a --use_cache database written by another arm (its keys are request args only); empty one
-        written by this arm on other weights or maps (`stale_contents`: refit in place), so it reruns."""
-        super().set_cache_hook(cache_hook)
-        db = cache_hook.dbdict
-        if db is None:
-            return
-        self.item_costs.db = db
-        fingerprint = self.arm_fingerprint()
-        mine = json.dumps(fingerprint, sort_keys=True, default=str)
-        stored = db.get(ARM_KEY)
-        if stored is None and len(db) > 0:
-            raise ModelArgsError("the --use_cache database holds results of another model; give this arm its own path")
-        if stored is not None and stored != mine:
-            changed = stale_contents(stored, fingerprint)
-            if changed is None:
-                raise ModelArgsError(
-                    f"the --use_cache database holds results of another arm ({stored}); this arm is {mine}. "
-                    "Give each arm its own --use_cache path."
-                )
-            log.warning("the --use_cache database %s holds this arm's results from other %s: its %d entries are "
-                        "dropped and recomputed", getattr(db, "filename", ""), " and ".join(changed), len(db) - 1)
-            db.clear()
-            stored = None
-        if stored is None:
-            db[ARM_KEY] = mine
-            db.commit()
+@dataclass(frozen=True)
+class ModelName:
+    """One of lm-eval's names of `PrefillLM` (`--model ridgefill`): the class with a default method.
 
-    def arm_fingerprint(self) -> dict[str, Any]:
-        hf = {k: v for k, v in self._hf_args.items() if k not in _NOT_RESULTS}
+    lm-eval builds a model with `create_from_arg_string` (or `_obj`) of what its registry holds under the
+    name; this object builds a `PrefillLM` that runs `MODELS[name]` when model_args name no method."""
 
-        # the weights themselves, not only their path: weights changed in place get a fresh cache
-        return {"adapter": type(self).__name__, "pretrained": self.settings.pretrained, "hf": hf,
-                "arm": self.arm_info(), "max_length": self.max_length, "weights": weights_fingerprint(self.model)}
+    name: str
+    #: the class every name builds
+    lm_class = PrefillLM
 
-    def _cached(self, attr: str, requests: list, compute) -> list:
-        """Results of a custom request type, through the --use_cache database like lm-eval's own types."""
-        db = self.cache_hook.dbdict
-        out = []
-        for req in tqdm(requests, desc=f"Running {attr} requests", disable=self.rank != 0):
-            sampled = _samples(req.args)
-            key = hash_args(attr, req.args) if db is not None and not sampled else None
-            if key is not None and key in db:
-                out.append(db[key])
-                continue
-            res = compute(*req.args)
-            self.cache_hook.add_partial(attr, req.args, res)
-            out.append(res)
-        return out
+    def create_from_arg_string(self, arg_string: str, additional_config: dict | None = None) -> PrefillLM:
+        return PrefillLM.create_from_arg_string(arg_string, additional_config, model_name=self.name)
+
+    def create_from_arg_obj(self, arg_dict: dict, additional_config: dict | None = None) -> PrefillLM:
+        return PrefillLM.create_from_arg_obj(arg_dict, additional_config, model_name=self.name)
+
+    def __call__(self, *args: Any, **model_args: Any) -> PrefillLM:
+        return PrefillLM(*args, model_name=self.name, **model_args)
 
 
-def _samples(args: tuple) -> bool:
-    """True for requests that sample (lm-eval does not cache those)."""
-    kwargs = args[-1] if args else None
-    items = kwargs if isinstance(kwargs, list) else [kwargs]
-    return any(isinstance(k, dict) and k.get("do_sample") for k in items)
+#: what lm-eval's registry holds under each name (`rf_eval.model_adapters.startup.MODELS`, pyproject's entry
+#: points): `PrefillLM`, running `rf_eval.methods.MODELS[name]` where model_args name no method
+ridgefill = ModelName("ridgefill")
+rarecache = ModelName("rarecache")
+drop = ModelName("drop")
+prefill = ModelName("prefill")

@@ -3,7 +3,7 @@ adapter itself holds only request plumbing:
 
 - `ledger_head()`: the head of `$RF_EVAL_LEDGER` the run started from (read and verified before any weights
   load), recorded as `config.rf_eval.ledger` (`rf-eval report --ledger` checks it).
-- `ChatRendering`: the chat-template arguments prompts render with, by `rf_eval.chat`'s rule (thinking off
+- `ChatRendering`: the chat-template arguments prompts render with, by `rf_eval.harness.chat`'s rule (thinking off
   by default where the template has a switch: RidgeFill paper section 3.2, appendix E; a thinking setting
   the template cannot render refused), and their record.
 - `measure_engine_floor`: the partial path with every row exact against the stock model on a seeded probe
@@ -18,9 +18,8 @@ from typing import Any
 
 import torch
 
-from rf_eval import chat
 from rf_eval.engine import engine_floor
-from rf_eval.method import forward_context
+from rf_eval.harness import chat
 from rf_eval.model_adapters.config import ModelArgsError
 from rf_eval.stats.ledger import LedgerError, ledger_from_env
 
@@ -49,7 +48,7 @@ class ChatRendering:
 
     @classmethod
     def for_run(cls, hf_args: dict[str, Any], tokenizer: Any) -> ChatRendering:
-        """The run's rendering; a thinking setting its template cannot render is refused (`rf_eval.chat`; the
+        """The run's rendering; a thinking setting its template cannot render is refused (`rf_eval.harness.chat`; the
         model_args check has refused it before the weights loaded wherever the tokenizer loads alone)."""
         chat.check_thinking(tokenizer, hf_args, getattr(tokenizer, "name_or_path", ""))
         args, off = chat.template_args(hf_args, getattr(tokenizer, "chat_template", None))
@@ -59,13 +58,13 @@ class ChatRendering:
         return cls(tokenizer, args, off)
 
     def record(self) -> dict[str, Any] | None:
-        """What chat prompts are rendered with (`rf_eval.chat.record`)."""
+        """What chat prompts are rendered with (`rf_eval.harness.chat.record`)."""
         return chat.record(self.tokenizer, self.args, self.thinking_default)
 
     @staticmethod
     def check_before_load(pretrained: str, hf_args: dict[str, Any]) -> None:
         """A thinking setting (`enable_thinking`, or in `chat_template_args`) the checkpoint's chat template
-        cannot render, refused before the weights load (`rf_eval.chat.check_thinking`). Only a run that sets
+        cannot render, refused before the weights load (`rf_eval.harness.chat.check_thinking`). Only a run that sets
         one pays for loading the tokenizer here; where it cannot load alone, `for_run` checks the one HFLM
         loads."""
         if chat.template_args(hf_args, None)[0].get(chat.THINKING) is None or not pretrained:
@@ -88,7 +87,7 @@ def measure_engine_floor(model: Any, exact: Any, split: int, max_length: int, de
     n = min(FLOOR_PROBE_TOKENS, int(max_length))
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, int(model.config.vocab_size), (1, n), generator=gen).to(device)
-    with forward_context(exact):
+    with exact.forward_context():
         floor = engine_floor(model, ids, split)
     log.info("engine floor (partial path, every row exact, %d tokens, split %d): %s", n, split, floor)
     return {**floor, "probe_tokens": n, "split": split}

@@ -16,28 +16,28 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from rf_eval import plain_rows
-from rf_eval.engine import PrefillResult
-from rf_eval.method import batched_prefills, forward_context, timed_prefill
+from rf_eval.engine import PrefillResult, shared_rows
+from rf_eval.methods.requests import batched_prefills, timed_prefill
 
 
 class ScoringMixin:
     def score_continuations(self, method: Any, prompt: list[int], conts: list[list[int]],
-                            result: PrefillResult | None = None, plain: bool | None = None) -> list[torch.Tensor]:
+                            result: PrefillResult | None = None, plan: Any = None) -> list[torch.Tensor]:
         """Log-softmax rows (len(cont), V) predicting each continuation after `prompt`, inside the caller's
-        `forward_context(method)`.
+        forward context of `method`.
 
         The method prefills `prompt` once (`result`, when the caller prefilled it
         in a batch): the first row is the prefill's last-row logits, the others come
         from the stock model over the prompt's cache, `batch_size` continuations at a
         time over copies of it (the last batch uses the cache itself). A plain prompt
-        runs with its continuation as one stock forward, as `hf` does. `plain`: the
-        request's decision (None: asked of the method here).
+        runs with its continuation as one stock forward, as `hf` does. `plan`: the
+        prompt's (`Method.plan`, the request's one decision; None: asked of the method here).
         """
-        if method.is_plain(len(prompt)) if plain is None else plain:
+        plan = plan if plan is not None else method.plan(len(prompt))
+        if plan.plain:
             return self._score_plain(prompt, conts)
         if result is None:
-            result = method.prefill(self.ids_tensor(prompt))
+            result = method.prefill(self.ids_tensor(prompt), plan=plan)
         first = F.log_softmax(result.logits, dim=-1)  # (1, V), in the logits' dtype, as `hf`
         rows: list[torch.Tensor] = [first] * len(conts)
         longer = [j for j, c in enumerate(conts) if len(c) > 1]
@@ -68,7 +68,7 @@ class ScoringMixin:
         keys = sorted(inputs, key=len, reverse=True)
         step = self.continuation_batch
         first = len(prompt) - 1  # the row that predicts the first continuation token
-        shared = len(keys) == 1 and plain_rows.active()  # one forward alone: rows another arm may share
+        shared = len(keys) == 1 and shared_rows.active()  # one forward alone: rows another arm may share
         for start in range(0, len(keys), step):
             chunk = keys[start : start + step]
             logprobs = self._shared_logprobs(chunk[0], first) if shared else self._plain_logprobs(chunk, first)
@@ -84,15 +84,15 @@ class ScoringMixin:
         return F.log_softmax(logits, dim=-1)
 
     def _shared_logprobs(self, tokens: tuple[int, ...], first: int) -> torch.Tensor:
-        """`_plain_logprobs` of one input inside `plain_rows.shared_rows()`: the rows an earlier arm of this
+        """`_plain_logprobs` of one input inside `shared_rows.shared_rows()`: the rows an earlier arm of this
         process computed from the same weights and tokens, else computed and kept for the next."""
-        key = plain_rows.model_key(self.model, self.input_device)
+        key = shared_rows.model_key(self.model, self.input_device)
         if key is None:  # weights not all in memory: nothing to share under
             return self._plain_logprobs([tokens], first)
-        found = plain_rows.lookup(key, tokens, first, self.input_device)
+        found = shared_rows.lookup(key, tokens, first, self.input_device)
         if found is None:
             found = self._plain_logprobs([tokens], first)
-            plain_rows.keep(key, tokens, first, found)
+            shared_rows.keep(key, tokens, first, found)
         return found
 
     def _encode_request(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -116,10 +116,12 @@ class ScoringMixin:
         """`hf`'s loglikelihood for plain prompts; one method prefill per distinct prompt for the others."""
         results: list[tuple[float, bool] | None] = [None] * len(requests)
         groups: dict[tuple[int, ...], list[int]] = {}
+        plans: dict[int, Any] = {}  # by prompt length: one decision per length (the plan is a function of it)
         plain = []
         for i, (_key, context, continuation) in enumerate(requests):
             prompt, _cut = self._truncate(context, continuation)
-            if self.method.is_plain(len(prompt)):
+            plan = plans.get(len(prompt)) or plans.setdefault(len(prompt), self.method.plan(len(prompt)))
+            if plan.plain:
                 plain.append(i)
             else:
                 groups.setdefault(tuple(prompt), []).append(i)
@@ -128,17 +130,19 @@ class ScoringMixin:
             for i, answer in zip(plain, answers):
                 results[i] = answer
                 # exact's cost; no seconds: the prompt and its continuation run as one forward
-                self.item_costs.record(_context(requests[i]), self.plain_cost(self._truncate(*requests[i][1:])[0]))
+                n = len(self._truncate(*requests[i][1:])[0])
+                self.item_costs.record(_context(requests[i]), self.plain_cost(plans[n]))
         bar = tqdm(total=sum(map(len, groups.values())), desc="Running loglikelihood requests (engine)",
                    disable=disable_tqdm or self.rank != 0 or not groups)
         prompts = list(groups)  # longest first, as `hf` (memory errors show early), `batch_size` prompts at a time
-        with forward_context(self.method) if groups else nullcontext():  # once, around every filled prompt
-            for p, prefilled, cost in batched_prefills(self.method, prompts, self.continuation_batch):
+        prompt_plans = [plans[len(p)] for p in prompts]
+        with self.method.forward_context() if groups else nullcontext():  # once, around every filled prompt
+            for p, prefilled, cost in batched_prefills(self.method, prompts, prompt_plans, self.continuation_batch):
                 members = groups[prompts[p]]
                 conts = [requests[i][2] for i in members]
                 for i in members:
                     self.item_costs.record(_context(requests[i]), cost)
-                scored = self.score_continuations(self.method, list(prompts[p]), conts, prefilled, plain=False)
+                scored = self.score_continuations(self.method, list(prompts[p]), conts, prefilled, prompt_plans[p])
                 for i, cont, rows in zip(members, conts, scored):
                     target = torch.tensor(cont, device=rows.device)[None]  # (1, k), summed as `hf` sums
                     greedy = bool((rows.argmax(-1)[None] == target).all())
@@ -177,7 +181,7 @@ class ScoringMixin:
                 raise ValueError(f"token_logprobs: continuation dict must be {{'exact_greedy': k >= 1}}, got {continuation}")
             ctx = self.encode_prompt(context)
             kept = ctx[-(self.max_length - k) :]
-            with forward_context(self.exact):
+            with self.exact.forward_context():
                 cont, _ = self.generate_tokens(self.exact, kept, {"until": [], "max_gen_toks": k, "do_sample": False})
             extra = {"text": self.tok_decode(cont)}
             ctx_truncated = len(ctx) - len(kept)
@@ -187,10 +191,11 @@ class ScoringMixin:
         if not cont:
             raise ValueError("token_logprobs: empty continuation")
         target = torch.tensor(cont, device=self.input_device)
-        plain = self.method.is_plain(len(kept))
-        with forward_context(self.method):
-            prefilled, cost = (None, self.plain_cost(kept)) if plain else timed_prefill(self.method, self.ids_tensor(kept))
-            arm = self.score_continuations(self.method, kept, [cont], prefilled, plain)[0]
+        plan = self.method.plan(len(kept))  # the request's one decision
+        with self.method.forward_context():
+            prefilled, cost = ((None, self.plain_cost(plan)) if plan.plain
+                               else timed_prefill(self.method, self.ids_tensor(kept), plan))
+            arm = self.score_continuations(self.method, kept, [cont], prefilled, plan)[0]
         self.item_costs.record(context, cost)
         arm = arm.float().to(self.input_device)
         out: dict[str, Any] = {
@@ -202,7 +207,7 @@ class ScoringMixin:
             **extra,
         }
         if self.settings.reference == "exact":
-            with forward_context(self.exact):
+            with self.exact.forward_context():
                 exact = self.score_continuations(self.exact, kept, [cont])[0].float().to(self.input_device)
             out["exact_logprobs"] = exact.gather(1, target[:, None])[:, 0].tolist()
             out["kl"] = (exact.exp() * (exact - arm)).sum(-1).clamp_min(0).tolist()

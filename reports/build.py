@@ -2,7 +2,7 @@
 
 `build_report` reads the arms' output folders, checks them against the ledger when one is given, computes
 the paired statistics (`rf_eval.stats.summary.study_summary`) and writes them (`rf_eval.reports.render`).
-Every output path is checked before anything is read or written (`rf_eval.outputs.check_outputs`). Its
+Every output path is checked before anything is read or written (`rf_eval.files.outputs.check_outputs`). Its
 refusals are `UserError`s naming the `rf-eval report` option at fault (`--ledger`, `--html`, ...);
 `report_argv` is the command line that gives `rf-eval report` the same arguments.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rf_eval.errors import UserError
-from rf_eval.outputs import check_outputs
+from rf_eval.files.outputs import check_outputs
 from rf_eval.reports.render import write_reports
 from rf_eval.stats.copyable import DEFAULT_EDGES
 from rf_eval.stats.ledger import Head, LedgerError, check_head, ledger_head, verify_ledger

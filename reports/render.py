@@ -15,7 +15,7 @@ from typing import Any
 
 import jinja2
 
-from rf_eval.outputs import check_outputs, stamp, stamp_json, write_output
+from rf_eval.files.outputs import check_outputs, stamp, stamp_json, write_output
 from rf_eval.reports.charts import PALETTE, accuracy_by_length, forest_plot, frontier_chart, speed_chart
 
 __all__ = ["build_view", "render_html", "render_latex", "render_markdown", "write_reports"]
@@ -263,7 +263,7 @@ def write_reports(
 ) -> list[Path]:
     """Write each requested format; return the paths written (LaTeX: a fragment unless `latex_standalone`;
     JSON: the summary itself, every figure the tables show, before rounding). Every output is checked
-    (`rf_eval.outputs.check_outputs`: no folder, no file rf-eval did not write unless `overwrite`) and
+    (`rf_eval.files.outputs.check_outputs`: no folder, no file rf-eval did not write unless `overwrite`) and
     rendered before the first is written, so a refusal or a failed rendering leaves every file as it was;
     each carries rf-eval's output mark."""
 

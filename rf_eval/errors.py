@@ -5,7 +5,7 @@ A `UserError` is bad input or a missing file that the user can fix: its message
 names the value and what to do. `rf-eval` prints it as one line
 (`rf_eval.cli.main`); under the `lm_eval` command (and `python -m lm_eval`,
 `accelerate launch -m lm_eval`), rf-eval's startup hook wraps lm-eval's CLI
-(`one_line`, `rf_eval._startup`) so that a `UserError` anywhere in the chain of
+(`one_line`, `rf_eval.model_adapters.startup`) so that a `UserError` anywhere in the chain of
 what it raises, a missing data folder or a bad model_args value, is one line
 on stderr with exit status 2, not a traceback through lm-eval. Set
 RF_EVAL_TRACEBACK=1 to see the traceback.

@@ -1,12 +1,14 @@
 """One plug-in pattern for every kind of part rf-eval finds by name: fills, families, selectors, corrections.
 
 A kind is a base class, a package and a `Registry` (a read-only mapping, name -> class) that finds, with
-no list to edit: (1) the package's modules (not `skip`, not `_*`), each defining subclasses of the base
-that set `marker` (exactly one where `one_per_module`); (2) the modules of the folders in the path variable
-`env` (separated as in PATH, read when the package is first imported; they import as `<package>.<module>`,
-so a plug-in is one file outside the installed package); (3) the classes the entry-point group `group`
-names; (4) classes given to `register` at run time. A plug-in is named by its class's `name`, or
-(`by_module`: families) by its module, then imported only when looked up. A name defined twice is refused,
+no list to edit: (1) the package's modules (not `skip`, not `_*`; none where `own_modules` is off: a kind
+whose built-in plug-ins are entry points, as methods are), each defining subclasses of the base that set
+`marker` (exactly one where `one_per_module`); (2) the modules of the folders in the path variable `env`
+(separated as in PATH, read when the package is first imported; they import as `<package>.<module>`, so a
+plug-in is one file outside the installed package); (3) the classes the entry-point group `group` names,
+each under its entry point's name; (4) classes given to `register` at run time. A plug-in is named by its
+class's `name`, or (`by_module`: families) by its module; a module or an entry point is imported only when
+its plug-in is looked up. A name defined twice is refused,
 naming both definitions; a module that does not import, or a class that breaks the kind's contract
 (`check`), is one `PluginError` line (a `UserError`: no traceback) when the registry is first read.
 
@@ -43,10 +45,11 @@ class Registry(Mapping[str, type[P]]):
     def __init__(self, kind: str, base: type[P], package: str, *, env: str | None = None,
                  group: str | None = None, skip: Iterable[str] = ("base",), one_per_module: bool = True,
                  marker: str = "name", by_module: bool = False,
-                 check: Callable[[type[P], str], None] | None = None, error: type[PluginError] = PluginError):
+                 check: Callable[[type[P], str], None] | None = None, error: type[PluginError] = PluginError,
+                 own_modules: bool = True):
         self.kind, self.base, self.package, self.env, self.group = kind, base, package, env, group
         self.skip, self.one_per_module, self.marker = frozenset(skip), one_per_module, marker
-        self.by_module, self.check, self.error = by_module, check, error
+        self.by_module, self.check, self.error, self.own_modules = by_module, check, error, own_modules
         #: the folders the path variable adds to the package's own
         self.extra = tuple(p for p in os.environ.get(env, "").split(os.pathsep) if p) if env else ()
         module = sys.modules[package]
@@ -60,7 +63,7 @@ class Registry(Mapping[str, type[P]]):
         found = self._all()
         item = found[name]
         if not isinstance(item, type):  # a module (its folder) or an entry point, loaded when first looked up
-            found[name] = self._classes(name, item)[0] if isinstance(item, str) else self._load(item)
+            found[name] = self._classes(name, item)[0] if isinstance(item, str) else self._load(item, name)
         return found[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -118,7 +121,7 @@ class Registry(Mapping[str, type[P]]):
 
     def _scan(self, folders: tuple[str, ...]) -> dict[str, Any]:
         modules: dict[str, str] = {}
-        for folder in folders:
+        for folder in folders if self.own_modules else self.extra:
             for info in pkgutil.iter_modules([folder]):
                 if info.name.startswith("_") or info.name in self.skip:
                     continue
@@ -154,20 +157,21 @@ class Registry(Mapping[str, type[P]]):
                              f"subclass that sets {self.marker}; it defines {[c.__name__ for c in classes]}")
         return [self._checked(cls, module.__name__) for cls in classes]
 
-    def _load(self, entry: Any) -> type[P]:
+    def _load(self, entry: Any, name: str) -> type[P]:
         where = f"{self.kind} entry point {entry.name} ({entry.value})"
         try:
             cls = entry.load()
         except Exception as err:
             raise self.error(f"{where} does not import ({type(err).__name__}: {err})") from err
-        return self._checked(cls, where)
+        cls = self._checked(cls, where)
+        if not self.by_module and cls.name != name:
+            raise self.error(f"{where} names a {self.kind} called {cls.name!r}; name the entry point {cls.name}")
+        return cls
 
     def _entry_points(self) -> dict[str, Any]:
+        """The group's entry points by name, each imported when its plug-in is first looked up."""
         if self._entries is None:
-            self._entries = {}
-            for entry in entry_points(group=self.group) if self.group else ():
-                item = entry if self.by_module else self._load(entry)
-                self._entries[entry.name if self.by_module else item.name] = item
+            self._entries = {entry.name: entry for entry in (entry_points(group=self.group) if self.group else ())}
         return self._entries
 
     def _checked(self, cls: Any, where: str) -> type[P]:

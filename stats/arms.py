@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rf_eval.cost.budget import budget_name
+
 __all__ = ["name_arms", "parse_model_args"]
 
 _EXPLICIT = ("arm", "name")
-#: the setting an arm's name carries as a suffix, `ridge@0.5`: the compute budget (`rf_eval.budget`)
+#: the setting an arm's name carries as a suffix, `ridge@0.5`: the compute budget (`rf_eval.cost.budget`)
 BUDGET = "budget"
 
 
@@ -72,7 +74,7 @@ def name_arms(models: Sequence[str], model_args: Sequence[Mapping[str, str]]) ->
             value = _short(s[first]) if s.get(first) else "unset"
             base = f"{first}={value}" if value.replace(".", "", 1).isdigit() or value == "unset" else value
             names.append(",".join([base, *extra]))
-    names = [name if explicit or not budget else f"{name}@{budget}"
+    names = [name if explicit or not budget else budget_name(name, float(budget))
              for name, explicit, budget in zip(names, explicit_names, budgets)]
     seen: dict[str, int] = {}
     unique = []

@@ -8,7 +8,7 @@ list, filters or task version): the report would present such a difference as
 the method's. `check_comparable` compares every arm with the reference on
 
 - the model: the weights fingerprint the rf-eval adapters record
-  (`config.rf_eval.weights_sha256`, `rf_eval.weights`) where both arms have
+  (`config.rf_eval.weights_sha256`, `rf_eval.integrity.weights`) where both arms have
   one; otherwise the number of parameters lm-eval records and the
   `pretrained` model_arg;
 - each shared task's protocol fields (`PROTOCOL_FIELDS` of the task's config

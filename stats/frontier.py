@@ -1,7 +1,7 @@
 """Quality against cost: each arm's prefill cost beside its paired quality, the Pareto frontier, and the
 methods that share a budget compared with each other (DESIGN 3c; RidgeFill paper sections 6.2, 6.4, 8).
 
-Cost comes from the per-item records every rf-eval run writes (`rf_eval.prefill_cost`): an arm's MAC
+Cost comes from the per-item records every rf-eval run writes (`rf_eval.cost.prefill_cost`): an arm's MAC
 fraction over a set of prompts is the sum of its prefill MACs over the sum of exact's on the same prompts
 (each prompt once, whatever number of metrics it has), the MAC speedup its inverse; the measured speedup is
 the ratio of median prefill seconds, reference over arm, on the prompts both timed (`rf_eval.stats.speed`'s

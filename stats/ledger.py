@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from rf_eval.hashing import file_sha256
+from rf_eval.integrity.hashing import file_sha256
 
 __all__ = [
     "GENESIS", "LEDGER_ENV", "RESULTS", "Head", "LedgerEntry", "LedgerError", "append_entry", "append_record",

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from rf_eval.hashing import file_sha256
+from rf_eval.integrity.hashing import file_sha256
 from rf_eval.stats.ledger import RESULTS, LedgerEntry, LedgerError, append_record
 
 __all__ = ["check_results", "record_results", "recorded_files"]

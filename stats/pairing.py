@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from rf_eval.prefill_cost import COST_FIELDS
+from rf_eval.cost.prefill_cost import COST_FIELDS
 from rf_eval.stats.runs import ITEM_FIELDS
 
 __all__ = ["PAIR_KEYS", "PairingError", "pair_arms"]
@@ -39,7 +39,7 @@ def pair_arms(items: pd.DataFrame, arm: str, ref: str) -> pd.DataFrame:
     Returns one row per paired item: the keys, the shared item facts (metric,
     unit, length, domain, subtask, copyable: the facts bootstrap strata are made of),
     `arm` and `ref` scores, and the per-sample fields and cost columns of both arms
-    (`rf_eval.stats.runs.ITEM_FIELDS`, `rf_eval.prefill_cost.COST_FIELDS`, suffixed `_arm`
+    (`rf_eval.stats.runs.ITEM_FIELDS`, `rf_eval.cost.prefill_cost.COST_FIELDS`, suffixed `_arm`
     and `_ref`; None where `items` lacks one). `attrs["unpaired"]` counts the items only one
     of the two arms has.
     """

@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rf_eval.hashing import file_sha256
-from rf_eval.seal import PREFIX as SEAL_PREFIX
+from rf_eval.integrity.hashing import file_sha256
+from rf_eval.integrity.seal import PREFIX as SEAL_PREFIX
 
 #: task config fields that change how a document is scored without changing its prompt (`rf_eval.stats.comparable`)
 PROTOCOL_FIELDS = ("output_type", "metric_list", "generation_kwargs", "filter_list", "process_results", "repeats",

@@ -27,11 +27,11 @@ better, all in [0, 1]) are put in points (x100, section 3.4).
 Per-sample facts (`ITEM_FIELDS`: the length-cap flag `cap_hits` of the
 generation tasks, keytoken_nll's `copyable_share`) and per-item cost, as
 rf-eval's tasks record them beside their metrics
-(`rf_eval.prefill_cost.COST_FIELDS`: the arm's and exact's prefill MACs, their
+(`rf_eval.cost.prefill_cost.COST_FIELDS`: the arm's and exact's prefill MACs, their
 ratio, the measured `prefill_seconds`, the budget and its knob's value, the
 cache entries, ...), become columns of the same rows; an arm run without them
 (another lm-eval model, or an older rf-eval) has them empty.
-Every samples file is checked against the seal its run wrote (`rf_eval.seal`): one edited, truncated or
+Every samples file is checked against the seal its run wrote (`rf_eval.integrity.seal`): one edited, truncated or
 removed since is refused; an arm whose files carry no seal gets a note that it is unsealed.
 An arm run with `reference=exact` records its engine floor in the results'
 config (`rf_eval.engine_floor`, paper sections 4.3 and 9): `ArmRun.engine_floor`.
@@ -48,8 +48,8 @@ from typing import Any
 
 import pandas as pd
 
-from rf_eval.prefill_cost import COST_FIELDS
-from rf_eval.seal import check as check_seal
+from rf_eval.cost.prefill_cost import COST_FIELDS
+from rf_eval.integrity.seal import check as check_seal
 from rf_eval.stats.arms import name_arms, parse_model_args
 from rf_eval.stats.metric_choice import RULER_SCORE, doc_length, number, task_metrics
 from rf_eval.stats.provenance import (

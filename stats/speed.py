@@ -3,7 +3,7 @@
 The speedup is the ratio of median times, reference over arm, on the same items
 (per length where items carry one), reported without intervals as the paper
 reports timings; the ceiling is the MAC model's speedup as the arm recorded it
-(`mac_speedup` per item, `rf_eval.prefill_cost`), and `share` is how much of it was reached.
+(`mac_speedup` per item, `rf_eval.cost.prefill_cost`), and `share` is how much of it was reached.
 """
 
 from __future__ import annotations

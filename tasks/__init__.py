@@ -4,7 +4,7 @@ Installed as `rf_eval.tasks`. The YAML files live in data folders beside the
 Python modules (`ruler_filled/`, `ruler_second_question/`, `keytoken_nll/`,
 `decode_agreement/`, `longbench_v2_cot/`); the task classes they name are the modules here.
 
-Plain `lm_eval` finds them through rf-eval's startup hook (`rf_eval/_startup.py`).
+Plain `lm_eval` finds them through rf-eval's startup hook (`model_adapters/startup.py`).
 `task_dir()` is the same folder, for an explicit include path (a `TaskManager`
 built in Python, or a Python started with the hook switched off):
 

@@ -13,9 +13,9 @@ import statistics
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from rf_eval import run_context
+from rf_eval.cost.prefill_cost import COST_FIELDS, empty_fields
 from rf_eval.errors import UserError
-from rf_eval.prefill_cost import COST_FIELDS, empty_fields
+from rf_eval.harness import run_context
 
 
 def _present(values: Iterable[Any]) -> list[float]:
@@ -43,7 +43,7 @@ def metric_list(spec: dict[str, tuple[Callable[[Iterable[Any]], float], bool]]) 
     return [{"metric": k, "aggregation": agg, "higher_is_better": hib} for k, (agg, hib) in spec.items()]
 
 
-#: the cost fields every rf-eval task writes into its samples (`rf_eval.prefill_cost`), their aggregation (the
+#: the cost fields every rf-eval task writes into its samples (`rf_eval.cost.prefill_cost`), their aggregation (the
 #: mean over the samples that have one) and whether higher is better
 COST_METRICS: dict[str, tuple[Callable[[Iterable[Any]], float], bool]] = {
     name: (mean_present, name in ("mac_speedup", "layer_pass_speedup")) for name in COST_FIELDS
@@ -52,7 +52,7 @@ COST_METRICS: dict[str, tuple[Callable[[Iterable[Any]], float], bool]] = {
 
 def cost_fields(prompt: Any) -> dict[str, Any]:
     """The prefill cost the run's rf-eval adapter recorded for the request whose first argument is `prompt`
-    (`rf_eval.run_context.prompt_cost`), as a sample's fields; every field None under another lm-eval model
+    (`rf_eval.harness.run_context.prompt_cost`), as a sample's fields; every field None under another lm-eval model
     (the report then has no cost for that arm)."""
 
     return run_context.prompt_cost(prompt) or empty_fields()
@@ -108,7 +108,7 @@ class TailMismatch(UserError):
 
 
 def run_model() -> dict[str, Any] | None:
-    """Facts of the rf-eval adapter this process evaluates (`rf_eval.run_context`), or None."""
+    """Facts of the rf-eval adapter this process evaluates (`rf_eval.harness.run_context`), or None."""
 
     return run_context.current()
 

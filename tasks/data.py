@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rf_eval.errors import UserError
-from rf_eval.lm_eval_ruler import offline
+from rf_eval.harness.lm_eval_ruler import offline
 from rf_eval.tasks.data_sources import SOURCES, source
 from rf_eval.tasks.data_sources.base import MANIFEST
 

@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from rf_eval.data_files import check_fields, read_json
 from rf_eval.errors import UserError
+from rf_eval.files.data_files import check_fields, read_json
 from rf_eval.tasks.data_needs import DOCS_TASKS, sources_of, task_configs
 from rf_eval.tasks.data_sources import source
 from rf_eval.tasks.data_sources.base import MANIFEST, write_text

@@ -1,5 +1,5 @@
 """The files `keytoken_nll` (and `decode_agreement`) read: the documents (`docs`) and an exact run's
-samples file (`key_reference`), each checked where it is read (`rf_eval.data_files`).
+samples file (`key_reference`), each checked where it is read (`rf_eval.files.data_files`).
 
 Documents: a folder of `.txt` files (one document each, id = path under the
 folder, domain = subfolder) and/or `.jsonl` files (one {"text", optional
@@ -20,8 +20,8 @@ import ast
 from pathlib import Path
 from typing import Any
 
-from rf_eval.data_files import DataFileError, check_fields, folder_files, iter_jsonl, read_text
 from rf_eval.errors import UserError
+from rf_eval.files.data_files import DataFileError, check_fields, folder_files, iter_jsonl, read_text
 
 DOCS_OPTION = "docs"
 REFERENCE_OPTION = "key_reference"

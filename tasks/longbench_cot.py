@@ -43,8 +43,8 @@ from typing import Any
 
 from lm_eval.api.task import ConfigurableTask
 
-from rf_eval.data_files import check_items, iter_jsonl, read_json, read_text
 from rf_eval.errors import UserError
+from rf_eval.files.data_files import check_items, iter_jsonl, read_json, read_text
 from rf_eval.tasks import request_types
 from rf_eval.tasks.common import (
     CAP_METRICS,

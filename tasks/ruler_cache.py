@@ -34,8 +34,8 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from rf_eval import lm_eval_ruler
-from rf_eval.cache_folder import CacheFolder
+from rf_eval.files.cache_folder import CacheFolder
+from rf_eval.harness import lm_eval_ruler
 from rf_eval.tasks.common import tokenizer_name
 
 log = logging.getLogger("lm_eval.rf_eval.ruler_cache")  # shown in lm-eval's own log of the run

@@ -35,7 +35,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rf_eval.data_files import (
+from rf_eval.errors import UserError
+from rf_eval.files.data_files import (
     DataFileError,
     check_fields,
     check_items,
@@ -44,8 +45,7 @@ from rf_eval.data_files import (
     read_jsonl,
     read_text,
 )
-from rf_eval.errors import UserError
-from rf_eval.lm_eval_ruler import ESSAY_HAYSTACK, offline, patched, ruler_module
+from rf_eval.harness.lm_eval_ruler import ESSAY_HAYSTACK, offline, patched, ruler_module
 from rf_eval.tasks import ruler_cache
 from rf_eval.tasks.common import tokenizer_name, with_run_defaults
 from rf_eval.tasks.data import SOURCES, local_copy, missing_message, use_nltk_data
@@ -81,7 +81,7 @@ class RulerDataError(UserError, RuntimeError):
 def load_essays(path: str | Path) -> list[str]:
     """Essay texts from a local copy: a .txt file, a folder of .txt files (sorted by
     name), or a .jsonl / .json / .parquet file with a `text` field (rows in order); a bad
-    file is named with its line or row and the field (`rf_eval.data_files`)."""
+    file is named with its line or row and the field (`rf_eval.files.data_files`)."""
     p = Path(path).expanduser()
     if p.is_dir():
         return [read_text(f, ESSAY_OPTION) for f in folder_files(p, (".txt",), ESSAY_OPTION)]

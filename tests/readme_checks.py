@@ -26,7 +26,7 @@ def check_family_block(block: Block) -> None:
     from rf_eval.cli.check_equivalence import compare
     from rf_eval.engine import Plan, plain_prefill, prefill
     from rf_eval.ridge.maps import identity_fill
-    from rf_eval.ridgefill.api import RidgeFill
+    from rf_eval.ridgefill.method import RidgeFill
     from rf_eval.testing import random_model
 
     header = "# rf_eval/families/mistral.py\n"

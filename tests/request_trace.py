@@ -4,10 +4,15 @@
 into a file of the repository (rf_eval/, model_adapters/, tasks/, ...): the
 files in the order the request first enters them, the calls between files of
 different folders (the request's folder hops), and how many times each of the
-request path's rules ran (`RULES`): the plain decision, the prompt check, the
-method's forward context, the prefill, the extension over the prompt's cache.
-`tests/test_request_path.py` asserts each rule runs once; run this file to print
-a trace (`python tests/request_trace.py`).
+request path's rules ran (`RULES`). A rule is counted by every function that
+decides it, whatever its name or place: the prompt's plan (plain or not, and
+what runs: `Method.plan`), a decision of "plain?" or of the plan's parts made
+apart from it (the names such decisions had before #53: `is_plain`,
+`runs_plain`, `plan_for`, `_plan_given`, `kept_count`, `recomputed`, ...), the
+rows a rule keeps, the prompt check, the method's forward context, the
+prefill, the extension over the prompt's cache. `tests/test_request_path.py`
+asserts each rule runs once; run this file to print a trace
+(`python tests/request_trace.py`).
 """
 
 from __future__ import annotations
@@ -21,24 +26,30 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-#: the rules of the request path, by the functions that implement them (a name, or a qualified name).
-#: "forward context" counts the context's openings (`rf_eval.method.ForwardContext.open`; before #39 every
-#: `method_forward` call opened one); "forward context calls" every call for it (`method_forward`, the
-#: default `forward_context`), the re-entrant ones that find it open included
+#: the rules of the request path, by the functions that decide them (a name, or a qualified name).
+#: "plan built": a method's one decision per prompt (`Method.plan`: plain or not, the tail, the rows kept,
+#: the recomputed rows, the knob's value); "decided apart": the same decisions made outside it, by the
+#: functions that made them before #53 (a request runs none: the plan is handed on as a value); "rows chosen":
+#: the rows a rule picks (a dropper's `keep_rows`, a selector called by the engine, RaReCache's chooser);
+#: "forward context" counts the context's openings (`ForwardContext.open`), "forward context calls" every
+#: entry, the re-entrant ones that find it open included
 RULES = {
-    "plain decision": ("is_plain",),
+    "plan built": ("plan",),
+    "decided apart": ("is_plain", "runs_plain", "plan_for", "_plan_given", "kept_count", "recomputed", "row_budget",
+                      "knob_value"),
+    "rows chosen": ("keep_rows", "prefill_arm.<locals>.select", "choose"),
     "prompt check": ("check_prompt",),
     "forward context": ("ForwardContext.open",),
-    "forward context calls": ("method_forward",),
+    "forward context calls": ("forward_context",),
     "prefill": ("prefill", "prefill_batch"),
     "extend": ("extend",),
 }
 #: the rules a request runs once at most (the calls of the forward context may repeat: they find it open)
-ONCE = ("plain decision", "prompt check", "forward context", "prefill", "extend")
+ONCE = ("plan built", "rows chosen", "prompt check", "forward context", "prefill", "extend")
 #: the package's folders (installed as rf_eval and its subpackages); the tests' own calls are not the request's
 PACKAGE = ("rf_eval/", "model_adapters/", "tasks/", "stats/", "reports/")
-#: rules that are methods of a `PrefillMethod` (a call counts when its `self` is one: has `is_plain`)
-_METHOD_RULES = ("prefill", "extend")
+#: rules that are methods of a `Method` (a call counts when its `self` is one: has `prefill`)
+_METHOD_RULES = ("plan", "prefill", "extend")
 
 
 @dataclass
@@ -112,8 +123,8 @@ def trace(fn: Callable[[], Any]) -> tuple[Any, Trace]:
                 out.hops.append(pair)
         code = frame.f_code
         for rule in names.get(code.co_qualname, names.get(code.co_name, [])):
-            if rule in _METHOD_RULES and not hasattr(frame.f_locals.get("self"), "is_plain"):
-                continue  # an engine function of that name, not the method's
+            if code.co_name in _METHOD_RULES and not hasattr(frame.f_locals.get("self"), "prefill"):
+                continue  # an engine function (or an arm's property) of that name, not the method's
             out.rules[rule] += 1
             who = f"{caller}:{caller_frame.f_code.co_name}" if caller is not None else "outside"
             out.callers.setdefault(rule, []).append(who)
@@ -131,9 +142,8 @@ def trace(fn: Callable[[], Any]) -> tuple[Any, Trace]:
 
 def filled_adapter(model_dir: str, **args: Any) -> Any:
     """A `--model ridgefill` adapter on a tiny model whose prompts of over 6 tokens have filled rows."""
-    from rf_eval.model_adapters.ridgefill import RidgeFillLM
-
-    return RidgeFillLM.create_from_arg_obj({"pretrained": model_dir, "device": "cpu", "fill": "identity",
+    from rf_eval.model_adapters import prefill_lm
+    return prefill_lm.ridgefill.create_from_arg_obj({"pretrained": model_dir, "device": "cpu", "fill": "identity",
                                             "tail": 6, **args})
 
 

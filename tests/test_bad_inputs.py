@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from rf_eval.cli import main
 from rf_eval.fields import ArmError
 from rf_eval.ridge.maps import MapError
-from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.ridgefill.method import RidgeFill
 
 # (RidgeFill keyword arguments, error type, message fragment)
 BAD_API = [

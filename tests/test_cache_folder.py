@@ -1,6 +1,6 @@
 """rf-eval's cache folder and the caches a variable switches on."""
 
-from rf_eval.cache_folder import CacheFolder, cache_root
+from rf_eval.files.cache_folder import CacheFolder, cache_root
 
 
 def test_cache_root_respects_environment(monkeypatch, tmp_path):

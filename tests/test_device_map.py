@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rf_eval.engine import execution_device
-from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.ridgefill.method import RidgeFill
 
 ARM = dict(fill="identity", split=2, tail=8, device="cpu", dtype="float32")
 

@@ -23,10 +23,10 @@ TESTING_USERS = {"rf_eval.testing", "rf_eval.cli.tiny_model"}
 #: the command modules that read their options without loading torch, transformers or lm-eval
 LIGHT_COMMANDS = ("convert_projector", "families", "fetch_data", "fills", "load", "methods", "serve", "study", "ttft")
 LAZY_IMPORTS = {
-    "rf_eval -> rf_eval.ridgefill.api": "`import rf_eval` stays cheap: the lm-eval startup hook imports the "
+    "rf_eval -> rf_eval.methods": "`import rf_eval` stays cheap: the lm-eval startup hook imports the "
     "package in every lm_eval process (`lm_eval --model hf` included); `rf_eval.RidgeFill` brings torch and "
     "the engine on first use",
-    "rf_eval._startup": "the startup hook runs in every Python process of the environment (a .pth file): it "
+    "rf_eval.model_adapters.startup": "the startup hook runs in every Python process of the environment (a .pth file): it "
     "imports nothing until lm-eval's CLI runs",
     "rf_eval.rarecache": "`import rf_eval.rarecache` stays cheap: the package's names resolve on first use, "
     "so the package does not build the method (torch, the engine) before one is asked for",
@@ -45,23 +45,23 @@ LAZY_IMPORTS = {
        for command in LIGHT_COMMANDS},
     "rf_eval.tasks.common -> rf_eval.engine.plan": "the report reads tasks.common (rf_eval.stats.runs, "
     "cap_hits) and runs without torch; the default tail is the engine's, which imports torch",
-    "rf_eval.study.preflight": "a study's arms are checked by their own adapter (`PrefillLM.preflight`), "
+    "rf_eval.study.preflight": "a study's arms are checked by the adapter's rules (`model_adapters.config.preflight`), "
     "which loads lm-eval only when the study has an rf-eval arm; a split is checked against the model's "
     "config, read through transformers only when an arm names one",
-    "rf_eval.overlap -> rf_eval.ridge.calibration": "`rf-eval overlap` on text files runs without torch; "
+    "rf_eval.study.overlap -> rf_eval.ridge.calibration": "`rf-eval overlap` on text files runs without torch; "
     "only a calibration file is read through the ridge package, which imports it",
 }
 
 #: modules that import none of these libraries: the weight the reasons of LAZY_IMPORTS keep off them
 LIGHT = {
     "rf_eval": ("torch", "transformers", "lm_eval"),
-    "rf_eval._startup": ("torch", "transformers", "lm_eval"),
+    "rf_eval.model_adapters.startup": ("torch", "transformers", "lm_eval"),
     "rf_eval.cli": ("torch", "transformers", "lm_eval"),
     "rf_eval.rarecache": ("torch",),
     "rf_eval.reports": ("jinja2",),
     "rf_eval.stats.runs": ("torch",),
     "rf_eval.tasks.common": ("torch",),
-    "rf_eval.overlap": ("torch",),
+    "rf_eval.study.overlap": ("torch",),
     "rf_eval.cli.serve": ("fastapi", "uvicorn", "torch", "lm_eval"),
     **{f"rf_eval.cli.{command}": ("torch", "transformers", "lm_eval") for command in LIGHT_COMMANDS if command != "serve"},
     "rf_eval.cli.fit_transfer": ("torch", "transformers"),
@@ -196,8 +196,29 @@ def test_the_walk_reads_imports_inside_functions(tmp_path):
 
 def test_no_import_circle_in_the_package():
     graph = import_graph()
-    assert len(graph) > 100 and "rf_eval.engine" in graph["rf_eval.method"]  # the walk saw the package
+    assert len(graph) > 100 and "rf_eval.engine" in graph["rf_eval.methods.requests"]  # the walk saw the package
     assert circles(graph) == []
+
+
+#: at most this many modules loose in `rf_eval/` (#53 item 4): the package's face and shared basics
+ROOT_MODULES = 10
+
+
+def test_the_package_root_holds_its_face_and_shared_basics_only():
+    """At most ten modules sit loose in `rf_eval/`, and none of them but `__init__` and `__main__` (the
+    package's face: its lazy names, `python -m rf_eval`) imports one of its sub-packages, anywhere in the file:
+    every other part lives in a sub-package named for what it is."""
+    loose = sorted(p.stem for p in (ROOT / "rf_eval").glob("*.py"))
+    assert len(loose) <= ROOT_MODULES, loose
+    modules = package_modules()
+    subpackages = {name for name, path in modules.items() if path.name == "__init__.py" and name.count(".") == 1}
+    for stem in loose:
+        if stem in ("__init__", "__main__"):
+            continue
+        name = f"rf_eval.{stem}"
+        reached = {t for t in imported(name, modules[name], modules)
+                   if any(t == p or t.startswith(p + ".") for p in subpackages)}
+        assert not reached, f"{name} imports {sorted(reached)}"
 
 
 def folder_graph() -> tuple[dict[str, set[str]], dict[tuple[str, str], list[tuple[str, str]]]]:

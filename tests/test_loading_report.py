@@ -8,8 +8,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from rf_eval.fields import ArmError
-from rf_eval.loading_report import missing_keys, recording_missing_keys
-from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.fills.loading_report import missing_keys, recording_missing_keys
+from rf_eval.ridgefill.method import RidgeFill
 from rf_eval.testing import make_tiny_model, make_tiny_swiftkv
 
 

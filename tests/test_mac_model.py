@@ -1,7 +1,7 @@
 import pytest
 from transformers import LlamaConfig
 
-from rf_eval.mac_model import ceiling_r, cost_matched_tail, prefill_macs, speedup_ceiling
+from rf_eval.cost.mac_model import ceiling_r, cost_matched_tail, prefill_macs, speedup_ceiling
 
 
 def test_ceiling_matches_flash_next_figures():
@@ -90,7 +90,7 @@ def test_pop_crossovers_of_the_paper():
 def test_sliding_window_layers_charge_at_most_the_window(llama8b):
     from transformers import MistralConfig, Qwen3Config
 
-    from rf_eval.mac_model import causal_pairs
+    from rf_eval.cost.mac_model import causal_pairs
 
     assert causal_pairs(0, 10, 4) == 1 + 2 + 3 + 4 * 7 and causal_pairs(6, 10, 4) == 16
     assert causal_pairs(2, 10, 4) == 3 + 4 * 7 and causal_pairs(0, 10, 100) == causal_pairs(0, 10) == 55

@@ -1,4 +1,4 @@
-"""`rf-eval overlap` and `rf_eval.overlap` (issue #42, item 6): the check of RidgeFill Appendix G, calibration
+"""`rf-eval overlap` and `rf_eval.study.overlap` (issue #42, item 6): the check of RidgeFill Appendix G, calibration
 texts vs evaluation texts by whole-text sha256 and by shared runs of N (default 50) or more words."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import unicodedata
 import numpy as np
 import pytest
 
-import rf_eval.overlap as overlap
+import rf_eval.study.overlap as overlap
 from rf_eval.cli import main
-from rf_eval.outputs import MARKER
-from rf_eval.overlap import EXCERPT_WORDS, Text, find_overlap, words_of
+from rf_eval.files.outputs import MARKER
+from rf_eval.study.overlap import EXCERPT_WORDS, Text, find_overlap, words_of
 
 
 def filler(prefix: str, n: int) -> list[str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rf_eval import _startup
+from rf_eval.model_adapters import startup as _startup
 
 try:
     import tomllib
@@ -39,25 +39,28 @@ def test_installed_metadata_lists_both_models_in_lm_evals_group():
     assert our_entry_points() == declared, "the installed metadata is stale: run `pip install -e .` again"
 
 
-def test_each_entry_point_loads_an_lm_eval_model():
+def test_each_entry_point_loads_a_name_of_the_one_adapter():
     from lm_eval.api.model import LM
 
+    from rf_eval.model_adapters.prefill_lm import ModelName, PrefillLM
+
+    assert issubclass(PrefillLM, LM)
     for ep in entry_points(group="lm_eval.models"):
         if ep.dist.name == "rf-eval":
-            cls = ep.load()
-            assert issubclass(cls, LM) and f"{cls.__module__}:{cls.__qualname__}" == ep.value
+            named = ep.load()  # what lm-eval builds a model from: `create_from_arg_string` of it
+            assert isinstance(named, ModelName) and named.name == ep.name and named.lm_class is PrefillLM
 
 
 def test_the_installed_lm_eval_resolves_both_names():
     code = (
-        "from lm_eval.api import registry\nfrom rf_eval._startup import has_model_discovery\n"
-        "print(registry.get_model('ridgefill').__name__, registry.get_model('rarecache').__name__,"
+        "from lm_eval.api import registry\nfrom rf_eval.model_adapters.startup import has_model_discovery\n"
+        "print(registry.get_model('ridgefill').name, registry.get_model('rarecache').name,"
         " has_model_discovery(registry))\n"
     )
     proc = python(code)
     assert proc.returncode == 0, proc.stderr
     names = proc.stdout.split()
-    assert names[:2] == ["RidgeFillLM", "RaReCacheLM"], proc.stdout  # by the hook, or by lm-eval's discovery
+    assert names[:2] == ["ridgefill", "rarecache"], proc.stdout  # by the hook, or by lm-eval's discovery
 
 
 FAKE_REGISTRY = """
@@ -95,7 +98,7 @@ def test_the_hook_stands_aside_where_lm_eval_discovers_plugins(tmp_path, discove
     (tmp_path / "lm_eval" / "models" / "__init__.py").write_text("from lm_eval.api import registry\n")
     code = (
         "import json, sys\nimport lm_eval.models\nfrom lm_eval.api.registry import model_registry\n"
-        "assert 'rf_eval._startup' in sys.modules\nprint(json.dumps(model_registry.objs))\n"
+        "assert 'rf_eval.model_adapters.startup' in sys.modules\nprint(json.dumps(model_registry.objs))\n"
     )
     proc = python(code, PYTHONPATH=str(tmp_path))
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr

@@ -34,8 +34,9 @@ block is the shipped rf_eval/families/mistral.py, word for word, which the
 registry finds by itself and which is checked on a tiny Mistral model. The
 "Adding a fill method" module is saved as written and run through `lm_eval` by
 tests/model_adapters/test_adapter_fill_plugin.py, which runs its command line
-as the README gives it (checked here) on a tiny model; the "Adding a prefill method" module likewise by
-tests/model_adapters/test_adapter_method_plugin.py.
+as the README gives it (checked here) on a tiny model. The "Adding a prefill method" module is
+tests/methods/plugins/every_kth.py, word for word, which tests/methods/test_throwaway_methods.py runs through
+`lm_eval`, `rf-eval serve`, a study with budgets and `rf-eval report`.
 """
 
 from __future__ import annotations
@@ -180,14 +181,15 @@ def test_adding_a_fill_method_runs_what_the_plugin_test_runs():
     assert f",fill={name}," in command
 
 
-def test_adding_a_prefill_method_runs_what_the_plugin_test_runs():
-    """The command line beside the method module sets the variable to the folder the module is saved in and
-    names the module's method. The module itself runs through lm_eval in
-    tests/model_adapters/test_adapter_method_plugin.py, which reads it from this README section."""
+def test_adding_a_prefill_method_shows_the_method_the_throwaway_tests_run():
+    """The module is tests/methods/plugins/every_kth.py as it stands (tests/methods/test_throwaway_methods.py
+    runs it through lm_eval, the server, a study with budgets and the report), and the command line beside it
+    sets the variable to that folder and names its method."""
     sections = [b for b in readme_blocks() if b.section == "Adding a prefill method"]
     code, command = (b.text for b in sections)
+    assert code == (ROOT / "tests" / "methods" / "plugins" / "every_kth.py").read_text()
     name = re.search(r'^    name = "(\w+)"', code, re.M).group(1)
-    assert command.startswith("RF_EVAL_METHOD_PATH=methods lm_eval --model prefill ")
+    assert command.startswith("RF_EVAL_METHOD_PATH=tests/methods/plugins lm_eval --model prefill ")
     assert f",method={name}," in command
 
 

@@ -11,9 +11,9 @@ import lm_eval.tasks
 import pytest
 from lm_eval.tasks._index import TaskIndex
 
-from rf_eval import task_index_cache
-from rf_eval._startup import tasks_dir
-from rf_eval.task_index_cache import ENV, cached_build, child_env, folder_from_env
+from rf_eval.harness import task_index_cache
+from rf_eval.harness.task_index_cache import ENV, cached_build, child_env, folder_from_env
+from rf_eval.model_adapters.startup import tasks_dir
 
 ORIGINAL = getattr(TaskIndex.build, "__wrapped__", TaskIndex.build)
 LM_EVAL_TASKS = Path(lm_eval.tasks.__file__).parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rf_eval import tensor_files
+from rf_eval.files import tensor_files
 from rf_eval.ridge.maps import MapError
 from rf_eval.ridge.state_correction import load_table, save_table
 

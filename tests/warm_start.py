@@ -9,10 +9,10 @@ argv, points its standard streams at the caller's files and runs the module as `
 process of its own: the test reads its exit status and its output, and nothing the command does reaches
 the worker or the next command.
 
-The starter imports no rf-eval module but the startup hook (`rf_eval._startup`, which every interpreter
-imports), `rf_eval.lm_eval_ruler` (which reads no variable at import) and, offline, lm-eval's RULER
+The starter imports no rf-eval module but the startup hook (`rf_eval.model_adapters.startup`, which every interpreter
+imports), `rf_eval.harness.lm_eval_ruler` (which reads no variable at import) and, offline, lm-eval's RULER
 generator through it (`RULER_GENERATOR`, which brings the task manager and index the hook wraps, and
-`rf_eval.task_index_cache` with them: it reads its variable when an index is built), so everything that
+`rf_eval.harness.task_index_cache` with them: it reads its variable when an index is built), so everything that
 reads rf-eval's variables (RF_EVAL_FILL_PATH, RF_EVAL_TASK_INDEX_CACHE, ...) reads them in the child, after
 the command's environment is set. The libraries it does import read some variables once, at import
 (HF_HUB_OFFLINE, OMP_NUM_THREADS, ...): a command whose environment differs from the starter's in any
@@ -45,7 +45,7 @@ PRELOAD = ("torch", "transformers", "datasets", "transformers.modeling_utils", "
            "lm_eval.api.registry", "lm_eval.models.huggingface")
 #: lm-eval's RULER generator, which builds its word list at import (about 7 s here): every RULER task that
 #: generates its samples imports it. Preloaded only offline, through rf-eval's own offline import
-#: (`rf_eval.lm_eval_ruler.ruler_module`: nltk's downloader off, lm-eval's "Downloaded punkt_tab" line
+#: (`rf_eval.harness.lm_eval_ruler.ruler_module`: nltk's downloader off, lm-eval's "Downloaded punkt_tab" line
 #: unprinted); online its import may try the network, so each command imports it itself.
 RULER_GENERATOR = "niah_utils"
 #: variables the preloaded libraries read at import: a command that sets any of them differently runs cold
@@ -128,7 +128,7 @@ def serve() -> int | None:
     status (the caller exits with it); in the starter, None at EOF, once every command has exited."""
     import importlib
 
-    from rf_eval import lm_eval_ruler
+    from rf_eval.harness import lm_eval_ruler
 
     for name in PRELOAD:
         importlib.import_module(name)

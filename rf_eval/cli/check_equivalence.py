@@ -18,7 +18,7 @@ of the last row's logits and every cache tensor (RidgeFill paper sections
   of the last row are the floor under every filled arm's difference.
 
 `--json PATH` saves every comparison (never over a file rf-eval did not write, unless
-`--overwrite`: `rf_eval.outputs`). Exits 1 on any FAIL.
+`--overwrite`: `rf_eval.files.outputs`). Exits 1 on any FAIL.
 
 `--base-url URL-A --base-url URL-B [--prompts FILE]`: the check across servers
 (paper section 4.3, e.g. a fork with the fill off against stock): identical
@@ -37,13 +37,13 @@ import torch
 from rf_eval.cli import UserError
 from rf_eval.cli.values import nonnegative_int, positive_int
 from rf_eval.devices import check_device, check_model_source, parse_dtype
-from rf_eval.engine import Plan, named_cache_tensors, partial_path_floors, plain_prefill, prefill
+from rf_eval.engine import named_cache_tensors, partial_path_floors, plain_prefill
 from rf_eval.families import family_class_for
 from rf_eval.fields import ArmError
+from rf_eval.files.outputs import check_output, stamp_json, write_output
 from rf_eval.fills import FILL_OFF, arm_fills, fill_method
-from rf_eval.outputs import check_output, stamp_json, write_output
-from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.fitting import check_splits
+from rf_eval.ridgefill.method import RidgeFill
 from rf_eval.serving.arms import parse_rf_arm
 from rf_eval.serving.client import Server, ServerError
 from rf_eval.serving.equivalence import check as check_servers
@@ -118,7 +118,7 @@ def check_inputs(args: argparse.Namespace) -> None:
             check()
         except ValueError as err:
             raise UserError(f"{option}: {err}") from None
-    if args.json:  # never over a file rf-eval did not write (`rf_eval.outputs`)
+    if args.json:  # never over a file rf-eval did not write (`rf_eval.files.outputs`)
         check_output("--json", args.json, overwrite=args.overwrite)
     if args.maps and not Path(args.maps).expanduser().exists():
         raise UserError(f"--maps {args.maps}: no such file or folder (give the folder `rf-eval fit` wrote)")
@@ -176,45 +176,46 @@ def run(args: argparse.Namespace) -> int:
               f"(--fills {fill})")
         fills.remove(fill)
     later = later[:1]
-    def strategy(fill: str):  # the engine takes each fill's row strategy (`FillMethod.row_fill`)
-        method = fill_method(fill)
-        return method.row_fill(method.bind(rf.model, rf.maps))
-
-    fill_fns = {f: strategy(f) for f in fills if f != FILL_OFF and f not in later}
     gen = torch.Generator().manual_seed(args.seed)
     family = family_class_for(rf.model.config).__module__.rsplit(".", 1)[-1]
     where = {"family": family, "dtype": str(next(rf.model.parameters()).dtype).removeprefix("torch."),
-             "split": rf.plan.split}
+             "split": rf.arm.split}
     failures, records, prompts = 0, [], []
 
-    def dispatch(ids: torch.Tensor, plan: Plan, ref) -> None:
+    def arm_of(fill: str, tail: int | None = None) -> RidgeFill:
+        """The checked model's arm of `fill` (at its own split where it has one, else the checked split)."""
+        own = fill != FILL_OFF and fill_method(fill).default_split(rf.model.config) is not None
+        return rf.rebuilt(rf.updated_arm({"fill": fill, "split": None if own else rf.arm.split,
+                                          **({"tail": tail} if tail else {})}))
+
+    def dispatch(ids: torch.Tensor, fill: str, tail: int, ref) -> None:
+        """The arm of `fill` at `tail` prefilling `ids` (its plan: plain, the stock forward) against `ref`."""
         nonlocal failures
-        diff = compare(prefill(rf.model, ids, plan, fill=fill_fns.get(plan.fill)), ref)
+        diff = compare(arm_of(fill, tail).prefill(ids), ref)
         failures += diff is not None
         status = "OK  " if diff is None else "FAIL"
-        print(f"{status} N={ids.shape[1]} fill={plan.fill} tail={plan.tail}: {diff or 'bitwise equal'}")
-        records.append({**where, "length": ids.shape[1], "check": "plain dispatch", "fill": plan.fill,
-                        "tail": plan.tail, "bitwise": diff is None, "diff": diff})
+        print(f"{status} N={ids.shape[1]} fill={fill} tail={tail}: {diff or 'bitwise equal'}")
+        records.append({**where, "length": ids.shape[1], "check": "plain dispatch", "fill": fill,
+                        "tail": tail, "bitwise": diff is None, "diff": diff})
 
     for n in args.lengths:
         ids = torch.randint(0, rf.model.config.vocab_size, (1, n), generator=gen).to(rf.device)
         prompts.append(ids)
         ref = plain_prefill(rf.model, ids)
         # fill switched off: the exact fill at the shortest tail, and every fill with the tail covering the prompt
-        for plan in [Plan(rf.plan.split, tail=1, fill=FILL_OFF)] + [
-                Plan(rf.plan.split, tail=n, fill=f) for f in fills if f not in later]:
-            dispatch(ids, plan, ref)
-        partial, kernel = partial_path_floors(rf.model, ids, rf.plan.split)
+        for fill, tail in [(FILL_OFF, 1)] + [(f, n) for f in fills if f not in later]:
+            dispatch(ids, fill, tail, ref)
+        partial, kernel = partial_path_floors(rf.model, ids, rf.arm.split)
         failures += not partial.bitwise
         print(f"{'PASS' if partial.bitwise else 'FAIL'} N={n} partial path, every row exact "
-              f"({family} {where['dtype']} split={rf.plan.split}): {describe(partial)}")
+              f"({family} {where['dtype']} split={rf.arm.split}): {describe(partial)}")
         print(f"NOTE N={n} filled-row kernel, every row exact: {describe(kernel)}")
         records.append({**where, "length": n, "check": "partial path, every row exact", **partial.as_dict()})
         records.append({**where, "length": n, "check": "filled-row kernel, every row exact", **kernel.as_dict()})
     for fill in later:  # a fill that makes the model's forward its own: checked against that forward, last
-        fill_fns[fill] = strategy(fill)
+        arm = arm_of(fill)  # binding it installs that forward
         for ids in prompts:
-            dispatch(ids, Plan(rf.plan.split, tail=ids.shape[1], fill=fill), plain_prefill(rf.model, ids))
+            dispatch(ids, fill, ids.shape[1], plain_prefill(arm.model, ids))
     if args.json:
         write_output(args.json, json.dumps(stamp_json({"failures": failures, "comparisons": records}), indent=1))
     return 1 if failures else 0

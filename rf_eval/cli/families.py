@@ -90,7 +90,7 @@ def _row(model_type: str, name: str) -> tuple[str, ...]:
     window = _window(model_type)
     facts = [window, "gated attention" if cls.gated_attention else "", "MoE MLP" if cls.moe_mlp else "",
              "linear attention (Gated DeltaNet)" if cls.linear_attention else "", *cls.traits]
-    from rf_eval.checkpoints import MODEL_TYPES as SWIFTKV_TYPES
+    from rf_eval.files.checkpoints import MODEL_TYPES as SWIFTKV_TYPES
     from rf_eval.fills import FILL_OFF, arm_fills, fill_method
 
     config = _default_config(model_type)

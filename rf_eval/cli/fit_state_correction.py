@@ -16,10 +16,10 @@ import argparse
 from rf_eval.cli import UserError
 from rf_eval.cli.values import positive_int
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
+from rf_eval.files.outputs import check_output
 from rf_eval.fills import fill_method, predicting_fills
 from rf_eval.fills.ridge import Ridge
-from rf_eval.hashing import sha256_of_files
-from rf_eval.outputs import check_output
+from rf_eval.integrity.hashing import sha256_of_files
 from rf_eval.ridge.calibration import CalibrationError, check_nonempty, tokenized
 from rf_eval.ridge.maps import load_maps
 from rf_eval.ridge.state_correction import fit_delta, save_table, table_metadata
@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.every < 1:
         raise UserError("--every must be >= 1")
-    if str(args.out).endswith(".safetensors"):  # a file the user names: never replaced unasked (`rf_eval.outputs`)
+    if str(args.out).endswith(".safetensors"):  # a file the user names: never replaced unasked (`rf_eval.files.outputs`)
         check_output("--out", args.out, overwrite=args.overwrite)
 
     method = fill_method(args.fill)

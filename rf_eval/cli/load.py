@@ -79,7 +79,7 @@ def default_text(n_tokens: int, seed: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from rf_eval.cli.ttft import cut_prompts, server_and_arms
-    from rf_eval.outputs import check_output, stamp_json, write_output
+    from rf_eval.files.outputs import check_output, stamp_json, write_output
     from rf_eval.serving.client import ServerError
     from rf_eval.serving.load import dumps, format_table, measure
 
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--prompt {path}: no such file")
         text = path.read_text(encoding="utf-8")
         prompt_record = {"file": str(path), "sha256": hashlib.sha256(text.encode()).hexdigest()}
-    if args.out:  # before any request: never over a file rf-eval did not write (`rf_eval.outputs`)
+    if args.out:  # before any request: never over a file rf-eval did not write (`rf_eval.files.outputs`)
         check_output("--out", args.out, overwrite=args.overwrite)
     if text is None:
         text = default_text(max(args.lengths), args.seed)

@@ -1,5 +1,5 @@
 """`rf-eval overlap --calibration FILE... --eval PATH... [--words 50] [--json OUT]`: do the calibration texts
-overlap the evaluation texts? The check of RidgeFill Appendix G (`rf_eval.overlap`): equal sha256 of whole
+overlap the evaluation texts? The check of RidgeFill Appendix G (`rf_eval.study.overlap`): equal sha256 of whole
 texts, and pairs sharing a run of `--words` (default 50, section 6.7's rule) or more consecutive words.
 
 Exit status: 0 when no pair shares such a run and no hashes match; 1 when overlap is found (the last line
@@ -12,8 +12,8 @@ import argparse
 import json
 
 from rf_eval.cli.values import positive_int
-from rf_eval.outputs import check_output, stamp_json, write_output
-from rf_eval.overlap import DEFAULT_WORDS, check_files
+from rf_eval.files.outputs import check_output, stamp_json, write_output
+from rf_eval.study.overlap import DEFAULT_WORDS, check_files
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.json:  # before any reading: never over a file rf-eval did not write (`rf_eval.outputs`)
+    if args.json:  # before any reading: never over a file rf-eval did not write (`rf_eval.files.outputs`)
         check_output("--json", args.json, overwrite=args.overwrite)
     result = check_files(args.calibration, args.evaluation, args.words)
     if result.found:

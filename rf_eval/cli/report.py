@@ -26,10 +26,10 @@ recorded must be unchanged, the results and samples files read are recorded
 in it (`rf_eval.stats.ledger_results`), and the report records the head it saw. `--latex` writes a fragment to `\\input` (`--latex-standalone`:
 a whole document).
 
-Outputs never replace a file rf-eval did not write (`rf_eval.outputs`): every output path is checked before
+Outputs never replace a file rf-eval did not write (`rf_eval.files.outputs`): every output path is checked before
 anything is read or written, and an existing file without rf-eval's output mark (a `--latex paper.tex` that
 names the paper itself) stops the report unless `--overwrite` is given. Every samples file read is checked
-against the seal its run wrote (`rf_eval.seal`): one edited or truncated since stops the report.
+against the seal its run wrote (`rf_eval.integrity.seal`): one edited or truncated since stops the report.
 
 The work is `rf_eval.reports.build.build_report`'s (what a study and the demo call); this module parses the
 options into its keyword arguments.

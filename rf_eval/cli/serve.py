@@ -1,11 +1,11 @@
 """`rf-eval serve --model DIR [arm options] [--host 127.0.0.1 --port N]`: the reference backend behind
 an OpenAI-compatible server (completions, chat completions, streaming).
 
-The server is an lm-eval adapter built from model_args: `--model ridgefill`'s
-by default, else the adapter of the prefill method `method=` names (`rf_eval.methods`:
+The server is the lm-eval adapter built from model_args, running RidgeFill by
+default, else the prefill method `method=` names (`rf_eval.methods`:
 `--model-args method=rarecache,source=...,maps=...`, `method=gemfilter`, or a
-plug-in's name for `--model prefill`; `rf-eval methods` lists them) (HFLM loads the
-models; the adapter checks its arm, renders chat prompts and tokenizes). The
+plug-in's name; `rf-eval methods` lists them) (HFLM loads the models; the
+adapter checks its arm, renders chat prompts and tokenizes). The
 arm options (or model_args) set the server's own arm. A request may run
 another arm of the same method on the same server start with
 the body field `rf_arm` (e.g. `{"fill": "identity", "tail": 256}`, or
@@ -76,8 +76,8 @@ def model_args_from(args: argparse.Namespace) -> dict[str, Any]:
     from lm_eval.utils import simple_parse_args_string
 
     from rf_eval.fills import FILL_OFF
-    from rf_eval.model_adapters.config import ModelArgsError
-    from rf_eval.model_adapters.registry import adapter_args
+    from rf_eval.methods import chosen_method
+    from rf_eval.model_adapters.config import ModelArgsError, parse_model_args
 
     given = {"pretrained": args.model, "tokenizer": args.tokenizer, "fill": args.fill, "maps": args.maps,
              "split": args.split, "tail": args.tail, "chunk_size": args.chunk_size, "device": args.device,
@@ -85,13 +85,11 @@ def model_args_from(args: argparse.Namespace) -> dict[str, Any]:
     merged = {**simple_parse_args_string(args.model_args or ""), **{k: v for k, v in given.items() if v is not None}}
     if not merged.get("pretrained"):
         raise UserError("rf-eval serve needs a model: --model DIR (or pretrained=DIR in --model-args)")
-    method = str(merged.get("method") or "ridgefill")
-    if method == "ridgefill" and "preset" not in merged:
-        merged.setdefault("fill", FILL_OFF)
     try:
-        adapter, adapter_model_args = adapter_args(merged)
-        adapter.parse(adapter_model_args)
-    except ModelArgsError as err:
+        if "fill" in chosen_method(merged, "ridgefill")[0].arm_fields():
+            merged.setdefault("fill", FILL_OFF)
+        parse_model_args(merged, "ridgefill")
+    except (ModelArgsError, UserError) as err:
         raise UserError(str(err)) from None
     return merged
 

@@ -84,7 +84,7 @@ def server_and_arms(args: argparse.Namespace) -> tuple:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.outputs import check_output, stamp_json, write_output
+    from rf_eval.files.outputs import check_output, stamp_json, write_output
     from rf_eval.serving.client import ServerError
     from rf_eval.serving.timing import dumps, format_table, measure
 
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.prompt)
     if not path.is_file():
         raise UserError(f"--prompt {path}: no such file")
-    if args.out:  # before any request: never over a file rf-eval did not write (`rf_eval.outputs`)
+    if args.out:  # before any request: never over a file rf-eval did not write (`rf_eval.files.outputs`)
         check_output("--out", args.out, overwrite=args.overwrite)
     text = path.read_text(encoding="utf-8")
     server, arm_a, arm_b = server_and_arms(args)

@@ -24,10 +24,10 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from rf_eval.cache_folder import cache_root
 from rf_eval.demo.cache_lock import building
 from rf_eval.errors import UserError
-from rf_eval.hashing import file_sha256
+from rf_eval.files.cache_folder import cache_root
+from rf_eval.integrity.hashing import file_sha256
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ settings can be chosen by a sweep (`benchmarks/demo_sweep.py`) and the quality t
 (tests/demo/test_quality.py) stay fast. Definitions are the paper's (RidgeFill sections 3.1 and 4.7):
 
 - each document is read as context (all but its last `score_tokens` tokens) and scored tokens; an arm
-  prefills the context (`PrefillMethod.prefill`) and the stock model scores the tokens over its cache
+  prefills the context (`Method.prefill`) and the stock model scores the tokens over its cache
   (`extend`), as the `token_logprobs` request type does;
 - key tokens: the exact arm's loss rises by more than 2 nats when its context is cut to the last
   `key_context` tokens (`token_masks.key_mask`); novel tokens: in no repeated 8-token run;

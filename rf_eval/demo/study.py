@@ -25,12 +25,13 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from string import Template
+from typing import Any
 
+from rf_eval.cost.mac_model import prefill_macs
 from rf_eval.demo import model as demo_model
 from rf_eval.demo.cache_lock import building
 from rf_eval.demo.corpus import write_demo_corpus
 from rf_eval.fills.ridge import Ridge
-from rf_eval.mac_model import prefill_macs
 from rf_eval.ridge.sums import LAMBDA_GRID
 from rf_eval.ridgefill.fitting import fit_maps
 
@@ -160,18 +161,20 @@ def demo_task_defaults() -> dict:
     return {"max_seq_lengths": list(s.lengths)}
 
 
-def demo_defaults(args: dict) -> dict:
-    """model_args with `pretrained` missing or `demo` pointed at the demo model; `fill` then defaults to
-    `ridge` with the demo's maps (fitted on first use) and `tail` to the demo's (its lengths are short).
-    Says so in lm-eval's log."""
-    if str(args.get("pretrained") or "demo").strip().lower() != "demo":
-        return args
+def demo_defaults(method: Any, args: dict) -> dict:
+    """model_args with `pretrained` missing or `demo` pointed at the demo model; a method that takes a `fill`
+    (RidgeFill) then defaults to `ridge` with the demo's maps (fitted on first use), and one that takes a
+    `tail` to the demo's (its lengths are short). Says so in lm-eval's log."""
     lm_log = logging.getLogger("lm_eval.rf_eval")
     args = dict(args)
     model_dir = Path(demo_model.resolve_pretrained(args.get("pretrained"), log=lm_log))
     args["pretrained"] = str(model_dir)
+    fields = method.arm_fields()
+    if "tail" in fields:
+        args.setdefault("tail", settings(quick=False).tail)
+    if "fill" not in fields:
+        return args
     args.setdefault("fill", Ridge.name)
-    args.setdefault("tail", settings(quick=False).tail)
     if args["fill"] == Ridge.name and args.get("maps") is None:
         args["maps"] = str(demo_maps(model_dir, settings(quick=False)))
         args.setdefault("split", SPLIT)
@@ -194,7 +197,7 @@ def keytoken_docs_dir(model_dir: Path, out: Path, s: DemoSettings) -> Path:
 
 def ridge_budget(model_config, s: DemoSettings) -> float:
     """Ridge's MAC fraction of exact prefill at the demo's tail and needle length, rounded down to 3 decimals
-    (`rf_eval.mac_model`): the budget the demo's identity, ridge and nofill arms share, so the three
+    (`rf_eval.cost.mac_model`): the budget the demo's identity, ridge and nofill arms share, so the three
     fills compare at one cost per prompt (nofill: RidgeFill section 6.2's control, the compute spent on a
     longer exact tail instead)."""
     import math

@@ -1,70 +1,107 @@
 """What every token-dropping method shares: the prefill protocol around one rule, "which rows to keep".
 
-A method subclasses `DropMethod` in a module of its own and says
-- `keep_rows(ids)`: the kept rows of a 1 x N prompt (sorted), from its scores;
-- `prefill_kept(ids, kept, for_generation)`: the model's prefill of those rows alone, at its positions;
-- `cost_parts(n, k)` and `knob`: its multiply-accumulates for k kept rows of N (the scoring pass, the
-  rerun), which `budget=` turns (`rf_eval.budget`).
+A dropper (RidgeFill paper Table 1, section 7: a skipped token leaves no cache
+entry) reads the whole prompt, keeps k of its N rows and prefills the model on
+those alone. A method subclasses `Dropper` in a file of its own, with an `Arm`
+that extends `DropperArm` (how many rows: `keep`, `keep_share` or `budget`),
+and says
+- `keep_count(n)`: the rows an n-token prompt keeps by its arm's settings;
+- `keep_rows(ids, count)`: the kept rows of a 1 x N prompt (sorted), from its scores;
+- `score_macs(n)`: the MACs of its scoring pass (`budget=` then sets the rows,
+  or chunks, the rest of the budget pays for: `rf_eval.cost.budget`).
 
-Keeping every row is the exact model: a prompt no longer than the rows kept
-is the plain model's prefill, bitwise (`is_plain`). A dropper reads the whole
-prompt, its last token included, for a generation prefill as well
-(`reads_whole_prompt`: the shells hand it the whole prompt and `generate`
-then runs the last kept row, `rf_eval.dropped_result.generation_inputs`).
+Keeping every row is the exact model: a prompt no longer than the rows kept is
+the plain model's prefill, bitwise. A dropper reads the whole prompt, its last
+token included, for a generation prefill as well (`reads_whole_prompt`: the
+shells hand it the whole prompt and `generate` then runs the last kept row,
+`rf_eval.methods.dropped.generation_inputs`).
 """
 
 from __future__ import annotations
 
 import functools
-from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from torch import nn
 
-from rf_eval.budget import Knob
-from rf_eval.devices import input_device
-from rf_eval.drop.arm_spec import DropArm
-from rf_eval.dropped_result import DroppedResult, extend_after
+from rf_eval.cost.budget import Knob, check_budget
+from rf_eval.cost.mac_model import cache_rows, prefill_macs
+from rf_eval.cost.prefill_cost import PrefillCost
 from rf_eval.engine import PrefillResult, new_cache, plain_prefill
 from rf_eval.fields import ArmError
-from rf_eval.mac_model import cache_rows, prefill_macs
-from rf_eval.method import check_prompt, generate, method_forward, model_identity, prefill_each
-from rf_eval.prefill_cost import PrefillCost
-from rf_eval.weights import weights_fingerprint
+from rf_eval.methods.base import Method, ModelSource, PromptPlan
+from rf_eval.methods.dropped import DroppedResult
+from rf_eval.methods.requests import check_prompt
 
-__all__ = ["DropMethod"]
+__all__ = ["Dropper", "DropperArm"]
+
+#: the arm fields that each set the rows kept (one of them)
+ROW_SETTINGS = ("keep", "keep_share", "budget")
 
 
-class DropMethod:
+@dataclass(frozen=True, kw_only=True)
+class DropperArm:
+    """How many rows a prompt keeps: `keep` (a count), `keep_share` (a share of its rows) or `budget` (a share
+    of exact prefill's MACs: the rows, or chunks, set per prompt length to spend it)."""
+
+    keep: int | None = None
+    keep_share: float | None = None
+    budget: float | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in ROW_SETTINGS if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ArmError(f"give one of keep, keep_share and budget, not {' and '.join(given)}: each sets the rows kept")
+        if self.keep is not None and self.keep < 1:
+            raise ArmError(f"keep={self.keep}: a dropper keeps at least 1 row")
+        if self.keep_share is not None and not 0 < self.keep_share <= 1:
+            raise ArmError(f"keep_share={self.keep_share!r} is not a share of the prompt's rows; give 0 < keep_share <= 1")
+        check_budget(self.budget)
+
+
+class Dropper(Method):
     """A token-dropping prefill method over one model; see the module docstring."""
 
-    name: ClassVar[str] = ""
+    Arm: ClassVar[type] = DropperArm
+    budget_sets = ("keep", "keep_share")
     #: renumbered: the kept rows run at positions 0..k-1 (else at their original positions)
     renumbered: ClassVar[bool] = False
     #: the shells hand a generation prefill the whole prompt (the rule reads its last token)
     reads_whole_prompt: ClassVar[bool] = True
-    #: what `budget=` turns, by name (`rf_eval.budget.Knob`)
+    #: what `budget=` turns, by name (`rf_eval.cost.budget.Knob`)
     knob_name: ClassVar[str] = "rows"
 
-    def __init__(self, model: nn.Module, tokenizer: Any = None, *, arm: Any = None, **fields: Any):
-        if arm is None:
-            arm = DropArm.from_fields({"method": self.name, **fields}, what=type(self).__name__)
-        elif fields:
-            raise TypeError(f"give arm= or the arm's fields, not both (got {', '.join(fields)})")
-        if arm.method != self.name:
-            raise ArmError(f"arm method={arm.method} given to {type(self).__name__} ({self.name})")
-        self.model, self.tokenizer, self.spec = model.eval(), tokenizer, arm
+    def __init__(self, model: Any, tokenizer: Any = None, arm: Any = None, **given: Any):
+        super().__init__(model, tokenizer, arm, **given)
+        self.bind_model()
         positions = getattr(model.config, "max_position_embeddings", None) or 1 << 20
-        self.knob = None if arm.budget is None else Knob(
-            self.knob_name, float(arm.budget), self.macs, functools.partial(prefill_macs, model.config),
+        self.knob = None if self.arm.budget is None else Knob(
+            self.knob_name, float(self.arm.budget), self.macs, functools.partial(prefill_macs, model.config),
             lambda n: 1, self.knob_top, max_length=int(positions))
         if self.knob is not None:
             self.knob.check_reachable()
 
+    @classmethod
+    def prepare(cls, arm: Any, source: ModelSource) -> tuple[Any, dict[str, Any]]:
+        """The method built once over models on the meta device (no weights): its rules for this model (a
+        filter layer, a budget's reach, a speculator's layers), before anything loads."""
+        from transformers import AutoModelForCausalLM
+
+        second = cls.check_loads(arm, source)
+        trust = {k: v for k, v in source.remote.items() if k == "trust_remote_code"}
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(source.config, **trust)
+            parts = {cls.second_model: AutoModelForCausalLM.from_config(second, **trust)} if second else {}
+        cls(model, None, arm, **parts)
+        return arm, {}
+
     # -- what a method provides ---------------------------------------------------------
+    def bind_model(self) -> None:
+        """Check the arm against the model and keep what its rule reads (a filter layer, a speculator)."""
+
     def keep_count(self, n: int) -> int:
-        """Rows an n-token prompt keeps, by the arm's settings (before the budget)."""
+        """Rows an n-token prompt keeps, by the arm's settings (before a budget)."""
         raise NotImplementedError
 
     def keep_rows(self, ids: torch.Tensor, count: int) -> torch.Tensor:
@@ -84,24 +121,12 @@ class DropMethod:
         return min(value, n)
 
     # -- the protocol ---------------------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return input_device(self.model)
-
-    def kept_count(self, n: int) -> int:
-        """Rows an n-token prompt keeps: the budget's, else the arm's settings."""
-        return self.rows_of(n, self.knob.setting(n)) if self.knob is not None else min(self.keep_count(n), n)
-
-    def is_plain(self, n: int) -> bool:
-        """Every row kept: the plain model's prefill, bitwise."""
-        return self.kept_count(n) >= n
-
-    def forward_context(self) -> AbstractContextManager:
-        """The context a request runs the model in (`rf_eval.method.method_forward`), entered once per request."""
-        return method_forward(self)
-
-    def exact_tail(self, n: int) -> int:
-        return n if self.is_plain(n) else 0
+    def plan(self, n: int) -> PromptPlan:
+        """The rows an n-token prompt keeps (the budget's, else the arm's settings): plain when every row is."""
+        value = self.knob.setting(n) if self.knob is not None else None
+        k = self.rows_of(n, value) if value is not None else min(self.keep_count(n), n)
+        plain = k >= n
+        return PromptPlan(n, plain, n if plain else 0, k, value)
 
     def macs(self, n: int, value: int) -> int:
         """An n-token prompt's prefill MACs at knob value `value`: the scoring pass and the prefill of the kept
@@ -112,7 +137,8 @@ class DropMethod:
         return self.score_macs(n) + prefill_macs(self.model.config, k)
 
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, *, for_generation: bool = False, held_back: int = 0) -> PrefillResult:
+    def prefill(self, input_ids: torch.Tensor, *, for_generation: bool = False, held_back: int = 0,
+                plan: PromptPlan | None = None) -> PrefillResult:
         """The prefill of a 1 x N prompt: the plain model's when every row is kept, else the kept rows' alone.
         `for_generation`: `input_ids` is the whole prompt (`reads_whole_prompt`); the cache then holds the
         kept rows but the last, which `generate` runs."""
@@ -120,48 +146,36 @@ class DropMethod:
             raise ValueError(f"held_back={held_back}: {self.name} chooses its rows from the whole prompt")
         ids = check_prompt(input_ids, self.model).to(self.device)
         n = ids.shape[1]
-        k = self.kept_count(n)
-        if k >= n:  # every row kept (`is_plain`, which the request's shell asked once already)
-            return plain_prefill(self.model, ids[:, :-1] if for_generation else ids)
-        kept = self.keep_rows(ids, k).to(ids.device)
-        positions = torch.arange(kept.numel(), device=ids.device) if self.renumbered else kept
-        rows = kept[:-1] if for_generation else kept
-        cache = new_cache(self.model)
-        logits = None
-        if rows.numel():
-            out = self.model(input_ids=ids[:, rows], cache=cache, use_cache=True,
-                             position_ids=positions[: rows.numel()][None], logits_to_keep=1)
-            logits = None if for_generation else out.logits[:, -1]
+        plan = plan if plan is not None else self.plan(n)
+        with self.forward_context():
+            if plan.plain:
+                return plain_prefill(self.model, ids[:, :-1] if for_generation else ids)
+            kept = self.keep_rows(ids, plan.setting).to(ids.device)
+            positions = torch.arange(kept.numel(), device=ids.device) if self.renumbered else kept
+            rows = kept[:-1] if for_generation else kept
+            cache = new_cache(self.model)
+            logits = None
+            if rows.numel():
+                out = self.model(input_ids=ids[:, rows], cache=cache, use_cache=True,
+                                 position_ids=positions[: rows.numel()][None], logits_to_keep=1)
+                logits = None if for_generation else out.logits[:, -1]
         return DroppedResult(cache=cache, logits=logits, exact_rows=kept, prompt_length=n, kept=kept,
                              positions=positions, prompt_rows=n)
 
-    def prefill_batch(self, input_ids: torch.Tensor, *, for_generation: bool = False) -> list[PrefillResult]:
-        return prefill_each(self, input_ids, for_generation=for_generation)
-
-    def extend(self, result: PrefillResult, tokens: torch.Tensor) -> torch.Tensor:
-        """The stock model over `tokens` after the kept rows."""
-        return extend_after(self.model, result, tokens.to(self.device))
-
-    def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        return generate(self, input_ids, **kwargs)
-
-    def speedup_ceilings(self, n: int) -> dict[str, float]:
-        return {"mac_ceiling": self.prefill_cost(n).mac_speedup}
-
-    def prefill_cost(self, n: int, result: PrefillResult | None = None) -> PrefillCost:
+    def prefill_cost(self, n: int, result: PrefillResult | None = None, plan: PromptPlan | None = None
+                     ) -> PrefillCost:
         """The MACs of an n-token prompt's prefill: the scoring pass and the kept rows' (`macs`); the cache
         keeps k rows in every layer."""
+        plan = plan if plan is not None else self.plan(n)
         config = self.model.config
         exact, full = prefill_macs(config, n), cache_rows(config, n)
-        knob = {"budget": self.knob.budget, "knob_value": self.knob.setting(n)} if self.knob is not None else {}
-        k = min(self.kept_count(n), n)  # n for a plain prompt (`is_plain`: every row kept)
-        macs = exact if k >= n else self.score_macs(n) + prefill_macs(config, k)
+        knob = {"budget": self.knob.budget, "knob_value": plan.knob_value} if self.knob is not None else {}
+        k = n if plan.plain else plan.setting
+        macs = exact if plan.plain else self.score_macs(n) + prefill_macs(config, k)
         return PrefillCost(n, macs, exact, k, cache_rows(config, k), full, None, **knob)
 
-    @functools.cached_property
-    def weights_sha256(self) -> str:
-        """The model's weights fingerprint (`rf_eval.weights`), read when first recorded."""
-        return weights_fingerprint(self.model)
-
     def provenance(self) -> dict[str, Any]:
-        return {**self.spec.describe(), **model_identity(self.model, self.weights_sha256)}
+        info = super().provenance()
+        if self.knob is not None:
+            info["knob"] = self.knob_name
+        return info

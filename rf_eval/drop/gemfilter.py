@@ -21,14 +21,16 @@ cost here does not charge.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-from rf_eval.drop.base import DropMethod
+from rf_eval.cost.mac_model import causal_pairs, layer_costs
+from rf_eval.drop.base import Dropper, DropperArm
 from rf_eval.engine import decoder_layers, new_cache, run_lower_layers
 from rf_eval.families import family_for
 from rf_eval.fields import ArmError
-from rf_eval.mac_model import causal_pairs, layer_costs
 
 __all__ = ["GemFilter", "filter_layer"]
 
@@ -53,20 +55,26 @@ def filter_layer(model_config, given: int | None) -> int:
     return r
 
 
-class GemFilter(DropMethod):
+class GemFilter(Dropper):
     """GemFilter's two passes; see the module docstring."""
 
     name = "gemfilter"
     renumbered = True
+    budget_knob = "the kept rows (k)"
 
-    def __init__(self, model, tokenizer=None, *, arm=None, **fields):
-        self.layer = filter_layer(model.config, (arm.filter_layer if arm is not None else fields.get("filter_layer")))
-        super().__init__(model, tokenizer, arm=arm, **fields)
+    @dataclass(frozen=True, kw_only=True)
+    class Arm(DropperArm):
+        """`keep` (k, default 1,024), `keep_share` or `budget`; `filter_layer` (r, default floor(13 L / 32))."""
+
+        filter_layer: int | None = None
+
+    def bind_model(self) -> None:
+        self.layer = filter_layer(self.model.config, self.arm.filter_layer)
 
     def keep_count(self, n: int) -> int:
-        if self.spec.keep_share is not None:
-            return max(1, int(self.spec.keep_share * n))
-        return self.spec.keep if self.spec.keep is not None else DEFAULT_KEEP
+        if self.arm.keep_share is not None:
+            return max(1, int(self.arm.keep_share * n))
+        return self.arm.keep if self.arm.keep is not None else DEFAULT_KEEP
 
     def score_macs(self, n: int) -> int:
         """Pass 1: layers 0..r over every row, and the last row's query against every key of layer r."""

@@ -27,55 +27,81 @@ as the attention selectors' are).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from rf_eval.drop.base import DropMethod
+from rf_eval.cost.mac_model import layer_costs, prefill_macs
+from rf_eval.drop.base import Dropper, DropperArm
 from rf_eval.engine import decoder_layers, new_cache
 from rf_eval.families import family_for, sliding_window
 from rf_eval.fields import ArmError
-from rf_eval.mac_model import layer_costs, prefill_macs
-from rf_eval.rarecache.maps import check_tokenizers
+from rf_eval.integrity.tokenizers import check_tokenizers
 
 __all__ = ["SpeculativePrefill"]
 
 POOL = 13
+#: the authors' example share of the chunks kept
+DEFAULT_KEEP_SHARE = 0.1
 
 
-class SpeculativePrefill(DropMethod):
-    """Speculative Prefill over a target and its speculator; see the module docstring."""
+class SpeculativePrefill(Dropper):
+    """Speculative Prefill over a target and its speculator (`source`); see the module docstring."""
 
     name = "specprefill"
     knob_name = "chunks"
+    budget_knob = "the kept chunks"
+    loads = ("source",)
+    second_model = "source"
 
-    def __init__(self, model, speculator, tokenizer=None, *, arm=None, speculator_tokenizer=None, **fields):
-        if speculator is None:
+    @dataclass(frozen=True, kw_only=True)
+    class Arm(DropperArm):
+        """`keep_share` of the chunks (default 0.1) or `budget`; `lookahead` (8) and `chunk` (32) as the
+        authors' main configuration."""
+
+        lookahead: int = 8
+        chunk: int = 32
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            if self.keep is not None:
+                raise ArmError("specprefill keeps whole chunks: give keep_share (its authors' percentage) or "
+                               "budget, not keep")
+            if self.lookahead < 1 or self.chunk < 1:
+                raise ArmError(f"lookahead and chunk must be >= 1; got lookahead={self.lookahead}, "
+                               f"chunk={self.chunk}")
+
+    def __init__(self, model, tokenizer=None, arm=None, *, source=None, speculator_tokenizer=None, **given):
+        if source is None:
             raise ArmError("method=specprefill needs a speculator: source=<a smaller model of the same tokenizer>")
         if tokenizer is not None and speculator_tokenizer is not None:
-            check_tokenizers(speculator_tokenizer, tokenizer)
-        self.speculator = speculator.eval()
-        self.spec_family = family_for(speculator.config)
-        types = getattr(speculator.config, "layer_types", None) or []
+            check_tokenizers(speculator_tokenizer, tokenizer, "specprefill")
+        super().__init__(model, tokenizer, arm, source=source, **given)
+
+    def bind_model(self) -> None:
+        """The speculator: attention-only, beside a full-attention target."""
+        self.speculator = self.parts["source"].eval()
+        self.spec_family = family_for(self.speculator.config)
+        types = getattr(self.speculator.config, "layer_types", None) or []
         if any(t != "full_attention" for t in types):
             raise ArmError("specprefill scores rows by the speculator's attention in every layer; this speculator "
                            f"has {sorted(set(types) - {'full_attention'})} layers: give an attention-only one")
-        if sliding_window(model.config) is not None:
+        if sliding_window(self.model.config) is not None:
             raise ArmError("specprefill prefills the kept rows at their original positions; a sliding-window "
                            "target counts its window in cache rows, not positions: give a full-attention target")
-        super().__init__(model, tokenizer, arm=arm, **fields)
 
     # -- counts --------------------------------------------------------------------------
     def chunks(self, n: int) -> int:
-        return math.ceil(n / self.spec.chunk)
+        return math.ceil(n / self.arm.chunk)
 
     def keep_count(self, n: int) -> int:
-        return self.rows_of(n, max(1, math.ceil(self.spec.keep_share_or_default * self.chunks(n))))
+        return self.rows_of(n, max(1, math.ceil((self.arm.keep_share or DEFAULT_KEEP_SHARE) * self.chunks(n))))
 
     def rows_of(self, n: int, value: int) -> int:
         """Rows of the top `value` chunks: whole chunks of `chunk` rows (a short last chunk counted as full,
         the most they can hold)."""
-        return min(value * self.spec.chunk, n)
+        return min(value * self.arm.chunk, n)
 
     def knob_top(self, n: int) -> int:
         return self.chunks(n)
@@ -85,7 +111,7 @@ class SpeculativePrefill(DropMethod):
         cache so far)."""
         config = self.speculator.config
         total = prefill_macs(config, n)
-        for step in range(1, self.spec.lookahead):
+        for step in range(1, self.arm.lookahead):
             total += sum(c.write + c.rest + c.attn_per_key * (n + step) for c in layer_costs(config))
             total += config.hidden_size * config.vocab_size
         return total
@@ -114,7 +140,7 @@ class SpeculativePrefill(DropMethod):
         eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         try:
             logits = self.speculator(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits
-            for _ in range(self.spec.lookahead - 1):
+            for _ in range(self.arm.lookahead - 1):
                 token = logits[:, -1].argmax(-1, keepdim=True)
                 if int(token) in eos:
                     break
@@ -142,7 +168,7 @@ class SpeculativePrefill(DropMethod):
         return pooled.reshape(heads, rows, n).amax(0).mean(0)
 
     def keep_rows(self, ids: torch.Tensor, count: int) -> torch.Tensor:
-        n, size = ids.shape[1], self.spec.chunk
+        n, size = ids.shape[1], self.arm.chunk
         scores = self.scores(ids)
         chunk_scores = torch.stack([scores[i : i + size].mean() for i in range(0, n, size)])
         top = torch.topk(chunk_scores, min(math.ceil(count / size), chunk_scores.numel())).indices

@@ -17,10 +17,12 @@ filled rows read x̂_S = fill(S, x_S), as the paper's released maps (layers
 S..L-1) and its MAC counts (section 2.2 "Size and cost", section 2.5) have
 it. The identity fill is x_S either way.
 
-With no filled rows (fill `exact`, or tail >= N) the engine is the plain
-model forward, so logits and cache are bitwise those of `transformers`.
-The partial path itself with every row exact (a selector that selects every
-prefix row) is bitwise the stock model too: each late layer then calls the
+A prompt with no filled row (fill `exact`, or tail >= N) is the plain model's
+forward, bitwise those of `transformers`: its method's plan says so once
+(`rf_eval.methods.base.Method.plan`) and runs `plain_prefill`; `prefill` itself
+always runs the partial path. That path with every row exact (a selector that
+selects every prefix row, or a plan with no filled row) is bitwise the stock
+model too: each late layer then calls the
 stock layer's own attention function with the stock mask (`floor`, the
 engine floor of paper sections 4.3 and 9).
 """
@@ -85,7 +87,7 @@ __all__ = [
     "exact_rows_beside", "execution_device", "extend", "family_for", "filled_kernel_every_row_exact",
     "late_layers", "named_cache_tensors", "new_cache", "num_layers", "partial_every_row_exact",
     "partial_path_floors", "plain_prefill", "prefill", "row_fill_for", "run_layer",
-    "run_layers", "run_lower_layers", "runs_plain", "split_batch",
+    "run_layers", "run_lower_layers", "split_batch",
 ]
 
 
@@ -108,15 +110,6 @@ def plain_prefill(model: nn.Module, input_ids: torch.Tensor) -> PrefillResult:
         timings={"total": time.perf_counter() - t0},
         prompt_length=n,
     )
-
-
-def runs_plain(plan: Plan, n: int, selects: bool) -> bool:
-    """True when `prefill` of an n-row prompt is the plain model's forward, bitwise.
-
-    That is when no row is filled (fill exact, or the tail covers the prompt),
-    the lower layers run in one pass, and no selector may lengthen the tail.
-    """
-    return plan.fills_no_row(n) and plan.chunk_size is None and not selects
 
 
 def exact_row_set(n: int, plan: Plan, selected: torch.Tensor | None, device: torch.device | str | None) -> torch.Tensor:
@@ -159,8 +152,6 @@ def prefill(
     n_layers = num_layers(model)
     check_split(plan.split, n_layers, strategy.min_split)
     n = input_ids.shape[1]
-    if runs_plain(plan, n, select is not None):
-        return plain_prefill(model, input_ids)
     no_filled_rows = plan.fills_no_row(n)
 
     family = family_for(model.config)

@@ -2,9 +2,9 @@
 
 RidgeFill paper section 4.3 (equivalence checks) and section 9, recipe step 4:
 "check that the engine with the fill switched off reproduces exact bitwise,
-so that every difference you measure is the fill's". A check that only runs
-`prefill` for a plan where `runs_plain` holds compares the plain model with
-itself. These functions run the partial path itself (the lower layers
+so that every difference you measure is the fill's". A check that compares a
+method's plain prompts (`Method.plan`: no filled row) compares the plain model
+with itself. These functions run the partial path itself (the lower layers
 stopped at the split, a selector, the late layers of `layers`) with every
 prompt row selected exact, and compare its logits and every cache tensor
 with `plain_prefill`:

@@ -1,11 +1,11 @@
 """Layers 0..S-1 of one prompt, run once for the arms of one process that share a split.
 
 Every arm of split S runs the stock model's layers 0..S-1 over the whole prompt (`lower.run_lower_layers`):
-the same computation whatever the arm fills, selects or keeps. Inside `rf_eval.plain_rows.shared_rows()`
+the same computation whatever the arm fills, selects or keeps. Inside `rf_eval.engine.shared_rows.shared_rows()`
 (the arms of an `InProcessLauncher`: `rf-eval demo`), the first arm to run a prompt at a split keeps what
 the pass leaves for the late layers (each lower layer's keys and values, x_S and the RoPE tables, copied to
 the CPU) and the next arms read it back: bit for bit what they would compute, found only under the full
-weights' sha256, the device, the thread count (`plain_rows.model_key`), the tokens, the split and the
+weights' sha256, the device, the thread count (`shared_rows.model_key`), the tokens, the split and the
 chunk size. Outside such a block nothing is kept or read.
 
 The pass's seconds, timed where it ran (the device synchronised), are charged to every arm that reads it
@@ -28,7 +28,7 @@ from transformers.cache_utils import DynamicLayer
 
 from rf_eval.engine.lower import run_lower_layers
 from rf_eval.engine.plan import LayerInputs
-from rf_eval.plain_rows import active, find, hold, holds, model_key
+from rf_eval.engine.shared_rows import active, find, hold, holds, model_key
 from rf_eval.prefill_timer import Stopwatch
 
 

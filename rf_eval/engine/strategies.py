@@ -199,8 +199,9 @@ class PredictedKV(RowFill):
     def mapped(self, step: LayerStep, index: int, x_rows: torch.Tensor, rows: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `index`'s rotated keys and values for `rows` ("filled", "keys") whose split states are x_rows."""
         flat = self.kv_map(index, x_rows)
-        heads = flat.shape[-1] // (2 * step.layers[index].self_attn.head_dim)
-        k, v = (t.reshape(*flat.shape[:2], heads, -1).transpose(1, 2) for t in flat.chunk(2, dim=-1))
+        head_dim = step.layers[index].self_attn.head_dim
+        heads = flat.shape[-1] // (2 * head_dim)  # (no filled row: a plan whose tail covers the prompt)
+        k, v = (t.reshape(*flat.shape[:2], heads, head_dim).transpose(1, 2) for t in flat.chunk(2, dim=-1))
         return step.family.rotate(k, *step.rope_at(index, rows)), v
 
     def attention(self, step: LayerStep, index: int, x_exact: torch.Tensor) -> AttentionRows:

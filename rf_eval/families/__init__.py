@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from functools import cache
 
-from rf_eval.checkpoints import register_checkpoint_types
 from rf_eval.errors import UserError
 from rf_eval.families.base import Family, execution_device
+from rf_eval.files.checkpoints import register_checkpoint_types
 from rf_eval.plugins import Registry
 
 FAMILY_PATH_ENV = "RF_EVAL_FAMILY_PATH"
@@ -119,7 +119,7 @@ __all__ = [
 
 
 def _register_checkpoint_types() -> None:
-    """Checkpoint layouts `transformers` lacks, read with its own classes (`rf_eval.checkpoints`), registered
+    """Checkpoint layouts `transformers` lacks, read with its own classes (`rf_eval.files.checkpoints`), registered
     with `AutoConfig` wherever a model is loaded: everything that loads one imports this package first."""
 
     register_checkpoint_types()

@@ -11,7 +11,7 @@ A family also describes itself, so that a new architecture is one module
 under rf_eval/families/ (found by `rf_eval.families.registered_families`,
 no list to edit): the `model_types` it serves, the tiny random test model
 (`tiny_config`: the shared shapes of `rf_eval.families._tiny` plus `tiny_settings`)
-and the facts the MAC cost model (`rf_eval.mac_model`) branches on.
+and the facts the MAC cost model (`rf_eval.cost.mac_model`) branches on.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Family:
     #: what the layers hold beyond Llama's, in a few words each (the README's families table)
     traits: ClassVar[tuple[str, ...]] = ()
 
-    # -- facts of the MAC cost model (rf_eval.mac_model) ------------------------------------
+    # -- facts of the MAC cost model (rf_eval.cost.mac_model) ------------------------------------
     #: q_proj also yields a sigmoid output gate, as wide as the queries
     gated_attention: ClassVar[bool] = False
     #: the config's `num_experts`, `moe_intermediate_size`, ... describe a sparse MoE MLP

@@ -10,6 +10,6 @@ from rf_eval.families.base import Family
 
 
 class Qwen2(Family):
-    model_types = ("qwen2", "qwen2_swiftkv")  # SwiftKV checkpoints: rf_eval.checkpoints
+    model_types = ("qwen2", "qwen2_swiftkv")  # SwiftKV checkpoints: rf_eval.files.checkpoints
     apply_rope = staticmethod(modeling_qwen2.apply_rotary_pos_emb)
     traits = ("q/k/v bias",)

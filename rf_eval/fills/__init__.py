@@ -47,6 +47,7 @@ def _check(cls: type[FillMethod], where: str) -> None:
 
 #: every fill method by name (`rf_eval.plugins.Registry`)
 FILLS: Registry[FillMethod] = Registry("fill", FillMethod, __name__, env=FILL_PATH_ENV, group=ENTRY_POINTS,
+                                       skip=("base", "loading_report"),
                                        check=_check, error=FillPluginError)
 
 

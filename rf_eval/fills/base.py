@@ -16,7 +16,7 @@ and asks the arm's fill method for the rest. A method is one class with:
 - `fill_fn(maps, dtype, device)`: the predicted-input function for
   `"inputs"` (None otherwise), and `row_fill(fill_fn)`: the engine strategy;
 - `filled_row_macs(config, layer, mapped)`: the multiply-accumulates a filled
-  row costs in one late layer (`rf_eval.mac_model`: the cost model,
+  row costs in one late layer (`rf_eval.cost.mac_model`: the cost model,
   `cost_match`, the study plan, the server's ceilings all read it);
 - `check(model_config, maps)`: the method's own rules for a model (an
   `ArmError` naming what to change);
@@ -81,7 +81,7 @@ def replaced_forward(model: Any) -> ReplacedForward | None:
 
 def check_model_forward(model: Any, fill: str) -> None:
     """Refuse (ValueError) an arm of fill `fill` on a model whose forward another fill method replaced;
-    the exact arm runs beside it (its calls pause the replacement: `rf_eval.method.method_forward`)."""
+    the exact arm runs beside it (its calls pause the replacement: `rf_eval.methods.requests.ForwardContext`)."""
     replaced = replaced_forward(model)
     if replaced is not None and fill not in (replaced.fill, FILL_OFF):
         raise ValueError(f"this model's forward was made fill={replaced.fill}'s (an arm of that fill was built on "
@@ -124,7 +124,7 @@ class FillMethod:
     #: True: `bind` makes the model's own forward the method's (`FORWARD_MARK`)
     replaces_forward: ClassVar[bool] = False
     #: the name part of the checkpoint tensors beyond the base model's that this method reads (SwiftKV's
-    #: `_swiftkv`); no other method reads them, so their absence matters to this one alone (`rf_eval.loading_report.check_loaded`)
+    #: `_swiftkv`); no other method reads them, so their absence matters to this one alone (`rf_eval.fills.loading_report.check_loaded`)
     extra_tensors: ClassVar[str] = ""
 
     @property
@@ -168,7 +168,7 @@ class FillMethod:
         raise NotImplementedError(f"fill {self.name!r} (strategy {self.strategy!r}) must define row_fill")
 
     def filled_row_macs(self, config: Any, layer: Any, mapped: bool) -> int:
-        """MACs one filled row costs in one late layer (`layer`: a `rf_eval.mac_model.LayerCost`;
+        """MACs one filled row costs in one late layer (`layer`: a `rf_eval.cost.mac_model.LayerCost`;
         `mapped`: the layer reads the method's map, not x_S). Default: the layer's K/V or state update."""
         return 0 if self.strategy == "absent" else layer.write
 

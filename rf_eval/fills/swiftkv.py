@@ -1,6 +1,6 @@
 """`swiftkv`: SwiftKV's trained K/V projections inside RidgeFill's pipeline (RidgeFill paper Tables 19-20).
 
-A SwiftKV checkpoint (Snowflake's layout, loaded by `rf_eval.checkpoints`)
+A SwiftKV checkpoint (Snowflake's layout, loaded by `rf_eval.files.checkpoints`)
 carries, for every layer from its `num_key_value_layers` L on, projections
 trained to write that layer's keys and values from the state entering layer
 L. Here they fill the filled rows only: a filled row's late-layer keys and
@@ -23,10 +23,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from rf_eval.checkpoints import MODEL_TYPES, is_swiftkv
 from rf_eval.engine.lower import decoder_layers
 from rf_eval.engine.strategies import PredictedKV
 from rf_eval.fields import ArmError
+from rf_eval.files.checkpoints import MODEL_TYPES, is_swiftkv
 from rf_eval.fills.base import FillMethod
 from rf_eval.ridge.targets import kv_width
 

@@ -7,7 +7,7 @@ and its queries `q_proj_swiftkv` of the layer's own normed input. Binding an
 arm makes the model's own forward SwiftKV's (`use_released_forward`: its late
 projections wrapped in place; the weights' fingerprint stays the checkpoint's),
 so decoding and plain prompts run it too; the model then serves this fill, and
-the exact arm beside it runs the base forward (`rf_eval.method.method_forward`).
+the exact arm beside it runs the base forward (`rf_eval.methods.requests.ForwardContext`).
 
 The split is L. In the engine the exact rows (the tail) run the late layers
 over keys and values that every row takes from x_L, so a prompt's logits do

@@ -3,7 +3,7 @@
 The paper is `shared/seeds/002_54f3fbfe8c9ddaae.txt` (section 3; appendix A, B).
 Modules: `features` (cache entries, RoPE undone/redone), `fit` (streaming
 map fit), `maps` (the file format and pair checks), `transfer` (mapping and
-the rank-disagreement score), `budget` (ceil(rho * T)), `api` (`RaReCache`), `cost` (eq. 11);
+the rank-disagreement score), `budget` (ceil(rho * T)), `method` (`RaReCache`), `cost` (eq. 11);
 its row selectors are `rf_eval.selectors.mapped_cache`.
 Imports are lazy so that `import rf_eval.rarecache` stays cheap.
 
@@ -43,7 +43,7 @@ __all__ = ["RaReCache", "TransferMaps", "fit_transfer", "load_transfer_maps"]
 
 def __getattr__(name: str):
     if name == "RaReCache":
-        from rf_eval.rarecache.api import RaReCache
+        from rf_eval.rarecache.method import RaReCache
 
         return RaReCache
     if name == "fit_transfer":

@@ -6,7 +6,7 @@ positions (`rf_eval.selectors.mapped_cache`, the registry's RaReCache selectors;
 in provenance); `seed` seeds random-positions (and, in the adapter, sampled
 generation). `budget` (a share of exact prefill's MACs, in place of `rho`): the recomputed positions (or
 layers) are set per prompt length to spend it, by eq. 11's count with the source's prefill charged
-(`rf_eval.rarecache.cost.EquationCost`, `rf_eval.budget`). Built the same way from model_args and Python
+(`rf_eval.rarecache.cost.EquationCost`, `rf_eval.cost.budget`). Built the same way from model_args and Python
 keyword arguments.
 """
 
@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from rf_eval.budget import check_budget
+from rf_eval.cost.budget import check_budget
 from rf_eval.fields import ArmError, build
 from rf_eval.selectors.registry import cache_selector
 

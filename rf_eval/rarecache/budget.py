@@ -11,11 +11,11 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from rf_eval.budget import Knob
+from rf_eval.cost.budget import Knob
 from rf_eval.rarecache.cost import EquationCost
 
 
-def budget(rho: float, total: int) -> int:
+def recompute_count(rho: float, total: int) -> int:
     """ceil(rho * total), exact for decimal rho (0.3 * 10 is 3, not 4)."""
     if not 0 <= rho <= 1:
         raise ValueError(f"rho must be in [0, 1], got {rho}")
@@ -24,7 +24,7 @@ def budget(rho: float, total: int) -> int:
 
 def layer_budget(rho: float, n_layers: int) -> int:
     """Layers the layer-prefix baseline recomputes at the same budget: ceil(rho * L)."""
-    return budget(rho, n_layers)
+    return recompute_count(rho, n_layers)
 
 
 def rarecache_knob(budget_share: float | None, costs: Any, whole_layers: bool, max_length: int) -> Knob | None:

@@ -17,7 +17,7 @@ computes logits for the last row only, so neither the embedding table nor
 the LM head is charged (the paper's 1.3e10 for Qwen3-14B is this count).
 The source's own prefill is not charged by `speedup_ceiling` (the paper's
 cascade setting: the source has already read the prompt). A run's per-item
-cost (`EquationCost`, `rf_eval.prefill_cost`) charges it: the same count for
+cost (`EquationCost`, `rf_eval.cost.prefill_cost`) charges it: the same count for
 the source, P_S T + α_S T² / 4 multiply-accumulates, so a study compares
 RaReCache with a method that reads the prompt once at what it spends in all.
 Multiply-accumulates are FLOPs / 2 throughout.

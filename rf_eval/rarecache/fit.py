@@ -45,14 +45,15 @@ from torch import nn
 
 from rf_eval.devices import rank_and_world
 from rf_eval.engine import num_layers
-from rf_eval.hashing import sha256_of_files
+from rf_eval.integrity.hashing import sha256_of_files
+from rf_eval.integrity.tokenizers import check_tokenizers
+from rf_eval.integrity.weights import weights_fingerprint
 from rf_eval.rarecache.features import cache_entries, check_attention_only, kv_shape, prefill_cache
-from rf_eval.rarecache.maps import SIDES, SideMap, TransferMaps, check_tokenizers
+from rf_eval.rarecache.maps import SIDES, SideMap, TransferMaps
 from rf_eval.ridge.calibration import check_nonempty, tokenized
 from rf_eval.ridge.maps import config_hash
 from rf_eval.ridge.sums import RidgeSums
 from rf_eval.version import __version__
-from rf_eval.weights import weights_fingerprint
 
 log = logging.getLogger(__name__)
 

@@ -19,43 +19,21 @@ and R² values (JSON).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from rf_eval.hashing import file_sha256
+from rf_eval.files.tensor_files import read_tensors, save_tensors
+from rf_eval.integrity.hashing import file_sha256
+from rf_eval.integrity.tokenizers import TokenizerMismatch, tokenizer_hash
 from rf_eval.rarecache.cost import probe_parameters
 from rf_eval.ridge.maps import MapError, config_hash
-from rf_eval.tensor_files import read_tensors, save_tensors
 
 FORMAT = "rf-eval-rarecache-maps/1"
 FILENAME = "rarecache_maps.safetensors"
 SIDES = ("key", "value")
-
-
-class TokenizerMismatch(ValueError):
-    """Source and target do not share a tokenizer: their caches have no row-to-row correspondence."""
-
-
-def tokenizer_hash(tokenizer) -> str:
-    """sha256 of the token -> id vocabulary (added tokens included)."""
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
-    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
-
-
-def check_tokenizers(source_tokenizer, target_tokenizer) -> str:
-    """The shared vocabulary hash; TokenizerMismatch when the two tokenizers differ (section 3.1)."""
-    a, b = tokenizer_hash(source_tokenizer), tokenizer_hash(target_tokenizer)
-    if a != b:
-        na, nb = len(source_tokenizer), len(target_tokenizer)
-        raise TokenizerMismatch(
-            "RaReCache needs a source and target that share a tokenizer (one cache row per token in both); "
-            f"these vocabularies differ (source {na} tokens, sha256 {a[:12]}...; target {nb} tokens, {b[:12]}...)"
-        )
-    return a
 
 
 @dataclass

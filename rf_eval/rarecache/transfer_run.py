@@ -19,8 +19,9 @@ from typing import Any
 
 from rf_eval.devices import check_device, check_model_source, default_device, init_distributed, parse_dtype
 from rf_eval.errors import UserError
+from rf_eval.integrity.tokenizers import check_tokenizers
 from rf_eval.rarecache.fit import fit_transfer
-from rf_eval.rarecache.maps import FILENAME, check_tokenizers
+from rf_eval.rarecache.maps import FILENAME
 from rf_eval.ridge.calibration import CalibrationError, check_nonempty
 
 __all__ = ["TransferFit", "check_transfer_inputs", "fit_transfer_file"]

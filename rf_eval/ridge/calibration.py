@@ -1,5 +1,5 @@
 """Calibration documents: plain-text files (one document each) or JSONL with a `text` field, read by the
-shared data-file readers (`rf_eval.data_files`): a bad file is named with its line (or the byte
+shared data-file readers (`rf_eval.files.data_files`): a bad file is named with its line (or the byte
 offset of the first byte that is not UTF-8) and the field; `tokenized` gives this process's share of them as
 token ids (the map fit, RaReCache's transfer fit, the state-correction fit)."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from rf_eval.data_files import iter_jsonl, read_text
 from rf_eval.devices import rank_and_world
 from rf_eval.errors import UserError
+from rf_eval.files.data_files import iter_jsonl, read_text
 
 WHAT = "calibration file"
 JSONL_HINT = "each JSONL line needs a string 'text' field"
@@ -33,7 +33,7 @@ def iter_documents(paths: Sequence[str | Path]) -> Iterator[str]:
 
 def iter_named_documents(paths: Sequence[str | Path]) -> Iterator[tuple[str, str]]:
     """(name, text) of each document of `iter_documents`: the file's path, or `path:line` (from 1) for a
-    JSONL line, so a report can name the document (`rf_eval.overlap`)."""
+    JSONL line, so a report can name the document (`rf_eval.study.overlap`)."""
     for raw in paths:
         path = Path(raw)
         if path.is_dir():

@@ -3,7 +3,7 @@
 Tensors `A.{l}` (d_out x d_in) and `b.{l}` (d_out) for every late layer l
 (the split's own layer included), with string metadata: the model config's
 hash, the fingerprint of the weights they were fitted on (`weights_sha256`,
-`rf_eval.weights`), split, lambda, calibration row count and the sha256 of the
+`rf_eval.integrity.weights`), split, lambda, calibration row count and the sha256 of the
 calibration inputs. The paper's release format (App. F: "int8, with one bf16 scale per
 128 weights of each row and a bf16 bias"), `A.{l}` as int8 codes with `A.{l}.scales`
 (bf16, d_out x ceil(d_in/128)) and `b.{l}` in bf16, is dequantized on load; fp32
@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from rf_eval.hashing import file_sha256
+from rf_eval.files.tensor_files import read_tensors, save_tensors
+from rf_eval.integrity.hashing import file_sha256
 from rf_eval.ridge.targets import target_width
-from rf_eval.tensor_files import read_tensors, save_tensors
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class RidgeMaps:
         return str(self.path) if self.path is not None else "maps"
 
     def check_weights(self, fingerprint: str, *, allow_other_weights: bool = False) -> None:
-        """Refuse maps fitted on other weights (`rf_eval.weights.weights_fingerprint`), unless allowed."""
+        """Refuse maps fitted on other weights (`rf_eval.integrity.weights.weights_fingerprint`), unless allowed."""
         fitted = self.metadata.get("weights_sha256")
         if not fitted:
             why = ("converted from a released projector" if self.metadata.get("release_manifest_sha256")

@@ -31,9 +31,9 @@ from transformers import DynamicCache
 from rf_eval.engine import FillFn, decoder_layers
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.families import family_for
+from rf_eval.files.tensor_files import read_tensors, save_tensors
 from rf_eval.ridge.capture import run_with_layer_hooks
 from rf_eval.ridge.maps import config_hash
-from rf_eval.tensor_files import read_tensors, save_tensors
 
 
 def filled_share(log_g: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from rf_eval.devices import all_reduce
-from rf_eval.tensor_files import read_tensors, save_tensors
+from rf_eval.files.tensor_files import read_tensors, save_tensors
 
 # The paper's grid: nine values between 1e-4 and 1 (appendix G).
 LAMBDA_GRID = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)

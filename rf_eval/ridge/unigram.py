@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from rf_eval.devices import all_reduce
-from rf_eval.tensor_files import read_tensors, save_tensors
+from rf_eval.files.tensor_files import read_tensors, save_tensors
 
 FILENAME = "unigram.safetensors"
 

@@ -8,7 +8,7 @@ parsed once; `prefill_arm` wires them into the engine for one prompt:
 - splice: keys | values | both, from an exact reference prefill of the same prompt;
 - cost_match: the compute-matched `nofill` control (paper section 3.3): the
   tail is lengthened, per prompt length N, to the longest tail whose MAC
-  count (`rf_eval.mac_model`) does not exceed the matched arm's. The matched arm
+  count (`rf_eval.cost.mac_model`) does not exceed the matched arm's. The matched arm
   is a fill with filled rows (identity, ridge, ...) with `tail` (default: this arm's tail),
   `exact_share` (exact prefix rows as a share of N, e.g. 0.1 for the
   attention selector's rows) or `exact_rows` (a count), and `probe_rows`.
@@ -25,12 +25,12 @@ from torch import nn
 
 from rf_eval import engine
 from rf_eval.arm_string import check_params, parse_parts
+from rf_eval.cost.mac_model import cost_matched_tail, prefill_macs
 from rf_eval.engine import Plan, PrefillResult
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.engine.rowfill import RowFill
 from rf_eval.fills import FILLS, FillMethod, fill_method, registered_fills
 from rf_eval.fills.ridge import Ridge
-from rf_eval.mac_model import cost_matched_tail, prefill_macs
 from rf_eval.ridgefill.corrections import build_hooks
 from rf_eval.selectors.base import Request, Selector
 

@@ -1,12 +1,12 @@
 """What a RidgeFill arm costs per prompt, and the knob `budget=` turns on it.
 
-The cost is the MAC model of RidgeFill section 2.5 (`rf_eval.mac_model`)
+The cost is the MAC model of RidgeFill section 2.5 (`rf_eval.cost.mac_model`)
 at the rows the prefill actually ran: the whole prompt's tail (a generation
 prefill holds back its last token, which decoding runs as a tail row), the
 selected prefix rows and a probe's sweep rows; 1/r counts the tail and the
 selected rows as the exact rows of section 2.5's r = S/L + (1 - S/L) T/N.
 
-The knob (`rf_eval.budget`): a preset's arm turns its preset's knob (POP's
+The knob (`rf_eval.cost.budget`): a preset's arm turns its preset's knob (POP's
 split: a deeper split buys more exact layers; FastKV's propagated rows); an arm with
 a row selector that counts its rows turns that count (`Selector.counts_rows`:
 attention, random, probe, longer_tail), its tail fixed; any other fill turns
@@ -18,9 +18,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from rf_eval.budget import Knob
-from rf_eval.mac_model import cache_rows, ceiling_r, prefill_macs
-from rf_eval.prefill_cost import PrefillCost
+from rf_eval.cost.budget import Knob
+from rf_eval.cost.mac_model import cache_rows, ceiling_r, prefill_macs
+from rf_eval.cost.prefill_cost import PrefillCost
 from rf_eval.ridgefill.presets import preset as named
 
 __all__ = ["KNOBS", "knob_name", "ridgefill_knob", "ridgefill_prefill_cost", "selector_probe_rows"]
@@ -47,7 +47,7 @@ def ridgefill_knob(arm: Any, model_config: Any) -> Knob | None:
     if arm.budget is None:
         return None
     config = model_config
-    common = {"fill": arm.method if arm.method is not None else arm.fill, "map_split": arm.map_split}
+    common = {"fill": arm.fill_obj if arm.fill_obj is not None else arm.fill, "map_split": arm.map_split}
     probe = selector_probe_rows(arm.selector_obj)
     name = knob_name(arm.preset, arm.selector_obj)
     if name == "split":

@@ -11,10 +11,10 @@ maps made for this model and split, a terminal-state table made for this
 arm, the unigram table beside the maps). Nothing below it re-checks.
 
 The arm is bound once: construction turns the `fill` name into its fill
-method (`method`, one instance per arm) and the selector, correction and
-cost-match specs into their objects; `resolve` adds the engine `plan` and the
-budget's knob. The method (`rf_eval.ridgefill.api.RidgeFill`) and the engine
-read those objects; nothing looks a plug-in up by name after this module.
+(`fill_obj`, one instance per arm) and the selector, correction and cost-match
+strings into their objects; `resolve` adds the engine plan and the budget's
+knob. The method (`rf_eval.ridgefill.method.RidgeFill`) and the engine read
+those objects; nothing looks a plug-in up by name after this module.
 
 Arms (RidgeFill paper, table 3 and section 3.3): `fill` exact | nofill |
 identity | ridge; `split` S; `tail` T; optional exact prefix rows from a
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rf_eval.budget import check_budget
+from rf_eval.cost.budget import check_budget
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, DEFAULT_TAIL, Plan, check_rows, check_split
 from rf_eval.fields import ArmError, build
 from rf_eval.fills import FILL_OFF, absent_fills, arm_fills, fill_method, predicting_fills
@@ -75,7 +75,7 @@ class RidgeFillArm:
     #: a published configuration that sets fill, tail and split (`rf_eval.ridgefill.presets`)
     preset: str | None = None
     #: at most this share of exact prefill's MACs at each prompt length: the arm's knob (tail, selected rows,
-    #: or a preset's split) is set per length to spend it (`rf_eval.ridgefill.arm_cost`, `rf_eval.budget`)
+    #: or a preset's split) is set per length to spend it (`rf_eval.ridgefill.arm_cost`, `rf_eval.cost.budget`)
     budget: float | None = None
 
     def __post_init__(self) -> None:
@@ -84,7 +84,7 @@ class RidgeFillArm:
         if self.fill not in arm_fills():
             raise ArmError(f"fill={self.fill!r} is not valid; valid fills: {', '.join(arm_fills())}")
         # the fill's one object for this arm: every rule and the engine read it, never the name again
-        object.__setattr__(self, "_method", None if self.fill == FILL_OFF else fill_method(self.fill))
+        object.__setattr__(self, "_fill", None if self.fill == FILL_OFF else fill_method(self.fill))
         try:
             check_rows(self.tail, self.chunk_size)
             if self.split is not None:
@@ -93,7 +93,7 @@ class RidgeFillArm:
             raise ArmError(str(err)) from None
         if self.maps_device not in MAPS_DEVICES:
             raise ArmError(f"maps_device={self.maps_device!r} is not valid; valid: {', '.join(MAPS_DEVICES)}")
-        if self.maps_device != "model" and not (self.method and self.method.needs_maps):
+        if self.maps_device != "model" and not (self.fill_obj and self.fill_obj.needs_maps):
             raise ArmError(f"maps_device={self.maps_device} places maps: fill={self.fill} reads none")
         if self.splice is not None and self.splice not in SPLICES:
             raise ArmError(f"splice={self.splice!r} is not valid; valid splices: {', '.join(SPLICES)}")
@@ -101,32 +101,35 @@ class RidgeFillArm:
             raise ArmError(f"unigram={self.unigram!r}: no such file")
         parts = _parse_parts(self)
         object.__setattr__(self, "_parts", parts)
-        if (parts["corrections"] or self.splice) and not (self.method and self.method.supports_corrections):
+        if (parts["corrections"] or self.splice) and not (self.fill_obj and self.fill_obj.supports_corrections):
             raise ArmError(f"corrections and splice change filled rows: they need a fill from predicted inputs "
                            f"({', '.join(predicting_fills())}), not fill={self.fill}")
-        if parts["selector"] is not None and self.method is not None and not self.method.selects_rows:
+        if parts["selector"] is not None and self.fill_obj is not None and not self.fill_obj.selects_rows:
             raise ArmError(f"fill={self.fill} has no exact prefix rows to select: leave out selector=")
-        if parts["cost_match"] is not None and not (self.method and self.method.absent):
+        if parts["cost_match"] is not None and not (self.fill_obj and self.fill_obj.absent):
             raise ArmError(f"cost_match lengthens the tail of an arm without filled rows: it needs fill="
                            f"{' or '.join(absent_fills())}, not fill={self.fill}")
-        if self.budget is not None:
-            self._check_budget(parts)
-
-    def _check_budget(self, parts: dict[str, Any]) -> None:
-        """The rules `budget=` needs no model for: a share in (0, 1], a knob to turn, no second cost rule."""
         check_budget(self.budget)
-        if self.method is None:
-            raise ArmError(f"budget={self.budget:g} sets the knob of a fill; the exact arm (fill=exact) spends "
-                           "exact prefill's MACs: leave out budget or give a fill")
-        if parts["cost_match"] is not None:
-            raise ArmError("give budget or cost_match, not both: each sets the arm's tail by a cost")
-        selector = parts["selector"]
+        refusal = self.budget_refusal() if self.budget is not None else None
+        if refusal is not None:
+            raise ArmError(f"budget={self.budget:g}: {refusal}")
+
+    def budget_refusal(self) -> str | None:
+        """Why this arm cannot take a budget (None: it can), the one rule for it: a fill to set the knob of, no
+        second cost rule, a selector that counts its rows, a split the maps do not fix."""
+        if self.fill_obj is None:
+            return ("a budget sets the knob of a fill; the exact arm (fill=exact) spends exact prefill's MACs: "
+                    "leave out budget or give a fill")
+        if self.cost_match_obj is not None:
+            return "give budget or cost_match, not both: each sets the arm's tail by a cost"
+        selector = self.selector_obj
         if selector is not None and not getattr(selector, "counts_rows", False):
-            raise ArmError(f"budget={self.budget:g} turns a row selector's count, and selector={self.selector!r} "
-                           "chooses its rows by a rule, not a count; give a selector that counts rows (attention, "
-                           "random, probe) or leave out the selector to turn the tail")
-        if knob_name(self.preset, selector) == "split" and self.method.needs_maps:
-            raise ArmError(f"budget={self.budget:g} turns preset={self.preset}'s split, which its maps fix")
+            return (f"a budget turns a row selector's count, and selector={self.selector!r} chooses its rows by "
+                    "a rule, not a count; give a selector that counts rows (attention, random, probe) or leave "
+                    "out the selector to turn the tail")
+        if knob_name(self.preset, selector) == "split" and self.fill_obj.needs_maps:
+            return f"a budget turns preset={self.preset}'s split, which its maps fix"
+        return None
 
     def _apply_preset(self) -> None:
         try:
@@ -173,10 +176,10 @@ class RidgeFillArm:
         fill, tail or split among them leaves this arm's preset.
         """
         merged = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-        if fields.get("preset"):
-            merged = {k: v for k, v in merged.items() if k not in PRESET_FIELDS}
-        elif any(k in fields for k in PRESET_FIELDS):
+        if any(k in fields for k in PRESET_FIELDS) and not fields.get("preset"):
             merged.pop("preset", None)
+        elif merged.get("preset") or fields.get("preset"):  # the preset (this arm's or a new one) sets them
+            merged = {k: v for k, v in merged.items() if k not in PRESET_FIELDS}
         merged.update(fields)
         return RidgeFillArm.from_fields(merged, what=what).resolve(model_config, maps)
 
@@ -200,10 +203,10 @@ class RidgeFillArm:
         return self.fill != FILL_OFF
 
     @property
-    def method(self) -> Any:
-        """The arm's fill method (a `rf_eval.fills.FillMethod` instance, made once with the arm), None for the
-        exact arm."""
-        return self._method
+    def fill_obj(self) -> Any:
+        """The arm's fill (a `rf_eval.fills.FillMethod` instance, made once with the arm), None for the exact
+        arm."""
+        return self._fill
 
     # -- what a resolved arm runs -------------------------------------------------------
     @property
@@ -220,30 +223,25 @@ class RidgeFillArm:
         (a selector's rows, a correction's or splice's reference)."""
         return self.selector_obj is None and not self.correction_objs and self.splice is None
 
-    def plan_for(self, n: int) -> Plan:
-        """The plan of an n-token prompt: a budget's tail or split, or a cost-matched control's tail, set by n."""
+    def plan_at(self, n: int) -> tuple[Plan, int | None, int | None]:
+        """(the engine plan of an n-token prompt, the selected rows a budget grants it (None: the selector
+        counts its own), the value the budget's knob took (None without one)): a budget's tail, split or rows,
+        or a cost-matched control's tail, set by n. `RidgeFill.plan` asks once per prompt."""
         plan, knob = self.plan, self._knob
+        value = None if knob is None else knob.setting(n)
         if knob is not None and knob.name in ("tail", "split"):
-            return dataclasses.replace(plan, **{knob.name: knob.setting(n)})
-        if self.cost_match_obj is None:
-            return plan
-        tail = self.cost_match_obj.tail_for(self._config, n, plan.split, plan.tail, plan.map_split, self.method)
-        return dataclasses.replace(plan, tail=tail)
+            return dataclasses.replace(plan, **{knob.name: value}), None, value
+        if knob is not None:  # rows
+            return plan, value, value
+        if self.cost_match_obj is not None:
+            tail = self.cost_match_obj.tail_for(self._config, n, plan.split, plan.tail, plan.map_split, self.fill_obj)
+            plan = dataclasses.replace(plan, tail=tail)
+        return plan, None, None
 
-    def row_budget(self, n: int) -> int | None:
-        """The selected rows a budget grants an n-token prompt (None: the selector counts its own)."""
-        return self._knob.setting(n) if self._knob is not None and self._knob.name == "rows" else None
-
-    def knob_value(self, n: int) -> int | None:
-        """The value the budget's knob takes at n tokens (None without a budget)."""
-        return None if self._knob is None else self._knob.setting(n)
-
-    def reference(self) -> RidgeFillArm:
-        """The exact arm beside this resolved one (the `reference=exact` pass): its split and tail, the fill off,
-        no parts; bound to the same model config, so nothing is parsed, looked up or resolved again."""
-        exact = RidgeFillArm(fill=FILL_OFF, split=self.split, tail=self.tail)
-        exact._bind(self._config, None)
-        return exact
+    def resolved_for(self, model_config: Any) -> bool:
+        """Whether `resolve` bound this arm to a model of `model_config`'s shape (`config_hash`)."""
+        config = self.__dict__.get("_config")
+        return config is not None and config_hash(config) == config_hash(model_config)
 
     def _copy(self, **fields: Any) -> RidgeFillArm:
         """This arm with `fields` set, its parsed parts and fill method kept (no second construction)."""
@@ -275,33 +273,30 @@ class RidgeFillArm:
             if split not in (None, own):
                 raise ArmError(f"preset={self.preset} splits this {n_layers}-layer model at {own}, not {split}")
             split = own
-        if split is None and self.method is not None:
-            split = self.method.default_split(model_config)
+        if split is None and self.fill_obj is not None:
+            split = self.fill_obj.default_split(model_config)
         if split is None:
             split = n_layers // 2
         try:
             check_split(split, n_layers)
         except ValueError as err:
             raise ArmError(str(err)) from None
-        if self.method is not None:
-            self.method.check_split(model_config, split)
+        if self.fill_obj is not None:
+            self.fill_obj.check_split(model_config, split)
         return split
 
-    def resolve(self, model_config: Any, maps: Any = None, weights: str | None = None) -> RidgeFillArm:
-        """This arm for one model (a `transformers` config) and its maps (`RidgeMaps` or None).
+    def resolve(self, model_config: Any, maps: Any = None) -> RidgeFillArm:
+        """This arm for one model (a `transformers` config) and its maps (`RidgeMaps` or None), before any
+        weights load (the maps' weights fingerprint is the method's to check, with the weights in).
 
-        `weights`: the model's `rf_eval.weights.weights_fingerprint`, once the
-        weights are loaded (maps fitted on other weights are refused unless
-        `allow_other_weights`). Returns the spec with `split` (and `unigram`,
-        when the maps' folder holds one) filled in; an `ArmError` for anything
-        that does not fit (a `MapError` for maps that do not).
+        Returns the arm with `split` (and `unigram`, when the maps' folder holds
+        one) filled in; an `ArmError` for anything that does not fit (a
+        `MapError` for maps that do not).
         """
         if maps is not None:
             maps.check_model(model_config)  # a MapError naming both config hashes
-            if weights is not None:
-                maps.check_weights(weights, allow_other_weights=self.allow_other_weights)
-        if self.method is not None:
-            self.method.check(model_config, maps)
+        if self.fill_obj is not None:
+            self.fill_obj.check(model_config, maps)
         split = self.split_for(model_config, maps.split if maps is not None else None)
         unigram = self.unigram
         beside = getattr(maps, "path", None)
@@ -328,7 +323,7 @@ class RidgeFillArm:
         return arm
 
     def knob(self, model_config: Any) -> Any:
-        """The knob `budget=` turns on this (resolved) arm on a model of `model_config`, a `rf_eval.budget.Knob`
+        """The knob `budget=` turns on this (resolved) arm on a model of `model_config`, a `rf_eval.cost.budget.Knob`
         (None without a budget)."""
         return ridgefill_knob(self, model_config)
 

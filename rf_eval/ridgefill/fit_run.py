@@ -24,16 +24,16 @@ from rf_eval.devices import check_device, check_model_source, init_distributed, 
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.errors import UserError
 from rf_eval.families import family_class_for
+from rf_eval.files.tensor_files import read_metadata
 from rf_eval.fills import FILL_OFF, fill_method
+from rf_eval.fills.loading_report import check_loaded, recording_missing_keys
 from rf_eval.fills.ridge import Ridge
-from rf_eval.loading_report import check_loaded, recording_missing_keys
 from rf_eval.ridge.calibration import CalibrationError, check_disjoint, check_nonempty
 from rf_eval.ridge.fit_memory import parse_heldout_memory
 from rf_eval.ridge.lambdas import check_lambdas
 from rf_eval.ridge.maps import config_hash
 from rf_eval.ridgefill.fitting import FitResult, fit_maps, fit_target, refit_from_sums
 from rf_eval.ridgefill.fitting import check_splits as splits_in_range
-from rf_eval.tensor_files import read_metadata
 
 __all__ = ["fit_map_files", "fit_summary", "load_fit_model"]
 

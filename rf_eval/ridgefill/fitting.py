@@ -24,7 +24,8 @@ from rf_eval.engine import num_layers
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, check_split
 from rf_eval.fills import fill_method, registered_fills
 from rf_eval.fills.ridge import Ridge
-from rf_eval.hashing import sha256_of_files
+from rf_eval.integrity.hashing import sha256_of_files
+from rf_eval.integrity.weights import weights_fingerprint
 from rf_eval.ridge.calibration import check_disjoint, check_nonempty, tokenized
 from rf_eval.ridge.capture import capture_sums
 from rf_eval.ridge.fit_memory import choose_sums_device, parse_heldout_memory, sums_bytes
@@ -33,7 +34,6 @@ from rf_eval.ridge.maps import RidgeMaps, config_hash
 from rf_eval.ridge.sums import RidgeSums, sums_filename
 from rf_eval.ridge.unigram import UnigramCounter
 from rf_eval.version import __version__
-from rf_eval.weights import weights_fingerprint
 
 log = logging.getLogger(__name__)
 

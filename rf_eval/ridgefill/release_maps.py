@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
+from rf_eval.files.tensor_files import read_tensors, save_tensors
 from rf_eval.fills.ridge import Ridge
-from rf_eval.hashing import file_sha256
+from rf_eval.integrity.hashing import file_sha256
 from rf_eval.ridge.maps import FORMAT, MapError, RidgeMaps, config_hash, int8_weights, map_filename
-from rf_eval.tensor_files import read_tensors, save_tensors
 from rf_eval.version import __version__
 
 MANIFEST = "ridgefill.json"

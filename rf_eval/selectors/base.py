@@ -48,7 +48,7 @@ class Request:
         self.capture_start: dict[int, int] = {}
         self.exclude = torch.zeros(self.n, dtype=torch.bool)
         self.memo: dict[Any, Any] = {}
-        #: rows an arm's budget grants this prompt (`rf_eval.budget`); a selector that `counts_rows` then picks
+        #: rows an arm's budget grants this prompt (`rf_eval.cost.budget`); a selector that `counts_rows` then picks
         #: this many instead of its own count
         self.row_budget: int | None = None
 

@@ -39,7 +39,7 @@ Install: `pip install 'rf-eval[serve]'` (FastAPI, uvicorn, and lm-eval's API-mod
    messages unrendered, so the needle marks of `ruler_filled` and the
    prompt hashes the report pairs on are not those of a rendered prompt.
    Chat messages the server renders itself (`/v1/chat/completions`) are
-   rendered by the adapters' rule (`rf_eval.chat`: enable_thinking=False
+   rendered by the adapters' rule (`rf_eval.harness.chat`: enable_thinking=False
    where the template has the switch, as Qwen3's, unless the server's
    model_args set `enable_thinking` or `chat_template_args`) and the
    response's `rf_chat_template` records it as `rf_eval.chat_template`.

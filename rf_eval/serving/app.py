@@ -7,7 +7,7 @@ ran: fill, split, tail, layers) and `rf_timings` (server seconds: queue,
 prefill, prompt = to the first generated token, decode, total; and the
 prompt's speedup ceilings); `usage.prompt_time_ms` is the prompt time too.
 Chat responses and `/rf/info` also carry `rf_chat_template`, the record
-`--model ridgefill` keeps as `rf_eval.chat_template` (`rf_eval.chat`), so a
+`--model ridgefill` keeps as `rf_eval.chat_template` (`rf_eval.harness.chat`), so a
 served arm shows it rendered messages as the adapter arm it pairs with.
 Streaming responses carry these in their last chunk. Every request is one
 JSON line in the request log.
@@ -190,11 +190,10 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
 
     @app.get("/rf/info")
     async def info():
-        method = getattr(backend.default_arm.method, "name", "") or backend.lm.method_name  # `rf_eval.methods`
-        return {"model": backend.settings.pretrained, "method": method, "adapter": backend.lm.method_name,
+        return {"model": backend.settings.pretrained, "method": backend.lm.method.name,
                 "served_name": backend.served_name, "layers": backend.n_layers,
                 "max_model_len": backend.max_length, "default_arm": backend.default_arm.info,
-                "arm_fields": list(backend.arm_fields), "maps": getattr(backend.settings, "maps", None),
+                "arm_fields": list(backend.arm_fields), "maps": backend.settings.source.files.get("maps"),
                 "rf_chat_template": backend.chat_template, "scheduler": backend.scheduler.state()}
 
     async def json_body(request: Request) -> Any:

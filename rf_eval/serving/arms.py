@@ -7,7 +7,7 @@ The body field wins over the prefix; fields left out keep the server's own
 arm (the options `rf-eval serve` was started with).
 
 Arm fields are the fields of the served method's arm (its `Method.Arm` in the
-method registry, `rf_eval.methods`: `RidgeFillArm`, `RaReCacheArm`, `DropArm` or a
+method registry, `rf_eval.methods`: `RidgeFillArm`, `RaReCacheArm`, a dropper's or a
 plug-in's own dataclass, which its lm-eval adapter builds from model_args), applied by the adapter
 (`PrefillLM.arm_with`) and checked by that spec: an unknown field or value is
 an `ArmError` naming it and the valid ones. What loads the models or the maps
@@ -70,7 +70,7 @@ def resolve(base: Any, fields: Mapping[str, Any], apply: Callable[[dict[str, Any
         raise ArmError(f"rf_arm: {err}") from None
     if getattr(arm, "fill", None) != getattr(base, "fill", None):
         for changed in (arm, base):
-            fill = getattr(changed, "method", None)
+            fill = getattr(changed, "fill_obj", None)
             if fill is not None and fill.replaces_forward:
                 raise ArmError(f"rf_arm: fill={changed.fill} makes the model's own forward its own, so a server "
                                f"serves it alone: start one with fill={changed.fill} (this one serves "

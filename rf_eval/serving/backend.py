@@ -1,16 +1,18 @@
 """The model behind `rf-eval serve`: one lm-eval adapter, one prefill method per arm, batches served in turn.
 
-The server is an lm-eval adapter (`--model ridgefill` or `--model rarecache`,
-a `PrefillLM`, built from the same model_args): HFLM loads the model and
-tokenizer, the adapter parses and checks its arm, renders chat prompts
-(`rf_eval.chat`: thinking off where the template has the switch) and
-tokenizes generation prompts, so the server cannot drift from the adapter.
-Each request's arm comes from the adapter (`arm_with`, `method_for`), and
-its method is used only through the prefill-method protocol
-(`rf_eval.method`), with the rules the adapter uses: plain prompts run the
-stock model, a generation prompt is prefilled by `generation_cache`, sampled
-requests are seeded by `sampling_seed`. So a server request and an adapter
-request with the same arm and prompt tokens generate the same tokens.
+The server is the lm-eval adapter (a `PrefillLM`, built from the same
+model_args; `method=` names the method, RidgeFill by default): HFLM loads the
+model and tokenizer, the adapter parses and checks its arm, renders chat
+prompts (`rf_eval.harness.chat`: thinking off where the template has the
+switch) and tokenizes generation prompts, so the server cannot drift from the
+adapter. Each request's arm comes from the adapter (`arm_with`, `method_for`),
+and its method is used only through the method protocol
+(`rf_eval.methods.base.Method`), with the rules the adapter uses
+(`rf_eval.methods.requests`): one plan per prompt, plain prompts run the stock
+model, a generation prompt is prefilled by `generation_cache`, the one
+generation loop continues it, sampled requests are seeded by `sampling_seed`.
+So a server request and an adapter request with the same arm and prompt
+tokens generate the same tokens.
 
 Requests queue in a first-come-first-served dynamic batching scheduler
 (`rf_eval.serving.scheduler`, RaReCache appendix B.3): when the model is idle
@@ -42,19 +44,18 @@ from typing import Any
 import torch
 from transformers import StoppingCriteriaList
 
-from rf_eval.dropped_result import generation_inputs
 from rf_eval.engine import PrefillResult, decoder_layers, new_cache
 from rf_eval.engine.batch import split_cache
-from rf_eval.method import (
-    PrefillMethod,
+from rf_eval.methods.base import Method
+from rf_eval.methods.requests import (
     check_token_ids,
-    forward_context,
+    generate_after,
     generation_cache,
     generation_cache_needed,
     generation_prompt,
     sampling_seed,
 )
-from rf_eval.model_adapters.registry import adapter_args
+from rf_eval.model_adapters.prefill_lm import PrefillLM
 from rf_eval.serving import arms
 from rf_eval.serving.scheduler import MAX_BATCH, BatchScheduler, Cancelled, Job
 from rf_eval.serving.scoring import TokenScore, score_prompt, token_score
@@ -67,8 +68,8 @@ MAX_ENGINES = 16  # arms kept built (least recently used dropped)
 class ServedArm:
     """A resolved arm: its spec, its method and what responses report about it."""
 
-    spec: Any  # the adapter's arm spec (RidgeFillArm, RaReCacheArm)
-    method: PrefillMethod
+    arm: Any  # the method's arm
+    method: Method
     info: dict[str, Any]
 
 
@@ -125,9 +126,8 @@ class Backend:
     @classmethod
     def from_model_args(cls, model_args: dict[str, Any], served_name: str | None = None,
                         max_batch: int = MAX_BATCH) -> Backend:
-        """The adapter of the method `method` names (default ridgefill; `rf_eval.methods`) built from `model_args`."""
-        adapter, args = adapter_args(model_args)
-        return cls(adapter(**args), served_name, max_batch)
+        """The adapter built from `model_args`, running the method `method` names (default ridgefill)."""
+        return cls(PrefillLM(model_name="ridgefill", **model_args), served_name, max_batch)
 
     @property
     def max_batch(self) -> int:
@@ -146,11 +146,11 @@ class Backend:
         with self._arms_lock:
             if asked in self._asked:  # resolved before: no second check
                 return self._asked[asked]
-        spec = arms.resolve(self.settings.arm, fields, self.lm.arm_with, self.arm_fields)
-        key = arms.key(spec)
+        resolved = arms.resolve(self.lm.method.arm, fields, self.lm.arm_with, self.arm_fields)
+        key = arms.key(resolved)
         with self._arms_lock:
-            arm = self._arms.get(key) or ServedArm(spec, self.lm.method_for(spec),
-                                             {**arms.describe(spec), "layers": self.n_layers})
+            arm = self._arms.get(key) or ServedArm(resolved, self.lm.method_for(resolved),
+                                                   {**arms.describe(resolved), "layers": self.n_layers})
             self._arms[key] = arm
             self._arms.move_to_end(key)
             while len(self._arms) > MAX_ENGINES:
@@ -172,7 +172,7 @@ class Backend:
         return self.lm.encode_prompt(text)
 
     def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        """The messages as the adapter renders them (lm-eval's `apply_chat_template`, `rf_eval.chat`'s rule)."""
+        """The messages as the adapter renders them (lm-eval's `apply_chat_template`, `rf_eval.harness.chat`'s rule)."""
         return self.lm.apply_chat_template(messages)
 
     def decode(self, tokens: list[int], skip_special_tokens: bool = True) -> str:
@@ -185,7 +185,7 @@ class Backend:
 
     def check_ids(self, ids: list[int]) -> None:
         """Token-id prompts must name rows of the embedding (else the model raises deep inside: a 500);
-        the methods' rule, `rf_eval.method.check_token_ids`."""
+        the methods' rule, `rf_eval.methods.requests.check_token_ids`."""
         check_token_ids(ids, self.model)
 
     def check_length(self, n_prompt: int, max_tokens: int) -> None:
@@ -222,7 +222,7 @@ class Backend:
         batch of one arm (a single request's, always) runs inside that arm's forward context, entered once;
         one of several arms enters each arm's around its prefills and each request's generation."""
         methods = {id(job.payload.arm.method): job.payload.arm.method for job in jobs}
-        one_arm = forward_context(next(iter(methods.values()))) if len(methods) == 1 else nullcontext()
+        one_arm = next(iter(methods.values())).forward_context() if len(methods) == 1 else nullcontext()
         with self.lock, one_arm:
             t0 = time.perf_counter()
             caches = self._prefill_batch(jobs, finish)
@@ -251,26 +251,27 @@ class Backend:
         """{job: (the cache its generation continues from, how many prompts were prefilled in its call)} for
         the jobs that `generation_cache` would prefill, and for plain prompts of a group of two or more; the
         others (a plain prompt alone, a one-token prompt) are prefilled by the stock `generate`, as alone."""
-        groups: dict[tuple[int, int, bool], list[Job]] = {}
+        groups: dict[tuple[int, int], list[Job]] = {}
         for job in jobs:
             request: _Request = job.payload
             if job.gone or len(request.ids) < 2:
                 continue
-            needed = generation_cache_needed(request.arm.method, request.ids)  # the request's one plain decision
-            groups.setdefault((id(request.arm.method), len(request.ids), needed), []).append(job)
+            groups.setdefault((id(request.arm.method), len(request.ids)), []).append(job)
         out: dict[Job, tuple[PrefillResult, int]] = {}
-        for (_, _, needed), group in groups.items():
+        for group in groups.values():
+            method = group[0].payload.arm.method
+            plan = method.plan(len(group[0].payload.ids))  # the group's one decision: one arm, one length
+            needed = generation_cache_needed(plan)
             if not needed and len(group) == 1:
                 continue
-            method = group[0].payload.arm.method
             try:
-                with forward_context(method):
+                with method.forward_context():
                     if needed and len(group) == 1:
-                        results = [generation_cache(method, group[0].payload.ids, plain=False)]
+                        results = [generation_cache(method, group[0].payload.ids, plan)]
                     elif needed:
                         heads = torch.tensor([generation_prompt(method, j.payload.ids) for j in group],
                                              device=self.lm.input_device)
-                        results = method.prefill_batch(heads, for_generation=True)
+                        results = method.prefill_batch(heads, for_generation=True, plan=plan)
                     else:
                         results = self._plain_prefill_batch([j.payload.ids[:-1] for j in group])
             except Exception as err:  # the group's prompts fail together (a one-prompt group: its own failure)
@@ -303,8 +304,8 @@ class Backend:
         ids, arm, params = request.ids, request.arm, request.params
         first: list[float] = []
         t_gen = time.perf_counter()
-        with forward_context(arm.method):  # the method's forward (a fill that replaced it: the base's)
-            out, fed = self._run_generate(ids, cached, params, request.on_token, request.cancel,
+        with arm.method.forward_context():  # the method's forward (a fill that replaced it: the base's)
+            out, fed = self._run_generate(arm.method, ids, cached, params, request.on_token, request.cancel,
                                           lambda: first.append(time.perf_counter()))
         t2 = time.perf_counter()
         tokens = out.sequences[0, fed:].tolist()
@@ -327,25 +328,23 @@ class Backend:
         }
         return Generation(tokens, text, "stop" if stopped else "length", scores, timings)
 
-    def _run_generate(self, ids: list[int], cached: Any, params: GenParams, on_token: Callable[[int], None] | None,
-                      cancel: threading.Event | None, on_first: Callable[[], None]) -> tuple[Any, int]:
-        """`model.generate` after `ids`: over the method's cache of them (`cached`; a dropper's holds its kept
-        rows, `generation_inputs`), or, for a plain prompt (None), with the prompt run inside generate, as the
-        stock generation. Returns its output and the length of the input it was handed."""
+    def _run_generate(self, method: Method, ids: list[int], cached: Any, params: GenParams,
+                      on_token: Callable[[int], None] | None, cancel: threading.Event | None,
+                      on_first: Callable[[], None]) -> tuple[Any, int]:
+        """`model.generate` after `ids` through the one generation loop (`requests.generate_after`): over the
+        method's cache of them (`cached`), or, for a plain prompt (None), with the prompt run inside generate,
+        as the stock generation. Returns its output and the length of the input it was handed."""
         from lm_eval.models.utils_hf import stop_sequences_criteria
 
-        fed, positions = generation_inputs(cached, ids) if cached is not None else (ids, None)
-        prompt = torch.tensor([fed], device=self.lm.input_device)
-        inputs: dict[str, Any] = ({"attention_mask": torch.ones_like(prompt)} if cached is None
-                                  else {"cache": cached.cache})
-        if positions is not None:
-            inputs.update(position_ids=torch.tensor([positions], device=prompt.device),
-                          attention_mask=torch.ones_like(prompt))
         stop = list(params.stop)
-        criteria = stop_sequences_criteria(self.tokenizer, stop, len(fed), 1) if stop else None
-        if cancel is not None:
-            criteria = criteria or StoppingCriteriaList()
-            criteria.append(ClientGone(cancel))
+
+        def criteria(fed: int) -> StoppingCriteriaList | None:
+            found = stop_sequences_criteria(self.tokenizer, stop, fed, 1) if stop else None
+            if cancel is not None:
+                found = found or StoppingCriteriaList()
+                found.append(ClientGone(cancel))
+            return found
+
         kwargs: dict[str, Any] = {"do_sample": False}
         if params.temperature > 0:
             kwargs = {"do_sample": True, "temperature": params.temperature}
@@ -356,22 +355,15 @@ class Backend:
             seed = params.seed if params.seed is not None else self.settings.seed
             if seed is not None:  # the adapter's rule: (seed, prompt tokens)
                 torch.manual_seed(sampling_seed(seed, ids))
-        out = self.model.generate(
-            input_ids=prompt,
-            **inputs,
-            max_length=len(fed) + params.max_tokens,
-            stopping_criteria=criteria,
-            pad_token_id=self.tokenizer.pad_token_id,
-            use_cache=True,
-            streamer=TokenStreamer(on_token, on_first),
-            return_dict_in_generate=True,
-            output_logits=params.logprobs is not None,
-            **kwargs,
-        )
-        return out, len(fed)
+        if cached is None:  # the stock generation: generate runs the whole prompt
+            kwargs["attention_mask"] = torch.ones((1, len(ids)), dtype=torch.long, device=self.lm.input_device)
+        return generate_after(
+            method, ids, cached, max_length=len(ids) + params.max_tokens, criteria=criteria,
+            pad_token_id=self.tokenizer.pad_token_id, use_cache=True, streamer=TokenStreamer(on_token, on_first),
+            return_dict_in_generate=True, output_logits=params.logprobs is not None, **kwargs)
 
     def score_prompt(self, ids: list[int], arm: ServedArm, k: int) -> list[TokenScore]:
         """Log-probabilities of the prompt's own tokens under `arm`; see `scoring.score_prompt`."""
         self.check_length(len(ids), 0)
-        with self.lock, forward_context(arm.method):
+        with self.lock, arm.method.forward_context():
             return score_prompt(self.model, arm.method, ids, k)

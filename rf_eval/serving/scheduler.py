@@ -9,7 +9,7 @@ at a time, in arrival order.
 
 What a batch shares is the backend's business (`Backend._run_batch`): the
 prompts of one arm and one length are prefilled together where the method can
-(`PrefillMethod.prefill_batch`); every request's first token and the rest of
+(`Method.prefill_batch`); every request's first token and the rest of
 its generation then run one request after another, oldest first.
 
 Each job carries `batch`, the record a response reports as `rf_batch`: the

@@ -37,7 +37,7 @@ def score_prompt(model: nn.Module, method: Any, ids: list[int], k: int) -> list[
     filled arm computes logits for its tail rows only: the prompt minus its
     last T-1 tokens is prefilled with those tokens held back (`held_back`:
     every row keeps its class, selectors and cost match included), and they
-    run through the stock model over that cache (`exact_tail`: RaReCache's
+    run through the stock model over that cache (the plan's `exact_tail`: RaReCache's
     exact rows depend on the whole prompt, so only its last row is, and none
     of its prompt tokens are scored). Tokens predicted by filled rows get
     None: lm-eval's loglikelihood requests through such an arm must keep
@@ -45,12 +45,13 @@ def score_prompt(model: nn.Module, method: Any, ids: list[int], k: int) -> list[
     """
     n = len(ids)
     device = method.device
-    if method.is_plain(n):
+    plan = method.plan(n)  # the request's one decision
+    if plan.plain:
         logits = model(input_ids=torch.tensor([ids], device=device)).logits[0]
         first = 1
     else:
-        m = min(method.exact_tail(n) - 1, n - 1)
-        result = method.prefill(torch.tensor([ids[: n - m]], device=device), held_back=m)
+        m = min(plan.exact_tail - 1, n - 1)
+        result = method.prefill(torch.tensor([ids[: n - m]], device=device), held_back=m, plan=plan)
         rows = [result.logits]
         if m > 1:
             rows.append(method.extend(result, torch.tensor([ids[n - m : n - 1]], device=device))[0])

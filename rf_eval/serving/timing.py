@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rf_eval.mac_model import ceiling_r
+from rf_eval.cost.mac_model import ceiling_r
 from rf_eval.serving.arms import parse_rf_arm
 from rf_eval.serving.client import Server, StreamResult
 

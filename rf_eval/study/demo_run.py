@@ -5,7 +5,7 @@
 3. The built-in study file rendered with this run's paths and sizes, run by the study runner: each arm a
    plain `lm_eval` command, the same code path a user runs, here all in this one process
    (`InProcessLauncher`, which saves each arm's start and imports; the exact arm first, whose key tokens
-   the others share, and whose stock-model rows the `reference=exact` arms read back: `rf_eval.plain_rows`;
+   the others share, and whose stock-model rows the `reference=exact` arms read back: `rf_eval.engine.shared_rows`;
    the first filled arm's lower layers, which the next arms of its split read back:
    `rf_eval.engine.shared_lower`).
 4. The report over the runs (`rf_eval.study.runner.write_report`): paired intervals against exact, as HTML,

@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from rf_eval import plain_rows, task_index_cache
+from rf_eval.engine import shared_rows
+from rf_eval.harness import task_index_cache
 from rf_eval.study.jobs import ArmJob, Progress, iso_time
 from rf_eval.tasks import ruler_cache
 
@@ -28,7 +29,7 @@ CACHE_VARIABLES = (task_index_cache.ENV, ruler_cache.ENV)
 
 
 def with_study_caches(env: dict[str, str]) -> dict[str, str]:
-    """`env` with the lm-eval task index and RULER samples caches on (`rf_eval.cache_folder.CacheFolder`)."""
+    """`env` with the lm-eval task index and RULER samples caches on (`rf_eval.files.cache_folder.CacheFolder`)."""
     return ruler_cache.child_env(task_index_cache.child_env(env))
 
 
@@ -155,7 +156,7 @@ class InProcessLauncher(LocalLauncher):
     arm's interpreter start and imports (about 15 s an arm on 2 cores, 12-13 s of them lm-eval's RULER
     word list), the stock model's rows that every `reference=exact` arm computes again for the same
     documents and the lower layers every arm of one split runs again over the same prompts
-    (`rf_eval.plain_rows`: found only under the full weights' sha256, the device, the thread count and
+    (`rf_eval.engine.shared_rows`: found only under the full weights' sha256, the device, the thread count and
     the tokens, so bit for bit what the arm would compute; `rf_eval.engine.shared_lower`). For `rf-eval demo`, whose
     arms take under a minute; a study's arms each get a process (nothing else one arm leaves in memory
     can reach the next). Progress lines go to the terminal the launcher started on while the arm's
@@ -165,7 +166,7 @@ class InProcessLauncher(LocalLauncher):
 
     def __init__(self):
         super().__init__(1)
-        self.rows = plain_rows.SharedRows()  # for every run() of this launcher: the reference, then the rest
+        self.rows = shared_rows.SharedRows()  # for every run() of this launcher: the reference, then the rest
 
     def run(self, jobs: list[ArmJob], progress: Progress) -> None:
         sys.stdout.flush()
@@ -173,7 +174,7 @@ class InProcessLauncher(LocalLauncher):
         progress.stream = terminal
         before = self.rows.hits, self.rows.passes
         try:
-            with plain_rows.shared_rows(self.rows):
+            with shared_rows.shared_rows(self.rows):
                 for job in jobs:  # in this (the main) thread, one after another
                     self.run_one(job, progress)
             rows, passes = self.rows.hits - before[0], self.rows.passes - before[1]

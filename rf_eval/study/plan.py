@@ -8,11 +8,11 @@ from typing import Any
 
 from transformers import AutoConfig
 
+from rf_eval.files.tensor_files import read_metadata
 from rf_eval.methods import method_for_arm
 from rf_eval.ridge.maps import MapError, resolve_map_file
 from rf_eval.study.runner import KEY_REFERENCE_PLACEHOLDER, KEY_TASK, dependants, lm_eval_command
 from rf_eval.study.study_file import Study, StudyArm
-from rf_eval.tensor_files import read_metadata
 
 
 def plan_text(study: Study, out: Path, launcher: Any) -> str:
@@ -49,15 +49,15 @@ def maps_split(study: Study, split: int | None) -> int | None:
 
 def arm_preview(study: Study, arm: StudyArm) -> dict[int, tuple[float, str | None]]:
     """An arm's MAC-model cost relative to exact prefill at each study length, with what its budget sets
-    there, as its method previews it (`Method.planned_costs`); {} where its method previews none, the study
+    there, as its method previews it (`Method.preview_costs`); {} where its method previews none, the study
     names no lengths or the model's config cannot be read here."""
-    args = {**study.model_args, **arm.args}
-    method = method_for_arm(arm.model, args)
-    if method is None or not study.lengths:
+    chosen = method_for_arm(arm.model, {**study.model_args, **arm.args})
+    if chosen is None or not study.lengths:
         return {}
+    method, args = chosen
     try:
         config = AutoConfig.from_pretrained(study.pretrained)
     except OSError:
         return {}
-    spec = method.parse_arm({k: v for k, v in args.items() if k in method.arm_fields()}, what="args")
-    return method.planned_costs(config, spec, study.lengths, maps_split=lambda split: maps_split(study, split))
+    parsed = method.parse_arm({k: v for k, v in args.items() if k in method.arm_fields()}, what="args")
+    return method.preview_costs(config, parsed, study.lengths, maps_split=lambda split: maps_split(study, split))

@@ -59,17 +59,17 @@ def unknown_tasks(study: Study) -> list[str]:
 
 def check_arm_args(study: Study, arm) -> None:
     """An rf-eval arm's model_args, checked by its adapter before loading anything (`PrefillLM.preflight`:
-    keys, method, fill, selector, corrections, tail; a StudyError naming the arm), its split against the
+    `rf_eval.model_adapters.config.preflight`: keys, method, fill, selector, corrections, tail; a StudyError naming the arm), its split against the
     model's layer count (from its config), its budget against the study's lengths, and the model, source and
     maps paths it names. Maps a study's `fit:` block writes are checked by the arm's own run: they exist
     only later."""
     if arm.model not in ADAPTERS:
         return  # an API model: its own arguments, checked by lm-eval
-    from rf_eval.model_adapters.registry import adapter_class
+    from rf_eval.model_adapters.config import preflight
 
     try:
         args = model_args(study, arm, study.maps or "<maps>")
-        spec = adapter_class(arm.model).preflight(args)
+        spec = preflight(args, arm.model)
         check_paths(args)
         check_split(args["pretrained"], getattr(spec, "split", None))
         if getattr(spec, "budget", None) is not None:
@@ -82,10 +82,10 @@ def check_budget(study: Study, arm, args: dict, spec) -> None:
     """A budget the arm meets at every study length (every length the model takes, without `lengths`): its
     method's `check_budget` raises a `BudgetError` naming the length and the cheapest fraction otherwise,
     before anything runs."""
-    method = method_for_arm(arm.model, args)
-    if method is not None:
-        method.check_budget(args, spec, list(study.lengths) or None,
-                            maps_split=lambda split: maps_split(study, split))
+    chosen = method_for_arm(arm.model, args)
+    if chosen is not None:
+        chosen[0].check_budget(chosen[1], spec, list(study.lengths) or None,
+                               maps_split=lambda split: maps_split(study, split))
 
 
 def check_paths(args: dict) -> None:

@@ -31,14 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from rf_eval.errors import UserError
-from rf_eval.hashing import file_sha256, named_files_sha256
+from rf_eval.integrity.hashing import file_sha256, named_files_sha256
 from rf_eval.methods import method_for_arm
-from rf_eval.overlap import WARN, check_before_fit
 from rf_eval.reports.build import build_report
 from rf_eval.reports.build import report_argv as build_report_argv
 from rf_eval.ridgefill.fit_run import fit_map_files, fit_summary
 from rf_eval.stats.ledger import append_entry, verify_ledger
 from rf_eval.study.jobs import ArmJob, Progress, cached_requests
+from rf_eval.study.overlap import WARN, check_before_fit
 from rf_eval.study.study_file import ADAPTERS, Study, StudyArm, StudyError
 
 STATE = "study.json"
@@ -60,8 +60,8 @@ def model_args(study: Study, arm: StudyArm, maps: str | None) -> dict[str, Any]:
     it by: `rf_eval.stats.arms`)."""
     if arm.model in ADAPTERS:
         args = {"pretrained": study.pretrained, **study.model_args, **arm.args}
-        method = method_for_arm(arm.model, args)
-        if method is not None and method.reads_study_maps(args) and "maps" not in args and maps:
+        chosen = method_for_arm(arm.model, args)
+        if chosen is not None and chosen[0].reads_study_maps(chosen[1]) and "maps" not in args and maps:
             args["maps"] = maps
         return {**args, "name": args.get("name", arm.name)}
     return dict(arm.args)  # an API model: its own arguments only
@@ -228,7 +228,7 @@ def maps_ready(study: Study, out: Path) -> bool:
 def fit_maps_once(study: Study, out: Path) -> str | None:
     """The study's maps: its `maps`, or those its `fit:` block fits into OUT/maps (once: a re-run reuses them).
     Before a fit, when the study names `docs`, the calibration and held-out files are checked against them
-    (`rf_eval.overlap.check_before_fit`: OUT/overlap.json, summarised in OUT/maps/fit.json); overlap warns,
+    (`rf_eval.study.overlap.check_before_fit`: OUT/overlap.json, summarised in OUT/maps/fit.json); overlap warns,
     or stops the study with `fit: {overlap: refuse}`."""
     if maps_ready(study, out):
         return maps_location(study, out)

@@ -6,7 +6,7 @@
     maps: /maps/llama            # RidgeFill maps, or `fit:` below to fit them first
     fit: {calibration: [cal.jsonl], heldout: [held.jsonl], split: 16, lambdas: [0.01, 0.03]}
                                  # (+ overlap: refuse: stop, not warn, when the calibration text overlaps
-                                 # the metadata's docs; `rf_eval.overlap`)
+                                 # the metadata's docs; `rf_eval.study.overlap`)
     tasks: [niah_single_1_filled, keytoken_nll]
     include_path: ./my_tasks     # optional: a folder of task YAMLs (lm_eval --include_path)
     lengths: [4096, 8192]        # --metadata max_seq_lengths
@@ -34,7 +34,7 @@ missing one, a value of the wrong type, an arm without a fill, a reference or
 control that names no declared arm are a `StudyError` naming the key and the
 file's line.
 
-`budgets` (`rf_eval.budget`): each arm whose settings take a budget (an rf-eval
+`budgets` (`rf_eval.cost.budget`): each arm whose settings take a budget (an rf-eval
 arm of a fill or of RaReCache, without a budget of its own) is replaced by one
 arm per budget, named `<arm>@<budget>` with `budget` in its args (RaReCache's
 `rho` and a dropper's `keep` or `keep_share` dropped: the budget sets them), so every method runs at the same costs;
@@ -51,11 +51,12 @@ from typing import Any
 
 import yaml
 
-from rf_eval._startup import MODELS
+from rf_eval.cost.budget import budget_name, check_budget
 from rf_eval.errors import UserError
-from rf_eval.methods import method_for_arm
+from rf_eval.fields import ArmError
+from rf_eval.methods import MODELS, method_for_arm
 
-#: the rf-eval models (`rf_eval._startup.MODELS`: the adapters of `rf_eval.methods`); any other name is an
+#: the rf-eval models (`rf_eval.methods.MODELS`: lm-eval's names of the one adapter); any other name is an
 #: lm-eval model (API arms)
 ADAPTERS: tuple[str, ...] = tuple(MODELS)
 #: an arm's model when it names none
@@ -129,7 +130,7 @@ _TOP = {
 _MODEL = {"pretrained": (str, True), "args": (dict, False)}
 _FIT = {"calibration": (list, True), "heldout": (list, False), "split": (int, True), "lambdas": (list, False),
         "overlap": (str, False)}
-OVERLAP_ACTIONS = ("warn", "refuse")  # fit.overlap: what calibration text that overlaps `docs` does (`rf_eval.overlap`)
+OVERLAP_ACTIONS = ("warn", "refuse")  # fit.overlap: what calibration text that overlaps `docs` does (`rf_eval.study.overlap`)
 _ARM = {"model": (str, False), "args": (dict, False)}
 _CLAIM = {"claim": (str, True), "prediction": (str, True)}
 
@@ -211,8 +212,8 @@ def load_study(path: str | Path) -> Study:
         _check(where, entry, _key_nodes(arm_nodes[arm_name]), _ARM, arm_nodes[arm_name])
         model = entry.get("model", DEFAULT_MODEL)
         args = dict(entry.get("args") or {})
-        method = method_for_arm(model, args)
-        missing = method.missing_fields(args) if method else {}
+        chosen = method_for_arm(model, args)
+        missing = chosen[0].missing_fields(chosen[1]) if chosen else {}
         if missing:
             needs = " and ".join(f"args.{key} ({values})" for key, values in missing.items())
             raise StudyError(f"{where}: a {model} arm needs {needs} ({_line(arm_nodes[arm_name])})")
@@ -277,9 +278,12 @@ def _budgets(name: str, values: list | None, node: yaml.Node | None) -> tuple[fl
         raise StudyError(f"{name}: budgets is empty ({_line(node)}); give shares of exact's MACs, e.g. [0.5, 0.7]")
     out = []
     for value in values:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-            raise StudyError(f"{name}: budgets: {value!r} is not a share of exact prefill's MACs; give numbers "
-                             f"0 < budget <= 1 ({_line(node)})")
+        try:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ArmError(f"budget={value!r} is not a share of exact prefill's MACs; give 0 < budget <= 1")
+            check_budget(value)
+        except ArmError as err:
+            raise StudyError(f"{name}: budgets: {err} ({_line(node)})") from None
         if float(value) in out:
             raise StudyError(f"{name}: budgets: {value!r} is given twice ({_line(node)})")
         out.append(float(value))
@@ -287,20 +291,20 @@ def _budgets(name: str, values: list | None, node: yaml.Node | None) -> tuple[fl
 
 
 def takes_budget(arm: StudyArm) -> bool:
-    """Whether an arm's settings take a budget: an rf-eval arm without one of its own whose method's arm accepts
-    one, the fields the budget sets instead left out (`Method.budget_sets`): a fill that turns its tail, a
-    selector that counts rows, RaReCache's recomputed rows, a dropper's kept rows, ..."""
-    if arm.model not in ADAPTERS or "budget" in arm.args:
+    """Whether an arm's settings take a budget: an rf-eval arm without one of its own whose method's arm,
+    the fields the budget sets instead left out (`Method.budget_sets`), has no reason to refuse one
+    (`Method.budget_refusal`: a fill that turns its tail, a selector that counts rows, RaReCache's recomputed
+    rows, a dropper's kept rows, ...)."""
+    chosen = method_for_arm(arm.model, arm.args) if "budget" not in arm.args else None
+    if chosen is None:
         return False
-    method = method_for_arm(arm.model, arm.args)
-    if method is None:
-        return False
-    fields = {k: v for k, v in arm.args.items() if k in method.arm_fields() and k not in method.budget_sets}
+    method, args = chosen
+    fields = {k: v for k, v in args.items() if k in method.arm_fields() and k not in method.budget_sets}
     try:
-        method.parse_arm({**fields, "budget": 0.5}, what="args")
-    except (UserError, ValueError, TypeError):
-        return False
-    return True
+        parsed = method.parse_arm(fields, what="args")
+    except UserError as err:
+        raise StudyError(f"arms.{arm.name}: {err}") from None
+    return method.budget_refusal(parsed) is None
 
 
 def expand_budgets(arms: dict[str, StudyArm], budgets: tuple[float, ...]) -> tuple[dict[str, StudyArm], dict[str, list[str]]]:
@@ -314,10 +318,10 @@ def expand_budgets(arms: dict[str, StudyArm], budgets: tuple[float, ...]) -> tup
         if not takes_budget(arm):
             out[arm.name] = arm
             continue
-        replaced = method_for_arm(arm.model, arm.args).budget_sets  # takes_budget found the method
+        replaced = method_for_arm(arm.model, arm.args)[0].budget_sets  # takes_budget found the method
         args = {k: v for k, v in arm.args.items() if k not in replaced}
         for budget in budgets:
-            name = f"{arm.name}@{budget:g}"
+            name = budget_name(arm.name, budget)
             if name in arms or name in out:
                 raise StudyError(f"the budgets name an arm {name!r} (arm {arm.name!r} at budget {budget:g}), and an "
                                  "arm of that name is declared already; rename it")

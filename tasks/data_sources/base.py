@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rf_eval.data_files import read_json
 from rf_eval.errors import UserError
-from rf_eval.hashing import file_sha256, named_files_sha256
+from rf_eval.files.data_files import read_json
+from rf_eval.integrity.hashing import file_sha256, named_files_sha256
 
 MANIFEST = "manifest.json"  #: what `rf-eval fetch-data` records in a data folder
 

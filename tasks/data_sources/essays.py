@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rf_eval.lm_eval_ruler import ESSAY_HAYSTACK, ruler_module
+from rf_eval.harness.lm_eval_ruler import ESSAY_HAYSTACK, ruler_module
 from rf_eval.tasks.data_sources.base import DataSource, write_text
 
 

@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from rf_eval.lm_eval_ruler import ESSAY_HAYSTACK
+from rf_eval.harness.lm_eval_ruler import ESSAY_HAYSTACK
 from rf_eval.tasks.data_sources.base import DataSource
 
 

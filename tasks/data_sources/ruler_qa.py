@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import ClassVar
 
-from rf_eval.lm_eval_ruler import ruler_module
+from rf_eval.harness.lm_eval_ruler import ruler_module
 from rf_eval.tasks.data_sources.base import DataSource, write_text
 
 

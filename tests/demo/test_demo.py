@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from warm_start import run_argv
 
+from rf_eval.cost.prefill_cost import MEASURED_FIELDS
 from rf_eval.demo.study import SPLIT, caption, render_study, settings
 from rf_eval.demo.table import readme_block, record_path, render_table
-from rf_eval.prefill_cost import MEASURED_FIELDS
 from rf_eval.study.study_file import load_study
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,8 +45,8 @@ def test_the_shared_budget_is_ridges_cost_at_the_demo_tail():
     model's parts), rounded down, so ridge at that budget keeps about the demo's tail at that length."""
     from transformers import LlamaConfig
 
+    from rf_eval.cost.mac_model import layer_costs
     from rf_eval.demo.study import ridge_budget
-    from rf_eval.mac_model import layer_costs
 
     config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192)
@@ -141,7 +141,7 @@ def test_quick_demo_runs_end_to_end(quick_demo):
     html = (out / "report.html").read_text()
     assert "identity" in html and "ridge,selector=attention" in html
     # the arms run in this process: each reference=exact arm read the exact arm's rows of the 12 documents
-    # back (rf_eval.plain_rows) instead of computing them again, and the later filled arms the lower layers
+    # back (rf_eval.engine.shared_rows) instead of computing them again, and the later filled arms the lower layers
     # identity@ ran (rf_eval.engine.shared_lower; where the rows arm's selector captures lower-layer inputs,
     # it runs its own); the determinism test below computes both itself
     assert ("read back from an earlier arm instead of computed again: the stock model's rows of 48 prompts, the "

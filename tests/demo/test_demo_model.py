@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 
-from rf_eval.cache_folder import cache_root
 from rf_eval.cli import main
 from rf_eval.demo import model as demo_model
-from rf_eval.hashing import file_sha256
+from rf_eval.files.cache_folder import cache_root
+from rf_eval.integrity.hashing import file_sha256
 
 
 @pytest.fixture(scope="session")

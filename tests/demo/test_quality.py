@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rf_eval import plain_rows
 from rf_eval.demo import quality
 from rf_eval.demo.study import SPLIT, demo_maps, settings
+from rf_eval.engine import shared_rows
 
 NEEDLES_PER_LENGTH = 3
 
@@ -53,14 +53,14 @@ def demo():
                 for line in (Path(tmp) / "evaluation.jsonl").read_text().splitlines()]
     # the arms below run each prompt's layers 0..S-1 once between them, as the demo's arms do
     # (`rf_eval.engine.shared_lower`: read back bit for bit)
-    with plain_rows.shared_rows():
+    with shared_rows.shared_rows():
         yield {"model": model, "tok": tok, "maps": maps, "tail": s.tail, "docs": docs, "dir": str(model_dir),
                "score": s.keytoken_score, "key_context": s.keytoken_context}
     torch.set_num_threads(threads)
 
 
 def arm(demo, **fields):
-    from rf_eval.ridgefill.api import RidgeFill
+    from rf_eval.ridgefill.method import RidgeFill
 
     fields.setdefault("split", SPLIT)
     if fields.get("fill") == "ridge":

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
 from rf_eval.drop.gemfilter import GemFilter
-from rf_eval.dropped_result import DroppedResult
 from rf_eval.engine import plain_prefill
+from rf_eval.methods.dropped import DroppedResult
 
 N, LAYER = 64, 2
 
@@ -103,10 +103,10 @@ def test_a_budget_sets_k_within_one_row(tiny_model):
     model, tok = tiny_model("llama")
     gem = GemFilter(model, tok, budget=0.6, filter_layer=LAYER)
     for n in (64, 300):
-        k = gem.kept_count(n)
+        k = gem.plan(n).setting
         assert gem.prefill_cost(n).macs_fraction <= 0.6 < gem.knob.fraction(n, k + 1)
         assert gem.prefill_cost(n).knob_value == k
-    assert len(gem.prefill(prompt()).kept) == gem.kept_count(N)
+    assert len(gem.prefill(prompt()).kept) == gem.plan(N).setting
     assert gem.provenance()["budget"] == 0.6 and gem.provenance()["knob"] == "rows"
 
 
@@ -117,7 +117,7 @@ def test_a_budget_sets_k_within_one_row(tiny_model):
     ({"keep": 10, "budget": 0.5}, "give one of keep, keep_share and budget"),
     ({"filter_layer": 5}, "filter_layer=5 is outside 0..4"),
     ({"filter_layer": -1}, "filter_layer=-1 is outside"),
-    ({"lookahead": 4}, "belong(s) to another dropper"),
+    ({"lookahead": 4}, "lookahead is not a setting of method=gemfilter"),
     ({"budget": 0.01}, "budget=0.01 is below the cheapest"),
 ])
 def test_bad_gemfilter_settings_are_refused(tiny_model, fields, says):

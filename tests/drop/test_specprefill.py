@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
 from rf_eval.drop.specprefill import SpeculativePrefill
-from rf_eval.dropped_result import DroppedResult
 from rf_eval.engine import plain_prefill
+from rf_eval.methods.dropped import DroppedResult
 
 N, CHUNK, LOOKAHEAD = 100, 16, 4
 
@@ -54,7 +54,8 @@ def authors_rows(spec, ids, share: float) -> list[int]:
 
 def method(pair, **fields):
     target, spec, tok = pair[:3]
-    return SpeculativePrefill(target, spec, tok, speculator_tokenizer=tok, chunk=CHUNK, lookahead=LOOKAHEAD, **fields)
+    return SpeculativePrefill(target, tok, source=spec, speculator_tokenizer=tok, chunk=CHUNK, lookahead=LOOKAHEAD,
+                              **fields)
 
 
 def test_the_kept_rows_are_the_authors_rule_at_their_positions(pair):
@@ -110,7 +111,7 @@ def test_the_cost_counts_the_speculator_and_the_kept_rows(pair):
     speculator = dense(sc, N) + sc.hidden_size * sc.vocab_size
     speculator += sum(dense(sc, N + s, N + s - 1) + sc.hidden_size * sc.vocab_size for s in range(1, LOOKAHEAD))
     sp = method(pair, keep_share=0.3)
-    k = sp.kept_count(N)
+    k = sp.plan(N).setting
     assert k == CHUNK * math.ceil(0.3 * math.ceil(N / CHUNK))
     cost = sp.prefill_cost(N)
     assert cost.prefill_macs == speculator + dense(tc, k) + tc.hidden_size * tc.vocab_size
@@ -129,7 +130,7 @@ def test_a_budget_sets_the_chunks(pair):
     ({"keep": 10}, "specprefill keeps whole chunks"),
     ({"keep_share": 0}, "0 < keep_share <= 1"),
     ({"chunk": 0}, "lookahead and chunk must be >= 1"),
-    ({"filter_layer": 2}, "belong(s) to another dropper"),
+    ({"filter_layer": 2}, "filter_layer is not a setting of method=specprefill"),
 ])
 def test_bad_specprefill_settings_are_refused(pair, fields, says):
     from rf_eval.errors import UserError
@@ -137,4 +138,4 @@ def test_bad_specprefill_settings_are_refused(pair, fields, says):
     target, spec, tok = pair[:3]
     fields = {"chunk": CHUNK, "lookahead": LOOKAHEAD, **fields}
     with pytest.raises(UserError, match=says.replace("(", r"\(").replace(")", r"\)")):
-        SpeculativePrefill(target, spec, tok, **fields)
+        SpeculativePrefill(target, tok, source=spec, **fields)

@@ -15,7 +15,7 @@ from rf_eval.cli.check_equivalence import compare
 from rf_eval.engine import AbsentRows, Plan, plain_prefill, prefill
 from rf_eval.fills import fill_method
 from rf_eval.ridge.maps import identity_fill
-from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.ridgefill.method import RidgeFill
 from rf_eval.testing import FAMILIES  # every registered family
 
 N = 48
@@ -31,7 +31,7 @@ def scaled_fill(layer, x):
 
 
 def no_row(ctx):
-    """A selector that selects nothing: it only keeps `prefill` off the plain model's shortcut (`runs_plain`)."""
+    """A selector that selects nothing (the late layers run every row exact anyway: no row is filled)."""
     return torch.zeros(0, dtype=torch.long)
 
 
@@ -39,7 +39,7 @@ def no_row(ctx):
 def test_no_filled_row_on_the_partial_path_is_the_stock_model(tiny_model, family):
     """Fill exact, or a tail covering the prompt, run through the partial path itself (lower layers stopped
     at the split, a selector, the late layers, the fill's strategy): bitwise the stock model, cache included.
-    (Without a selector these plans take the plain forward: `test_is_plain_names_exactly_...` checks that rule.)"""
+    (A method runs such prompts through the plain forward: `test_is_plain_names_exactly_...` checks that rule.)"""
     model, _ = tiny_model(family)
     ids = prompt()
     ref = plain_prefill(model, ids)

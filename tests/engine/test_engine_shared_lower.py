@@ -1,5 +1,5 @@
 """`rf_eval.engine.shared_lower`: a prompt's layers 0..S-1, run by one arm and read back by the next arm of
-the same block (`plain_rows.shared_rows`, as `InProcessLauncher` runs a study's arms), bit for bit what
+the same block (`shared_rows.shared_rows`, as `InProcessLauncher` runs a study's arms), bit for bit what
 that arm computes alone, and its seconds charged to it."""
 
 from __future__ import annotations
@@ -7,12 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rf_eval import plain_rows
 from rf_eval.cli.check_equivalence import compare
-from rf_eval.engine import AbsentRows, Plan, decoder_layers, prefill
-from rf_eval.method import timed_prefill
+from rf_eval.engine import AbsentRows, Plan, decoder_layers, prefill, shared_rows
+from rf_eval.methods.requests import timed_prefill
 from rf_eval.ridge.maps import identity_fill
-from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.ridgefill.method import RidgeFill
 
 N = 40
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -44,20 +43,20 @@ def test_a_later_arm_reads_the_lower_layers_back_bit_for_bit(tiny_model_dir, fam
     ids = prompt()
     alone = nofill_arm(model, ids)  # outside a block: its own pass, nothing kept
     runs = first_layer_runs(model)
-    with plain_rows.shared_rows() as store:
+    with shared_rows.shared_rows() as store:
         first = identity_arm(model, ids)  # runs the pass and keeps it
         later = nofill_arm(model, ids)  # another fill, tail and strategy over the same lower layers
     (kept,) = store.entries.values()
     assert len(runs) == 1 and store.passes == 1  # layer 0 ran for the first arm only
     assert compare(later, alone) is None and later.exact_rows.tolist() == alone.exact_rows.tolist()
     assert first.timings["reused"] == 0 and later.timings["reused"] == kept.seconds > 0
-    assert not plain_rows.active()
+    assert not shared_rows.active()
 
 
 def test_the_seconds_read_back_are_in_the_arms_measured_prefill(tiny_model):
     model, tok = tiny_model("llama")
     ids = prompt(1)
-    with plain_rows.shared_rows() as store:
+    with shared_rows.shared_rows() as store:
         timed_prefill(RidgeFill(model, tok, fill="identity", split=3, tail=4), ids)
         result, cost = timed_prefill(RidgeFill(model, tok, fill="nofill", split=3, tail=8), ids)
     (kept,) = store.entries.values()
@@ -72,7 +71,7 @@ def test_the_pass_is_read_back_only_for_the_same_split_tokens_chunks_and_threads
     ids = prompt(2)
     if change == "outside a block":
         identity_arm(model, ids)  # nothing kept
-    with plain_rows.shared_rows() as store:
+    with shared_rows.shared_rows() as store:
         if change != "outside a block":
             identity_arm(model, ids, chunk_size=16 if change == "chunk size" else None)
         if change == "threads":
@@ -90,7 +89,7 @@ def test_sliding_window_and_recurrent_lower_layers_are_not_shared(tiny_model, fa
     own pass."""
     model, _ = tiny_model(family)
     ids = prompt(4)
-    with plain_rows.shared_rows() as store:
+    with shared_rows.shared_rows() as store:
         identity_arm(model, ids)
         assert nofill_arm(model, ids).timings["reused"] == 0
     assert store.entries == {} and store.passes == 0
@@ -112,18 +111,18 @@ class FixedClock:
 def test_a_batch_charges_each_prompt_its_own_pass_read_back(tiny_model, monkeypatch):
     """`batched_prefills` of two prompts whose arm prefills them one by one (a selector's rows are per
     prompt): each prompt is charged half the batch's clock plus the whole pass it read back."""
-    import rf_eval.method as method_module
+    import rf_eval.methods.requests as method_module
 
     model, tok = tiny_model("llama")
     prompts = [prompt(2)[0].tolist(), prompt(3)[0].tolist()]
     rows = RidgeFill(model, tok, fill="nofill", split=3, tail=8, selector="random(share=0.1)")
-    assert not rows.spec.batches
+    assert not rows.arm.batches
     monkeypatch.setattr(method_module, "Stopwatch", FixedClock)
-    with plain_rows.shared_rows() as store:
+    with shared_rows.shared_rows() as store:
         for ids in prompts:
             prefill_arm = RidgeFill(model, tok, fill="identity", split=3, tail=4)
             prefill_arm.prefill(torch.tensor([ids]))  # keeps each prompt's pass
-        out = list(method_module.batched_prefills(rows, prompts, batch_size=2))
+        out = list(method_module.batched_prefills(rows, prompts, None, batch_size=2))
     assert store.passes == 2 and len(out) == 2
     for _, result, cost in out:
         assert result.timings["reused"] > 0 and "batch" not in result.timings
@@ -132,16 +131,16 @@ def test_a_batch_charges_each_prompt_its_own_pass_read_back(tiny_model, monkeypa
 
 def test_one_engine_call_over_a_batch_charges_each_prompt_half_the_pass(tiny_model, monkeypatch):
     """Two prompts in one engine call read back one pass of both: each is charged half of it."""
-    import rf_eval.method as method_module
+    import rf_eval.methods.requests as method_module
 
     model, tok = tiny_model("llama")
     prompts = [prompt(4)[0].tolist(), prompt(5)[0].tolist()]
     monkeypatch.setattr(method_module, "Stopwatch", FixedClock)
-    with plain_rows.shared_rows() as store:
+    with shared_rows.shared_rows() as store:
         first = RidgeFill(model, tok, fill="identity", split=3, tail=4)
-        list(method_module.batched_prefills(first, prompts, batch_size=2))  # keeps the batch's pass
+        list(method_module.batched_prefills(first, prompts, None, batch_size=2))  # keeps the batch's pass
         later = RidgeFill(model, tok, fill="nofill", split=3, tail=8)
-        out = list(method_module.batched_prefills(later, prompts, batch_size=2))
+        out = list(method_module.batched_prefills(later, prompts, None, batch_size=2))
     assert store.passes == 1 and len(out) == 2
     for _, result, cost in out:
         assert result.timings["batch"] == 2 and result.timings["reused"] > 0

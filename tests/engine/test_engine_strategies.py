@@ -346,14 +346,15 @@ def imports_of(module) -> set[str]:
 def test_engine_imports_go_one_way():
     """The engine reads model families, the fills registry for a plan's fill name (`rf_eval.fills`, whose
     fill modules reach the engine's strategies only inside their functions), and two leaf modules for the
-    lower layers a block of arms shares (`shared_lower`: the block's store, `rf_eval.plain_rows`, and the
-    synchronised timer, `rf_eval.prefill_timer`); inside it, modules import each other without a cycle."""
+    lower layers a block of arms shares (`shared_lower`: the block's store, whose keys are the weights' sha256,
+    `rf_eval.integrity.weights`, and the synchronised timer, `rf_eval.prefill_timer`); inside it, modules import
+    each other without a cycle."""
     assert importlib.util.find_spec("rf_eval.hooks") is None
     graph = {}
     for module in engine_modules():
         deps = imports_of(module)
         outside = {d for d in deps if not d.startswith("rf_eval.engine")}
-        assert outside <= {"rf_eval.families", "rf_eval.fills", "rf_eval.fills.identity", "rf_eval.plain_rows",
+        assert outside <= {"rf_eval.families", "rf_eval.fills", "rf_eval.fills.identity", "rf_eval.integrity.weights",
                            "rf_eval.prefill_timer"}, (module.__name__, outside)
         graph[module.__name__] = {d for d in deps if d.startswith("rf_eval.engine")} - {module.__name__}
     done, visiting = set(), []

@@ -24,15 +24,15 @@ from rf_eval.cli import main as cli_main
 from rf_eval.engine import decoder_layers, plain_prefill
 from rf_eval.families import family_class, family_for, registered_families, sliding_window
 from rf_eval.fields import ArmError
-from rf_eval.rarecache.api import RaReCache
 from rf_eval.rarecache.budget import layer_budget
 from rf_eval.rarecache.features import cache_entries, prefill_cache, unsupported
 from rf_eval.rarecache.fit import fit_transfer
 from rf_eval.rarecache.maps import SIDES
+from rf_eval.rarecache.method import RaReCache
 from rf_eval.ridge.maps import load_maps
 from rf_eval.ridge.state_correction import load_table
-from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.fitting import fit_maps
+from rf_eval.ridgefill.method import RidgeFill
 from rf_eval.selectors.registry import SELECTORS, names_for
 from rf_eval.testing import make_tiny_pair
 
@@ -245,7 +245,7 @@ def test_every_public_path(family, tiny_model, tiny_model_dir, texts, tmp_path):
         check_result(corrected, n)
         plain = RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL).prefill(ids)
         assert not torch.equal(corrected.logits, plain.logits)
-        assert set(rf.spec.correction_objs[0].last_rho) == set(delta)
+        assert set(rf.arm.correction_objs[0].last_rho) == set(delta)
         with pytest.raises(ValueError, match="map_split"):
             RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL, corrections=spec, map_split=True)
 
@@ -267,7 +267,7 @@ def test_every_public_path(family, tiny_model, tiny_model_dir, texts, tmp_path):
     entries = dict(zip(SIDES, cache_entries(source, family_for(source.config), prefill_cache(source, ids))))
     mapped = None
     for selector in names_for("rarecache"):
-        rc = RaReCache(target, source, tok, maps=transfer, source_tokenizer=tok, rho=0.3, selector=selector)
+        rc = RaReCache(target, tok, source=source, maps=transfer, source_tokenizer=tok, rho=0.3, selector=selector)
         result = rc.prefill(ids)
         # the mapped rows hold the map's K/V of the source's stock cache at their own positions (not the target's
         # own K/V); the recomputed rows and the logits are the stock target's reading them

@@ -108,7 +108,7 @@ def test_sliding_window_models_run_filled_arms_in_their_windows(family, one_torc
 def test_attention_selectors_read_full_layers_of_a_sliding_model(tiny_model, one_torch_thread):
     """Gemma 3's tiny model alternates sliding (0, 2, ...) and full (1, 3, ...) layers: the lower-attention
     selector reads the full ones, whose cache holds every row; a sliding layer alone is refused, saying why."""
-    from rf_eval.ridgefill.api import RidgeFill
+    from rf_eval.ridgefill.method import RidgeFill
 
     model, tok = tiny_model("gemma3")
     ids = torch.randint(0, 250, (1, N), generator=torch.Generator().manual_seed(0))

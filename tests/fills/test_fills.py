@@ -22,7 +22,7 @@ from rf_eval.cli.fills import BEGIN, END, rows, table, with_table
 from rf_eval.engine import Plan, plain_prefill, prefill
 from rf_eval.fills import FILL_OFF, arm_fills, fill_method, register_fill, registered_fills, unregister_fill
 from rf_eval.fills.base import FillMethod
-from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.ridgefill.method import RidgeFill
 
 ROOT = Path(__file__).resolve().parents[2]
 N, SPLIT, TAIL = 40, 3, 6
@@ -104,7 +104,7 @@ def test_a_throwaway_fill_is_a_valid_arm_only_while_registered(tiny_model, throw
     from rf_eval.fields import ArmError
     from rf_eval.ridgefill.arm_spec import RidgeFillArm
 
-    assert throwaway in arm_fills() and RidgeFillArm(fill=throwaway).method.name == throwaway
+    assert throwaway in arm_fills() and RidgeFillArm(fill=throwaway).fill_obj.name == throwaway
     unregister_fill(throwaway)
     with pytest.raises(ArmError, match="fill='throwaway' is not valid; valid fills: exact, identity"):
         RidgeFillArm(fill=throwaway)

@@ -8,13 +8,13 @@ from filled_reference import FLOOR, assert_matches, reference
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from rf_eval.cli import main
+from rf_eval.cost.mac_model import layer_costs, prefill_macs
 from rf_eval.engine import Plan, prefill
 from rf_eval.fields import ArmError
 from rf_eval.fills import fill_method
-from rf_eval.mac_model import layer_costs, prefill_macs
 from rf_eval.ridge.maps import load_maps
-from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.fitting import fit_maps
+from rf_eval.ridgefill.method import RidgeFill
 
 SPLIT, LAM = 3, 0.1
 TEXTS = ["the cat sat on the mat and the dog ran to the red house by the river " * 6,

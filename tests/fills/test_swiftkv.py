@@ -1,4 +1,4 @@
-"""SwiftKV checkpoints (`rf_eval.checkpoints`) and its two fills (#25 item 2).
+"""SwiftKV checkpoints (`rf_eval.files.checkpoints`) and its two fills (#25 item 2).
 
 - the checkpoint layout loads with no remote code, and with the fill off it is its base model, bitwise;
 - `swiftkv` with SwiftKV's projections equal to the layers' own (norm_swiftkv all ones) is `identity`;
@@ -16,12 +16,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from rf_eval.cost.mac_model import layer_costs, prefill_macs
 from rf_eval.engine import Plan, plain_prefill, prefill
 from rf_eval.fields import ArmError
-from rf_eval.mac_model import layer_costs, prefill_macs
-from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.integrity.weights import weights_fingerprint
+from rf_eval.ridgefill.method import RidgeFill
 from rf_eval.testing import make_tiny_model, make_tiny_swiftkv
-from rf_eval.weights import weights_fingerprint
 
 N, TAIL = 40, 6
 
@@ -100,7 +100,7 @@ def test_the_layout_loads_as_its_base_model_with_the_fill_off(checkpoints, tmp_p
     ids = prompt()
     assert torch.equal(exact.prefill(ids).logits, plain_prefill(base, ids).logits)
     ridge_free = RidgeFill(exact.model, fill="identity", split=3, tail=TAIL)
-    assert ridge_free.plan.split == 3  # identity and ridge run on it as on any llama
+    assert ridge_free.arm.split == 3  # identity and ridge run on it as on any llama
 
 
 def test_swiftkv_with_the_layers_own_projections_is_the_identity_fill(checkpoints):
@@ -108,7 +108,7 @@ def test_swiftkv_with_the_layers_own_projections_is_the_identity_fill(checkpoint
     ids = prompt()
     swift = RidgeFill(model, fill="swiftkv", tail=TAIL)
     identity = RidgeFill(model, fill="identity", split=2, tail=TAIL)
-    assert swift.plan.split == 2  # the default: SwiftKV's own num_key_value_layers
+    assert swift.arm.split == 2  # the default: SwiftKV's own num_key_value_layers
     a, b = swift.prefill(ids), identity.prefill(ids)
     assert (a.logits - b.logits).abs().max() < 1e-5
     for layer in range(2, 6):

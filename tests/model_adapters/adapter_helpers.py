@@ -12,14 +12,14 @@ from pathlib import Path
 
 from warm_start import run_argv
 
-from rf_eval.model_adapters.ridgefill import RidgeFillLM
+from rf_eval.model_adapters import prefill_lm
 
 LM_EVAL = str(Path(sys.executable).parent / "lm_eval")
 
 
-def lm(model_dir: str, **args) -> RidgeFillLM:
+def lm(model_dir: str, **args) -> prefill_lm.ridgefill:
     """The `ridgefill` adapter on the CPU, in process, as lm-eval builds it from `--model_args`."""
-    return RidgeFillLM.create_from_arg_obj({"pretrained": model_dir, "device": "cpu", **args})
+    return prefill_lm.ridgefill.create_from_arg_obj({"pretrained": model_dir, "device": "cpu", **args})
 
 TASK_YAML = """task: rfe_adapter_mc
 dataset_path: json

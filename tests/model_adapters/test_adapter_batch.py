@@ -7,8 +7,8 @@ import random
 import pytest
 from lm_eval.api.instance import Instance
 
-from rf_eval.model_adapters.ridgefill import RidgeFillLM
-from rf_eval.ridgefill import api as ridgefill_api
+from rf_eval.model_adapters import prefill_lm
+from rf_eval.ridgefill import method as ridgefill_method
 
 WORDS = "the quick brown fox jumps over the lazy dog while the river runs past the old stone house".split()
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -21,25 +21,25 @@ def contexts() -> list[str]:
     return [same[0], " ".join(WORDS * 2), *same[1:], " ".join(WORDS[:-2])]
 
 
-def lm(path: str, batch_size: int, **args) -> RidgeFillLM:
-    return RidgeFillLM.create_from_arg_obj({"pretrained": path, "device": "cpu", "fill": "identity", "tail": 24,
+def lm(path: str, batch_size: int, **args) -> prefill_lm.PrefillLM:
+    return prefill_lm.ridgefill.create_from_arg_obj({"pretrained": path, "device": "cpu", "fill": "identity", "tail": 24,
                                             "batch_size": batch_size, **args})
 
 
-def engine_calls(model: RidgeFillLM, monkeypatch) -> list[tuple[int, int]]:
+def engine_calls(model: prefill_lm.PrefillLM, monkeypatch) -> list[tuple[int, int]]:
     calls: list[tuple[int, int]] = []
-    original = ridgefill_api.prefill_arm
+    original = ridgefill_method.prefill_arm
 
     def counted(model_, tokenizer, arm, ids, *args, **kwargs):
-        if arm is model.method.spec:  # this adapter's engine calls, not another's
+        if arm is model.method.arm:  # this adapter's engine calls, not another's
             calls.append(tuple(ids.shape))
         return original(model_, tokenizer, arm, ids, *args, **kwargs)
 
-    monkeypatch.setattr(ridgefill_api, "prefill_arm", counted)
+    monkeypatch.setattr(ridgefill_method, "prefill_arm", counted)
     return calls
 
 
-def answers(model: RidgeFillLM, kind: str) -> list:
+def answers(model: prefill_lm.PrefillLM, kind: str) -> list:
     if kind == "loglikelihood":
         # one continuation per prompt: several would share a stock pass at batch 4 (a batch of their own)
         reqs = [Instance(kind, {}, (c, " and then"), 0) for c in contexts()]

@@ -64,14 +64,14 @@ def test_bad_model_args_exit_2_with_one_line_through_the_lm_eval_command(tiny_mo
     proc = run_lm_eval(["--model", "ridgefill", "--model_args", f"pretrained={tiny_model_dir('llama')},fill=rigde",
                         "--tasks", TASK, "--include_path", str(adapter_task), "--device", "cpu"], tmp_path)
     assert proc.returncode == 2
-    assert _one_line(proc.stderr) == ["rf-eval: fill='rigde' is not valid; valid fills: exact, identity, kv_ridge, nofill, ridge, swiftkv, swiftkv_released"]
+    assert _one_line(proc.stderr) == ["rf-eval: method=ridgefill: fill='rigde' is not valid; valid fills: exact, identity, kv_ridge, nofill, ridge, swiftkv, swiftkv_released"]
 
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA exists here: device=cuda is valid")
 
 
 @pytest.mark.parametrize("model, args, says", [
-    ("ridgefill", "fill=identity,rho=0.1", "model_args rho=0.1 is a key of --model rarecache, not of --model ridgefill"),
+    ("ridgefill", "fill=identity,rho=0.1", "model_args rho=0.1 is a key of method=rarecache, not of method=ridgefill"),
     ("ridgefill", "fill=exact,seed=abc", "seed='abc' is not an integer"),
     ("ridgefill", "fill=exact,device=gpu", "device='gpu': device 'gpu' is not a device name"),
     pytest.param("ridgefill", "fill=exact,device=cuda", "CUDA is not available on this machine", marks=NO_CUDA),
@@ -82,7 +82,7 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA exists here
     ("ridgefill", "fill=exact,reference=hf", "reference='hf' is not valid; valid: exact"),
     ("ridgefill", "fill=exact,dtype=float33", "dtype='float33' is not valid"),
     ("ridgefill", "pretrained=/no/such/model,fill=exact", "model '/no/such/model': no such local folder"),
-    ("rarecache", "source={model},maps=/m,split=2", "model_args split=2 is a key of --model ridgefill"),
+    ("rarecache", "source={model},maps=/m,split=2", "model_args split=2 is a key of method=ridgefill"),
 ])
 def test_bad_model_args_table(model, args, says, tiny_model_dir, adapter_task, monkeypatch, capsys):
     """lm-eval's own CLI entry point (the `lm_eval` command's), in this process: exit status 2 and one line
@@ -135,10 +135,9 @@ def test_killed_run_resumes_from_use_cache_outside_the_repository(tiny_model_dir
     import torch
     from lm_eval.api.instance import Instance
 
-    from rf_eval.model_adapters.ridgefill import RidgeFillLM
-
+    from rf_eval.model_adapters import prefill_lm
     torch.set_num_threads(1)
-    lm = RidgeFillLM.create_from_arg_string(f"pretrained={model},fill=identity,tail=8,device=cpu")
+    lm = prefill_lm.ridgefill.create_from_arg_string(f"pretrained={model},fill=identity,tail=8,device=cpu")
     recs = samples(tmp_path / "out", TASK)
     keys = sorted(recs)
     fresh = lm.loglikelihood([Instance("loglikelihood", {}, tuple(recs[k]["rec"]["arguments"][f"gen_args_{k[1]}"].values()), 0)

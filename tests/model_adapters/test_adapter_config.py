@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from adapter_helpers import identity_maps
 
-from rf_eval.model_adapters.config import ModelArgsError
-from rf_eval.model_adapters.ridgefill import RidgeFillLM, parse_ridgefill_args
+from rf_eval.model_adapters import prefill_lm
+from rf_eval.model_adapters.config import ModelArgsError, parse_model_args
 
 
 def parse(args: dict):
-    return parse_ridgefill_args(args)
+    return parse_model_args(args, "ridgefill")
 
 
 def test_values_are_typed_and_lm_eval_flags_merge(tiny_model_dir):
@@ -86,11 +86,11 @@ def test_maps_contradictions_fail_before_the_weights_load(tiny_model_dir, tmp_pa
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
     with pytest.raises(ModelArgsError, match="fitted for another model"):
-        RidgeFillLM.create_from_arg_string(f"pretrained={qwen},fill=ridge,maps={maps}")
+        prefill_lm.ridgefill.create_from_arg_string(f"pretrained={qwen},fill=ridge,maps={maps}")
     with pytest.raises(ModelArgsError, match="split 6 is outside 1..5"):
-        RidgeFillLM.create_from_arg_string(f"pretrained={llama},fill=identity,split=6")
+        prefill_lm.ridgefill.create_from_arg_string(f"pretrained={llama},fill=identity,split=6")
     with pytest.raises(ModelArgsError, match="unknown model_args key"):
-        RidgeFillLM.create_from_arg_obj({"pretrained": llama, "fill": "exact", "selector_args": "share=0.1"})
+        prefill_lm.ridgefill.create_from_arg_obj({"pretrained": llama, "fill": "exact", "selector_args": "share=0.1"})
 
 
 def test_demo_is_the_default_model_and_brings_its_maps(monkeypatch, tiny_model_dir, tmp_path):
@@ -105,10 +105,10 @@ def test_demo_is_the_default_model_and_brings_its_maps(monkeypatch, tiny_model_d
     monkeypatch.setattr(demo, "SPLIT", 3)  # the tiny model's split in place of the demo model's
     for given in ({}, {"pretrained": "demo"}, {"pretrained": "DEMO", "fill": "ridge"}):
         settings, _ = parse(given)
-        assert (settings.pretrained, settings.arm.fill, settings.maps) == (model_dir, "ridge", str(maps))
+        assert (settings.pretrained, settings.arm.fill, settings.source.files.get("maps")) == (model_dir, "ridge", str(maps))
         assert settings.arm.split == demo.SPLIT
     settings, _ = parse({"pretrained": "demo", "fill": "identity", "split": 2})
-    assert (settings.arm.fill, settings.maps, settings.arm.split) == ("identity", None, 2)
+    assert (settings.arm.fill, settings.source.files.get("maps"), settings.arm.split) == ("identity", None, 2)
 
 
 # -- every `hf` model_arg works as for `--model hf` ---------------------------------------------------
@@ -123,13 +123,13 @@ def thinking_model(tiny_model_dir, tmp_path):
 
 def test_enable_thinking_false_reaches_the_chat_template(thinking_model):
     chat = [{"role": "user", "content": "What is 2 + 2?"}]
-    off = RidgeFillLM(pretrained=thinking_model, fill="identity", tail=8, enable_thinking=False, device="cpu")
+    off = prefill_lm.ridgefill(pretrained=thinking_model, fill="identity", tail=8, enable_thinking=False, device="cpu")
     # thinking is off by default where the template has the switch: "on" must ask for it
-    on = RidgeFillLM(pretrained=thinking_model, fill="identity", tail=8, enable_thinking=True,
+    on = prefill_lm.ridgefill(pretrained=thinking_model, fill="identity", tail=8, enable_thinking=True,
                      think_end_token="</think>", device="cpu")
     assert off.apply_chat_template(chat).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert on.apply_chat_template(chat).endswith("<|im_start|>assistant\n")
-    extra = RidgeFillLM(pretrained=thinking_model, fill="exact", device="cpu",
+    extra = prefill_lm.ridgefill(pretrained=thinking_model, fill="exact", device="cpu",
                         chat_template_args={"enable_thinking": False})
     assert extra.apply_chat_template(chat) == off.apply_chat_template(chat)
 
@@ -140,23 +140,23 @@ def test_thinking_is_off_by_default_and_recorded(thinking_model, tiny_model_dir)
     import hashlib
 
     chat = [{"role": "user", "content": "What is 2 + 2?"}]
-    default = RidgeFillLM(pretrained=thinking_model, fill="identity", tail=8, device="cpu")
+    default = prefill_lm.ridgefill(pretrained=thinking_model, fill="identity", tail=8, device="cpu")
     assert default.apply_chat_template(chat).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     record = default.get_model_info()["rf_eval"]["chat_template"]
     assert record["thinking_switch"] and record["enable_thinking"] is False and record["enable_thinking_default"]
     assert record["rendered_example"].endswith("<think>\n\n</think>\n\n")
     assert record["rendered_sha256"] == hashlib.sha256(record["rendered_example"].encode()).hexdigest()
     # the user's value wins, through either key
-    on = RidgeFillLM(pretrained=thinking_model, fill="exact", enable_thinking=True, think_end_token="</think>",
+    on = prefill_lm.ridgefill(pretrained=thinking_model, fill="exact", enable_thinking=True, think_end_token="</think>",
                      device="cpu")
     assert on.apply_chat_template(chat).endswith("<|im_start|>assistant\n")
     assert on.get_model_info()["rf_eval"]["chat_template"]["enable_thinking"] is True
-    args = RidgeFillLM(pretrained=thinking_model, fill="exact", device="cpu",
+    args = prefill_lm.ridgefill(pretrained=thinking_model, fill="exact", device="cpu",
                        chat_template_args={"enable_thinking": True})
     assert args.apply_chat_template(chat).endswith("<|im_start|>assistant\n")
     assert args.get_model_info()["rf_eval"]["chat_template"]["enable_thinking_default"] is False
     # a template without the switch is left alone
-    plain = RidgeFillLM(pretrained=tiny_model_dir("llama"), fill="exact", device="cpu")
+    plain = prefill_lm.ridgefill(pretrained=tiny_model_dir("llama"), fill="exact", device="cpu")
     record = plain.get_model_info()["rf_eval"]["chat_template"]
     assert record["thinking_switch"] is False and record["enable_thinking"] is None
     assert "enable_thinking" not in plain.chat_template_args
@@ -181,7 +181,7 @@ def test_a_thinking_setting_the_template_cannot_render_is_refused_before_the_wei
     key = "enable_thinking" if "enable_thinking" in given else "chat_template_args enable_thinking"
     value = given.get("enable_thinking", (given.get("chat_template_args") or {}).get("enable_thinking"))
     with pytest.raises(UserError) as err:
-        RidgeFillLM(pretrained=llama, fill="exact", device="cpu", **given)
+        prefill_lm.ridgefill(pretrained=llama, fill="exact", device="cpu", **given)
     message = str(err.value)
     assert message.startswith(f"{key}={value!r}: the chat template of {llama} renders the same prompt")
     assert "leave enable_thinking out" in message
@@ -198,7 +198,7 @@ def test_revision_and_trust_remote_code_reach_from_pretrained(tiny_model_dir, mo
         return original(*args, **kwargs)
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", spy)
-    lm = RidgeFillLM.create_from_arg_string(
+    lm = prefill_lm.ridgefill.create_from_arg_string(
         f"pretrained={tiny_model_dir('llama')},fill=identity,tail=8,revision=main,trust_remote_code=True",
         {"device": "cpu"},
     )
@@ -216,8 +216,8 @@ def test_parallelize_places_the_model_as_hf_does(tiny_model_dir, tmp_path):
     path = tiny_model_dir("llama")
     args = dict(pretrained=path, parallelize=True, dtype="float32", device="cpu", offload_folder=str(tmp_path))
     hf = HFLM(**args)
-    rf = RidgeFillLM(fill="exact", **args)
-    filled = RidgeFillLM(fill="identity", tail=4, **args)
+    rf = prefill_lm.ridgefill(fill="exact", **args)
+    filled = prefill_lm.ridgefill(fill="identity", tail=4, **args)
     assert getattr(rf.model, "hf_device_map", None) == getattr(hf.model, "hf_device_map", None)
     reqs = [Instance("loglikelihood", {}, ("the cat sat on the mat " * 3, " and the dog"), 0)]
     want = hf.loglikelihood(reqs, disable_tqdm=True)
@@ -227,11 +227,10 @@ def test_parallelize_places_the_model_as_hf_does(tiny_model_dir, tmp_path):
 
 
 def test_a_broken_run_ledger_is_refused_before_the_weights_load(tiny_model_dir, tmp_path, monkeypatch):
-    from rf_eval.model_adapters.ridgefill import RidgeFillLM
-
+    from rf_eval.model_adapters import prefill_lm
     monkeypatch.setenv("RF_EVAL_LEDGER", str(tmp_path / "none.jsonl"))
     with pytest.raises(ModelArgsError, match=r"\$RF_EVAL_LEDGER: no ledger at"):
-        RidgeFillLM(pretrained=tiny_model_dir("llama"), fill="exact", device="cpu")
+        prefill_lm.ridgefill(pretrained=tiny_model_dir("llama"), fill="exact", device="cpu")
 
 
 def test_keys_from_pretrained_or_the_config_take_pass(tiny_model_dir):

@@ -14,7 +14,7 @@ from rf_eval.cli.check_equivalence import compare
 from rf_eval.engine import plain_prefill
 from rf_eval.families import family_class
 from rf_eval.ridge.maps import load_maps
-from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.ridgefill.method import RidgeFill
 from rf_eval.testing import FAMILIES
 
 SPLIT, TAIL, LAM = 2, 8, 0.1

@@ -186,9 +186,9 @@ def test_multiturn_appends_the_next_turn_to_the_kept_cache(tiny_model_dir, famil
     # by hand: prefill once, generate, append the turn's tokens after the answer, generate again
     arm = model.method
     prompt = model.encode_prompt(CONTEXT)
-    shorter = dataclasses.replace(arm.plan, tail=arm.plan.tail - 1)
-    result = prefill_arm(arm.model, arm.tokenizer, arm.spec, torch.tensor([prompt[:-1]]), shorter,
-                         arm.spec.method.row_fill(arm.fill_fn))  # the engine, by hand
+    shorter = dataclasses.replace(arm.arm.plan, tail=arm.arm.plan.tail - 1)
+    result = prefill_arm(arm.model, arm.tokenizer, arm.arm, torch.tensor([prompt[:-1]]), shorter,
+                         arm.arm.fill_obj.row_fill(arm.fill_fn))  # the engine, by hand
     first = model.model.generate(torch.tensor([prompt]), cache=result.cache, max_new_tokens=5, do_sample=False)
     seq = first[0].tolist() + model.tok_encode(" next question:", add_special_tokens=False)
     result.prompt_length = first.shape[1] - 1

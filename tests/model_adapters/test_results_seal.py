@@ -14,7 +14,7 @@ from adapter_helpers import TASK, cli_env, run_lm_eval
 from warm_start import run_argv
 
 from rf_eval.cli import main
-from rf_eval.seal import PREFIX, SealError, check, record
+from rf_eval.integrity.seal import PREFIX, SealError, check, record
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_the_rf_eval_run_is_sealed_and_the_hf_run_is_not(runs):
     seals = list((runs / "rf").rglob(f"{PREFIX}*.json"))
     assert [s.name for s in seals] == [f"{PREFIX}{rf_samples.stem.rsplit('_', 1)[-1]}.json"]
     entry = json.loads(seals[0].read_text())["files"][rf_samples.name]
-    from rf_eval.hashing import file_sha256
+    from rf_eval.integrity.hashing import file_sha256
 
     assert entry == {"sha256": file_sha256(rf_samples), "bytes": rf_samples.stat().st_size, "lines": 4}
     assert not list((runs / "hf").rglob(f"{PREFIX}*"))  # another model's output is left as lm-eval wrote it

@@ -1,4 +1,4 @@
-"""The startup hook that lets the plain `lm_eval` command find rf-eval (rf_eval/_startup.py, setup.py)."""
+"""The startup hook that lets the plain `lm_eval` command find rf-eval (model_adapters/startup.py, setup.py)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_startup_is_cheap_and_imports_nothing_heavy():
     proc = python("import sys, json; print(json.dumps(sorted(sys.modules)))")
     assert proc.returncode == 0 and proc.stderr == ""
     loaded = json.loads(proc.stdout)
-    assert "rf_eval._startup" in loaded
+    assert "rf_eval.model_adapters.startup" in loaded
     assert not [m for m in loaded if m.split(".")[0] in HEAVY]
 
 
@@ -61,13 +61,13 @@ def test_lm_eval_finds_the_model_and_the_tasks_folder():
     code = (
         "from lm_eval.api.registry import get_model, model_registry\n"
         "from lm_eval.tasks import TaskManager\n"
-        "print(get_model('ridgefill').__name__, 'hf' in model_registry)\n"
+        "print(get_model('ridgefill').name, 'hf' in model_registry)\n"
         "print(' '.join(TaskManager(include_defaults=False).all_tasks))\n"
     )
     proc = python(code)
     assert proc.returncode == 0, proc.stderr
     first, tasks = proc.stdout.splitlines()
-    assert first == "RidgeFillLM True"
+    assert first == "ridgefill True"
     names = set()
     for yaml in (ROOT / "tasks").rglob("*.yaml"):
         names |= set(re.findall(r"^(?:task|group): *([\w-]+) *$", yaml.read_text(), re.M))
@@ -98,6 +98,6 @@ def test_regular_and_editable_wheels_both_carry_the_pth(tmp_path):
     for wheel in wheels:
         with zipfile.ZipFile(wheel) as zf:
             line = zf.read("rf_eval_lm_eval.pth").decode()
-            assert line.startswith("import sys; exec(") and "import rf_eval._startup" in line and line.count("\n") == 1
+            assert line.startswith("import sys; exec(") and "import rf_eval.model_adapters.startup" in line and line.count("\n") == 1
             record = zf.read(next(n for n in zf.namelist() if n.endswith("RECORD"))).decode()
             assert "rf_eval_lm_eval.pth," in record

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from lm_eval.api.instance import Instance
 from warm_start import run_argv
 
+from rf_eval.model_adapters import prefill_lm
 from rf_eval.model_adapters.config import ModelArgsError
-from rf_eval.model_adapters.rarecache import RaReCacheLM
 
 CONTEXT = "the copper clock by the north window reads seven while the river runs past the old stone house"
 CONTINUATIONS = [" and then", " seven", " again and again"]
@@ -24,9 +24,9 @@ CONTINUATIONS = [" and then", " seven", " again and again"]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def lm(f: dict, **args) -> RaReCacheLM:
+def lm(f: dict, **args) -> prefill_lm.rarecache:
     base = {"pretrained": f["target_dir"], "source": f["source_dir"], "maps": f["maps_dir"], "device": "cpu"}
-    return RaReCacheLM.create_from_arg_obj({**base, **args})
+    return prefill_lm.rarecache.create_from_arg_obj({**base, **args})
 
 
 def req(kind: str, *args) -> Instance:
@@ -67,7 +67,7 @@ def test_requests_run_over_the_rarecache_prefill(fitted):
 def test_model_args_errors_name_the_problem(fitted, tmp_path):
     llama, qwen = fitted("llama"), fitted("qwen3")
     with pytest.raises(ModelArgsError, match="source"):
-        RaReCacheLM.create_from_arg_obj({"pretrained": llama["target_dir"], "maps": llama["maps_dir"]})
+        prefill_lm.rarecache.create_from_arg_obj({"pretrained": llama["target_dir"], "maps": llama["maps_dir"]})
     with pytest.raises(ModelArgsError, match="rho"):
         lm(llama, rho=1.5)
     with pytest.raises(ModelArgsError, match="selector"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rf_eval.rarecache.api import RaReCache
+from rf_eval.rarecache.method import RaReCache
 
 
 def eq11_macs(target, source, maps, T: int, k: int) -> tuple[int, int]:
@@ -28,30 +28,30 @@ def eq11_macs(target, source, maps, T: int, k: int) -> tuple[int, int]:
 def test_the_cost_is_eq11_with_the_source_charged(fitted, prompt):
     f = fitted("llama")
     T = prompt.shape[1]
-    rc = RaReCache(f["target"], f["source"], f["tokenizer"], maps=f["maps"], rho=0.3)
+    rc = RaReCache(f["target"], f["tokenizer"], source=f["source"], maps=f["maps"], rho=0.3)
     cost = rc.prefill_cost(T, rc.prefill(prompt))
     k = -(-3 * T // 10)  # ceil(0.3 T), the last row counted
     exact, arm = eq11_macs(f["target"], f["source"], f["maps"], T, k)
     assert (cost.exact_macs, cost.prefill_macs, cost.exact_rows) == (pytest.approx(exact, abs=1), pytest.approx(arm, abs=1), k)
     assert cost.cache_entries == cost.exact_cache_entries  # a mapped cache keeps every row
     assert cost.budget is None and cost.layer_pass_speedup is None
-    whole = RaReCache(f["target"], f["source"], f["tokenizer"], maps=f["maps"], rho=1.0)
+    whole = RaReCache(f["target"], f["tokenizer"], source=f["source"], maps=f["maps"], rho=1.0)
     assert whole.prefill_cost(T).macs_fraction == 1.0  # every row recomputed: the target's own prefill
 
 
 def test_a_budget_sets_the_recomputed_rows_per_length(fitted, prompt):
     """budget=F: the most recomputed rows whose cost (source charged) fits F of exact's; one more passes it."""
     f = fitted("llama")
-    rc = RaReCache(f["target"], f["source"], f["tokenizer"], maps=f["maps"], budget=0.9)
+    rc = RaReCache(f["target"], f["tokenizer"], source=f["source"], maps=f["maps"], budget=0.9)
     for T in (prompt.shape[1], 200, 1000):
-        k = rc.recomputed(T)
+        k = rc.plan(T).setting
         exact, arm = eq11_macs(f["target"], f["source"], f["maps"], T, k)
         _, more = eq11_macs(f["target"], f["source"], f["maps"], T, k + 1)
         assert arm <= 0.9 * exact < more or k == T
         cost = rc.prefill_cost(T)
         assert cost.macs_fraction <= 0.9 and cost.knob_value == pytest.approx(k / T) and cost.budget == 0.9
     result = rc.prefill(prompt)
-    assert result.exact_rows.numel() == rc.recomputed(prompt.shape[1])
+    assert result.exact_rows.numel() == rc.plan(prompt.shape[1]).setting
     assert rc.provenance()["budget"] == 0.9 and rc.provenance()["rho"] is None
 
 
@@ -65,19 +65,18 @@ def test_bad_rarecache_budgets(fitted, fields, says):
 
     f = fitted("llama")
     with pytest.raises(ArmError, match=says):
-        RaReCache(f["target"], f["source"], f["tokenizer"], maps=f["maps"], **fields)
+        RaReCache(f["target"], f["tokenizer"], source=f["source"], maps=f["maps"], **fields)
 
 
 def test_the_adapter_refuses_an_unreachable_budget_before_the_weights(fitted, monkeypatch):
     from transformers import AutoModelForCausalLM
 
+    from rf_eval.model_adapters import prefill_lm
     from rf_eval.model_adapters.config import ModelArgsError
-    from rf_eval.model_adapters.rarecache import RaReCacheLM
-
     f = fitted("llama")
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
     with pytest.raises(ModelArgsError, match="budget=0.001 is below the cheapest"):
-        RaReCacheLM.create_from_arg_obj({"pretrained": f["target_dir"], "source": f["source_dir"],
+        prefill_lm.rarecache.create_from_arg_obj({"pretrained": f["target_dir"], "source": f["source_dir"],
                                          "maps": f["maps_dir"], "budget": 0.001, "device": "cpu"})
 
 

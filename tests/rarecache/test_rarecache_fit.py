@@ -10,11 +10,12 @@ import torch
 from safetensors import safe_open
 
 from rf_eval.cli import main
-from rf_eval.rarecache.api import RaReCache
+from rf_eval.integrity.tokenizers import TokenizerMismatch
 from rf_eval.rarecache.cost import speedup_ceiling
 from rf_eval.rarecache.features import cache_entries, prefill_cache, rope_tables, unrotate
 from rf_eval.rarecache.fit import accumulate, fit_transfer, single_source_r2, top_layers
-from rf_eval.rarecache.maps import SIDES, TokenizerMismatch, load_transfer_maps
+from rf_eval.rarecache.maps import SIDES, load_transfer_maps
+from rf_eval.rarecache.method import RaReCache
 from rf_eval.rarecache.transfer import Mapper
 from rf_eval.ridge.calibration import tokenized
 from rf_eval.ridge.maps import MapError
@@ -180,7 +181,7 @@ def test_different_tokenizers_are_refused(fitted, calibration, tmp_path, capsys)
     f = fitted("llama")
     other = _variant(f["source_dir"], tmp_path)
     with pytest.raises(TokenizerMismatch, match="share a tokenizer"):
-        RaReCache.from_pretrained(f["target_dir"], other, maps=f["maps_dir"], device="cpu")
+        RaReCache.from_pretrained(f["target_dir"], source=other, maps=f["maps_dir"], device="cpu")
     from transformers import AutoTokenizer
 
     with pytest.raises(TokenizerMismatch, match="share a tokenizer"):
@@ -197,13 +198,13 @@ def test_maps_for_another_pair_are_refused(fitted, tmp_path):
     other_dir = make_tiny_model("llama", tmp_path / "t5", seed=4, num_hidden_layers=5)
     other = AutoModelForCausalLM.from_pretrained(other_dir).eval()
     with pytest.raises(MapError, match="another target"):
-        RaReCache(other, llama["source"], llama["tokenizer"], maps=llama["maps_dir"])
+        RaReCache(other, llama["tokenizer"], source=llama["source"], maps=llama["maps_dir"])
     with pytest.raises(MapError, match="another source"):
-        RaReCache(llama["target"], llama["target"], llama["tokenizer"], maps=llama["maps_dir"])
+        RaReCache(llama["target"], llama["tokenizer"], source=llama["target"], maps=llama["maps_dir"])
     with pytest.raises(MapError, match="another"):
-        RaReCache(llama["target"], llama["source"], llama["tokenizer"], maps=qwen["maps_dir"])
+        RaReCache(llama["target"], llama["tokenizer"], source=llama["source"], maps=qwen["maps_dir"])
     with pytest.raises(MapError, match="no RaReCache map file"):
-        RaReCache(llama["target"], llama["source"], llama["tokenizer"], maps=str(tmp_path))
+        RaReCache(llama["target"], llama["tokenizer"], source=llama["source"], maps=str(tmp_path))
 
 
 def test_maps_of_one_architecture_are_told_apart_by_their_weights_and_direction(calibration, tmp_path):
@@ -217,13 +218,13 @@ def test_maps_of_one_architecture_are_told_apart_by_their_weights_and_direction(
                for n, s in (("a", 1), ("b", 2), ("c", 3)))
     tok = AutoTokenizer.from_pretrained(tmp_path / "a")
     fit_transfer(a, b, tok, tok, calibration, k=2, rank=4, lam=0.01, out=tmp_path / "maps")
-    RaReCache(b, a, tok, maps=str(tmp_path / "maps"))  # the fitted direction: source a, target b
+    RaReCache(b, tok, source=a, maps=str(tmp_path / "maps"))  # the fitted direction: source a, target b
     with pytest.raises(MapError, match="other way round"):
-        RaReCache(a, b, tok, maps=str(tmp_path / "maps"))
+        RaReCache(a, tok, source=b, maps=str(tmp_path / "maps"))
     with pytest.raises(MapError, match="other target weights"):
-        RaReCache(c, a, tok, maps=str(tmp_path / "maps"))
+        RaReCache(c, tok, source=a, maps=str(tmp_path / "maps"))
     with pytest.raises(MapError, match="other source weights"):
-        RaReCache(b, c, tok, maps=str(tmp_path / "maps"))
+        RaReCache(b, tok, source=c, maps=str(tmp_path / "maps"))
 
 
 def test_fit_transfer_command_writes_maps_with_metadata(tiny_pair_dirs, calibration, tmp_path, capsys):

@@ -10,9 +10,9 @@ from transformers import DynamicCache
 
 from rf_eval import engine
 from rf_eval.families import registered_families
-from rf_eval.rarecache.api import RaReCache
 from rf_eval.rarecache.features import cache_entries, prefill_cache, unsupported
 from rf_eval.rarecache.maps import SIDES
+from rf_eval.rarecache.method import RaReCache
 from rf_eval.selectors.registry import names_for
 from rf_eval.testing import tiny_config
 
@@ -23,7 +23,7 @@ FAMILIES = tuple(name for name in registered_families() if unsupported(tiny_conf
 
 def make(fitted, family, **kw) -> RaReCache:
     f = fitted(family)
-    return RaReCache(f["target"], f["source"], f["tokenizer"], maps=f["maps"], source_tokenizer=f["tokenizer"], **kw)
+    return RaReCache(f["target"], f["tokenizer"], source=f["source"], maps=f["maps"], source_tokenizer=f["tokenizer"], **kw)
 
 
 def mapped_for(rc: RaReCache, ids: torch.Tensor):
@@ -144,8 +144,8 @@ def test_oracles_are_labelled(fitted):
 def test_provenance_has_every_methods_identity_schema(fitted):
     """One schema (`rf_eval.method.model_identity`): RaReCache records the target as RidgeFill records its
     model, with the weights fingerprint `stats.comparable` compares arms by, and the source beside it."""
-    from rf_eval.ridgefill.api import RidgeFill
-    from rf_eval.weights import weights_fingerprint
+    from rf_eval.integrity.weights import weights_fingerprint
+    from rf_eval.ridgefill.method import RidgeFill
 
     f = fitted("llama")
     info = make(fitted, "llama").provenance()

@@ -1,4 +1,4 @@
-"""Outputs never replace a file rf-eval did not write (issue #41, item 3; `rf_eval.outputs`): every output is
+"""Outputs never replace a file rf-eval did not write (issue #41, item 3; `rf_eval.files.outputs`): every output is
 checked before anything is written, `--overwrite` allows the replacement, rf-eval's own outputs are replaced."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rf_eval.cli import main
-from rf_eval.outputs import MARKER, written_by_rf_eval
+from rf_eval.files.outputs import MARKER, written_by_rf_eval
 
 PAPER = "\\documentclass{article}\n\\begin{document}\nMy paper, three months of work.\n\\end{document}\n"
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from rf_eval.integrity.weights import weights_fingerprint
 from rf_eval.ridge.maps import MapError, RidgeMaps, config_hash, load_maps, quantize_int8
-from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.fitting import fit_maps
-from rf_eval.weights import weights_fingerprint
+from rf_eval.ridgefill.method import RidgeFill
 
 
 @pytest.fixture(scope="module")
@@ -127,25 +127,24 @@ def test_use_cache_empties_a_database_of_weights_changed_in_place(tiny_model_dir
     from lm_eval.api.model import CachingLM
     from transformers import AutoModelForCausalLM
 
-    from rf_eval.model_adapters.prefill_lm import ARM_KEY
-    from rf_eval.model_adapters.ridgefill import RidgeFillLM
-
+    from rf_eval.model_adapters import prefill_lm
+    from rf_eval.model_adapters.request_cache import ARM_KEY
     folder = tmp_path / "model"
     shutil.copytree(tiny_model_dir("llama"), folder)
     db = str(tmp_path / "cache" / "rf.db")
-    first = RidgeFillLM(pretrained=str(folder), fill="identity", tail=8, device="cpu")
+    first = prefill_lm.ridgefill(pretrained=str(folder), fill="identity", tail=8, device="cpu")
     cached = CachingLM(first, db)
     assert first.arm_fingerprint()["weights"] == weights_fingerprint(first.model)
     cached.dbdict["a request"] = "its result"
     cached.dbdict.close()
-    again = CachingLM(RidgeFillLM(pretrained=str(folder), fill="identity", tail=8, device="cpu"), db)
+    again = CachingLM(prefill_lm.ridgefill(pretrained=str(folder), fill="identity", tail=8, device="cpu"), db)
     assert again.dbdict["a request"] == "its result"  # the same weights: the database is this arm's
     again.dbdict.close()
     model = AutoModelForCausalLM.from_pretrained(folder)
     with torch.no_grad():
         model.model.layers[1].mlp.down_proj.weight.mul_(0.5)
     model.save_pretrained(folder)  # the weights change in place, at the same path
-    changed = RidgeFillLM(pretrained=str(folder), fill="identity", tail=8, device="cpu")
+    changed = prefill_lm.ridgefill(pretrained=str(folder), fill="identity", tail=8, device="cpu")
     with caplog.at_level(logging.WARNING):
         stale = CachingLM(changed, db)
     assert list(stale.dbdict.keys()) == [ARM_KEY] and "a request" not in stale.dbdict
@@ -157,16 +156,15 @@ def test_use_cache_reruns_after_maps_are_refitted_in_place(fitted, tiny_model_di
     """#24 item 8: maps refitted under a finished study used to make the rerun fail on its request cache."""
     from lm_eval.api.model import CachingLM
 
+    from rf_eval.model_adapters import prefill_lm
     from rf_eval.model_adapters.config import ModelArgsError
-    from rf_eval.model_adapters.prefill_lm import ARM_KEY
-    from rf_eval.model_adapters.ridgefill import RidgeFillLM
-
+    from rf_eval.model_adapters.request_cache import ARM_KEY
     maps = tmp_path / "maps"
     shutil.copytree(fitted, maps)
     db = str(tmp_path / "cache.db")
 
     def arm(**extra):
-        return RidgeFillLM(pretrained=tiny_model_dir("llama"), fill="ridge", split=3, tail=4, maps=str(maps),
+        return prefill_lm.ridgefill(pretrained=tiny_model_dir("llama"), fill="ridge", split=3, tail=4, maps=str(maps),
                            device="cpu", **extra)
 
     cached = CachingLM(arm(), db)
@@ -188,9 +186,8 @@ def test_the_adapter_refuses_maps_of_other_weights_after_loading_them(fitted, ti
                                                                        one_torch_thread):
     from transformers import AutoModelForCausalLM
 
+    from rf_eval.model_adapters import prefill_lm
     from rf_eval.model_adapters.config import ModelArgsError
-    from rf_eval.model_adapters.ridgefill import RidgeFillLM
-
     folder = tmp_path / "finetuned"
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir("llama"))
     with torch.no_grad():
@@ -199,7 +196,7 @@ def test_the_adapter_refuses_maps_of_other_weights_after_loading_them(fitted, ti
     shutil.copytree(tiny_model_dir("llama"), folder)  # tokenizer and config as they are...
     model.save_pretrained(folder)  # ...and fine-tuned weights of the same config
     with pytest.raises(ModelArgsError, match=f"maps='{fitted}': .* was fitted on other weights"):
-        RidgeFillLM(pretrained=str(folder), fill="ridge", maps=str(fitted), tail=8, device="cpu")
-    lm = RidgeFillLM(pretrained=str(folder), fill="ridge", maps=str(fitted), tail=8, device="cpu",
+        prefill_lm.ridgefill(pretrained=str(folder), fill="ridge", maps=str(fitted), tail=8, device="cpu")
+    lm = prefill_lm.ridgefill(pretrained=str(folder), fill="ridge", maps=str(fitted), tail=8, device="cpu",
                      allow_other_weights="true")
     assert lm.arm_info()["allow_other_weights"] is True

@@ -4,8 +4,8 @@ import torch
 
 from rf_eval.ridge.maps import load_maps
 from rf_eval.ridge.unigram import FILENAME, UnigramCounter, load_unigram
-from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.fitting import fit_maps
+from rf_eval.ridgefill.method import RidgeFill
 
 
 def test_fit_saves_unigram_counts_beside_the_maps(tiny_model, tiny_model_dir, tmp_path):
@@ -37,9 +37,8 @@ def test_fit_saves_unigram_counts_beside_the_maps(tiny_model, tiny_model_dir, tm
     loaded = RidgeFill(model, tok, maps=load_maps(out, 3), tail=8, fill="ridge", selector="protected")
     assert loaded.resources["unigram"] == str(out / FILENAME)
     assert torch.equal(loaded.prefill(ids).exact_rows, result.exact_rows)
-    from rf_eval.model_adapters.ridgefill import RidgeFillLM
-
-    lm = RidgeFillLM(pretrained=tiny_model_dir("llama"), maps=str(out), fill="ridge", selector="probe(layers=0)", tail=8,
+    from rf_eval.model_adapters import prefill_lm
+    lm = prefill_lm.ridgefill(pretrained=tiny_model_dir("llama"), maps=str(out), fill="ridge", selector="probe(layers=0)", tail=8,
                      device="cpu")
     assert lm.method.resources["unigram"] == str(out / FILENAME)
 

@@ -1,6 +1,6 @@
-"""An arm is one object, bound once (issue #39 item 1): its fill name becomes a fill method once per arm, never
-per prompt; the engine gets the bound strategy, not a name; the exact reference pass reuses the loaded model
-and the parsed arm."""
+"""An arm is one object, bound once (issue #39 item 1, #53): its fill name becomes a fill object once per arm,
+never per prompt; the engine gets the bound strategy, not a name; the arm is resolved against the model once,
+before the weights load; the exact reference is the exact method over the loaded model."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import torch
 
 from rf_eval.engine import plain_prefill
 from rf_eval.fills.base import FillMethod
-from rf_eval.method import generation_cache
-from rf_eval.model_adapters.ridgefill import RidgeFillLM, parse_ridgefill_args
-from rf_eval.ridgefill import api
+from rf_eval.methods.exact import Exact
+from rf_eval.methods.requests import generation_cache
+from rf_eval.model_adapters.config import parse_model_args
+from rf_eval.model_adapters.prefill_lm import PrefillLM
 from rf_eval.ridgefill import arm as arm_module
-from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
+from rf_eval.ridgefill.method import RidgeFill
 
 TAIL = 4
 LENGTHS = (3, 12, 17, 17, 24)  # one plain prompt (within the tail), two of one length
@@ -66,13 +67,14 @@ def test_the_fill_becomes_an_object_once_per_arm_and_never_per_prompt(tiny_model
     arm = arm.resolve(model.config)
     rf = RidgeFill(model, tok, arm=arm)
     assert made() == objects, "resolving or binding the arm built its fill again"
-    assert rf.spec.method is arm.method and rf.plan is rf.spec.plan
+    assert rf.arm.fill_obj is arm.fill_obj and rf.arm is arm  # resolved once already: kept as it is
     for i, n in enumerate(LENGTHS):
         ids = prompt(n, i)
-        result = rf.prefill(ids)
-        rf.prefill_cost(n, result)
-        rf.speedup_ceilings(n)
-        generation_cache(rf, ids[0].tolist())
+        plan = rf.plan(n)
+        result = rf.prefill(ids, plan=plan)
+        rf.prefill_cost(n, result, plan)
+        rf.speedup_ceilings(n, plan)
+        generation_cache(rf, ids[0].tolist(), plan)
     assert made() == objects, "a prompt looked its fill up by name"
     assert engine_fills, "no prompt reached the engine"
     assert all(fill is rf.row_fill and fill is not None for fill in engine_fills), \
@@ -92,37 +94,35 @@ def test_a_bound_arm_gives_the_results_of_the_engine_with_its_strategy_made_by_h
     assert torch.equal(got.logits, by_hand.logits) and torch.equal(got.exact_rows, by_hand.exact_rows)
 
 
-def test_the_reference_pass_reuses_the_loaded_model_and_the_parsed_arm(tiny_model, made, monkeypatch):
+def test_the_arm_is_resolved_once_before_the_weights_and_the_reference_is_the_exact_method(
+        tiny_model_dir, tiny_model, made, monkeypatch):
     model, tok = tiny_model("llama")
-    arm = RidgeFillArm.from_fields({"fill": "identity", "tail": str(TAIL), "chunk_size": "5",
-                                    "selector": "attention(share=0.25;layers=0|1)"}, what="model_args").resolve(model.config)
-    built, fingerprints, resolved = [], [], []
-    real_init, real_fingerprint, real_resolve = RidgeFill.__init__, api.weights_fingerprint, RidgeFillArm.resolve
-    monkeypatch.setattr(RidgeFill, "__init__", lambda self, *a, **k: (built.append(1), real_init(self, *a, **k))[1])
-    monkeypatch.setattr(api, "weights_fingerprint", lambda m: (fingerprints.append(1), real_fingerprint(m))[1])
+    resolved = []
+    real_resolve = RidgeFillArm.resolve
     monkeypatch.setattr(RidgeFillArm, "resolve", lambda self, *a, **k: (resolved.append(1),
                                                                          real_resolve(self, *a, **k))[1])
-    adapter = SimpleNamespace(model=model, tokenizer=tok, settings=SimpleNamespace(arm=arm, maps=None, maps_obj=None))
-    method, exact = RidgeFillLM.build_method(adapter)
-    assert (len(built), len(fingerprints), len(resolved), made()) == (1, 1, 1, 1), \
-        "the exact pass built a second method (or parsed, fingerprinted or resolved again)"
-    assert exact.model is method.model and exact.weights_sha256 == method.weights_sha256
-    assert exact.plan.fill == "exact" and (exact.plan.split, exact.plan.tail) == (method.plan.split, TAIL)
-    assert exact.plan.chunk_size is None and exact.selector is None and exact.spec.method is None
-    assert method.plan.fill == "identity" and method.selector is not None  # the arm itself is untouched
+    settings, _ = parse_model_args({"pretrained": str(tiny_model_dir("llama")), "fill": "identity",
+                                    "tail": str(TAIL), "chunk_size": "5",
+                                    "selector": "attention(share=0.25;layers=0|1)"}, "ridgefill")
+    assert (len(resolved), made()) == (1, 1)
+    method = PrefillLM.build_method(SimpleNamespace(model=model, tokenizer=tok), settings)
+    assert (len(resolved), made()) == (1, 1), "the loaded weights resolved the arm again (or built its fill)"
+    assert method.arm is settings.arm and method.arm.fill_obj is settings.arm.fill_obj
+    exact = Exact(model, tok)
     for n in (3, 24):
         ids = prompt(n)
-        assert exact.is_plain(n)
-        got = exact.prefill(ids)
-        assert torch.equal(got.logits, plain_prefill(model, ids).logits)  # the exact arm is the plain model
-    assert exact.provenance()["fill"] == "exact" and exact.prefill_cost(24).prefill_macs == exact.prefill_cost(24).exact_macs
+        assert exact.plan(n).plain and exact.is_plain(n)
+        assert torch.equal(exact.prefill(ids).logits, plain_prefill(model, ids).logits)  # the stock model
+    assert exact.provenance()["method"] == "exact"
+    assert exact.prefill_cost(24).prefill_macs == exact.prefill_cost(24).exact_macs
 
 
 def test_model_args_parse_to_the_arm_the_method_runs(tiny_model_dir, tiny_model, made):
     """`--model_args` through the adapter's parser: one fill object, and the built method runs that arm's."""
     model, tok = tiny_model("llama")
-    settings, _ = parse_ridgefill_args({"pretrained": str(tiny_model_dir("llama")), "fill": "nofill", "tail": "4"})
-    assert made() == 1 and settings.arm.method.name == "nofill"
-    method, exact = RidgeFillLM.build_method(SimpleNamespace(model=model, tokenizer=tok, settings=settings))
-    assert made() == 1 and method.spec.method is settings.arm.method and exact.spec.method is None
+    settings, _ = parse_model_args({"pretrained": str(tiny_model_dir("llama")), "fill": "nofill", "tail": "4"},
+                                   "ridgefill")
+    assert made() == 1 and settings.arm.fill_obj.name == "nofill"
+    method = PrefillLM.build_method(SimpleNamespace(model=model, tokenizer=tok), settings)
+    assert made() == 1 and method.arm.fill_obj is settings.arm.fill_obj
     assert method.row_fill is not None and method.row_fill.absent

@@ -17,8 +17,8 @@ from safetensors.torch import save_file
 
 from rf_eval.plugins import param_values
 from rf_eval.ridge.maps import config_hash
-from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.corrections import CORRECTIONS, HOOKS, make_correction
+from rf_eval.ridgefill.method import RidgeFill
 
 FAMILY, SPLIT, TAIL, N = "qwen3_5", 3, 8, 40
 

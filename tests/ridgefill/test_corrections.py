@@ -7,11 +7,11 @@ import torch
 from safetensors.torch import save_file
 
 from rf_eval.cli import main as cli_main
+from rf_eval.cost.mac_model import cost_matched_tail, prefill_macs
 from rf_eval.engine import LateLayerHooks, Plan, plain_prefill, prefill
-from rf_eval.mac_model import cost_matched_tail, prefill_macs
 from rf_eval.ridge.maps import config_hash, identity_fill
 from rf_eval.ridge.state_correction import filled_share, load_table, share_bound
-from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.ridgefill.method import RidgeFill
 
 N, TAIL = 48, 8
 
@@ -65,7 +65,7 @@ def test_value_rescale_scales_filled_values_by_the_tail_norm_ratio(tiny_model):
     plain = RidgeFill(model, tok, split=split, tail=TAIL, fill="identity").prefill(ids)
     rf = RidgeFill(model, tok, split=split, tail=TAIL, fill="identity", corrections=f"value_rescale(c={c})")
     got = rf.prefill(ids)
-    scales = rf.spec.correction_objs[0].last_scales
+    scales = rf.arm.correction_objs[0].last_scales
     assert torch.equal(scales[split], torch.ones_like(scales[split]))  # layer S reads the true split state
     prefix = N - TAIL
     for index in range(split, 6):
@@ -87,9 +87,9 @@ def test_value_rescale_scales_filled_values_by_the_tail_norm_ratio(tiny_model):
                       corrections=f"value_rescale(c={c};reduce=ratio_of_means)")
     other.prefill(ids)
     ratio_of_means = v_true.norm(dim=-1).mean(1) / v_pred.norm(dim=-1).mean(1)
-    torch.testing.assert_close(other.spec.correction_objs[0].last_scales[split + 1], ratio_of_means, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(other.arm.correction_objs[0].last_scales[split + 1], ratio_of_means, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(ratio_of_means, want, rtol=1e-4, atol=0)
-    assert rf.spec.correction_objs[0].describe()["reduce"] == "mean_of_ratios"
+    assert rf.arm.correction_objs[0].describe()["reduce"] == "mean_of_ratios"
 
 
 def test_key_rescale_scales_filled_keys_only(tiny_model):
@@ -98,7 +98,7 @@ def test_key_rescale_scales_filled_keys_only(tiny_model):
     plain = RidgeFill(model, tok, split=3, tail=TAIL, fill="identity").prefill(ids)
     rf = RidgeFill(model, tok, split=3, tail=TAIL, fill="identity", corrections="key_rescale(c=4)")
     got = rf.prefill(ids)
-    scale = rf.spec.correction_objs[0].last_scales[4]
+    scale = rf.arm.correction_objs[0].last_scales[4]
     assert not torch.allclose(scale, torch.ones_like(scale))
     prefix = N - TAIL
     want = plain.cache.layers[4].keys[:, :, :prefix] * scale[..., None, None]
@@ -154,7 +154,7 @@ def test_fit_state_correction_command_and_correction(tiny_model, tiny_model_dir,
     ids = prompt()
     spec = f"terminal_state(path={out / 'state_correction_split3.safetensors'})"
     rf = RidgeFill(model, tok, split=3, tail=TAIL, fill="identity", corrections=spec)
-    correction = rf.spec.correction_objs[0]
+    correction = rf.arm.correction_objs[0]
     seen = {}
 
     def record(view, state):
@@ -164,14 +164,14 @@ def test_fit_state_correction_command_and_correction(tiny_model, tiny_model_dir,
         return seen["out"]
 
     correction_hooks = LateLayerHooks(prefix_state=record)
-    plain = prefill(model, ids, rf.plan, fill=identity_fill)
-    fixed = prefill(model, ids, rf.plan, fill=identity_fill, hooks=correction_hooks)
+    plain = prefill(model, ids, rf.arm.plan, fill=identity_fill)
+    fixed = prefill(model, ids, rf.arm.plan, fill=identity_fill, hooks=correction_hooks)
     assert torch.allclose(correction.last_rho[4], torch.ones(4, dtype=torch.float64))  # every prefix row filled
     torch.testing.assert_close(seen["out"] - seen["in"], delta[4][None], rtol=1e-5, atol=1e-6)
     assert not torch.allclose(fixed.logits, plain.logits)
     # with exact prefix rows, rho is their complement's share of the gate weights
     exact_rows = torch.tensor([5, 20, 39])
-    prefill(model, ids, rf.plan, fill=identity_fill, hooks=correction_hooks, select=lambda ctx: exact_rows)
+    prefill(model, ids, rf.arm.plan, fill=identity_fill, hooks=correction_hooks, select=lambda ctx: exact_rows)
     gates = seen["gates"].exp()
     weights = torch.stack([gates[j + 1 :].prod(0) for j in range(N - TAIL)])  # (rows, heads)
     mask = torch.ones(N - TAIL, dtype=torch.bool)

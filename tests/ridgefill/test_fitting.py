@@ -7,8 +7,8 @@ import torch
 
 from rf_eval.cli import main
 from rf_eval.ridge.maps import MapError, RidgeMaps, load_maps, quantize_int8
-from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.fitting import fit_maps, refit_from_sums
+from rf_eval.ridgefill.method import RidgeFill
 
 
 def write_corpus(path, n_docs, seed):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rf_eval.method import generate
-from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.methods.requests import generate
+from rf_eval.ridgefill.method import RidgeFill
 
 N = 80
 
@@ -50,7 +50,7 @@ def test_pop_generation_runs_no_late_exact_row_and_its_decoded_token_has_the_who
     decoded = rf.extend(given, ids[:, -1:])[0, -1]
     assert torch.allclose(decoded, whole.logits[0], atol=1e-5, rtol=1e-5)
     assert decoded.argmax() == whole.logits[0].argmax()
-    for layer in range(rf.plan.split, model.config.num_hidden_layers):
+    for layer in range(rf.arm.split, model.config.num_hidden_layers):
         a, b = given.cache.layers[layer].keys, whole.cache.layers[layer].keys
         assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5)
 

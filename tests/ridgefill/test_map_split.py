@@ -12,8 +12,8 @@ from rf_eval.cli.check_equivalence import cache_tensors
 from rf_eval.fields import ArmError
 from rf_eval.ridge.capture import heldout_cosines
 from rf_eval.ridge.maps import RidgeMaps, config_hash, load_maps
-from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
+from rf_eval.ridgefill.method import RidgeFill
 
 SPLIT, TAIL = 3, 6
 
@@ -47,8 +47,8 @@ def split_state(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 def test_the_default_reads_x_s_and_model_args_parse_it():
+    from rf_eval.cost.mac_model import prefill_macs
     from rf_eval.engine import Plan
-    from rf_eval.mac_model import prefill_macs
 
     assert RidgeFillArm().map_split is False and Plan(split=1, tail=1).map_split is False
     arm = RidgeFillArm.from_fields({"fill": "ridge", "map_split": "true"})
@@ -64,10 +64,11 @@ def test_the_default_reads_x_s_and_model_args_parse_it():
     with pytest.raises(ArmError, match="map_split"):
         RidgeFillArm.from_fields({"map_split": "maybe"})
     # the served arm and lm-eval's model_args take it as any other arm field
-    from rf_eval.model_adapters.ridgefill import OWN_KEYS
+    from rf_eval.methods import METHODS
+    from rf_eval.model_adapters.config import method_keys
     from rf_eval.serving.arms import as_fields
 
-    assert "map_split" in RidgeFillArm.fields() and "map_split" in OWN_KEYS
+    assert "map_split" in RidgeFillArm.fields() and "map_split" in method_keys(METHODS["ridgefill"])
     assert RidgeFillArm.from_fields(as_fields("fill=identity;map_split=false")).map_split is False
 
 
@@ -108,7 +109,7 @@ def test_layer_s_filled_rows_read_the_map_with_map_split(tiny_model):
     # the tail is exact in both
     torch.testing.assert_close(got_on.keys[:, :, prefix:], k_true[:, :, prefix:], rtol=1e-5, atol=1e-5)
     rf = RidgeFill(model, tok, fill="ridge", maps=maps, tail=TAIL)
-    assert rf.provenance()["map_split"] is False and rf.plan.map_split is False
+    assert rf.provenance()["map_split"] is False and rf.arm.plan.map_split is False
 
 
 def test_default_arm_with_fitted_maps_writes_layer_s_exactly(tiny_model, tiny_model_dir, tmp_path):

@@ -7,10 +7,10 @@ import torch
 from transformers import LlamaConfig
 
 from rf_eval.cli.check_equivalence import compare
+from rf_eval.cost.mac_model import prefill_macs
 from rf_eval.fields import ArmError
-from rf_eval.mac_model import prefill_macs
-from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
+from rf_eval.ridgefill.method import RidgeFill
 
 
 @pytest.mark.parametrize("layers, split", [(32, 22), (36, 24), (6, 4)])
@@ -43,7 +43,7 @@ def test_the_pop_arm_is_the_identity_arm_it_names(tiny_model):
     ids = torch.randint(0, 250, (1, 30), generator=torch.Generator().manual_seed(5))
     pop = RidgeFill(model, tok, preset="pop")
     spelled = RidgeFill(model, tok, fill="identity", split=4, tail=1)
-    assert pop.plan == spelled.plan and compare(pop.prefill(ids), spelled.prefill(ids)) is None
+    assert pop.arm.plan == spelled.arm.plan and compare(pop.prefill(ids), spelled.prefill(ids)) is None
     assert pop.provenance()["preset"] == "pop"
 
 

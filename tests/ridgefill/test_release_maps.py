@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from rf_eval.cli import main
 from rf_eval.ridge.maps import dequantize_int8, load_maps, quantize_int8
-from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.ridgefill.method import RidgeFill
 
 SPLIT, LAYERS = 3, 6  # the tiny llama: 6 layers, hidden size 64
 

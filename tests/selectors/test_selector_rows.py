@@ -6,8 +6,8 @@ import torch
 
 from rf_eval.engine import Plan, prefill
 from rf_eval.ridge.maps import identity_fill
-from rf_eval.ridgefill.api import RidgeFill
 from rf_eval.ridgefill.arm import prefill_arm
+from rf_eval.ridgefill.method import RidgeFill
 from rf_eval.selectors import Attention, Probe, Request, make_selector
 
 TAIL = 12
@@ -183,14 +183,14 @@ def test_probe_shares_its_filled_kv_with_the_engine(tiny_model, family, monkeypa
         return real_late(*args, **kwargs)
 
     monkeypatch.setattr(engine, "late_layers", spy)
-    shared = prefill_arm(model, tok, rf.spec, ids, rf.plan, rf.spec.method.row_fill(fill), resources=rf.resources)
+    shared = prefill_arm(model, tok, rf.arm, ids, rf.arm.plan, rf.arm.fill_obj.row_fill(fill), resources=rf.resources)
     monkeypatch.undo()
     family_ = engine.family_for(model.config)
     attention = [i for i, layer in enumerate(engine.decoder_layers(model)) if i >= 4 and not family_.is_recurrent(layer)]
     assert seen["layers"] == attention and seen["shared"].rows == prefix
     assert seen["shared"].kv == {}  # the engine took every shared layer instead of computing its filled rows
     rows = shared.exact_rows[shared.exact_rows < prefix]
-    fresh = prefill(model, ids, rf.plan, fill=fill, select=lambda ctx: rows)
+    fresh = prefill(model, ids, rf.arm.plan, fill=fill, select=lambda ctx: rows)
     assert torch.equal(fresh.exact_rows, shared.exact_rows)
     torch.testing.assert_close(shared.logits, fresh.logits, rtol=1e-5, atol=1e-5)
     for a, b in zip(cache_tensors(shared.cache), cache_tensors(fresh.cache)):

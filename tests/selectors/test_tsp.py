@@ -11,7 +11,7 @@ from filled_reference import reference
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
 from rf_eval.engine import plain_prefill
-from rf_eval.ridgefill.api import RidgeFill
+from rf_eval.ridgefill.method import RidgeFill
 
 N, WINDOW, KERNEL = 64, 8, 7
 
@@ -49,7 +49,7 @@ def test_the_propagated_rows_are_the_authors_rule(tiny_model):
     model, tok = tiny_model("llama")
     ids = prompt()
     arm = RidgeFill(model, tok, preset="fastkv", selector="tsp(keep=24)")
-    assert arm.plan.split == 3 and arm.plan.tail == WINDOW and arm.plan.fill == "nofill"
+    assert arm.arm.plan.split == 3 and arm.arm.plan.tail == WINDOW and arm.arm.plan.fill == "nofill"
     result = arm.prefill(ids)
     assert result.exact_rows.tolist() == authors_rows(model, ids, tsp_layer=2, keep=24)
     assert result.ragged  # the late layers hold the 24 propagated rows only
@@ -108,8 +108,8 @@ def test_a_budget_sets_the_propagated_rows(tiny_model):
     model, tok = tiny_model("llama")
     arm = RidgeFill(model, tok, preset="fastkv", budget=0.7)
     for n in (64, 200):
-        rows = arm.spec.row_budget(n)
-        assert arm.prefill_cost(n, arm.prefill(prompt(n))).macs_fraction <= 0.7 < arm.spec.knob(model.config).fraction(n, rows + 1)
+        rows = arm.plan(n).knob_value
+        assert arm.prefill_cost(n, arm.prefill(prompt(n))).macs_fraction <= 0.7 < arm.arm.knob(model.config).fraction(n, rows + 1)
     assert arm.provenance()["knob"] == "rows" and arm.provenance()["selector"]["name"] == "tsp"
 
 

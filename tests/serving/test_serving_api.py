@@ -27,12 +27,12 @@ def test_arm_spec_and_resolution():
 
     assert parse_rf_arm("fill=identity;tail=64") == {"fill": "identity", "tail": "64"}
     assert parse_rf_arm('{"fill": "nofill", "tail": 8}') == {"fill": "nofill", "tail": 8}
-    fields = RidgeFillArm.fields()  # what a RidgeFill server's requests may set (`RidgeFillLM.arm_fields`)
+    fields = RidgeFillArm.fields()  # what a RidgeFill server's requests may set (`prefill_lm.ridgefill.arm_fields`)
     assert set(fields) >= {"fill", "split", "tail", "chunk_size"}
     assert not {"pretrained", "maps", "device", "reference"} & set(fields)
     config = LlamaConfig(num_hidden_layers=6)
 
-    def resolve(base, given, config):  # as `RidgeFillLM.arm_with` applies a request's fields
+    def resolve(base, given, config):  # as `prefill_lm.ridgefill.arm_with` applies a request's fields
         return resolve_fields(base, given, lambda f: base.updated(f, config, what="rf_arm"), fields)
 
     base = RidgeFillArm(fill="exact", tail=512).resolve(config)
@@ -121,14 +121,13 @@ def test_echo_logprobs_give_lm_eval_loglikelihoods_equal_to_the_adapter(exact_se
     from lm_eval.api.instance import Instance
     from lm_eval.models.openai_completions import LocalCompletionsAPI
 
-    from rf_eval.model_adapters.ridgefill import RidgeFillLM
-
+    from rf_eval.model_adapters import prefill_lm
     pairs = [(PROMPT, " copper"), ("Count: one, two,", " three"), (PROMPT[:80], " lanterns and candles")]
     requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
     api = LocalCompletionsAPI(base_url=exact_server.url + "/v1/completions", model="tiny", tokenizer=serve_model_dir,
                               tokenizer_backend="huggingface", max_retries=1)
     remote = api.loglikelihood(requests, disable_tqdm=True)
-    local = RidgeFillLM(pretrained=serve_model_dir, fill="exact", device="cpu").loglikelihood(requests, disable_tqdm=True)
+    local = prefill_lm.ridgefill(pretrained=serve_model_dir, fill="exact", device="cpu").loglikelihood(requests, disable_tqdm=True)
     assert [g for _, g in remote] == [g for _, g in local]
     assert [lp for lp, _ in remote] == pytest.approx([lp for lp, _ in local], abs=1e-4)
     # a filled arm scores only the rows it computes: its tail; the rows it fills get no log-probability
@@ -147,10 +146,9 @@ def test_generation_equals_the_adapter_greedy_exact_and_seeded_sampling(exact_se
     ridgefill` with `seed=` does: equal seeds, equal samples."""
     from lm_eval.api.instance import Instance
 
-    from rf_eval.model_adapters.ridgefill import RidgeFillLM
-
+    from rf_eval.model_adapters import prefill_lm
     greedy = {"until": [], "max_gen_toks": 12, "do_sample": False, "temperature": 0.0}
-    exact = RidgeFillLM(pretrained=serve_model_dir, fill="exact", device="cpu")
+    exact = prefill_lm.ridgefill(pretrained=serve_model_dir, fill="exact", device="cpu")
     for prompt in (PROMPT, PROMPT[:40]):
         local = exact.generate_until([Instance("generate_until", {}, (prompt, greedy), 0)], disable_tqdm=True)[0]
         status, out = post(exact_server.url + "/v1/completions", {"prompt": prompt, "max_tokens": 12, "temperature": 0,
@@ -158,7 +156,7 @@ def test_generation_equals_the_adapter_greedy_exact_and_seeded_sampling(exact_se
         assert out["choices"][0]["text"] == local
     kwargs = {"until": [], "max_gen_toks": 12, "do_sample": True, "temperature": 0.7}
     for seed in (3, 4):
-        lm = RidgeFillLM(pretrained=serve_model_dir, fill="identity", tail=16, device="cpu", seed=seed)
+        lm = prefill_lm.ridgefill(pretrained=serve_model_dir, fill="identity", tail=16, device="cpu", seed=seed)
         local = lm.generate_until([Instance("generate_until", {}, (PROMPT, kwargs), 0)], disable_tqdm=True)[0]
         remote = completion(exact_server, max_tokens=12, temperature=0.7, seed=seed, stop=["<|im_end|>"],
                             rf_arm={"fill": "identity", "tail": 16})["choices"][0]["text"]

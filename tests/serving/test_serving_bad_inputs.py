@@ -117,8 +117,10 @@ def test_probe_with_a_maps_folder_serves(serve_model_dir, serve_env, tmp_path):
 # (arguments after `rf-eval serve`, message fragment): refused before any port is bound or weights load
 BAD_STARTS = [
     ([], "needs a model: --model DIR"),
-    (["--model", "{model}", "--model-args", "method=nope"], "method='nope' is not a prefill method; valid: gemfilter, "
-                                                            "rarecache, ridgefill, specprefill"),
+    (["--model", "{model}", "--model-args", "method=nope"], "method='nope' is not a prefill method; valid: exact, "
+                                                            "fastkv, gemfilter, pop, rarecache, ridgefill, specprefill"),
+    (["--model", "{model}", "--model-args", "method=drop"], "method='drop' is not a prefill method (--model drop is "
+                                                            "an lm-eval model name; its method is gemfilter)"),
     (["--model", "{model}", "--model-args", "method=rarecache"], "source"),
     (["--model", "{model}", "--fill", "identity", "--model-args", "method=rarecache,source={model},maps={model}"],
      "fill"),

@@ -1,4 +1,4 @@
-"""`rf-eval serve` renders chat messages as `--model ridgefill` does (`rf_eval.chat`): thinking off where the
+"""`rf-eval serve` renders chat messages as `--model ridgefill` does (`rf_eval.harness.chat`): thinking off where the
 template has the switch, the user's value where given, and the same record; so served and adapter arms pair."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from serving_helpers import post, start_server
 
-from rf_eval import chat
+from rf_eval.harness import chat
 from rf_eval.testing import THINKING_TEMPLATE, with_chat_template
 
 THINK_OFF = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
@@ -87,9 +87,8 @@ def test_served_chat_prompts_and_answers_are_the_adapters_item_by_item(thinking_
     from lm_eval.api.instance import Instance
     from lm_eval.models.openai_completions import LocalChatCompletion
 
-    from rf_eval.model_adapters.ridgefill import RidgeFillLM
-
-    lm = RidgeFillLM(pretrained=thinking_dir, device="cpu", **ARM)
+    from rf_eval.model_adapters import prefill_lm
+    lm = prefill_lm.ridgefill(pretrained=thinking_dir, device="cpu", **ARM)
     record = lm.get_model_info()["rf_eval"]["chat_template"]
     assert record["thinking_switch"] and record["enable_thinking"] is False and record["enable_thinking_default"]
     prompts = [lm.apply_chat_template(c) for c in CHATS]  # what lm-eval's --apply_chat_template sends the adapter
@@ -131,12 +130,12 @@ def test_served_chat_prompts_and_answers_are_the_adapters_item_by_item(thinking_
 ])
 def test_server_and_adapter_render_alike_under_every_setting(thinking_dir, serve_model_dir, switch, model_args):
     """The server's backend, configured by the same model_args, renders, tokenizes and records as the adapter."""
-    from rf_eval.model_adapters.ridgefill import RidgeFillLM
+    from rf_eval.model_adapters import prefill_lm
     from rf_eval.serving.backend import Backend
 
     folder = thinking_dir if switch else serve_model_dir
     given = {"pretrained": folder, "fill": "exact", "device": "cpu", **model_args}
-    lm = RidgeFillLM(**given)
+    lm = prefill_lm.ridgefill(**given)
     backend = Backend.from_model_args(dict(given))  # a second adapter of its own, as `rf-eval serve` builds
     for messages in CHATS:
         text = lm.apply_chat_template(messages)

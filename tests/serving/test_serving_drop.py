@@ -1,4 +1,4 @@
-"""`rf-eval serve --model-args method=drop,...` serves droppers: a served sample equals the `--model drop`
+"""`rf-eval serve --model-args method=gemfilter,...` serves droppers: a served sample equals the `--model drop`
 adapter's, for the server's own arm and for a request's `rf_arm` (issue #40: every shell takes them)."""
 
 from __future__ import annotations
@@ -11,16 +11,15 @@ MAX_TOKENS = 8
 
 
 def adapter_text(model_dir: str, **arm) -> str:
-    from rf_eval.model_adapters.drop import DropLM
-
-    lm = DropLM.create_from_arg_obj({"pretrained": model_dir, "device": "cpu", **arm})
+    from rf_eval.model_adapters import prefill_lm
+    lm = prefill_lm.drop.create_from_arg_obj({"pretrained": model_dir, "device": "cpu", **arm})
     request = Instance("generate_until", {}, (PROMPT, {"until": [], "max_gen_toks": MAX_TOKENS, "do_sample": False}), 0)
     assert not lm.method.is_plain(len(lm.encode_prompt(PROMPT)))  # the prompt is dropped, not run whole
     return lm.generate_until([request])[0]
 
 
 def test_a_gemfilter_server_serves_the_adapters_samples(serve_model_dir, serve_env, tmp_path):
-    served = start_server(serve_model_dir, tmp_path, serve_env, "--model-args", "method=drop,keep=40,filter_layer=2")
+    served = start_server(serve_model_dir, tmp_path, serve_env, "--model-args", "method=gemfilter,keep=40,filter_layer=2")
     try:
         url = served.url + "/v1/completions"
         body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0}

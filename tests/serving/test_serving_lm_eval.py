@@ -28,7 +28,7 @@ def run_ridgefill_in_process(model_dir: str, out: Path) -> None:
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
 
-    from rf_eval._startup import tasks_dir
+    from rf_eval.model_adapters.startup import tasks_dir
 
     model_args = {"pretrained": model_dir, **ARM}
     manager = TaskManager(include_path=tasks_dir(), include_defaults=False, metadata={**model_args, **META})

@@ -40,9 +40,8 @@ def adapter_sample(pair: dict[str, str], **arm) -> tuple[str, float]:
     """(greedy text, the first generated token's log-probability) through `--model rarecache`."""
     import torch
 
-    from rf_eval.model_adapters.rarecache import RaReCacheLM
-
-    lm = RaReCacheLM.create_from_arg_obj({**pair, "device": "cpu", **arm})
+    from rf_eval.model_adapters import prefill_lm
+    lm = prefill_lm.rarecache.create_from_arg_obj({**pair, "device": "cpu", **arm})
     (text,) = lm.generate_until([Instance("generate_until", {}, (PROMPT, {"until": [], "max_gen_toks": MAX_TOKENS,
                                                                            "do_sample": False}), 0)])
     ids = lm.encode_prompt(PROMPT)

@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from rf_eval.cli import main
-from rf_eval.mac_model import ceiling_r
+from rf_eval.cost.mac_model import ceiling_r
 
 # Same-arm tolerance. The ratio of two medians of the same arm measures only noise. On the 2-core
 # machines this project runs on, other jobs often oversubscribe the cores several times over (load

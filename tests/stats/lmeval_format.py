@@ -146,7 +146,7 @@ def accuracy_run(
             extra = {}
             if timings is not None:
                 extra["prefill_seconds"] = timings[i % len(timings)] * (1 + (doc.get("max_length", 1) / 4096))
-            if ceiling is not None:  # the cost fields rf-eval's tasks write (`rf_eval.prefill_cost`)
+            if ceiling is not None:  # the cost fields rf-eval's tasks write (`rf_eval.cost.prefill_cost`)
                 exact = 1_000 * doc.get("max_length", 1000)
                 extra.update(exact_macs=exact, prefill_macs=exact / ceiling, macs_fraction=1 / ceiling,
                              mac_speedup=ceiling)

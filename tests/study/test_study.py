@@ -16,7 +16,7 @@ from conftest import adapter_helpers as helpers  # noqa: E402
 from warm_start import popen_argv, run_argv
 
 from rf_eval.cli import main as cli
-from rf_eval.prefill_cost import MEASURED_FIELDS
+from rf_eval.cost.prefill_cost import MEASURED_FIELDS
 from rf_eval.study.jobs import cached_requests
 from rf_eval.study.runner import done_marker, run_study
 from rf_eval.study.study_file import StudyError, load_study
@@ -124,7 +124,7 @@ def test_study_run_builds_the_tasks_data_before_it_registers_anything(tiny_model
 @pytest.mark.parametrize("edit, message", [
     (("fill: identity, tail: 4", "fill: identty, tail: 4"), "arms.identity: fill='identty' is not valid; valid fills"),
     (("fill: nofill, tail: 8", "fill: nofill, tail: 8, selector: attentoin"), "arms.nofill: selector='attentoin'"),
-    (("fill: nofill, tail: 8", "fill: nofill, tail: 8, rho: 0.2"), "arms.nofill: model_args rho=0.2 is a key of --model rarecache"),
+    (("fill: nofill, tail: 8", "fill: nofill, tail: 8, rho: 0.2"), "arms.nofill: model_args rho=0.2 is a key of method=rarecache"),
     (("fill: identity, tail: 4", "fill: identity, tail: -4"), "arms.identity: tail must be >= 1"),
     (("fill: identity, tail: 4, split: 3", "fill: identity, tail: 4, split: 9"),
      "arms.identity: split 9 is outside 1..5 for this 6-layer model"),

@@ -44,7 +44,7 @@ def test_budgets_expand_every_arm_a_budget_can_set(tmp_path, tiny_model_dir, key
 
 
 @pytest.mark.parametrize("budgets, edit, says", [
-    ("0", ("", ""), "budgets: 0 is not a share"),
+    ("0", ("", ""), "budgets: budget=0 is not a share"),
     ("0.6, 0.6", ("", ""), "budgets: 0.6 is given twice"),
     ("", ("budgets: []", "budgets: []"), "budgets is empty"),
     ("0.6", ("\nreference: exact", "\nreference: identity"), "reference 'identity' is an arm the budgets expand"),
@@ -108,7 +108,7 @@ def test_the_plan_states_each_budget_arms_cost_and_knob_per_length(tmp_path):
     knob takes there, recounted by the cost model at that tail."""
     from transformers import LlamaConfig
 
-    from rf_eval.mac_model import prefill_macs
+    from rf_eval.cost.mac_model import prefill_macs
     from rf_eval.study.plan import arm_preview
     from rf_eval.study.study_file import StudyArm
 

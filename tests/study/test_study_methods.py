@@ -1,6 +1,6 @@
-"""A study arm of any prefill method (`rf_eval.methods`) is checked by its adapter before anything runs (#39 item 4):
-`model: prefill` (a method without an adapter of its own) as `model: drop`, with no study code naming either;
-`study plan` previews each arm's cost by its method's own rule."""
+"""A study arm of any prefill method (`rf_eval.methods`) is checked by the adapter before anything runs (#39 item 4):
+`model: prefill` as `model: drop` (one adapter, two names), with no study code naming a method; `study plan`
+previews each arm's cost by its method's own rule."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ reference: exact
 
 @pytest.mark.parametrize("adapter, args, says", [
     ("prefill", "method: ridgefil", "'ridgefil' is not a prefill method"),
-    ("prefill", "method: gemfilter", "runs as --model drop"),
+    ("prefill", "method: gemfilter, keep_share: 2", "keep_share=2"),
     ("drop", "method: gemfilter, keep: 0", "keep=0"),
 ])
 def test_a_method_arm_is_refused_by_its_adapter_before_anything_runs(adapter, args, says, tmp_path, tiny_model_dir):
@@ -52,26 +52,37 @@ def test_a_good_method_arm_passes(tmp_path, tiny_model_dir):
 
 @dataclasses.dataclass(frozen=True)
 class KeepArm:
-    method: str = "keep_planned"
     keep: int = 8
 
 
-class KeepPlanned(Method):
+class Unbuilt(Method):
+    """A throwaway method's protocol, never run: reading or previewing a study builds no method."""
+
+    def __init__(self, *args, **kwargs):
+        raise AssertionError("a study's reading or preview builds no method")
+
+    def is_plain(self, n):
+        raise AssertionError
+
+    def prefill(self, input_ids, *, for_generation=False, held_back=0, plan=None):
+        raise AssertionError
+
+    def prefill_cost(self, n, result=None, plan=None):
+        raise AssertionError
+
+
+class KeepPlanned(Unbuilt):
     """A throwaway method that previews its own cost: `keep` rows of n."""
 
     name, Arm = "keep_planned", KeepArm
 
     @classmethod
-    def build(cls, model, tokenizer, arm, **parts):
-        raise AssertionError("the plan builds no method")
-
-    @classmethod
-    def planned_costs(cls, config, arm, lengths, *, maps_split):
+    def preview_costs(cls, config, arm, lengths, *, maps_split):
         return {n: (arm.keep / n, f"keep {arm.keep}") for n in lengths}
 
 
 def test_the_plan_previews_each_methods_cost_by_its_own_rule(tmp_path, tiny_model_dir, monkeypatch):
-    """`rf-eval study plan` asks each arm's method (`Method.planned_costs`): a registered method's own preview
+    """`rf-eval study plan` asks each arm's method (`Method.preview_costs`): a registered method's own preview
     with its arm's setting, RidgeFill's from the MAC model, and none for a method that previews nothing."""
     register_method(KeepPlanned)
     try:
@@ -94,7 +105,6 @@ def test_the_plan_previews_each_methods_cost_by_its_own_rule(tmp_path, tiny_mode
 
 @dataclasses.dataclass(frozen=True)
 class ShareArm:
-    method: str = "share_study"
     share: float | None = None
     budget: float | None = None
     mode: str | None = None
@@ -104,15 +114,11 @@ class ShareArm:
             raise ValueError("give share or budget, not both")
 
 
-class ShareStudy(Method):
+class ShareStudy(Unbuilt):
     """A throwaway method that declares its study rules: `mode` is required, a budget sets `share`, and an arm
     with mode=mapped reads the study's maps."""
 
     name, Arm, budget_sets = "share_study", ShareArm, ("share",)
-
-    @classmethod
-    def build(cls, model, tokenizer, arm, **parts):
-        raise AssertionError("reading a study builds no method")
 
     @classmethod
     def missing_fields(cls, fields):

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 import rf_eval.study.runner as runner
-from rf_eval.outputs import MARKER
+from rf_eval.files.outputs import MARKER
 from rf_eval.study.runner import fit_maps_once, maps_ready
 from rf_eval.study.study_file import StudyError, load_study
 

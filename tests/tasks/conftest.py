@@ -24,9 +24,9 @@ helpers = _load("task_helpers")
 
 @pytest.fixture(autouse=True)
 def no_run_model():
-    """Each test starts with no published adapter (`rf_eval.run_context`): a model an earlier
+    """Each test starts with no published adapter (`rf_eval.harness.run_context`): a model an earlier
     test built, still alive, must not give its tail or tokenizer to this test's tasks."""
-    from rf_eval import run_context
+    from rf_eval.harness import run_context
 
     run_context.clear()
     yield

@@ -43,9 +43,8 @@ def load_task(name: str, metadata: dict):
 
 def ridgefill_class():
     """The ridgefill adapter class (an import failure fails the test)."""
-    from rf_eval.model_adapters.ridgefill import RidgeFillLM
-
-    return RidgeFillLM
+    from rf_eval.model_adapters import prefill_lm
+    return prefill_lm.ridgefill
 
 
 def plain_lm_eval() -> bool:

@@ -1,5 +1,5 @@
 """Every data file is checked where it is read (issue #41, item 2): one reader per format
-(`rf_eval.data_files`), each bad file named with its line (or byte offset) and the field, through
+(`rf_eval.files.data_files`), each bad file named with its line (or byte offset) and the field, through
 every task reader that uses them."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rf_eval import data_files
 from rf_eval.errors import UserError
+from rf_eval.files import data_files
 from rf_eval.tasks import keytoken_files, longbench_cot, ruler_data
 
 TEXT = {"text": str}

@@ -39,17 +39,15 @@ def test_a_chat_template_the_tokenizer_lacks_is_refused(tiny_llama, tmp_path):
 def test_a_model_folder_without_tokenizer_files_is_refused_before_the_weights(tiny_llama, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from rf_eval.model_adapters.config import ModelArgsError
-    from rf_eval.model_adapters.ridgefill import RidgeFillLM
-
+    from rf_eval.model_adapters.config import ModelArgsError, parse_model_args
     folder = tmp_path / "weights_only"
     folder.mkdir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(os.path.join(tiny_llama, name), folder / name)
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
     with pytest.raises(ModelArgsError, match="its tokenizer does not load .*give tokenizer=<a folder or hub id"):
-        RidgeFillLM.parse({"pretrained": str(folder), "fill": "exact"})
-    settings, _hf = RidgeFillLM.parse({"pretrained": str(folder), "fill": "exact", "tokenizer": tiny_llama})
+        parse_model_args({"pretrained": str(folder), "fill": "exact"}, "ridgefill")
+    settings, _hf = parse_model_args({"pretrained": str(folder), "fill": "exact", "tokenizer": tiny_llama}, "ridgefill")
     assert settings.pretrained == str(folder)
 
 

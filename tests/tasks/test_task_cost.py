@@ -10,7 +10,7 @@ import pytest
 import torch
 from warm_start import run_argv
 
-from rf_eval.prefill_cost import COST_FIELDS
+from rf_eval.cost.prefill_cost import COST_FIELDS
 
 OPTS = {"score_tokens": 128, "key_context": 512, "max_seq_lengths": [512], "tail": 64}
 SPLIT = 3
@@ -72,9 +72,8 @@ def identity_maps(model_dir: str, folder) -> str:
 
 @pytest.fixture(scope="module")
 def lm_class():
-    from rf_eval.model_adapters.ridgefill import RidgeFillLM
-
-    return RidgeFillLM
+    from rf_eval.model_adapters import prefill_lm
+    return prefill_lm.ridgefill
 
 
 def test_every_sample_records_the_cost_the_model_counts(task_data, tiny_llama, th, lm_class):
@@ -186,13 +185,13 @@ def test_an_unreachable_budget_exits_2_in_one_line_through_lm_eval(tiny_llama, t
 
 def test_served_and_python_arms_take_a_budget(tiny_llama, lm_class):
     """The server's rf_arm (`arm_with`) and the Python API build the same budget arm."""
-    from rf_eval.ridgefill.api import RidgeFill
+    from rf_eval.ridgefill.method import RidgeFill
 
     lm = lm_class(pretrained=tiny_llama, fill="identity", split=SPLIT, tail=64, device="cpu")
     served = lm.arm_with({"budget": 0.6})
     method = lm.method_for(served)
     python = RidgeFill(lm.model, lm.tokenizer, fill="identity", split=SPLIT, budget=0.6)
     for n in (200, 700):
-        assert method.plan_for(n) == python.plan_for(n) and method.plan_for(n).tail < n
+        assert method.plan(n) == python.plan(n) and method.plan(n).setting[0].tail < n
         assert method.prefill_cost(n).macs_fraction <= 0.6
     assert json.loads(json.dumps(method.provenance()))["budget"] == 0.6

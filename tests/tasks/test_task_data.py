@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rf_eval.lm_eval_ruler import ESSAY_HAYSTACK
+from rf_eval.harness.lm_eval_ruler import ESSAY_HAYSTACK
 from rf_eval.tasks import data, data_fetch, data_needs, ruler_data
 from rf_eval.tasks.data_sources import source
 

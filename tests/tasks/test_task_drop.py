@@ -24,11 +24,10 @@ def pairs(tmp_path_factory):
 def test_droppers_run_through_lm_eval(family, args, pairs, task_data, th):
     from lm_eval import simple_evaluate
 
-    from rf_eval.model_adapters.drop import DropLM
-
+    from rf_eval.model_adapters import prefill_lm
     target, speculator = pairs[family]
     extra = {"source": speculator} if args["method"] == "specprefill" else {}
-    lm = DropLM(pretrained=target, device="cpu", reference="exact", **args, **extra)
+    lm = prefill_lm.drop(pretrained=target, device="cpu", reference="exact", **args, **extra)
     meta = {**OPTS, "pretrained": target, "essay_haystack": str(task_data["essays"]), "docs": str(task_data["docs"]),
             "reference": "exact"}
     out = simple_evaluate(model=lm, tasks=["niah_single_1_filled", "keytoken_nll"], task_manager=th.task_manager(meta),
@@ -48,13 +47,13 @@ def test_droppers_run_through_lm_eval(family, args, pairs, task_data, th):
 
 
 @pytest.mark.parametrize("args, says", [
-    ({"method": "bogus"}, "method='bogus' is not a dropper"),
+    ({"method": "bogus"}, "method='bogus' is not a prefill method"),
     ({"method": "gemfilter", "keep": 0}, "keeps at least 1 row"),
     ({"method": "gemfilter", "keep_share": 2}, "0 < keep_share <= 1"),
     ({"method": "gemfilter", "filter_layer": 9}, "filter_layer=9 is outside 0..4"),
     ({"method": "gemfilter", "budget": 0.01}, "budget=0.01 is below the cheapest"),
     ({"method": "specprefill"}, "needs source="),
-    ({"method": "gemfilter", "source": "SPEC"}, "reads no source="),
+    ({"method": "gemfilter", "source": "SPEC"}, "source='.*' is a key of method=rarecache or specprefill, not of method=gemfilter"),
     ({"method": "specprefill", "source": "OTHER"}, "share a tokenizer"),
 ])
 def test_bad_drop_settings_are_refused_before_the_weights_load(args, says, pairs, tmp_path, monkeypatch):
@@ -62,9 +61,8 @@ def test_bad_drop_settings_are_refused_before_the_weights_load(args, says, pairs
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rf_eval.model_adapters import prefill_lm
     from rf_eval.model_adapters.config import ModelArgsError
-    from rf_eval.model_adapters.drop import DropLM
-
     target, speculator = pairs["llama"]
     other = None
     if args.get("source") == "OTHER":  # the speculator with one token more in its tokenizer
@@ -76,7 +74,7 @@ def test_bad_drop_settings_are_refused_before_the_weights_load(args, says, pairs
     args = {**args, **({"source": {"SPEC": speculator, "OTHER": other}[args["source"]]} if "source" in args else {})}
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
     with pytest.raises(ModelArgsError, match=says):
-        DropLM(pretrained=target, device="cpu", **args)
+        prefill_lm.drop(pretrained=target, device="cpu", **args)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -84,10 +82,9 @@ def test_fastkv_runs_through_lm_eval(family, pairs, task_data, th):
     """FastKV's propagation (`--model ridgefill`, preset=fastkv): the late layers keep the propagated rows only."""
     from lm_eval import simple_evaluate
 
-    from rf_eval.model_adapters.ridgefill import RidgeFillLM
-
+    from rf_eval.model_adapters import prefill_lm
     target = pairs[family][0]
-    lm = RidgeFillLM(pretrained=target, device="cpu", preset="fastkv", selector="tsp(keep=96)", reference="exact")
+    lm = prefill_lm.ridgefill(pretrained=target, device="cpu", preset="fastkv", selector="tsp(keep=96)", reference="exact")
     meta = {**OPTS, "pretrained": target, "essay_haystack": str(task_data["essays"]), "docs": str(task_data["docs"]),
             "reference": "exact", "subset_tail": 64}
     meta.pop("tail")

@@ -142,7 +142,7 @@ def run_inprocess(lm, metadata, th):
 def test_exact_against_itself_then_one_prefill_per_document(task_data, tiny_llama, th, tmp_path, monkeypatch):
     from lm_eval.utils import handle_non_serializable, sanitize_list
 
-    from rf_eval.ridgefill.api import RidgeFill
+    from rf_eval.ridgefill.method import RidgeFill
 
     cls = th.ridgefill_class()
     base = {"pretrained": tiny_llama, "docs": str(task_data["docs"]), **OPTS}

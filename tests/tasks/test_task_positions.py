@@ -8,8 +8,8 @@ import os
 import pytest
 from warm_start import run_argv
 
-from rf_eval import run_context
 from rf_eval.errors import UserError
+from rf_eval.harness import run_context
 from rf_eval.tasks import data_needs
 from rf_eval.tasks.positions import as_lengths, check_lengths_fit
 

@@ -69,11 +69,10 @@ def test_demo_adapter_publishes_the_demo_lengths_and_tail(monkeypatch, tiny_mode
     import importlib.util
     from pathlib import Path
 
-    from rf_eval import run_context
     from rf_eval.demo import model as demo_model
     from rf_eval.demo import study as demo
-    from rf_eval.model_adapters.ridgefill import RidgeFillLM
-
+    from rf_eval.harness import run_context
+    from rf_eval.model_adapters import prefill_lm
     path = Path(__file__).parents[1] / "model_adapters" / "adapter_helpers.py"
     spec = importlib.util.spec_from_file_location("rf_eval_tests_adapter_helpers", path)
     helpers = importlib.util.module_from_spec(spec)
@@ -83,7 +82,7 @@ def test_demo_adapter_publishes_the_demo_lengths_and_tail(monkeypatch, tiny_mode
     monkeypatch.setattr(demo_model, "resolve_pretrained", lambda name, log=None: str(model_dir))
     monkeypatch.setattr(demo, "demo_maps", lambda d, s: maps)
     monkeypatch.setattr(demo, "SPLIT", 3)
-    lm = RidgeFillLM(device="cpu")  # `lm_eval --model ridgefill` with no model_args
+    lm = prefill_lm.ridgefill(device="cpu")  # `lm_eval --model ridgefill` with no model_args
     facts = run_context.current()
     assert facts["tokenizer"] == model_dir and facts["fills_rows"] and lm.settings.arm.fill == "ridge"
     assert facts["tail"] == demo.settings(quick=False).tail == lm.settings.arm.tail

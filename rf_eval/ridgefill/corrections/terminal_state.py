@@ -36,8 +36,8 @@ class TerminalState(Correction):
             raise ValueError(f"{self.path} was fitted for another model (config hash differs)")
         if int(meta["split"]) != plan.split:
             raise ValueError(f"{self.path} was fitted at split {meta['split']}, this arm runs split {plan.split}")
-        # an arm (`RidgeFillArm`) hands its fill method, made once; a bare plan names its fill
-        with_maps = (plan.method if hasattr(plan, "method") else fill_method(plan.fill)).needs_maps
+        # an arm (`RidgeFillArm`) hands its fill, made once; a bare plan names its fill
+        with_maps = (plan.fill_obj if hasattr(plan, "fill_obj") else fill_method(plan.fill)).needs_maps
         if meta.get("fill") != plan.fill or (with_maps and meta.get("maps_sha256") != maps_sha):
             raise ValueError(f"{self.path} was fitted for fill {meta.get('fill')!r} with other maps than this arm's")
         fitted_split_map = meta.get("map_split", "false") == "true"  # files before the field: layer S read x_S

@@ -1,0 +1,364 @@
+"""Overlap of calibration text with evaluation text: the check of RidgeFill Appendix G ("Overlap with the test
+sets"), with the 50-word rule of section 6.7.
+
+Maps fitted on text a study then evaluates would be scored on their own training data. The paper's third check
+compares every calibration text with every evaluation text in two ways, and so does this module:
+
+- whole-text hashes: the sha256 of each text's UTF-8 bytes, exactly as read (a file's text, or a JSONL line's
+  `text` field); equal hashes mean the same text;
+- shared runs of words: a calibration text and an evaluation text *share a run* of k words when k consecutive
+  words of one equal k consecutive words of the other; a pair is reported when it shares a run of N or more
+  words (default 50, the paper's rule), with the length of its longest such run (extended to the maximal run,
+  not N), how many maximal runs of N or more words it shares, and a short excerpt.
+
+Words, as the rule counts them here (the paper does not define its word tokenisation; this is ours): the text
+is normalised to Unicode NFKC, split at runs of Unicode whitespace (Python's `str.split()`), and each
+whitespace-separated token is one word, punctuation attached ("end." is one word). Words are compared
+case-folded (`str.casefold`), so a run differing only in capitals still counts; the excerpt shows the
+calibration text's words as written (after NFKC).
+
+How (fast for hundreds of texts of tens of thousands of words): each word gets an integer id and a random
+64-bit value; every N-word window ("shingle") of an evaluation text is hashed (polynomial hash mod 2^64), and
+all windows are sorted once; each calibration text's windows are looked up by binary search. A hit only
+proposes an alignment: the words themselves are compared, so a hash collision can never report a run, and each
+proposed run is extended word by word to its maximal length. A window that occurs more than `MAX_OCCURRENCES`
+times within one text is looked up at its first `MAX_OCCURRENCES` occurrences only (bounding the work on
+degenerate repetitive text); such a pair is still reported, but its longest run could then be
+underestimated. A text shorter than N words can share no run; only its hash is compared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import unicodedata
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rf_eval.errors import UserError
+from rf_eval.files.outputs import stamp_json, write_output
+from rf_eval.tasks.keytoken_files import load_documents
+
+DEFAULT_WORDS = 50  # the paper's 50-word rule (section 6.7, Appendix G)
+EXCERPT_WORDS = 12  # words of a run shown in the table and the JSON
+MAX_OCCURRENCES = 64  # a window's occurrences looked up per text (see the module docstring)
+TOKENISATION = ("Unicode NFKC, split at runs of whitespace (str.split), words compared case-folded; "
+                "punctuation stays part of its word")
+_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd: the polynomial hash's base
+
+
+class OverlapError(UserError):
+    """Input the overlap check cannot use (no texts, a bad word count)."""
+
+
+@dataclass(frozen=True)
+class Text:
+    """One text compared: its name (file, `file:line`, or a document id under its folder) and its text."""
+
+    name: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Identical:
+    """A calibration text with the same sha256 as an evaluation text."""
+
+    calibration: str
+    evaluation: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class SharedRun:
+    """A calibration-evaluation pair sharing a run of N or more words: the longest run's length in words and
+    where it starts in each text (word index from 0), how many maximal runs of N or more words the pair shares
+    (each alignment once: a run the evaluation text holds twice counts twice), and the longest run's first
+    words."""
+
+    calibration: str
+    evaluation: str
+    words: int
+    runs: int
+    calibration_word: int
+    evaluation_word: int
+    excerpt: str
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """The result of `find_overlap`."""
+
+    words: int  # N, the rule's run length
+    calibration_texts: int
+    evaluation_texts: int
+    identical: tuple[Identical, ...]
+    pairs: tuple[SharedRun, ...]
+
+    @property
+    def found(self) -> bool:
+        """Whether any pair shares a run of N or more words, or any two texts have the same hash."""
+        return bool(self.identical or self.pairs)
+
+    @property
+    def longest(self) -> int:
+        """The longest shared run of N or more words, over all pairs (0 when none)."""
+        return max((p.words for p in self.pairs), default=0)
+
+    def line(self) -> str:
+        """The one-line verdict."""
+        compared = f"{self.calibration_texts} calibration texts vs {self.evaluation_texts} evaluation texts"
+        if not self.found:
+            return (f"no overlap: no calibration text shares a run of {self.words} or more words with an evaluation "
+                    f"text, and none has the same sha256 ({compared})")
+        parts = []
+        if self.pairs:
+            one = len(self.pairs) == 1
+            parts.append(f"{len(self.pairs)} calibration-evaluation {'pair shares' if one else 'pairs share'} a run "
+                         f"of {self.words} or more words (longest {self.longest} words)")
+        if self.identical:
+            parts.append(f"{len(self.identical)} pair{'s' if len(self.identical) != 1 else ''} of identical texts "
+                         "(same sha256)")
+        return f"overlap found: {'; '.join(parts)} ({compared})"
+
+    def table(self) -> str:
+        """The pairs as a plain-text table (longest run first), then the identical texts ('' when none)."""
+        lines: list[str] = []
+        if self.pairs:
+            rows = [("calibration", "evaluation", "words", "runs", "excerpt")]
+            rows += [(p.calibration, p.evaluation, str(p.words), str(p.runs), p.excerpt) for p in self.pairs]
+            widths = [max(len(r[i]) for r in rows) for i in range(4)]
+            for r in rows:
+                cells = [r[0].ljust(widths[0]), r[1].ljust(widths[1]), r[2].rjust(widths[2]), r[3].rjust(widths[3])]
+                lines.append("  ".join([*cells, r[4]]))
+        for same in self.identical:
+            lines.append(f"identical (sha256 {same.sha256[:16]}...): {same.calibration} = {same.evaluation}")
+        return "\n".join(lines)
+
+    def record(self) -> dict[str, Any]:
+        """Everything, as JSON-ready data."""
+        return {"overlap": self.found, "words": self.words, "tokenisation": TOKENISATION,
+                "calibration_texts": self.calibration_texts, "evaluation_texts": self.evaluation_texts,
+                "pairs": len(self.pairs), "longest": self.longest, "line": self.line(),
+                "identical": [asdict(i) for i in self.identical], "shared_runs": [asdict(p) for p in self.pairs]}
+
+
+def words_of(text: str) -> list[str]:
+    """The text's words as the rule counts them (module docstring), as written after NFKC."""
+    return unicodedata.normalize("NFKC", text).split()
+
+
+def calibration_texts(paths: Sequence[str | Path]) -> list[Text]:
+    """The documents of calibration files, read as `rf-eval fit --calibration` reads them (plain text, one
+    document a file; JSONL with a `text` field, one a line, named `file:line`)."""
+    from rf_eval.ridge.calibration import CalibrationError, iter_named_documents
+
+    if not paths:
+        raise CalibrationError("no calibration files given")
+    texts = [Text(name, text) for name, text in iter_named_documents(paths)]
+    if not texts:
+        raise CalibrationError(f"calibration input is empty: no non-blank document in {', '.join(map(str, paths))}")
+    return texts
+
+
+def evaluation_texts(paths: Sequence[str | Path]) -> list[Text]:
+    """The documents of each path as `keytoken_nll` reads its `docs` (a folder of .txt / .jsonl files, or one
+    such file; `rf_eval.tasks.keytoken_files.load_documents`). A text document is named by its file's path;
+    a JSONL line by the path given and the id keytoken_nll matches results by (`PATH [id ID]`: its `id`
+    field, else `file.jsonl:<line index from 0>`)."""
+
+    if not paths:
+        raise OverlapError("no evaluation texts given")
+    texts: list[Text] = []
+    for raw in paths:
+        root = Path(raw).expanduser()
+        base = root if root.is_dir() else root.parent
+        for doc in load_documents(root):
+            file = base / doc["doc_id"]
+            name = str(file) if file.suffix != ".jsonl" and file.is_file() else f"{root} [id {doc['doc_id']}]"
+            texts.append(Text(name, doc["text"]))
+    return texts
+
+
+def find_overlap(calibration: Sequence[Text], evaluation: Sequence[Text], words: int = DEFAULT_WORDS) -> Overlap:
+    """Every calibration-evaluation pair with the same sha256 or sharing a run of `words` or more words
+    (module docstring); pairs with the longest run first."""
+    if isinstance(words, bool) or not isinstance(words, int) or words < 1:
+        raise OverlapError(f"the run length must be a whole number of words >= 1, not {words!r}")
+    by_hash: dict[str, list[str]] = defaultdict(list)
+    for e in evaluation:
+        by_hash[_sha256(e.text)].append(e.name)
+    identical = tuple(Identical(c.name, name, digest) for c in calibration
+                      for digest in [_sha256(c.text)] for name in by_hash.get(digest, []))
+    vocab: dict[str, int] = defaultdict(lambda: len(vocab))
+    cal_ids = [_ids(c.text, vocab) for c in calibration]
+    eval_ids = [_ids(e.text, vocab) for e in evaluation]
+    values = np.random.default_rng(0).integers(0, 2**63, size=max(len(vocab), 1), dtype=np.uint64) * 2 + 1
+    index = _Index(eval_ids, values, words)
+    pairs: list[SharedRun] = []
+    for ci, ids in enumerate(cal_ids):
+        for ei, runs in index.runs(ids, values).items():
+            start, other, length = max(runs, key=lambda r: (r[2], -r[0]))
+            shown = words_of(calibration[ci].text)[start:start + min(length, EXCERPT_WORDS)]
+            excerpt = " ".join(shown) + (" ..." if length > EXCERPT_WORDS else "")
+            pairs.append(SharedRun(calibration[ci].name, evaluation[ei].name, length, len(runs), start, other, excerpt))
+    pairs.sort(key=lambda p: (-p.words, p.calibration, p.evaluation))
+    return Overlap(words, len(calibration), len(evaluation), identical, tuple(pairs))
+
+
+def check_files(calibration: Sequence[str | Path], evaluation: Sequence[str | Path],
+                words: int = DEFAULT_WORDS) -> Overlap:
+    """`find_overlap` over the documents of calibration files and evaluation documents (folders or files)."""
+    return find_overlap(calibration_texts(calibration), evaluation_texts(evaluation), words)
+
+
+REFUSE, WARN = "refuse", "warn"  # what a study's `fit: {overlap: ...}` does when the check finds overlap
+
+
+def check_before_fit(calibration: Sequence[str | Path], documents: str | Path, record: str | Path,
+                     action: str = WARN) -> dict[str, Any]:
+    """The check a study runs before its `fit:` block fits maps (`rf_eval.study.runner.fit_maps_once`): the
+    block's calibration and held-out files against the study's evaluation documents (`docs`). Writes the full
+    result to `record` (JSON), prints the verdict line, and on overlap a warning naming the pairs; with
+    `action` = "refuse" an overlap is an OverlapError instead (the file is written first). Returns the
+    summary the fit marker records."""
+    if action not in (WARN, REFUSE):
+        raise OverlapError(f"overlap: {action!r} is not {WARN} or {REFUSE}")
+
+    result = check_files(calibration, [documents])
+    write_output(record, json.dumps(stamp_json({**result.record(), "calibration_files": [str(c) for c in calibration],
+                                                "evaluation": [str(documents)]}), indent=1) + "\n")
+    print(f"[overlap] {result.line()} -> {record}", flush=True)
+    if result.found:
+        named = "; ".join([f"{p.calibration} ~ {p.evaluation} ({p.words} words)" for p in result.pairs[:5]]
+                          + [f"{i.calibration} = {i.evaluation} (same text)" for i in result.identical[:5]])
+        more = len(result.pairs) + len(result.identical) - min(len(result.pairs), 5) - min(len(result.identical), 5)
+        named += f"; and {more} more (see {record})" if more else ""
+        why = "the maps would be fitted on text the study evaluates (RidgeFill Appendix G)"
+        if action == REFUSE:
+            raise OverlapError(f"{result.line()}: {named}; {why}, and the fit: block says overlap: {REFUSE}. "
+                               "Remove those documents from the calibration files (or the evaluation documents)")
+        print(f"[overlap] warning: {why}: {named}. The fit goes on; `overlap: {REFUSE}` in the fit: block "
+              "stops it instead", file=sys.stderr, flush=True)
+    return {"file": str(record), "overlap": result.found, "words": result.words, "pairs": len(result.pairs),
+            "identical": len(result.identical), "longest": result.longest, "line": result.line()}
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _ids(text: str, vocab: dict[str, int]) -> np.ndarray:
+    """The text's words (`words_of`, case-folded) as integer ids, each new word getting the next id. Folding
+    the whole text keeps its words where they were: no character's NFKC form or case fold adds or removes
+    whitespace (checked over all of Unicode in tests/test_overlap.py)."""
+    words = unicodedata.normalize("NFKC", text).casefold().split()
+    return np.fromiter(map(vocab.__getitem__, words), dtype=np.int64, count=len(words))
+
+
+def _windows(ids: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """The hash of every n-word window of `ids` (position i: words i .. i+n-1), mod 2^64."""
+    m = len(ids) - n + 1
+    if m <= 0:
+        return np.zeros(0, dtype=np.uint64)
+    mixed = values[ids]
+    h = np.zeros(m, dtype=np.uint64)
+    for j in range(n):
+        h *= _BASE
+        h += mixed[j:j + m]
+    return h
+
+
+def _first_occurrences(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(hashes, positions) of `h`'s windows, sorted by hash, each hash at its first `MAX_OCCURRENCES` positions."""
+    if not len(h):
+        return h, np.zeros(0, dtype=np.int64)
+    order = np.argsort(h, kind="stable")
+    sorted_h = h[order]
+    at = np.arange(len(h))
+    group = np.maximum.accumulate(np.where(np.r_[True, sorted_h[1:] != sorted_h[:-1]], at, 0))
+    keep = at - group < MAX_OCCURRENCES
+    return sorted_h[keep], order[keep]
+
+
+def _matched(a: np.ndarray, i: int, b: np.ndarray, j: int) -> int:
+    """How many words match from a[i], b[j] onward (0 when either index is past its end)."""
+    k, chunk = 0, 64
+    while True:
+        x, y = a[i + k:i + k + chunk], b[j + k:j + k + chunk]
+        m = min(len(x), len(y))
+        if m == 0:
+            return k
+        differ = np.flatnonzero(x[:m] != y[:m])
+        if len(differ):
+            return k + int(differ[0])
+        k, chunk = k + m, chunk * 2
+
+
+class _Index:
+    """The evaluation texts' n-word windows, sorted by hash, for lookups by calibration texts."""
+
+    def __init__(self, texts: Sequence[np.ndarray], values: np.ndarray, n: int) -> None:
+        self.texts, self.n = list(texts), n
+        hashes, docs, positions = [], [], []
+        for d, ids in enumerate(self.texts):
+            h, p = _first_occurrences(_windows(ids, values, n))
+            hashes.append(h)
+            positions.append(p)
+            docs.append(np.full(len(h), d, dtype=np.int64))
+        h = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64)
+        order = np.argsort(h, kind="stable")
+        self.hashes = h[order]
+        self.docs = np.concatenate(docs)[order] if docs else np.zeros(0, dtype=np.int64)
+        self.positions = np.concatenate(positions)[order] if positions else np.zeros(0, dtype=np.int64)
+
+    def runs(self, ids: np.ndarray, values: np.ndarray) -> dict[int, list[tuple[int, int, int]]]:
+        """{evaluation text: [(start in `ids`, start in it, length)]}: the maximal runs of n or more words
+        the calibration text `ids` shares with each evaluation text."""
+        h, cal_pos = _first_occurrences(_windows(ids, values, self.n))
+        if not len(h) or not len(self.hashes):
+            return {}
+        lo = np.searchsorted(self.hashes, h, "left")  # `h` is sorted: numpy's search walks on from the last key
+        hit = self.hashes[np.minimum(lo, len(self.hashes) - 1)] == h
+        if not hit.any():
+            return {}
+        h, lo, cal_pos = h[hit], lo[hit], cal_pos[hit]
+        count = np.searchsorted(self.hashes, h, "right") - lo
+        first = np.repeat(np.cumsum(count) - count, count)
+        at = np.repeat(lo, count) + np.arange(int(count.sum())) - first
+        p = np.repeat(cal_pos, count)
+        d, q = self.docs[at], self.positions[at]
+        diagonal = q - p
+        order = np.lexsort((p, diagonal, d))
+        p, d, diagonal = p[order], d[order], diagonal[order]
+        new_chain = np.r_[True, (d[1:] != d[:-1]) | (diagonal[1:] != diagonal[:-1]) | (p[1:] != p[:-1] + 1)]
+        starts = np.flatnonzero(new_chain)
+        ends = np.r_[starts[1:], len(p)] - 1
+        found: dict[int, dict[tuple[int, int], int]] = defaultdict(dict)
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            doc, diag = int(d[s]), int(diagonal[s])
+            for start, length in self._chain_runs(ids, self.texts[doc], int(p[s]), int(p[e]), diag):
+                found[doc][(diag, start)] = length
+        return {doc: [(start, start + diag, length) for (diag, start), length in sorted(runs.items())]
+                for doc, runs in found.items() if runs}
+
+    def _chain_runs(self, a: np.ndarray, b: np.ndarray, first: int, last: int, diag: int) -> list[tuple[int, int]]:
+        """The maximal runs of n or more equal words (start in `a`, length) through the windows first..last of
+        `a` aligned with b at offset `diag`: the words compared (a hash collision proposes nothing), and a run
+        extended past the chain's ends word by word."""
+        n = self.n
+        equal = a[first:last + n] == b[first + diag:last + n + diag]
+        edges = np.flatnonzero(np.diff(np.r_[0, equal.astype(np.int8), 0]))
+        out = []
+        for s, e in zip(edges[0::2].tolist(), edges[1::2].tolist()):
+            start, end = first + s, first + e  # a[start:end] equals b[start+diag:end+diag]
+            back = _matched(a[:start][::-1], 0, b[:start + diag][::-1], 0)
+            start, end = start - back, end + _matched(a, end, b, end + diag)
+            if end - start >= n:
+                out.append((start, end - start))
+        return out
