@@ -34,7 +34,7 @@ from bench_rows import make_prompt
 import rf_eval.selectors.probe as probe_module
 from rf_eval.cost.mac_model import layer_costs, prefill_macs, speedup_ceiling
 from rf_eval.engine import Plan, PredictedInput, plain_prefill, prefill
-from rf_eval.fills import fill_method
+from rf_eval.fills import fill_named
 from rf_eval.ridgefill.arm import prefill_arm
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.testing import build_tokenizer
@@ -48,7 +48,7 @@ def charged_macs(config, n: int, split: int, tail: int, exact_rows: int, probe_r
     prefix, head = n - tail, config.hidden_size * config.vocab_size
     lower = sum(n * (c.write + c.rest) + c.attn_per_key * n * (n + 1) // 2 for c in costs[:split])
     late_costs = costs[split:]
-    ridge = fill_method("ridge")
+    ridge = fill_named("ridge")
     filled_row = {c.index: ridge.filled_row_macs(config, c, mapped=c.index > split) for c in late_costs}  # map + K/V
     sweep = sum(prefix * filled_row[c.index] + probe_rows * (c.write + c.rest)
                 + c.attn_per_key * (probe_rows * prefix + probe_rows * (probe_rows + 1) // 2) for c in late_costs)

@@ -11,7 +11,7 @@ out of sample. identity and nofill are measured once.
 
     python benchmarks/demo_sweep.py --out sweep.json            # every candidate, both sizes
     python benchmarks/demo_sweep.py --candidates c24-chat-grid --needles 8
-    python benchmarks/demo_sweep.py --candidates demo --fills ridge kv_ridge   # fill methods side by side
+    python benchmarks/demo_sweep.py --candidates demo --fills ridge kv_ridge   # fills side by side
 
 Prints one Markdown table per size; the closing notes of the demo's settings quote it.
 """
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--map-split", action="store_true", help="also measure each candidate with map_split=true")
     p.add_argument("--split", type=int, default=None, help="the split to fit and measure at (default the demo's)")
     p.add_argument("--fills", nargs="+", default=["ridge"], metavar="FILL",
-                   help="fill methods with maps to fit and measure per candidate (default ridge; e.g. kv_ridge)")
+                   help="fills with maps to fit and measure per candidate (default ridge; e.g. kv_ridge)")
     args = p.parse_args(argv)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer

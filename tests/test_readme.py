@@ -32,7 +32,7 @@ The "Two commands" block is not run (it installs packages): its parts are
 checked against .ci/run and tests/demo/test_demo.py. The "Adding a model family"
 block is the shipped rf_eval/families/mistral.py, word for word, which the
 registry finds by itself and which is checked on a tiny Mistral model. The
-"Adding a fill method" module is saved as written and run through `lm_eval` by
+"Adding a fill" module is saved as written and run through `lm_eval` by
 tests/model_adapters/test_adapter_fill_plugin.py, which runs its command line
 as the README gives it (checked here) on a tiny model. The "Adding a prefill method" module is
 tests/methods/plugins/every_kth.py, word for word, which tests/methods/test_throwaway_methods.py runs through
@@ -118,8 +118,8 @@ STEPS = (
     ), 400, "check_serving"),
     Step("Reports and the run ledger", "bash", "run", (), 180, "check_reports"),
     Step("Adding a model family", "python", "family"),
-    Step("Adding a fill method", "python", "fill"),
-    Step("Adding a fill method", "bash", "fill"),
+    Step("Adding a fill", "python", "fill"),
+    Step("Adding a fill", "bash", "fill"),
     Step("Adding a prefill method", "python", "method"),
     Step("Adding a prefill method", "bash", "method"),
 )
@@ -174,7 +174,7 @@ def test_adding_a_fill_method_runs_what_the_plugin_test_runs():
     """The command line beside the fill module sets the variable to the folder the module is saved in and
     names the module's fill. The module itself runs through lm_eval in
     tests/model_adapters/test_adapter_fill_plugin.py, which reads it from this README section."""
-    sections = [b for b in readme_blocks() if b.section == "Adding a fill method"]
+    sections = [b for b in readme_blocks() if b.section == "Adding a fill"]
     code, command = (b.text for b in sections)
     name = re.search(r'^    name = "(\w+)"', code, re.M).group(1)
     assert command.startswith("RF_EVAL_FILL_PATH=fills lm_eval --model ridgefill ")

@@ -18,7 +18,7 @@ __all__ = ["COMMANDS", "UserError", "main"]
 COMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("rf_eval.cli.tiny_model", "write a tiny random model + local tokenizer"),
     "families": ("rf_eval.cli.families", "the supported model types as a Markdown table (--readme: rewrite it)"),
-    "fills": ("rf_eval.cli.fills", "the fill methods as a Markdown table (--readme: rewrite it)"),
+    "fills": ("rf_eval.cli.fills", "the fills as a Markdown table (--readme: rewrite it)"),
     "methods": ("rf_eval.cli.methods", "the prefill methods (built in and plug-ins) as a Markdown table"),
     "demo": ("rf_eval.cli.demo", "the main job on the embedded demo model: fit, run arms, report"),
     "demo-model": ("rf_eval.cli.demo_model", "convert the embedded demo model once (or reuse it); print its path"),

@@ -41,7 +41,7 @@ from rf_eval.engine import named_cache_tensors, partial_path_floors, plain_prefi
 from rf_eval.families import family_class_for
 from rf_eval.fields import ArmError
 from rf_eval.files.outputs import check_output, stamp_json, write_output
-from rf_eval.fills import FILL_OFF, arm_fills, fill_method
+from rf_eval.fills import FILL_OFF, arm_fills, fill_named
 from rf_eval.ridgefill.fitting import check_splits
 from rf_eval.ridgefill.method import RidgeFill
 from rf_eval.serving.arms import parse_rf_arm
@@ -147,7 +147,7 @@ def check_split(model: str, split: int) -> None:
 
 def runnable(fill: str, rf) -> bool:
     """True when fill `fill` may run on the checked model with its --maps; else prints why not."""
-    method = fill_method(fill)
+    method = fill_named(fill)
     try:
         method.check(rf.model.config, rf.maps)
     except ArmError as err:
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(err)) from err
     # the fills to check: those whose own rules accept this model and --maps
     fills = [f for f in args.fills if f == FILL_OFF or runnable(f, rf)]
-    later = [f for f in fills if f != FILL_OFF and fill_method(f).replaces_forward]
+    later = [f for f in fills if f != FILL_OFF and fill_named(f).replaces_forward]
     for fill in later[1:]:
         print(f"SKIP fill={fill}: it replaces the model's forward, as fill={later[0]} (checked) does; check it alone "
               f"(--fills {fill})")
@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
 
     def arm_of(fill: str, tail: int | None = None) -> RidgeFill:
         """The checked model's arm of `fill` (at its own split where it has one, else the checked split)."""
-        own = fill != FILL_OFF and fill_method(fill).default_split(rf.model.config) is not None
+        own = fill != FILL_OFF and fill_named(fill).default_split(rf.model.config) is not None
         return rf.rebuilt(rf.updated_arm({"fill": fill, "split": None if own else rf.arm.split,
                                           **({"tail": tail} if tail else {})}))
 

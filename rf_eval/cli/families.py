@@ -91,10 +91,10 @@ def _row(model_type: str, name: str) -> tuple[str, ...]:
     facts = [window, "gated attention" if cls.gated_attention else "", "MoE MLP" if cls.moe_mlp else "",
              "linear attention (Gated DeltaNet)" if cls.linear_attention else "", *cls.traits]
     from rf_eval.files.checkpoints import MODEL_TYPES as SWIFTKV_TYPES
-    from rf_eval.fills import FILL_OFF, arm_fills, fill_method
+    from rf_eval.fills import FILL_OFF, arm_fills, fill_named
 
     config = _default_config(model_type)
-    fills = [*(f for f in arm_fills() if f == FILL_OFF or fill_method(f).runs_on(config)), *_mapped(model_type)]
+    fills = [*(f for f in arm_fills() if f == FILL_OFF or fill_named(f).runs_on(config)), *_mapped(model_type)]
     corrections = (["splice (attention layers)", "value/key rescale", "terminal state"] if cls.linear_attention
                    else ["splice", "value/key rescale"])
     if model_type in SWIFTKV_TYPES:  # its base model type's tests run the same classes

@@ -1,6 +1,6 @@
-"""`rf-eval fills [--readme README.md]`: the fill methods as a Markdown table, from the registry.
+"""`rf-eval fills [--readme README.md]`: the fills as a Markdown table, from the registry.
 
-Each row is one registered fill method (`rf_eval.fills`): what its filled
+Each row is one registered fill (`rf_eval.fills`): what its filled
 rows contribute, whether it reads fitted maps and the command that fits them,
 whether corrections, splices and the probe apply, what a filled row costs in
 a late layer, and where it is defined. `exact`, the fill switched off, comes
@@ -20,12 +20,12 @@ HEADER = ("fill", "filled rows", "maps", "corrections, splice, probe", "cost per
 
 
 def rows() -> list[tuple[str, ...]]:
-    from rf_eval.fills import FILL_OFF, fill_method, registered_fills
+    from rf_eval.fills import FILL_OFF, fill_named, registered_fills
 
     out = [(f"`{FILL_OFF}`", "none: every prompt runs the plain model (the fill switched off)", "-", "-",
             "every row exact", "-")]
     for name in registered_fills():
-        method = fill_method(name)
+        method = fill_named(name)
         maps = f"yes (`rf-eval {method.fit_command}`)" if method.needs_maps and method.fit_command else (
             "yes" if method.needs_maps else f"no: {method.weights}" if method.weights else "no")
         out.append((f"`{name}`", method.summary, maps, "yes" if method.supports_corrections else "no", method.cost_text,

@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="HF model folder or id (required unless --from-sums with one lambda)")
     p.add_argument("--splits", type=positive_int, nargs="+", help="split layers S (one capture pass serves all)")
     p.add_argument("--fill", default=None, metavar="FILL",
-                   help="the fill method the maps serve (default ridge; `rf-eval fills` lists those with maps)")
+                   help="the fill the maps serve (default ridge; `rf-eval fills` lists those with maps)")
     p.add_argument("--calibration", nargs="+", default=[], help="plain-text files or JSONL with a 'text' field")
     p.add_argument("--heldout", nargs="+", default=[], help="held-out documents for choosing lambda")
     p.add_argument("--lambdas", type=positive_float, nargs="+", default=None,

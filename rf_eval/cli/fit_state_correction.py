@@ -17,7 +17,7 @@ from rf_eval.cli import UserError
 from rf_eval.cli.values import positive_int
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.files.outputs import check_output
-from rf_eval.fills import fill_method, predicting_fills
+from rf_eval.fills import fill_named, predicting_fills
 from rf_eval.fills.ridge import Ridge
 from rf_eval.integrity.hashing import sha256_of_files
 from rf_eval.ridge.calibration import CalibrationError, check_nonempty, tokenized
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if str(args.out).endswith(".safetensors"):  # a file the user names: never replaced unasked (`rf_eval.files.outputs`)
         check_output("--out", args.out, overwrite=args.overwrite)
 
-    method = fill_method(args.fill)
+    method = fill_named(args.fill)
     if method.needs_maps and not args.maps:
         raise UserError(f"--fill {args.fill} needs --maps")
     if not method.needs_maps and args.split is None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from rf_eval.cost.budget import largest_within
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, check_split
 from rf_eval.families import family_class_for
-from rf_eval.fills import FILL_OFF, FillMethod, fill_method
+from rf_eval.fills import FILL_OFF, Fill, fill_named
 from rf_eval.fills.nofill import NoFill
 
 
@@ -116,9 +116,9 @@ def causal_pairs(start: int, stop: int, window: int | None = None) -> int:
     return (stop * (stop + 1) - start * (start + 1)) // 2
 
 
-def as_method(fill: str | FillMethod) -> FillMethod:
-    """The fill method `fill` names, or `fill` itself when an arm hands its own (bound once, `RidgeFillArm`)."""
-    return fill if isinstance(fill, FillMethod) else fill_method(fill)
+def as_method(fill: str | Fill) -> Fill:
+    """The fill `fill` names, or `fill` itself when an arm hands its own (bound once, `RidgeFillArm`)."""
+    return fill if isinstance(fill, Fill) else fill_named(fill)
 
 
 def prefill_macs(
@@ -128,14 +128,14 @@ def prefill_macs(
     split: int | None = None,
     tail: int = 0,
     exact_rows: int = 0,
-    fill: str | FillMethod = FILL_OFF,
+    fill: str | Fill = FILL_OFF,
     probe_rows: int = 0,
     map_split: bool = DEFAULT_MAP_SPLIT,
 ) -> int:
     """Multiply-accumulates of one prompt's prefill under an arm (lm_head on the last row only).
 
     Section 2.5 (Figure 7); `map_split` charges the map at layer S (see the module docstring). `fill`: a
-    fill's name, or the fill method an arm holds (no lookup by name).
+    fill's name, or the fill an arm holds (no lookup by name).
     """
     costs = layer_costs(config)
     L = len(costs)
@@ -175,7 +175,7 @@ def speedup_ceiling(config, N: int, **arm) -> float:
 
 
 def cache_rows(config, N: int, *, split: int | None = None, exact_rows: int | None = None,
-                  fill: str | FillMethod = FILL_OFF) -> int:
+                  fill: str | Fill = FILL_OFF) -> int:
     """Rows the attention layers' caches hold after an N-token prefill, summed over those layers: every row,
     except in late layers of a fill whose filled rows are absent (nofill), which hold `exact_rows`; a
     sliding-window layer holds at most its window. Recurrent (Gated DeltaNet) layers keep a state of fixed
@@ -190,7 +190,7 @@ def cache_rows(config, N: int, *, split: int | None = None, exact_rows: int | No
     return total
 
 
-def cost_matched_tail(config, N: int, split: int, target_macs: int, fill: str | FillMethod = NoFill.name) -> int:
+def cost_matched_tail(config, N: int, split: int, target_macs: int, fill: str | Fill = NoFill.name) -> int:
     """The longest tail of a `fill` arm (nofill) whose MAC count does not exceed `target_macs` (the paper's
     compute-matched `nofill` control, section 3.3); 1 when none does."""
     return largest_within(1, N, lambda tail: prefill_macs(config, N, split=split, tail=tail, fill=fill), target_macs)

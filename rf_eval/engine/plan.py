@@ -17,7 +17,7 @@ DEFAULT_MAP_SPLIT = False
 #: The paper's tail T (its sections 2.6 and 9): the last prompt rows every layer computes exactly, when an arm
 #: does not say. The rf-eval tasks size their filled prompts by it too, so it sits here, below them and arms.
 DEFAULT_TAIL = 4096
-#: The fill switched off: every prompt runs the plain model (not a fill method: `rf_eval.fills` holds those).
+#: The fill switched off: every prompt runs the plain model (not a fill: `rf_eval.fills` holds those).
 FILL_OFF = "exact"
 #: The fill of a RaReCache plan: keys and values mapped from another model's cache (given as a `MappedKV`).
 MAPPED = "mapped"
@@ -37,7 +37,7 @@ class Plan:
     split: first late layer S (1..L-1; 0 for a mapped-K/V fill). tail: count of
     last prompt rows kept exact in every layer (0 only for a prompt whose last
     token is held back and runs afterwards: it is then the tail's one row). fill: `exact` (the fill off), a
-    registered fill method (`rf_eval.fills`) or `mapped` (RaReCache).
+    registered fill (`rf_eval.fills`) or `mapped` (RaReCache).
     chunk_size: run the lower layers in chunks of this many rows (None: one
     pass; bitwise equal to the plain model). query_chunk: exact-row queries per
     attention call in the late layers (bounds the mask's memory). map_split

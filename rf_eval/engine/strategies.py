@@ -340,8 +340,8 @@ class Corrected(RowFill):
 
 def row_fill_for(plan: Plan, fill: FillFn | RowFill | None, hooks: LateLayerHooks | None = None) -> RowFill:
     """The strategy for `plan`: `fill` itself if it is one; a bare fill function is a fill from predicted
-    inputs (`PredictedInput`). The engine knows strategies, not fill names: a fill method of another
-    strategy hands its own (`rf_eval.fills.fill_method(name).row_fill(fn)`; `AbsentRows()` for nofill).
+    inputs (`PredictedInput`). The engine knows strategies, not fill names: a fill of another
+    strategy hands its own (`rf_eval.fills.fill_named(name).row_fill(fn)`; `AbsentRows()` for nofill).
 
     `hooks` wrap it (`Corrected`).
     """
@@ -353,5 +353,5 @@ def row_fill_for(plan: Plan, fill: FillFn | RowFill | None, hooks: LateLayerHook
         strategy = PredictedInput(fill)  # fill off: no filled row reads it
     else:
         raise ValueError(f"fill {plan.fill!r} has no fill function or strategy: pass fill=, its method's "
-                         f"row_fill (rf_eval.fills.fill_method({plan.fill!r}).row_fill(fn))")
+                         f"row_fill (rf_eval.fills.fill_named({plan.fill!r}).row_fill(fn))")
     return strategy if hooks is None else Corrected(strategy, hooks)

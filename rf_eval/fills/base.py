@@ -1,9 +1,9 @@
-"""What a fill method declares about itself (`FillMethod`); the registry is `rf_eval.fills`.
+"""What a fill declares about itself (`Fill`); the registry is `rf_eval.fills`.
 
-A fill method decides what a late layer's *filled* prompt rows contribute
+A fill decides what a late layer's *filled* prompt rows contribute
 (RidgeFill paper section 2.1): the engine (`rf_eval.engine`) runs every row
 of the lower layers, the exact tail and the selected rows of the late layers,
-and asks the arm's fill method for the rest. A method is one class with:
+and asks the arm's fill for the rest. A method is one class with:
 
 - `name`, the `fill=` value, and `summary`, a line for `rf-eval fills`;
 - `strategy`: `"inputs"` (a predicted late-layer input x̂_l = f(l, x_S) that
@@ -53,12 +53,12 @@ from rf_eval.families import sliding_window
 from rf_eval.fields import ArmError
 
 STRATEGIES = ("inputs", "absent", "kv")
-#: the attribute of a model whose own forward a fill method replaced (a `ReplacedForward`)
+#: the attribute of a model whose own forward a fill replaced (a `ReplacedForward`)
 FORWARD_MARK = "_rf_eval_forward"
 
 
 class ReplacedForward:
-    """What a fill method that makes the model's own forward its own leaves on the model: the fill's
+    """What a fill that makes the model's own forward its own leaves on the model: the fill's
     name, and a switch its hooks read, so the exact arm beside it (the reference of the same weights)
     runs the base forward while `paused`."""
 
@@ -80,7 +80,7 @@ def replaced_forward(model: Any) -> ReplacedForward | None:
 
 
 def check_model_forward(model: Any, fill: str) -> None:
-    """Refuse (ValueError) an arm of fill `fill` on a model whose forward another fill method replaced;
+    """Refuse (ValueError) an arm of fill `fill` on a model whose forward another fill replaced;
     the exact arm runs beside it (its calls pause the replacement: `rf_eval.methods.requests.ForwardContext`)."""
     replaced = replaced_forward(model)
     if replaced is not None and fill not in (replaced.fill, FILL_OFF):
@@ -104,8 +104,8 @@ def check_ragged_cache(fill: str, model_config: Any) -> None:
                                         "(an hf model_arg)"))
 
 
-class FillMethod:
-    """One fill method; subclass it in a module of its own (see the module docstring)."""
+class Fill:
+    """One fill; subclass it in a module of its own (see the module docstring)."""
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""

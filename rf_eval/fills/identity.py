@@ -6,11 +6,11 @@ from typing import Any
 
 import torch
 
-from rf_eval.fills.base import FillMethod
+from rf_eval.fills.base import Fill
 from rf_eval.ridge.maps import identity_fill
 
 
-class Identity(FillMethod):
+class Identity(Fill):
     name = "identity"
     summary = "late layers' filled rows read x_S as their input, through the layers' own projections"
     source = "RidgeFill §2.1 (the identity fill)"

@@ -27,11 +27,11 @@ import torch
 
 from rf_eval.engine.strategies import PredictedKV
 from rf_eval.fields import ArmError
-from rf_eval.fills.base import FillMethod
+from rf_eval.fills.base import Fill
 from rf_eval.ridge.targets import kv_width
 
 
-class KvRidge(FillMethod):
+class KvRidge(Fill):
     name = "kv_ridge"
     summary = "late layers' keys and values written from x_S by ridge maps (a closed-form K/V projector)"
     strategy = "kv"

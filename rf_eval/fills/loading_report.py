@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rf_eval.fields import ArmError
-from rf_eval.fills import FILL_OFF, fill_method, registered_fills
+from rf_eval.fills import FILL_OFF, fill_named, registered_fills
 
 #: the attribute a loaded model carries: the checkpoint keys transformers initialised at random
 MISSING_ATTR = "rf_eval_missing_keys"
@@ -53,15 +53,15 @@ def missing_keys(model: Any) -> frozenset[str] | None:
 def check_loaded(model: Any, fill: str, role: str = "the model") -> None:
     """Refuse (`ArmError`) a model whose checkpoint lacked a tensor that fill `fill` reads (`FILL_OFF`: the
     model's own forward), which `transformers` initialised at random (`rf_eval.fills.loading_report`); the tensors
-    beyond the base model's that a method alone reads (`FillMethod.extra_tensors`) matter to that method only.
+    beyond the base model's that a method alone reads (`Fill.extra_tensors`) matter to that method only.
     `role` names the model in the message (a speculator, a RaReCache source)."""
     from rf_eval.fills.loading_report import missing_keys
 
     missing = missing_keys(model)
     if not missing:
         return
-    extras = {m.extra_tensors for m in map(fill_method, registered_fills()) if m.extra_tensors}
-    mine = "" if fill == FILL_OFF else fill_method(fill).extra_tensors
+    extras = {m.extra_tensors for m in map(fill_named, registered_fills()) if m.extra_tensors}
+    mine = "" if fill == FILL_OFF else fill_named(fill).extra_tensors
     read = sorted(k for k in missing if not any(mark in k for mark in extras) or (mine and mine in k))
     if read:
         shown = ", ".join(read[:4]) + (f" and {len(read) - 4} more" if len(read) > 4 else "")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from rf_eval.fills.base import FillMethod
+from rf_eval.fills.base import Fill
 
 
-class NoFill(FillMethod):
+class NoFill(Fill):
     name = "nofill"
     summary = "filled rows are absent from late layers; exact rows attend to exact rows only"
     strategy = "absent"

@@ -7,10 +7,10 @@ from typing import Any
 import torch
 
 from rf_eval.fields import ArmError
-from rf_eval.fills.base import FillMethod
+from rf_eval.fills.base import Fill
 
 
-class Ridge(FillMethod):
+class Ridge(Fill):
     name = "ridge"
     summary = "late layers' filled rows read A_l x_S + b_l, ridge maps fitted on the model's own states"
     needs_maps = True

@@ -27,7 +27,7 @@ from rf_eval.engine.lower import decoder_layers
 from rf_eval.engine.strategies import PredictedKV
 from rf_eval.fields import ArmError
 from rf_eval.files.checkpoints import MODEL_TYPES, is_swiftkv
-from rf_eval.fills.base import FillMethod
+from rf_eval.fills.base import Fill
 from rf_eval.ridge.targets import kv_width
 
 __all__ = ["MODEL_TYPES", "SwiftKV", "SwiftKVInPipeline", "is_swiftkv"]
@@ -69,7 +69,7 @@ class SwiftKV:
         return torch.cat([attn.k_proj_swiftkv(h), attn.v_proj_swiftkv(h)], dim=-1)
 
 
-class SwiftKVInPipeline(FillMethod):
+class SwiftKVInPipeline(Fill):
     name = "swiftkv"
     summary = "filled rows' late keys and values from SwiftKV's trained projections of x_S (a SwiftKV checkpoint)"
     strategy = "kv"

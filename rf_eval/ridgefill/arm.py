@@ -29,7 +29,7 @@ from rf_eval.cost.mac_model import cost_matched_tail, prefill_macs
 from rf_eval.engine import Plan, PrefillResult
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.engine.rowfill import RowFill
-from rf_eval.fills import FILLS, FillMethod, fill_method, registered_fills
+from rf_eval.fills import FILLS, Fill, fill_named, registered_fills
 from rf_eval.fills.ridge import Ridge
 from rf_eval.ridgefill.corrections import build_hooks
 from rf_eval.selectors.base import Request, Selector
@@ -46,9 +46,9 @@ class CostMatch:
     probe_rows: int = 0
 
     def __post_init__(self):
-        method = fill_method(self.fill) if self.fill in FILLS else None
+        method = fill_named(self.fill) if self.fill in FILLS else None
         if method is None or method.absent:  # the fills with filled rows are listed for the error alone
-            fills = [n for n in registered_fills() if not fill_method(n).absent]
+            fills = [n for n in registered_fills() if not fill_named(n).absent]
             raise ValueError(f"cost_match fill must be a fill with filled rows ({', '.join(fills)}), got {self.fill!r}")
         object.__setattr__(self, "_method", method)  # the matched fill's one object: the MAC model reads it
         if self.tail is not None and not (isinstance(self.tail, int) and self.tail >= 1):
@@ -67,8 +67,8 @@ class CostMatch:
                             fill=self._method, probe_rows=self.probe_rows, map_split=map_split)
 
     def tail_for(self, config, n: int, split: int, own_tail: int, map_split: bool = DEFAULT_MAP_SPLIT,
-                 control: FillMethod | None = None) -> int:
-        """The control's tail at n tokens; `control`: the control arm's own fill method (default nofill)."""
+                 control: Fill | None = None) -> int:
+        """The control's tail at n tokens; `control`: the control arm's own fill (default nofill)."""
         target = self.target_macs(config, n, split, own_tail, map_split)
         return cost_matched_tail(config, n, split, target, **({"fill": control} if control is not None else {}))
 

@@ -75,7 +75,7 @@ def ridgefill_prefill_cost(config: Any, n: int, *, split: int, tail: int, select
                            map_split: bool, probe_rows: int = 0, budget: float | None = None,
                            knob_value: float | None = None) -> PrefillCost:
     """The cost of one n-token prompt that ran `tail` exact tail rows and `selected` exact prefix rows in the
-    late layers from `split` on (`tail >= n`: the plain model's prefill); `fill`: the arm's fill method (or
+    late layers from `split` on (`tail >= n`: the plain model's prefill); `fill`: the arm's fill (or
     a fill's name)."""
     exact = prefill_macs(config, n)
     full_cache = cache_rows(config, n)

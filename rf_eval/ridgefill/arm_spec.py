@@ -39,7 +39,7 @@ from typing import Any
 from rf_eval.cost.budget import check_budget
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, DEFAULT_TAIL, Plan, check_rows, check_split
 from rf_eval.fields import ArmError, build
-from rf_eval.fills import FILL_OFF, absent_fills, arm_fills, fill_method, predicting_fills
+from rf_eval.fills import FILL_OFF, absent_fills, arm_fills, fill_named, predicting_fills
 from rf_eval.ridge.maps import config_hash
 from rf_eval.ridgefill.arm import cost_match_from
 from rf_eval.ridgefill.arm_cost import knob_name, ridgefill_knob
@@ -84,7 +84,7 @@ class RidgeFillArm:
         if self.fill not in arm_fills():
             raise ArmError(f"fill={self.fill!r} is not valid; valid fills: {', '.join(arm_fills())}")
         # the fill's one object for this arm: every rule and the engine read it, never the name again
-        object.__setattr__(self, "_fill", None if self.fill == FILL_OFF else fill_method(self.fill))
+        object.__setattr__(self, "_fill", None if self.fill == FILL_OFF else fill_named(self.fill))
         try:
             check_rows(self.tail, self.chunk_size)
             if self.split is not None:
@@ -204,7 +204,7 @@ class RidgeFillArm:
 
     @property
     def fill_obj(self) -> Any:
-        """The arm's fill (a `rf_eval.fills.FillMethod` instance, made once with the arm), None for the exact
+        """The arm's fill (a `rf_eval.fills.Fill` instance, made once with the arm), None for the exact
         arm."""
         return self._fill
 
@@ -244,7 +244,7 @@ class RidgeFillArm:
         return config is not None and config_hash(config) == config_hash(model_config)
 
     def _copy(self, **fields: Any) -> RidgeFillArm:
-        """This arm with `fields` set, its parsed parts and fill method kept (no second construction)."""
+        """This arm with `fields` set, its parsed parts and fill kept (no second construction)."""
         out = copy.copy(self)
         for name, value in fields.items():
             object.__setattr__(out, name, value)
@@ -260,7 +260,7 @@ class RidgeFillArm:
     # -- rules that need the model ------------------------------------------------------
     def split_for(self, model_config: Any, maps_split: int | None = None) -> int:
         """The split this arm runs at on this model, checked: the maps' (`maps_split`), else a preset's, else
-        the fill method's default, else L/2 (an ArmError for a split that contradicts them or lies outside
+        the fill's default, else L/2 (an ArmError for a split that contradicts them or lies outside
         1..L-1). `resolve` takes it; `rf-eval study plan` costs arms by it before their maps exist."""
         n_layers = int(model_config.num_hidden_layers)
         split = self.split

@@ -25,7 +25,7 @@ from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.errors import UserError
 from rf_eval.families import family_class_for
 from rf_eval.files.tensor_files import read_metadata
-from rf_eval.fills import FILL_OFF, fill_method
+from rf_eval.fills import FILL_OFF, fill_named
 from rf_eval.fills.loading_report import check_loaded, recording_missing_keys
 from rf_eval.fills.ridge import Ridge
 from rf_eval.ridge.calibration import CalibrationError, check_disjoint, check_nonempty
@@ -75,7 +75,7 @@ def check_out(out: str, overwrite: bool) -> None:
 
 
 def check_fill(fill: str, model: str | None, *, from_sums: bool, trust_remote_code: bool) -> None:
-    """`fill` names a fill method with maps to fit, for a model it can be fitted on (from its config)."""
+    """`fill` names a fill with maps to fit, for a model it can be fitted on (from its config)."""
     from transformers import AutoConfig
 
     if from_sums and fill != Ridge.name:
@@ -95,7 +95,7 @@ def check_fill(fill: str, model: str | None, *, from_sums: bool, trust_remote_co
     except ValueError as err:
         raise UserError(f"--model {model}: {err}") from None
     try:
-        fill_method(fill).check_fit(config)
+        fill_named(fill).check_fit(config)
     except ValueError as err:
         raise UserError(f"--fill {fill}: {err}") from None
 

@@ -1,4 +1,4 @@
-"""Fit the maps a fill method serves: capture sums, solve per lambda, choose lambda on held-out text, save.
+"""Fit the maps a fill serves: capture sums, solve per lambda, choose lambda on held-out text, save.
 
 The algebra is `rf_eval.ridge`; what is fitted comes from the fill (its `fit_target`, `rf_eval.fills`), so
 this module sits above the fills and the ridge package below them.
@@ -22,7 +22,7 @@ from torch import nn
 from rf_eval.devices import rank_and_world
 from rf_eval.engine import num_layers
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, check_split
-from rf_eval.fills import fill_method, registered_fills
+from rf_eval.fills import fill_named, registered_fills
 from rf_eval.fills.ridge import Ridge
 from rf_eval.integrity.hashing import sha256_of_files
 from rf_eval.integrity.weights import weights_fingerprint
@@ -48,11 +48,11 @@ class FitResult:
 
 
 def fit_target(fill: str, model: nn.Module | None = None) -> str:
-    """What the maps of fill method `fill` regress on (its `fit_target`); ValueError for a method that fits
-    nothing, or for a model it cannot be fitted on (`FillMethod.check_fit`)."""
-    method = fill_method(fill)
+    """What the maps of fill `fill` regress on (its `fit_target`); ValueError for a method that fits
+    nothing, or for a model it cannot be fitted on (`Fill.check_fit`)."""
+    method = fill_named(fill)
     if method.fit_target is None:
-        fitted = [n for n in registered_fills() if fill_method(n).fit_target is not None]
+        fitted = [n for n in registered_fills() if fill_named(n).fit_target is not None]
         raise ValueError(f"fill {fill!r} has no maps to fit; fills with maps: {', '.join(fitted)}")
     if model is not None:
         method.check_fit(model.config)
@@ -104,7 +104,7 @@ def fit_maps(
     `map_split`: the arms these maps serve read layer S's map (the paper's
     release; default `DEFAULT_MAP_SPLIT`, no: layer S reads x_S), so the held-out
     lambda choice scores layer S too; the files record it (`map_split` metadata).
-    `fill`: the fill method the maps serve (`rf_eval.fills`); its `fit_target`
+    `fill`: the fill the maps serve (`rf_eval.fills`); its `fit_target`
     says what each late layer's rows are regressed on (`rf_eval.ridge.targets`).
     `int8`: the map files store A in the paper's release format (int8, one bf16 scale
     per 128 weights of each row, a bf16 bias; `rf_eval.ridge.maps.quantize_int8`); the sums stay fp64.

@@ -30,7 +30,7 @@ from rf_eval.cost.prefill_cost import PrefillCost
 from rf_eval.engine import PrefillResult
 from rf_eval.errors import UserError
 from rf_eval.fields import ArmError
-from rf_eval.fills import arm_fills, fill_method
+from rf_eval.fills import arm_fills, fill_named
 from rf_eval.fills.base import check_model_forward
 from rf_eval.fills.loading_report import check_loaded
 from rf_eval.methods import METHODS
@@ -239,7 +239,7 @@ class RidgeFill(Method):
     def reads_study_maps(cls, model_args: Mapping[str, Any]) -> bool:
         """A fill that reads maps (ridge)."""
         fill = model_args.get("fill")
-        return fill in arm_fills()[1:] and fill_method(fill).needs_maps
+        return fill in arm_fills()[1:] and fill_named(fill).needs_maps
 
     @staticmethod
     def previewed_arm(config: Any, arm: RidgeFillArm, maps_split: MapsSplit) -> RidgeFillArm:

@@ -13,7 +13,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from rf_eval.cli.check_equivalence import compare
 from rf_eval.engine import AbsentRows, Plan, plain_prefill, prefill
-from rf_eval.fills import fill_method
+from rf_eval.fills import fill_named
 from rf_eval.ridge.maps import identity_fill
 from rf_eval.ridgefill.method import RidgeFill
 from rf_eval.testing import FAMILIES  # every registered family
@@ -206,11 +206,11 @@ def test_bad_plans_are_refused(tiny_model):
     with pytest.raises(ValueError, match="split 0 is outside 1..5"):
         prefill(model, ids, Plan(split=0, tail=4, fill="nofill"), fill=AbsentRows())
     with pytest.raises(ValueError, match="unknown fill 'magic'; valid fills: exact, identity, kv_ridge, nofill, ridge"):
-        fill_method("magic")  # names are the registry's: the engine takes strategies
+        fill_named("magic")  # names are the registry's: the engine takes strategies
     with pytest.raises(ValueError, match="fill 'ridge' has no fill function or strategy"):
         prefill(model, ids, Plan(split=3, tail=4, fill="ridge"))
     with pytest.raises(ValueError, match="needs a fill function"):
-        fill_method("ridge").row_fill(None)
+        fill_named("ridge").row_fill(None)
     with pytest.raises(ValueError, match="exact rows must lie in the prefix"):
         prefill(model, ids, Plan(split=3, tail=4, fill="nofill"), fill=AbsentRows(),
                 select=lambda ctx: torch.tensor([N - 1]))

@@ -1,6 +1,6 @@
-"""Fill methods are plugins (`rf_eval.fills`): found by the registry, each checked by the engine invariants.
+"""Fills are plugins (`rf_eval.fills`): found by the registry, each checked by the engine invariants.
 
-Every fill method from predicted inputs, the ones the package ships and a throwaway one registered at run
+Every fill from predicted inputs, the ones the package ships and a throwaway one registered at run
 time by this module, runs the same invariants with no other edit: the partial path with no filled row is
 the stock model; a filled prefill is the stock forward with the filled rows' late inputs replaced by the
 method's prediction (`filled_reference`); every prefix row selected exact is the stock model again.
@@ -20,15 +20,15 @@ from rf_eval.cli import main
 from rf_eval.cli.check_equivalence import compare
 from rf_eval.cli.fills import BEGIN, END, rows, table, with_table
 from rf_eval.engine import Plan, plain_prefill, prefill
-from rf_eval.fills import FILL_OFF, arm_fills, fill_method, register_fill, registered_fills, unregister_fill
-from rf_eval.fills.base import FillMethod
+from rf_eval.fills import FILL_OFF, arm_fills, fill_named, register_fill, registered_fills, unregister_fill
+from rf_eval.fills.base import Fill
 from rf_eval.ridgefill.method import RidgeFill
 
 ROOT = Path(__file__).resolve().parents[2]
 N, SPLIT, TAIL = 40, 3, 6
 
 
-class Throwaway(FillMethod):
+class Throwaway(Fill):
     """A fill no module defines: late layer l's filled rows read x_S scaled by 1 - l/100."""
 
     name = "throwaway"
@@ -68,14 +68,14 @@ def maps_for(tiny_model, tmp_path_factory):
 
 
 def predicting() -> list[str]:
-    return [n for n in registered_fills() if fill_method(n).strategy == "inputs"]
+    return [n for n in registered_fills() if fill_named(n).strategy == "inputs"]
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
 @pytest.mark.parametrize("name", [*predicting(), Throwaway.name])
 def test_every_fill_from_predicted_inputs_keeps_the_engine_invariants(tiny_model, maps_for, throwaway, family, name):
     model, tok = tiny_model(family)
-    method = fill_method(name)
+    method = fill_named(name)
     maps = maps_for(family) if method.needs_maps else None
     param = next(model.parameters())
     fill = method.fill_fn(maps, param.dtype, param.device)
@@ -111,41 +111,41 @@ def test_a_throwaway_fill_is_a_valid_arm_only_while_registered(tiny_model, throw
     register_fill(Throwaway)
 
 
-class NoName(FillMethod):
+class NoName(Fill):
     summary = "no name"
 
 
-class BadStrategy(FillMethod):
+class BadStrategy(Fill):
     name = "bad_strategy"
     strategy = "magic"
 
 
-class Exact(FillMethod):
+class Exact(Fill):
     name = FILL_OFF
 
 
-class Twin(FillMethod):
+class Twin(Fill):
     name = "ridge"
 
     def fill_fn(self, maps, dtype, device):
         return lambda layer, x: x
 
 
-class NoFillFunction(FillMethod):
+class NoFillFunction(Fill):
     name = "no_fill_function"
 
 
-class KvWithoutRowFill(FillMethod):
+class KvWithoutRowFill(Fill):
     name = "kv_without_row_fill"
     strategy = "kv"
 
 
 @pytest.mark.parametrize("cls, message", [
-    (NoName, "must define a FillMethod subclass that sets name"),
+    (NoName, "must define a Fill subclass that sets name"),
     (BadStrategy, "strategy 'magic' is not one of inputs, absent, kv"),
-    (Exact, "'exact' is the fill switched off, not a fill method's name"),
+    (Exact, "'exact' is the fill switched off, not a fill's name"),
     (Twin, "fill 'ridge' is already registered (rf_eval.fills.ridge)"),
-    (int, "must define a FillMethod subclass"),
+    (int, "must define a Fill subclass"),
     (NoFillFunction, "fill 'no_fill_function' (strategy 'inputs') must define fill_fn (or bind)"),
     (KvWithoutRowFill, "fill 'kv_without_row_fill' (strategy 'kv') must define row_fill"),
 ])  # fmt: skip
@@ -160,7 +160,7 @@ def test_entry_points_add_fill_methods(monkeypatch):
     import rf_eval.fills as fills
     from rf_eval import plugins
 
-    class FromAPackage(FillMethod):
+    class FromAPackage(Fill):
         name = "from_a_package"
         strategy = "absent"
 
@@ -173,7 +173,7 @@ def test_entry_points_add_fill_methods(monkeypatch):
     monkeypatch.setattr(plugins, "entry_points", lambda group: [EntryPoint()] if group == fills.ENTRY_POINTS else [])
     fills.FILLS.refresh()
     try:
-        assert "from_a_package" in registered_fills() and isinstance(fill_method("from_a_package"), FromAPackage)
+        assert "from_a_package" in registered_fills() and isinstance(fill_named("from_a_package"), FromAPackage)
     finally:
         monkeypatch.undo()
         fills.FILLS.refresh()
@@ -203,7 +203,7 @@ def test_a_fill_name_is_a_literal_only_in_its_own_file():
     """Nothing outside a fill's module branches on its name: a new fill needs no other edit (#25 item 1)."""
     package = [p for folder in ("rf_eval", "model_adapters", "tasks", "stats", "reports")
                for p in (ROOT / folder).rglob("*.py")]
-    own = {fill_method(n).__class__.__module__.rsplit(".", 1)[-1]: n for n in registered_fills()}
+    own = {fill_named(n).__class__.__module__.rsplit(".", 1)[-1]: n for n in registered_fills()}
     found = []
     for path in package:
         if path.parent == ROOT / "rf_eval" / "fills" and own.get(path.stem) is not None:
@@ -231,7 +231,7 @@ def test_a_ragged_cache_is_refused_where_it_cannot_decode_and_decodes_where_it_i
     results = {}
     for attn in ("sdpa", "eager"):
         model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn).eval()
-        result = prefill(model, ids[:, :-1], plan, fill_method("nofill").row_fill(None))
+        result = prefill(model, ids[:, :-1], plan, fill_named("nofill").row_fill(None))
         assert result.ragged
         try:
             results[attn] = extend(model, result, ids[:, -1:])
@@ -249,7 +249,7 @@ def test_a_ragged_cache_is_refused_where_it_cannot_decode_and_decodes_where_it_i
 @pytest.mark.parametrize("source, says", [
     ("def broken(:\n", "fill module {folder}/broken.py (on RF_EVAL_FILL_PATH) does not import (SyntaxError"),
     ("import no_such_module_anywhere\n", "does not import (ModuleNotFoundError: No module named"),
-    ("from rf_eval.fills.base import FillMethod\n\nclass Half(FillMethod):\n    name = 'half'\n",
+    ("from rf_eval.fills.base import Fill\n\nclass Half(Fill):\n    name = 'half'\n",
      "fill 'half' (strategy 'inputs') must define fill_fn (or bind)"),
 ])
 def test_a_broken_fill_plugin_is_one_line_even_for_another_fill(tmp_path, source, says):

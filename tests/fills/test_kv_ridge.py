@@ -11,7 +11,7 @@ from rf_eval.cli import main
 from rf_eval.cost.mac_model import layer_costs, prefill_macs
 from rf_eval.engine import Plan, prefill
 from rf_eval.fields import ArmError
-from rf_eval.fills import fill_method
+from rf_eval.fills import fill_named
 from rf_eval.ridge.maps import load_maps
 from rf_eval.ridgefill.fitting import fit_maps
 from rf_eval.ridgefill.method import RidgeFill
@@ -192,7 +192,7 @@ def test_the_cost_model_charges_the_kv_map_in_place_of_the_projections(tiny_mode
     kv = prefill_macs(config, n, split=SPLIT, tail=tail, fill="kv_ridge")
     identity = prefill_macs(config, n, split=SPLIT, tail=tail, fill="identity")
     assert kv - identity == (n - tail) * (mapped_layers * config.hidden_size * kv_width - writes)
-    assert not fill_method("kv_ridge").supports_corrections
+    assert not fill_named("kv_ridge").supports_corrections
 
 
 def test_lambda_is_chosen_on_held_out_text_over_attention_and_gated_deltanet_layers(tiny_model, tmp_path):

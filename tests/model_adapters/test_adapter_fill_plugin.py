@@ -1,6 +1,6 @@
-"""A fill method in one file outside the package runs through `lm_eval` with no other edit (#25 item 1).
+"""A fill in one file outside the package runs through `lm_eval` with no other edit (#25 item 1).
 
-The file is the README's own ("Adding a fill method"), saved into a folder named by RF_EVAL_FILL_PATH.
+The file is the README's own ("Adding a fill"), saved into a folder named by RF_EVAL_FILL_PATH.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def readme_fill_file() -> tuple[str, str]:
     """The README's example fill module and its `fill=` name."""
-    section = (ROOT / "README.md").read_text().split("## Adding a fill method", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "README.md").read_text().split("## Adding a fill", 1)[1].split("\n## ", 1)[0]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     return code, re.search(r'^    name = "(\w+)"', code, re.M).group(1)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rf_eval.engine import plain_prefill
-from rf_eval.fills.base import FillMethod
+from rf_eval.fills.base import Fill
 from rf_eval.methods.exact import Exact
 from rf_eval.methods.requests import generation_cache
 from rf_eval.model_adapters.config import parse_model_args
@@ -35,7 +35,7 @@ def made(monkeypatch):
     def counting_init(self, *args, **kwargs):
         count[0] += 1
 
-    monkeypatch.setattr(FillMethod, "__init__", counting_init)
+    monkeypatch.setattr(Fill, "__init__", counting_init)
     return lambda: count[0]
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from rf_eval.engine import LayerView, Plan
-from rf_eval.fills import fill_method
+from rf_eval.fills import fill_named
 from rf_eval.ridge.state_correction import filled_share, load_table
 from rf_eval.ridgefill.corrections.base import Correction
 
@@ -37,7 +37,7 @@ class TerminalState(Correction):
         if int(meta["split"]) != plan.split:
             raise ValueError(f"{self.path} was fitted at split {meta['split']}, this arm runs split {plan.split}")
         # an arm (`RidgeFillArm`) hands its fill, made once; a bare plan names its fill
-        with_maps = (plan.fill_obj if hasattr(plan, "fill_obj") else fill_method(plan.fill)).needs_maps
+        with_maps = (plan.fill_obj if hasattr(plan, "fill_obj") else fill_named(plan.fill)).needs_maps
         if meta.get("fill") != plan.fill or (with_maps and meta.get("maps_sha256") != maps_sha):
             raise ValueError(f"{self.path} was fitted for fill {meta.get('fill')!r} with other maps than this arm's")
         fitted_split_map = meta.get("map_split", "false") == "true"  # files before the field: layer S read x_S
