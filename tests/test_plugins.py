@@ -6,18 +6,14 @@ path variables and run by the kinds' contract tests (through the engine on a tin
 from __future__ import annotations
 
 import os
-import re
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-from warm_start import run_argv
+from plugin_contracts import run_contracts
 
 from rf_eval import plugins
 from rf_eval.plugins import REQUIRED, PluginError, Registry, mentions, param_values, parameters
-
-ROOT = Path(__file__).resolve().parents[1]
 
 TOY_INIT = '''
 from rf_eval.plugins import Registry
@@ -192,6 +188,38 @@ class ScaleValues(Correction):
 '''
 
 
+#: the selector and correction contract tests (run through the engine on a tiny model), each called for every
+#: throwaway its registry (the list the test is parametrized over) holds
+CONTRACTS = """
+import json, sys
+from pathlib import Path
+
+from plugin_contracts import contract_module, tiny_model
+
+from rf_eval.ridgefill.corrections import CORRECTIONS
+from rf_eval.selectors.registry import names_for
+
+out = Path(sys.argv[1])
+models = tiny_model(out / "models")
+selectors = contract_module("selectors/test_selector_contract.py")
+corrections = contract_module("ridgefill/test_correction_contract.py")
+listed = {"ridgefill": names_for("ridgefill"), "rarecache": names_for("rarecache"), "correction": list(CORRECTIONS)}
+contracts = [
+    ("ridgefill", selectors.test_every_ridgefill_selector_keeps_the_contract, (models,)),
+    ("rarecache", selectors.test_every_rarecache_selector_keeps_the_contract, ()),
+    # state_table: read only for the corrections the contract's ARGS names (the terminal-state table)
+    ("correction", corrections.test_every_correction_keeps_the_contract, (models, None)),
+]
+kept = []
+for kind, contract, args in contracts:
+    for name in ("every_step", "scale_values"):
+        if name in listed[kind]:
+            contract(*args, name)
+            kept.append([contract.__name__, name])
+print(json.dumps({"listed": listed, "kept": kept}))
+"""
+
+
 def test_a_throwaway_selector_and_correction_run_the_contract_tests_with_no_other_edit(tmp_path):
     """Each one file in a folder named by its path variable: the kinds' contract tests pick them up (they
     run each through the engine on a tiny model) and pass."""
@@ -202,8 +230,8 @@ def test_a_throwaway_selector_and_correction_run_the_contract_tests_with_no_othe
         (folders[kind] / f"throwaway_{kind}.py").write_text(textwrap.dedent(source).lstrip())
     env = dict(os.environ, RF_EVAL_SELECTOR_PATH=str(folders["selector"]),
                RF_EVAL_CORRECTION_PATH=str(folders["correction"]), OMP_NUM_THREADS="1")
-    done = run_argv([sys.executable, "-m", "pytest", "-v", "-n0", "-p", "no:cacheprovider", "-k", "every_step or scale_values",
-         "tests/selectors/test_selector_contract.py", "tests/ridgefill/test_correction_contract.py"], cwd=ROOT, env=env, timeout=600)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    ran = re.findall(r"::(\w+)\[(every_step|scale_values)\] PASSED", done.stdout)
-    assert sorted(name for _, name in ran) == ["every_step", "scale_values"], done.stdout[-4000:]
+    (tmp_path / "contracts").mkdir()
+    found = run_contracts(CONTRACTS, env, tmp_path / "contracts")
+    assert "every_step" in found["listed"]["ridgefill"] and "scale_values" in found["listed"]["correction"]
+    assert found["kept"] == [["test_every_ridgefill_selector_keeps_the_contract", "every_step"],
+                             ["test_every_correction_keeps_the_contract", "scale_values"]]

@@ -2,21 +2,17 @@
 through their path variables (RF_EVAL_DATA_SOURCE_PATH, RF_EVAL_MEASURES_PATH) with no other edit: the kinds'
 contract tests pick them up and pass, `rf-eval fetch-data` downloads the source for the task that reads it,
 and lm_eval's preflight names it when it is missing (issue #39 item 3). The path variables are read when the
-packages are first imported, so each check runs in a fresh Python."""
+packages are first imported, so each check runs in a fresh Python (the contracts: tests/plugin_contracts.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
-from warm_start import run_argv
-
-ROOT = Path(__file__).resolve().parents[1]
+from plugin_contracts import run_contracts
 
 THROWAWAY_SOURCE = '''
 """A throwaway data source (tests/test_throwaway_plugins.py): a glossary keytoken_nll reads."""
@@ -53,6 +49,37 @@ class GlossaryLoss(TaskMeasures):
     description = "ΔNLL on the glossary's terms, then on every token."
 '''
 
+#: the data-source and report-measures contract tests, each called for the throwaway of its kind if its
+#: registry (the list the test is parametrized over) holds it
+CONTRACTS = """
+import json, sys
+from pathlib import Path
+
+import pytest
+from plugin_contracts import contract_module
+
+from rf_eval.stats.measures import MEASURES
+from rf_eval.tasks.data_sources import SOURCES
+
+out = Path(sys.argv[1])
+sources = contract_module("tasks/test_data_source_contract.py")
+measures = contract_module("stats/test_measures_contract.py")
+lmeval_format = contract_module("stats/lmeval_format.py")
+kept = []
+if "glossary" in SOURCES:
+    (out / "source_contract").mkdir()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        # no_punkt and request: read for the package's own sources only (nltk data, downloads stood in)
+        sources.test_every_data_source_keeps_the_contract("glossary", None, monkeypatch, out / "source_contract",
+                                                          None)
+    kept.append("data source glossary")
+if "glossary_nll" in MEASURES:
+    (out / "measures_contract").mkdir()
+    measures.test_every_task_reading_keeps_the_contract("glossary_nll", lmeval_format, out / "measures_contract")
+    kept.append("task reading glossary_nll")
+print(json.dumps({"sources": list(SOURCES), "measures": list(MEASURES), "kept": kept}))
+"""
+
 FETCH_THEN_PREFLIGHT = """
 import os, sys
 from rf_eval.cli import main
@@ -76,11 +103,10 @@ def test_a_throwaway_data_source_and_reading_are_found_tested_and_used_with_no_o
                RF_EVAL_MEASURES_PATH=str(folders["measures"]), OMP_NUM_THREADS="1")
     env.pop("HF_HUB_OFFLINE", None)
     env.pop("RF_EVAL_DATA", None)
-    done = run_argv([sys.executable, "-m", "pytest", "-v", "-n0", "-p", "no:cacheprovider", "-k", "glossary",
-         "tests/tasks/test_data_source_contract.py", "tests/stats/test_measures_contract.py"], cwd=ROOT, env=env, timeout=600)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    ran = re.findall(r"::(\w+)\[(glossary|glossary_nll)\] PASSED", done.stdout)
-    assert sorted(name for _, name in ran) == ["glossary", "glossary_nll"], done.stdout[-4000:]
+    (tmp_path / "contracts").mkdir()
+    found = run_contracts(CONTRACTS, env, tmp_path / "contracts")
+    assert "glossary" in found["sources"] and "glossary_nll" in found["measures"]  # found on the path
+    assert found["kept"] == ["data source glossary", "task reading glossary_nll"]
 
     out = tmp_path / "data"
     said = subprocess.run([sys.executable, "-c", FETCH_THEN_PREFLIGHT, str(out)], cwd=tmp_path, env=env,

@@ -1,16 +1,16 @@
 """The family registry: every family module is found by itself, describes itself truthfully, and a new one
-(a throwaway module on RF_EVAL_FAMILY_PATH) runs every engine invariant test with no other edit."""
+(a throwaway module on RF_EVAL_FAMILY_PATH) runs every engine invariant test with no other edit (in a fresh
+Python, which reads the variable: tests/plugin_contracts.py)."""
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from warm_start import run_argv
+from plugin_contracts import run_contracts
 
 from rf_eval import families
 from rf_eval.families import family_class, family_class_for, registered_families, supported_model_types
@@ -109,13 +109,36 @@ def test_a_model_type_claimed_twice_is_an_error(tmp_path, monkeypatch):
             sys.modules.pop(f"rf_eval.families.{name}", None)
 
 
+#: tests/engine/test_engine.py's invariants over every registered family (`rf_eval.testing.FAMILIES`)
+ENGINE_INVARIANTS = ("test_no_filled_row_on_the_partial_path_is_the_stock_model",
+                     "test_greedy_decoding_continues_from_the_filled_cache",
+                     "test_filled_prefill_is_the_stock_forward_with_predicted_inputs")
+
+#: each engine invariant called for the throwaway family, on its tiny model, if FAMILIES holds it
+CONTRACTS = """
+import json, sys
+from pathlib import Path
+
+from plugin_contracts import contract_module, tiny_model
+
+from rf_eval.testing import FAMILIES
+
+family, invariants = sys.argv[2], sys.argv[3:]
+models = tiny_model(Path(sys.argv[1]) / "models")
+engine = contract_module("engine/test_engine.py")
+kept = []
+if family in FAMILIES:
+    for name in invariants:
+        getattr(engine, name)(models, family)
+        kept.append(name)
+print(json.dumps({"families": list(FAMILIES), "kept": kept}))
+"""
+
+
 def test_a_new_family_module_runs_every_engine_invariant_with_no_other_edit(tmp_path):
     (tmp_path / f"{THROWAWAY}.py").write_text(textwrap.dedent(THROWAWAY_MODULE).lstrip())
     env = dict(os.environ, **{families.FAMILY_PATH_ENV: str(tmp_path)}, OMP_NUM_THREADS="1")
-    done = run_argv([sys.executable, "-m", "pytest", "-v", "-n0", "-p", "no:cacheprovider", "tests/engine/test_engine.py", "-k",
-             THROWAWAY], cwd=ROOT, env=env, timeout=600)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    ran = re.findall(rf"^tests/engine/test_engine\.py::(\w+)\[{THROWAWAY}\] PASSED", done.stdout, re.M)
-    summary = re.search(r"(\d+) passed", done.stdout)
-    assert ran and summary and int(summary.group(1)) == len(ran), done.stdout[-4000:]
-    assert "failed" not in done.stdout.splitlines()[-1] and "error" not in done.stdout.splitlines()[-1]
+    (tmp_path / "contracts").mkdir()
+    found = run_contracts(CONTRACTS, env, tmp_path / "contracts", args=[THROWAWAY, *ENGINE_INVARIANTS])
+    assert THROWAWAY in found["families"]  # the list the invariants are parametrized over
+    assert found["kept"] == list(ENGINE_INVARIANTS)
