@@ -10,7 +10,8 @@ and its method is used only through the method protocol
 (`rf_eval.methods.base.Method`), with the rules the adapter uses
 (`rf_eval.methods.requests`): one plan per prompt, plain prompts run the stock
 model, a generation prompt is prefilled by `generation_cache`, the one
-generation loop continues it, sampled requests are seeded by `sampling_seed`.
+generation loop continues it, sampled requests are seeded by `sampling_seed`
+(one request's generation: `rf_eval.serving.generation`).
 So a server request and an adapter request with the same arm and prompt
 tokens generate the same tokens.
 
@@ -38,28 +39,25 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import StoppingCriteriaList
 
 from rf_eval.engine import PrefillResult, decoder_layers, new_cache
 from rf_eval.engine.batch import split_cache
 from rf_eval.methods.base import Method
 from rf_eval.methods.requests import (
     check_token_ids,
-    generate_after,
     generation_cache,
     generation_cache_needed,
     generation_prompt,
-    sampling_seed,
 )
 from rf_eval.model_adapters.prefill_lm import PrefillLM
 from rf_eval.serving import arms
+from rf_eval.serving.generation import Generation, GenParams, Request, generate_request
 from rf_eval.serving.scheduler import MAX_BATCH, BatchScheduler, Cancelled, Job
-from rf_eval.serving.scoring import TokenScore, score_prompt, token_score
-from rf_eval.serving.streaming import ClientGone, TokenStreamer
+from rf_eval.serving.scoring import TokenScore, score_prompt
 
 MAX_ENGINES = 16  # arms kept built (least recently used dropped)
 
@@ -71,38 +69,6 @@ class ServedArm:
     arm: Any  # the method's arm
     method: Method
     info: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class GenParams:
-    max_tokens: int = 16
-    temperature: float = 0.0
-    top_p: float | None = None
-    top_k: int | None = None
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    logprobs: int | None = None  # top-k alternatives per generated token (0: the token's own only)
-
-
-@dataclass
-class Generation:
-    tokens: list[int]
-    text: str
-    finish_reason: str  # "stop" | "length"
-    scores: list[TokenScore] | None = None
-    timings: dict[str, float] = field(default_factory=dict)
-    batch: dict[str, Any] | None = None  # the scheduler's record (`rf_eval.serving.scheduler`); None: no batch ran
-
-
-@dataclass(frozen=True)
-class _Request:
-    """A queued generation (a `Job`'s payload)."""
-
-    ids: list[int]
-    arm: ServedArm
-    params: GenParams
-    on_token: Callable[[int], None] | None
-    cancel: threading.Event | None
 
 
 class Backend:
@@ -213,7 +179,7 @@ class Backend:
             return Generation([], "", "length", [] if params.logprobs is not None else None,
                               {"queue_seconds": 0.0, "prefill_seconds": 0.0, "prompt_seconds": 0.0,
                                "decode_seconds": 0.0, "total_seconds": 0.0})
-        return self.scheduler.call(_Request(list(ids), arm, params, on_token, cancel), cancel)
+        return self.scheduler.call(Request(list(ids), arm.method, params, on_token, cancel), cancel)
 
     # ---- a batch (the scheduler's worker thread)
 
@@ -221,7 +187,7 @@ class Backend:
         """Serve one batch: the prefills (grouped by arm and length), then each request's generation in turn. A
         batch of one arm (a single request's, always) runs inside that arm's forward context, entered once;
         one of several arms enters each arm's around its prefills and each request's generation."""
-        methods = {id(job.payload.arm.method): job.payload.arm.method for job in jobs}
+        methods = {id(job.payload.method): job.payload.method for job in jobs}
         one_arm = next(iter(methods.values())).forward_context() if len(methods) == 1 else nullcontext()
         with self.lock, one_arm:
             t0 = time.perf_counter()
@@ -233,10 +199,10 @@ class Backend:
                 if job.gone:
                     finish(job, error=Cancelled())
                     continue
-                request: _Request = job.payload
+                request: Request = job.payload
                 cached, together = caches.get(job, (None, 1))
                 try:
-                    gen = self._generate_after(request, cached, t0, t1 if job in caches else None)
+                    gen = generate_request(self.lm, request, cached, t0, t1 if job in caches else None)
                 except Exception as err:  # this request's failure, not its batch's
                     finish(job, error=err)
                     continue
@@ -253,13 +219,13 @@ class Backend:
         others (a plain prompt alone, a one-token prompt) are prefilled by the stock `generate`, as alone."""
         groups: dict[tuple[int, int], list[Job]] = {}
         for job in jobs:
-            request: _Request = job.payload
+            request: Request = job.payload
             if job.gone or len(request.ids) < 2:
                 continue
-            groups.setdefault((id(request.arm.method), len(request.ids)), []).append(job)
+            groups.setdefault((id(request.method), len(request.ids)), []).append(job)
         out: dict[Job, tuple[PrefillResult, int]] = {}
         for group in groups.values():
-            method = group[0].payload.arm.method
+            method = group[0].payload.method
             plan = method.plan(len(group[0].payload.ids))  # the group's one decision: one arm, one length
             needed = generation_cache_needed(plan)
             if not needed and len(group) == 1:
@@ -294,73 +260,6 @@ class Backend:
         rows = torch.arange(n, device=ids.device)
         return [PrefillResult(split_cache(cache, b, batch), None, rows, {"batch": batch}, prompt_length=n)
                 for b in range(batch)]
-
-    def _generate_after(self, request: _Request, cached: PrefillResult | None, t0: float,
-                        prefilled: float | None) -> Generation:
-        """One request's generation after its batch's prefills (`cached`: its cache, None: `generate` runs the
-        whole prompt; `prefilled`: when the batch's prefills ended, None when this one's ran inside generate)."""
-        from lm_eval.models.utils import postprocess_generated_text
-
-        ids, arm, params = request.ids, request.arm, request.params
-        first: list[float] = []
-        t_gen = time.perf_counter()
-        with arm.method.forward_context():  # the method's forward (a fill that replaced it: the base's)
-            out, fed = self._run_generate(arm.method, ids, cached, params, request.on_token, request.cancel,
-                                          lambda: first.append(time.perf_counter()))
-        t2 = time.perf_counter()
-        tokens = out.sequences[0, fed:].tolist()
-        raw = self.decode(tokens)
-        text = postprocess_generated_text(raw, stop=list(params.stop), think_end_token=None)
-        eos = self.model.generation_config.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
-        stopped = len(text) < len(raw) or len(tokens) < params.max_tokens or bool(tokens and tokens[-1] in eos_ids)
-        scores = None
-        if params.logprobs is not None:
-            scores = [token_score(row[0], tok, params.logprobs) for row, tok in zip(out.logits, tokens)]
-        t_first = first[0] if first else t2
-        timings = {
-            "queue_seconds": 0.0,  # set by the batch
-            # the batch's prefills (the engine's: all but the last row), else this prompt's inside generate
-            "prefill_seconds": prefilled - t0 if prefilled is not None else t_first - t_gen,
-            "prompt_seconds": t_first - t0,  # batch start to the first generated token (the whole prompt)
-            "decode_seconds": t2 - t_first,
-            "total_seconds": t2 - t0,
-        }
-        return Generation(tokens, text, "stop" if stopped else "length", scores, timings)
-
-    def _run_generate(self, method: Method, ids: list[int], cached: Any, params: GenParams,
-                      on_token: Callable[[int], None] | None, cancel: threading.Event | None,
-                      on_first: Callable[[], None]) -> tuple[Any, int]:
-        """`model.generate` after `ids` through the one generation loop (`requests.generate_after`): over the
-        method's cache of them (`cached`), or, for a plain prompt (None), with the prompt run inside generate,
-        as the stock generation. Returns its output and the length of the input it was handed."""
-        from lm_eval.models.utils_hf import stop_sequences_criteria
-
-        stop = list(params.stop)
-
-        def criteria(fed: int) -> StoppingCriteriaList | None:
-            found = stop_sequences_criteria(self.tokenizer, stop, fed, 1) if stop else None
-            if cancel is not None:
-                found = found or StoppingCriteriaList()
-                found.append(ClientGone(cancel))
-            return found
-
-        kwargs: dict[str, Any] = {"do_sample": False}
-        if params.temperature > 0:
-            kwargs = {"do_sample": True, "temperature": params.temperature}
-            if params.top_p is not None:
-                kwargs["top_p"] = params.top_p
-            if params.top_k is not None:
-                kwargs["top_k"] = max(params.top_k, 0)  # vLLM's -1 (no cut) is transformers' 0
-            seed = params.seed if params.seed is not None else self.settings.seed
-            if seed is not None:  # the adapter's rule: (seed, prompt tokens)
-                torch.manual_seed(sampling_seed(seed, ids))
-        if cached is None:  # the stock generation: generate runs the whole prompt
-            kwargs["attention_mask"] = torch.ones((1, len(ids)), dtype=torch.long, device=self.lm.input_device)
-        return generate_after(
-            method, ids, cached, max_length=len(ids) + params.max_tokens, criteria=criteria,
-            pad_token_id=self.tokenizer.pad_token_id, use_cache=True, streamer=TokenStreamer(on_token, on_first),
-            return_dict_in_generate=True, output_logits=params.logprobs is not None, **kwargs)
 
     def score_prompt(self, ids: list[int], arm: ServedArm, k: int) -> list[TokenScore]:
         """Log-probabilities of the prompt's own tokens under `arm`; see `scoring.score_prompt`."""

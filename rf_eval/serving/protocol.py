@@ -20,7 +20,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from rf_eval.serving.backend import Backend, Generation, GenParams
+from rf_eval.serving.backend import Backend
+from rf_eval.serving.generation import Generation, GenParams
 from rf_eval.serving.scoring import TokenScore
 
 MAX_LOGPROBS = 20
