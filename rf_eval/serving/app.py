@@ -10,7 +10,9 @@ Chat responses and `/rf/info` also carry `rf_chat_template`, the record
 `--model ridgefill` keeps as `rf_eval.chat_template` (`rf_eval.harness.chat`), so a
 served arm shows it rendered messages as the adapter arm it pairs with.
 Streaming responses carry these in their last chunk. Every request is one
-JSON line in the request log.
+JSON line in the request log. This module reads and checks requests and wires
+the routes; a checked request is answered, whole or streamed, and logged by
+`rf_eval.serving.answer`.
 
 Requests queue for the model in the backend's first-come-first-served batching
 scheduler (`rf_eval.serving.scheduler`); each response reports its batch as
@@ -26,45 +28,25 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from lm_eval.models.utils import postprocess_generated_text
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from rf_eval.serving import protocol
+from rf_eval.serving.answer import Answer, RequestLog
 from rf_eval.serving.arms import ArmError, as_fields, parse_rf_arm
-from rf_eval.serving.backend import Backend, Generation, ServedArm
+from rf_eval.serving.backend import Backend, ServedArm
 from rf_eval.serving.protocol import Parsed, RequestError
-from rf_eval.serving.scheduler import Cancelled
 
 log = logging.getLogger(__name__)
 
 WORKER_THREADS = 2048  # requests waiting for their batch at once (each holds a worker thread)
-
-
-class RequestLog:
-    """Appends one JSON object per request to a file (or a stream)."""
-
-    def __init__(self, path: str | Path | None = None, stream: TextIO | None = None):
-        self._fh = open(path, "a", encoding="utf-8") if path else stream  # noqa: SIM115 (open for the server's life)
-        self._lock = threading.Lock()
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self._fh is None:
-            return
-        line = json.dumps({"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), **record})
-        with self._lock:
-            self._fh.write(line + "\n")
-            self._fh.flush()
 
 
 def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> JSONResponse:
@@ -105,11 +87,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     yield
 
 
-def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastAPI:
-    app = FastAPI(title="rf-eval serve", docs_url=None, redoc_url=None, lifespan=_lifespan)
-    logger = request_log or RequestLog()
+class _Routes:
+    """The endpoints over one backend and one request log; `create_app` wires them to their paths."""
 
-    def arm_for(req: Parsed, path_spec: str | None) -> tuple[ServedArm, str]:
+    def __init__(self, backend: Backend, logger: RequestLog):
+        self.backend, self.logger = backend, logger
+
+    def arm_for(self, req: Parsed, path_spec: str | None) -> tuple[ServedArm, str]:
+        """The request's arm (the server's, then the URL prefix's fields, then the body's) and where it came from."""
+        backend = self.backend
         fields, source = {}, "server"
         if path_spec:
             fields, source = parse_rf_arm(path_spec, backend.arm_fields), "path"
@@ -117,7 +103,9 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
             fields, source = {**fields, **as_fields(req.arm_fields, backend.arm_fields)}, "body"
         return backend.arm(fields), source
 
-    async def handle(request: Request, chat: bool, path_spec: str | None = None):
+    async def handle(self, request: Request, chat: bool, path_spec: str | None = None) -> Response:
+        """A completion or chat completion request: read, checked, then answered whole or streamed."""
+        backend, logger = self.backend, self.logger
         started = time.perf_counter()
         record: dict[str, Any] = {"endpoint": request.url.path}
         try:
@@ -128,7 +116,7 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
             return _error(400, "the request body must be a JSON object")
         try:
             req = (protocol.parse_chat if chat else protocol.parse_completion)(body, backend)
-            arm, source = arm_for(req, path_spec)
+            arm, source = self.arm_for(req, path_spec)
             for ids in req.prompts:
                 backend.check_ids(ids)
                 backend.check_length(len(ids), req.params.max_tokens)
@@ -148,192 +136,97 @@ def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastA
         record.update(arm=arm.info, arm_source=source, stream=req.stream, ignored_fields=req.ignored or None)
         if chat and backend.chat_template is not None:  # how the messages were rendered, in brief
             record["chat_template"] = {k: backend.chat_template[k] for k in ("enable_thinking", "template_sha256")}
-        rid = protocol.new_id(chat)
-        model = req.model or backend.served_name
+        answer = Answer(backend, logger, req, arm, protocol.new_id(chat), req.model or backend.served_name, record,
+                         started)
         if req.stream:
             cancel = threading.Event()
-            return _Stream(_stream(backend, logger, req, arm, rid, model, record, started, cancel), cancel,
-                           media_type="text/event-stream")
+            return _Stream(answer.stream(cancel), cancel, media_type="text/event-stream")
         try:
-            return JSONResponse(await run_in_threadpool(_complete, backend, logger, req, arm, rid, model, record, started))
+            return JSONResponse(await run_in_threadpool(answer.complete))
         except Exception as err:  # the server keeps serving; the log and the client get the reason
             log.exception("request failed")
             logger.write({**record, "status": 500, "error": repr(err)})
             return _error(500, f"internal error: {err!r}", kind="server_error")
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await handle(request, chat=False)
+    async def completions(self, request: Request) -> Response:
+        """`POST /v1/completions`."""
+        return await self.handle(request, chat=False)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await handle(request, chat=True)
+    async def chat_completions(self, request: Request) -> Response:
+        """`POST /v1/chat/completions`."""
+        return await self.handle(request, chat=True)
 
-    @app.post("/arm/{spec}/v1/completions")
-    async def arm_completions(spec: str, request: Request):
-        return await handle(request, chat=False, path_spec=spec)
+    async def arm_completions(self, spec: str, request: Request) -> Response:
+        """`POST /arm/<spec>/v1/completions`: the arm from the URL prefix."""
+        return await self.handle(request, chat=False, path_spec=spec)
 
-    @app.post("/arm/{spec}/v1/chat/completions")
-    async def arm_chat_completions(spec: str, request: Request):
-        return await handle(request, chat=True, path_spec=spec)
+    async def arm_chat_completions(self, spec: str, request: Request) -> Response:
+        """`POST /arm/<spec>/v1/chat/completions`: the arm from the URL prefix."""
+        return await self.handle(request, chat=True, path_spec=spec)
 
-    @app.get("/v1/models")
-    @app.get("/arm/{spec}/v1/models")
-    async def models(spec: str | None = None):
-        entry = {"id": backend.served_name, "object": "model", "created": 0, "owned_by": "rf-eval",
-                 "max_model_len": backend.max_length}
+    async def models(self, spec: str | None = None) -> dict[str, Any]:
+        """`GET /v1/models`: the one served model."""
+        entry = {"id": self.backend.served_name, "object": "model", "created": 0, "owned_by": "rf-eval",
+                 "max_model_len": self.backend.max_length}
         return {"object": "list", "data": [entry]}
 
-    @app.get("/health")
-    async def health():
+    async def health(self) -> dict[str, Any]:
+        """`GET /health`."""
         return {"status": "ok"}
 
-    @app.get("/rf/info")
-    async def info():
+    async def info(self) -> dict[str, Any]:
+        """`GET /rf/info`: the model, its method, the default arm, the arm fields and the scheduler's state."""
+        backend = self.backend
         return {"model": backend.settings.pretrained, "method": backend.lm.method.name,
                 "served_name": backend.served_name, "layers": backend.n_layers,
                 "max_model_len": backend.max_length, "default_arm": backend.default_arm.info,
                 "arm_fields": list(backend.arm_fields), "maps": backend.settings.source.files.get("maps"),
                 "rf_chat_template": backend.chat_template, "scheduler": backend.scheduler.state()}
 
-    async def json_body(request: Request) -> Any:
-        try:
-            return await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return None
-
-    @app.post("/tokenize")
-    async def tokenize(request: Request):
-        body = await json_body(request)
+    async def tokenize(self, request: Request) -> Any:
+        """`POST /tokenize`: a prompt's token ids."""
+        body = await _json_body(request)
         text = body.get("prompt") if isinstance(body, dict) else None
         if not isinstance(text, str):
             return _error(400, "tokenize needs {'prompt': string}", "prompt")
         if body.get("add_special_tokens", True):
-            tokens = backend.encode(text)
+            tokens = self.backend.encode(text)
         else:
-            tokens = backend.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return {"tokens": tokens, "count": len(tokens), "max_model_len": backend.max_length}
+            tokens = self.backend.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": self.backend.max_length}
 
-    @app.post("/detokenize")
-    async def detokenize(request: Request):
-        body = await json_body(request)
+    async def detokenize(self, request: Request) -> Any:
+        """`POST /detokenize`: token ids' text."""
+        body = await _json_body(request)
         tokens = body.get("tokens") if isinstance(body, dict) else None
         if not protocol._is_tokens(tokens) and tokens != []:
             return _error(400, "detokenize needs {'tokens': [int, ...]}", "tokens")
         try:
-            backend.check_ids(tokens)
+            self.backend.check_ids(tokens)
         except ValueError as err:
             return _error(400, str(err), "tokens")
-        return {"prompt": backend.decode(tokens, skip_special_tokens=False)}
-
-    return app
+        return {"prompt": self.backend.decode(tokens, skip_special_tokens=False)}
 
 
-def _rf(backend: Backend, req: Parsed, arm: ServedArm, n_prompt: int, timings: dict[str, float], batch: Any = None
-        ) -> dict[str, Any]:
-    out = {"rf_arm": arm.info, "rf_timings": {**timings, "prompt_tokens": n_prompt, **backend.ceilings(arm, n_prompt)},
-           "rf_batch": batch}
-    return {**out, "rf_chat_template": backend.chat_template} if req.chat else out
-
-
-def _complete(backend: Backend, logger: RequestLog, req: Parsed, arm: ServedArm, rid: str, model: str,
-              record: dict[str, Any], started: float) -> dict[str, Any]:
-    choices, n_prompt, n_gen, timings, batches = [], 0, 0, {}, []
-    for index, ids in enumerate(req.prompts):
-        prompt_scores = None
-        if req.echo and req.params.logprobs is not None:
-            prompt_scores = backend.score_prompt(ids, arm, req.params.logprobs)
-        gen = backend.generate(ids, arm, req.params)
-        choices.append(protocol.choice(backend, req, index, gen, prompt_scores))
-        n_prompt, n_gen = n_prompt + len(ids), n_gen + len(gen.tokens)
-        timings = {k: timings.get(k, 0.0) + v for k, v in gen.timings.items()}
-        batches.append(gen.batch)
-    rf = _rf(backend, req, arm, n_prompt, timings, batches)
-    logger.write({**record, "status": 200, "prompt_tokens": n_prompt, "completion_tokens": n_gen,
-                  **timings, "batch": batches, "wall_seconds": time.perf_counter() - started})
-    return protocol.response(req, rid, model, choices, protocol.usage(n_prompt, n_gen, timings.get("prompt_seconds")), rf)
-
-
-def _visible(backend: Backend, tokens: list[int], stop: tuple[str, ...]) -> str:
-    """Text that can be sent now: cut at a stop string; a possible stop prefix or broken character held back."""
-    raw = backend.decode(tokens)
-    text = postprocess_generated_text(raw, stop=list(stop), think_end_token=None)
-    if len(text) < len(raw):
-        return text
-    hold = len(text) - len(text.rstrip("\ufffd"))
-    for s in stop:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:k]):
-                hold = max(hold, k)
-                break
-    return text[: len(text) - hold]
-
-
-def _sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj)}\n\n"
-
-
-def _stream(backend: Backend, logger: RequestLog, req: Parsed, arm: ServedArm, rid: str, model: str,
-            record: dict[str, Any], started: float, cancel: threading.Event) -> Iterator[str]:
-    """The request queued now (in arrival order, before its response starts), and the generator of its events."""
-    ids = req.prompts[0]
-    events: queue.Queue = queue.Queue()
-
-    def work() -> None:
-        try:
-            events.put(("done", backend.generate(ids, arm, req.params, on_token=lambda t: events.put(("token", t)),
-                                                 cancel=cancel)))
-        except Cancelled:  # the client went away while the request queued
-            events.put(("cancelled", None))
-        except Exception as err:  # reported to the client as an error event
-            events.put(("error", err))
-
-    threading.Thread(target=work, name=f"rf-eval-{rid}", daemon=True).start()
-    return _stream_events(backend, logger, req, arm, rid, model, record, started, cancel, events)
-
-
-def _stream_events(backend: Backend, logger: RequestLog, req: Parsed, arm: ServedArm, rid: str, model: str,
-                   record: dict[str, Any], started: float, cancel: threading.Event,
-                   events: queue.Queue) -> Iterator[str]:
-    ids = req.prompts[0]
-    tokens: list[int] = []
-    sent = ""
-    finished = False
+async def _json_body(request: Request) -> Any:
+    """The request's JSON body; None if it is not JSON."""
     try:
-        while True:
-            kind, value = events.get()
-            if kind == "token":
-                tokens.append(value)
-                text = _visible(backend, tokens, req.params.stop)
-                if len(tokens) == 1 or (len(text) > len(sent) and text.startswith(sent)):
-                    delta, sent = (text[len(sent):], text) if text.startswith(sent) else ("", sent)
-                    yield _sse(protocol.chunk(req, rid, model, delta, first=len(tokens) == 1))
-                continue
-            if kind == "cancelled":
-                return  # `finally` logs the dropped request (status 499)
-            if kind == "error":
-                logger.write({**record, "status": 500, "error": repr(value)})
-                yield _sse({"error": {"message": f"internal error: {value!r}", "type": "server_error"}})
-                break
-            gen: Generation = value
-            delta = gen.text[len(sent):] if gen.text.startswith(sent) else ""
-            rf = _rf(backend, req, arm, len(ids), gen.timings, gen.batch)
-            if not tokens:
-                yield _sse(protocol.chunk(req, rid, model, "", first=True))
-            yield _sse(protocol.chunk(req, rid, model, delta, finish=gen.finish_reason, extra=rf))
-            use = protocol.usage(len(ids), len(gen.tokens), gen.timings.get("prompt_seconds"))
-            if req.include_usage:
-                yield _sse({"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
-                            "created": int(time.time()), "model": model, "choices": [], "usage": use})
-            logger.write({**record, "status": 200, "prompt_tokens": len(ids), "completion_tokens": len(gen.tokens),
-                          **gen.timings, "batch": gen.batch, "wall_seconds": time.perf_counter() - started})
-            break
-        finished = True
-        yield "data: [DONE]\n\n"
-    finally:
-        cancel.set()
-        if not finished:  # the client went away (queued, or mid-stream): say so (the log would otherwise hold nothing)
-            log.warning("stream %s dropped by the client after %d tokens", rid, len(tokens))
-            logger.write({**record, "status": 499, "error": "client disconnected mid-stream" if tokens else
-                          "client disconnected before the first token",
-                          "completion_tokens": len(tokens), "wall_seconds": time.perf_counter() - started})
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def create_app(backend: Backend, request_log: RequestLog | None = None) -> FastAPI:
+    """The app of `rf-eval serve` over `backend`, each request logged to `request_log` (none: not logged)."""
+    app = FastAPI(title="rf-eval serve", docs_url=None, redoc_url=None, lifespan=_lifespan)
+    routes = _Routes(backend, request_log or RequestLog())
+    for method, path, endpoint in (  # response_model=None: a return annotation is no response model
+        ("POST", "/v1/completions", routes.completions), ("POST", "/v1/chat/completions", routes.chat_completions),
+        ("POST", "/arm/{spec}/v1/completions", routes.arm_completions),
+        ("POST", "/arm/{spec}/v1/chat/completions", routes.arm_chat_completions),
+        ("GET", "/arm/{spec}/v1/models", routes.models), ("GET", "/v1/models", routes.models),
+        ("GET", "/health", routes.health), ("GET", "/rf/info", routes.info),
+        ("POST", "/tokenize", routes.tokenize), ("POST", "/detokenize", routes.detokenize),
+    ):
+        app.add_api_route(path, endpoint, methods=[method], response_model=None)
+    return app
