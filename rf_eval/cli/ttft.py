@@ -86,7 +86,7 @@ def server_and_arms(args: argparse.Namespace) -> tuple:
 def run(args: argparse.Namespace) -> int:
     from rf_eval.files.outputs import check_output, stamp_json, write_output
     from rf_eval.serving.client import ServerError
-    from rf_eval.serving.timing import dumps, format_table, measure
+    from rf_eval.serving.timing import TtftSettings, dumps, format_table, measure
 
     if args.repeats < 1 or args.warmup < 0 or args.max_tokens < 1 or min(args.lengths) < 2:
         raise UserError("--repeats and --max-tokens must be >= 1, --warmup >= 0 and every length >= 2")
@@ -100,12 +100,13 @@ def run(args: argparse.Namespace) -> int:
     fallback = None
     if args.layers is not None and args.split is not None and args.tail is not None:
         fallback = {"fill": "filled", "layers": args.layers, "split": args.split, "tail": args.tail}
+    settings = TtftSettings(repeats=args.repeats, warmup=args.warmup, max_tokens=args.max_tokens, model=args.model,
+                            fallback_arm=fallback, timing=args.timing, arm_field=args.arm_field)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     try:
         prompts = cut_prompts(server, text, args.lengths, args.tokenizer)
-        result = measure(server, (arm_a, arm_b), prompts, args.repeats, args.warmup, args.max_tokens, args.model,
-                         fallback, args.timing, None if args.quiet else lambda m: print(m, file=sys.stderr),
-                         arm_field=args.arm_field)
+        result = measure(server, (arm_a, arm_b), prompts, settings,
+                         None if args.quiet else lambda m: print(m, file=sys.stderr))
     except ServerError as err:
         raise UserError(str(err)) from None
     result.update(started=started, prompt={"file": str(path), "sha256": hashlib.sha256(text.encode()).hexdigest()})

@@ -72,9 +72,12 @@ Install: `pip install 'rf-eval[serve]'` (FastAPI, uvicorn, and lm-eval's API-mod
        rf-eval load --base-url http://127.0.0.1:8000 --arm-a '{"fill":"exact"}' \
            --arm-b '{"fill":"ridge","tail":2048}' --lengths 4096 --rates 2 4 8 --saturation --out load.json
 
-Modules: `arms` (per-request arm), `backend` (model and engines),
-`scheduler` (FCFS dynamic batching), `protocol` (request/response bodies),
-`app` (FastAPI routes; the only module that imports FastAPI), `client`
-(stdlib HTTP client), `timing` (TTFT protocol), `load` (TTFT under Poisson
-load), `equivalence` (cross-server check).
+Modules: `arms` (per-request arm), `backend` (model, arms and the
+scheduler's batches), `generation` (one request's generation after its
+batch's prefills), `scheduler` (FCFS dynamic batching), `protocol`
+(request/response bodies), `app` (FastAPI routes; the only module that
+imports FastAPI), `answer` (a checked request's response, whole or streamed,
+and the request log), `client` (stdlib HTTP client), `timing` (TTFT
+protocol), `load` (TTFT under Poisson load), `inflight` (a load sweep's
+requests in flight, cut at its deadline), `equivalence` (cross-server check).
 """

@@ -28,25 +28,21 @@ server's clock. Offered load u = lambda / mu of arm A (the paper's target).
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from rf_eval.serving.client import Server, ServerError
-from rf_eval.serving.timing import TimedArm
+from rf_eval.serving.inflight import InFlight
+from rf_eval.serving.timing import TimedArm, request_body
 
 PERCENTILE_METHOD = "linear"  # numpy.percentile's default (Hyndman & Fan type 7)
 SATURATION_BATCHES = 5  # a burst of this many full batches: room for three consecutive full ones after the
 # first batches, dispatched while the rest of the burst still arrives, run part-full
-CUT_GRACE = 10.0  # seconds to wait for cut requests' threads to end after their connections are shut
-
-
-class _Cut(Exception):
-    """The sweep's deadline passed before this request was answered."""
 
 
 def arrival_times(rate: float, n: int, seed: int) -> np.ndarray:
@@ -95,94 +91,11 @@ def wait_idle(server: Server, timeout: float, poll: float = 0.05) -> bool:
         time.sleep(poll)
 
 
-class _Requests:
-    """The requests of one sweep or burst in flight: their threads, connections and records."""
-
-    def __init__(self, server: Server, body: dict[str, Any], n: int):
-        self.server, self.body = server, body
-        self.records: list[dict[str, Any]] = [{"index": i, "status": "unsent"} for i in range(n)]
-        self.threads: list[threading.Thread] = []
-        self.connections: dict[int, Any] = {}
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.start = time.perf_counter()
-
-    def _connected(self, i: int, conn: Any) -> None:
-        with self.lock:
-            if self.stop.is_set():
-                raise _Cut()
-            self.connections[i] = conn
-
-    def _one(self, i: int, go: threading.Event | None) -> None:
-        rec = self.records[i]
-        if go is not None:
-            go.wait()
-        rec["sent"] = time.perf_counter() - self.start
-        try:
-            result = self.server.stream_completion(self.body, on_connect=lambda conn: self._connected(i, conn))
-        except (_Cut, ServerError, OSError, ValueError) as err:
-            rec["status"] = "cut" if self.stop.is_set() else "failed"
-            rec["error"] = "cut at the deadline" if isinstance(err, _Cut) else str(err)
-            return
-        finally:
-            with self.lock:
-                self.connections.pop(i, None)
-        rec["sent"] = result.started - self.start
-        rec["first_token"] = result.started + result.ttft_seconds - self.start
-        rec["end"] = result.started + result.total_seconds - self.start
-        rec["finished"] = bool(result.last)  # the chunk with finish_reason came (else cut after the first token)
-        last = result.last or {}
-        timings = last.get("rf_timings") or {}
-        rec["server"] = {k: timings[k] for k in ("queue_seconds", "prefill_seconds", "prompt_seconds")
-                         if isinstance(timings.get(k), (int, float))} or None
-        rec["batch"] = last.get("rf_batch") if isinstance(last.get("rf_batch"), dict) else None
-        rec["status"] = "completed"
-
-    def send(self, i: int, go: threading.Event | None = None) -> None:
-        self.records[i]["status"] = "sending"
-        thread = threading.Thread(target=self._one, args=(i, go), name=f"rf-eval-load-{i}", daemon=True)
-        self.threads.append(thread)
-        thread.start()
-
-    def wait(self, deadline: float) -> bool:
-        """Join the threads until `deadline` (perf_counter); past it, cut the rest. True if anything was cut."""
-        for thread in self.threads:
-            thread.join(max(0.0, deadline - time.perf_counter()))
-        if not any(t.is_alive() for t in self.threads):
-            return False
-        self.stop.set()
-        grace = time.perf_counter() + CUT_GRACE
-        while any(t.is_alive() for t in self.threads) and time.perf_counter() < grace:
-            with self.lock:
-                socks = [getattr(c, "sock", None) for c in self.connections.values()]
-            for sock in socks:
-                if sock is not None:
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-            for thread in self.threads:
-                thread.join(0.05)
-        for rec in self.records:  # a thread that outlived the grace: still cut
-            if rec["status"] == "sending":
-                rec.update(status="cut", error="no answer after the deadline")
-        return True
-
-
-def request_body(arm: TimedArm, ids: list[int], max_tokens: int, model: str | None, arm_field: str) -> dict[str, Any]:
-    body: dict[str, Any] = {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "seed": 0}
-    if model:
-        body["model"] = model
-    if arm.fields is not None:
-        body[arm_field] = arm.fields
-    return body
-
-
 def sweep(server: Server, body: dict[str, Any], rate: float, n: int, discard: int, max_seconds: float,
           seed: int) -> dict[str, Any]:
     """One arm at one rate: `n` Poisson arrivals, each request streamed; see the module docstring."""
     times = arrival_times(rate, n, seed)
-    run = _Requests(server, body, n)
+    run = InFlight(server, body, n)
     for i, at in enumerate(times):
         run.records[i]["scheduled"] = float(at)
     deadline = run.start + max_seconds
@@ -214,7 +127,7 @@ def sweep(server: Server, body: dict[str, Any], rate: float, n: int, discard: in
 def saturation(server: Server, body: dict[str, Any], max_batch: int, max_seconds: float) -> dict[str, Any]:
     """Eq. 10: `SATURATION_BATCHES * max_batch` requests at once; mu from three consecutive full batches."""
     n = SATURATION_BATCHES * max_batch
-    run = _Requests(server, body, n)
+    run = InFlight(server, body, n)
     go = threading.Event()
     for i in range(n):
         run.records[i]["scheduled"] = 0.0
@@ -249,75 +162,107 @@ def saturation(server: Server, body: dict[str, Any], max_batch: int, max_seconds
     return out
 
 
-def measure(
-    server: Server,
-    arms: tuple[TimedArm, TimedArm],
-    prompts: dict[int, list[int]],
-    rates: list[float],
-    requests: int,
-    discard: int,
-    max_seconds: float,
-    seed: int,
-    *,
-    warmup: int = 1,
-    max_tokens: int = 1,
-    model: str | None = None,
-    arm_field: str = "rf_arm",
-    with_saturation: bool = False,
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """The protocol over `prompts` ({length: token ids}) and `rates`; the results object (JSON-ready)."""
-    say = progress or (lambda message: None)
+@dataclass(frozen=True)
+class LoadSettings:
+    """The options of one load test (`rf-eval load`'s): the sweeps' rates and sizes, what each request sends,
+    and whether each arm's saturation throughput is measured first."""
+
+    rates: tuple[float, ...]
+    requests: int  # per sweep
+    discard: int  # first requests of a sweep left out of its statistics
+    max_seconds: float  # wall-time bound of each sweep and saturation burst
+    seed: int  # of the arrival gaps
+    warmup: int = 1  # untimed requests of each arm per length, one at a time, first
+    max_tokens: int = 1
+    model: str | None = None
+    arm_field: str = "rf_arm"  # the body field the arms are sent in
+    with_saturation: bool = False
+
+
+def measure(server: Server, arms: tuple[TimedArm, TimedArm], prompts: dict[int, list[int]], settings: LoadSettings,
+            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The protocol over `prompts` ({length: token ids}) and the settings' rates; the results object (JSON-ready)."""
     state = scheduler_state(server)
     max_batch = state.get("max_batch") if state else None
-    if with_saturation and not isinstance(max_batch, int):
+    if settings.with_saturation and not isinstance(max_batch, int):
         raise ServerError(f"{server.base_url} reports no batching scheduler (/rf/info `scheduler`): --saturation "
                           "needs `rf-eval serve`'s batch records")
-    lengths, sweeps, rows = [], [], []
+    run = _LoadRun(server, arms, settings, progress or (lambda message: None))
     for length, ids in prompts.items():
-        bodies = {side: request_body(arm, ids, max_tokens, model, arm_field) for side, arm in zip("ab", arms)}
+        run.length(length, ids, max_batch)
+    return run.results(state)
+
+
+class _LoadRun:
+    """One load test under way: its server, arms and settings, and the results gathered so far."""
+
+    def __init__(self, server: Server, arms: tuple[TimedArm, TimedArm], settings: LoadSettings,
+                 say: Callable[[str], None]):
+        self.server, self.arms, self.settings, self.say = server, arms, settings, say
+        self.lengths: list[dict[str, Any]] = []
+        self.sweeps: list[dict[str, Any]] = []
+        self.rows: list[dict[str, Any]] = []
+
+    def length(self, length: int, ids: list[int], max_batch: int | None) -> None:
+        """One prompt length: the warm-up, each arm's saturation if asked, then each rate's sweep of each arm."""
+        server, arms, settings = self.server, self.arms, self.settings
+        bodies = {side: request_body(arm, ids, settings.max_tokens, settings.model, settings.arm_field)
+                  for side, arm in zip("ab", arms)}
         for side in "ab":
-            for _ in range(warmup):
+            for _ in range(settings.warmup):
                 server.stream_completion(bodies[side])
         entry: dict[str, Any] = {"length": length, "prompt_tokens": len(ids)}
-        if with_saturation:
+        if settings.with_saturation:
             for side, arm in zip("ab", arms):
-                wait_idle(server, max_seconds)
-                entry[f"saturation_{side}"] = sat = saturation(server, bodies[side], int(max_batch), max_seconds)
-                say(f"N={length} {arm.name}: mu = {sat['mu']} req/s" if sat["mu"] is not None
-                    else f"N={length} {arm.name}: mu not measured: {sat['reason']}")
+                wait_idle(server, settings.max_seconds)
+                entry[f"saturation_{side}"] = sat = saturation(server, bodies[side], int(max_batch),
+                                                               settings.max_seconds)
+                self.say(f"N={length} {arm.name}: mu = {sat['mu']} req/s" if sat["mu"] is not None
+                         else f"N={length} {arm.name}: mu not measured: {sat['reason']}")
         mu_a = (entry.get("saturation_a") or {}).get("mu")
-        lengths.append(entry)
-        for rate in rates:
-            row: dict[str, Any] = {"length": length, "rate": rate, "u": _ratio(rate, mu_a)}
-            for side, arm in zip("ab", arms):
-                wait_idle(server, max_seconds)
-                result = sweep(server, bodies[side], rate, requests, discard, max_seconds, seed)
-                sweeps.append({"length": length, "arm": side, "name": arm.name, "rf_arm": arm.fields, **result})
-                row[side] = {k: result[k] for k in ("sent", "completed", "cut", "failed", "unsent", "n",
-                                                    "median_seconds", "p99_seconds", "mean_seconds",
-                                                    "mean_batch_size", "cut_at_deadline")}
-                say(f"N={length} rate={rate:g} {arm.name}: {result['completed']}/{result['sent']} completed, median "
-                    f"{_ms(result['median_seconds'])} ms, p99 {_ms(result['p99_seconds'])} ms"
-                    + (" (cut at --max-seconds)" if result["cut_at_deadline"] else ""))
-            row["ratio_median"] = _ratio(row["a"]["median_seconds"], row["b"]["median_seconds"])
-            row["ratio_p99"] = _ratio(row["a"]["p99_seconds"], row["b"]["p99_seconds"])
-            rows.append(row)
-    return {"kind": "rf-eval-load", "version": 1, "base_url": server.base_url,
-            "arms": {"a": arms[0].name, "b": arms[1].name},
-            "rf_arms": {"a": arms[0].fields, "b": arms[1].fields}, "rates": list(rates), "requests": requests,
-            "discard": discard, "max_seconds": max_seconds, "seed": seed, "warmup": warmup,
-            "max_tokens": max_tokens, "server_scheduler": state,
-            "protocol": {"arrivals": "homogeneous Poisson: cumulative exponential gaps, "
-                                     "numpy.random.default_rng(seed).exponential(1.0, requests) / rate",
-                         "ttft": "first streamed token (client clock) minus the scheduled arrival",
-                         "statistics": f"after the first `discard` requests by arrival, completed requests only; "
-                                       f"numpy.percentile(method={PERCENTILE_METHOD!r}) at 50 and 99",
-                         "ratio": "arm A / arm B (> 1: B is faster)",
-                         "saturation": "eq. 10: 3 * max_batch / (end of the third - start of the first of three "
-                                       "consecutive full batches), server clock",
-                         "u": "rate / mu of arm A"},
-            "lengths": lengths, "rows": rows, "sweeps": sweeps}
+        self.lengths.append(entry)
+        for rate in settings.rates:
+            self.rows.append(self._rate(length, rate, bodies, mu_a))
+
+    def _rate(self, length: int, rate: float, bodies: dict[str, dict[str, Any]], mu_a: float | None
+              ) -> dict[str, Any]:
+        """One rate's sweep of each arm; its row of the results table."""
+        server, settings = self.server, self.settings
+        row: dict[str, Any] = {"length": length, "rate": rate, "u": _ratio(rate, mu_a)}
+        for side, arm in zip("ab", self.arms):
+            wait_idle(server, settings.max_seconds)
+            result = sweep(server, bodies[side], rate, settings.requests, settings.discard, settings.max_seconds,
+                           settings.seed)
+            self.sweeps.append({"length": length, "arm": side, "name": arm.name, "rf_arm": arm.fields, **result})
+            row[side] = {k: result[k] for k in ("sent", "completed", "cut", "failed", "unsent", "n",
+                                                "median_seconds", "p99_seconds", "mean_seconds",
+                                                "mean_batch_size", "cut_at_deadline")}
+            self.say(f"N={length} rate={rate:g} {arm.name}: {result['completed']}/{result['sent']} completed, median "
+                     f"{_ms(result['median_seconds'])} ms, p99 {_ms(result['p99_seconds'])} ms"
+                     + (" (cut at --max-seconds)" if result["cut_at_deadline"] else ""))
+        row["ratio_median"] = _ratio(row["a"]["median_seconds"], row["b"]["median_seconds"])
+        row["ratio_p99"] = _ratio(row["a"]["p99_seconds"], row["b"]["p99_seconds"])
+        return row
+
+    def results(self, state: dict[str, Any] | None) -> dict[str, Any]:
+        """The results object: the settings, the protocol in words, and the lengths, rows and sweeps."""
+        arms, settings = self.arms, self.settings
+        return {"kind": "rf-eval-load", "version": 1, "base_url": self.server.base_url,
+                "arms": {"a": arms[0].name, "b": arms[1].name},
+                "rf_arms": {"a": arms[0].fields, "b": arms[1].fields}, "rates": list(settings.rates),
+                "requests": settings.requests, "discard": settings.discard, "max_seconds": settings.max_seconds,
+                "seed": settings.seed, "warmup": settings.warmup, "max_tokens": settings.max_tokens,
+                "server_scheduler": state,
+                "protocol": {"arrivals": "homogeneous Poisson: cumulative exponential gaps, "
+                                         "numpy.random.default_rng(seed).exponential(1.0, requests) / rate",
+                             "ttft": "first streamed token (client clock) minus the scheduled arrival",
+                             "statistics": f"after the first `discard` requests by arrival, completed requests only; "
+                                           f"numpy.percentile(method={PERCENTILE_METHOD!r}) at 50 and 99",
+                             "ratio": "arm A / arm B (> 1: B is faster)",
+                             "saturation": "eq. 10: 3 * max_batch / (end of the third - start of the first of three "
+                                           "consecutive full batches), server clock",
+                             "u": "rate / mu of arm A"},
+                "lengths": self.lengths, "rows": self.rows, "sweeps": self.sweeps}
 
 
 def _ms(x: float | None) -> str:

@@ -81,67 +81,89 @@ def _r(arm: dict[str, Any] | None, n: int) -> float | None:
     return ceiling_r(arm["layers"], arm["split"], arm["tail"], n)
 
 
-def measure(
-    server: Server,
-    arms: tuple[TimedArm, TimedArm],
-    prompts: dict[int, list[int]],
-    repeats: int,
-    warmup: int,
-    max_tokens: int = 1,
-    model: str | None = None,
-    fallback_arm: dict[str, Any] | None = None,
-    timing: str = "client",
-    progress: Callable[[str], None] | None = None,
-    arm_field: str = "rf_arm",
-) -> dict[str, Any]:
-    """Run the protocol on `prompts` ({length: token ids}); returns the results object (JSON-ready).
+@dataclass(frozen=True)
+class TtftSettings:
+    """The options of one measurement (`rf-eval ttft`'s): the protocol's counts, what each request sends, and
+    which times the `speed` rows use."""
 
-    `timing` (client | server) picks the times of the `speed` rows; both are in `lengths`.
-    """
+    repeats: int
+    warmup: int
+    max_tokens: int = 1
+    model: str | None = None
+    fallback_arm: dict[str, Any] | None = None  # arm B's {fill, layers, split, tail}, where the server reports none
+    timing: str = "client"  # client | server: the times of the `speed` rows (both are in `lengths`)
+    arm_field: str = "rf_arm"  # the body field the arms are sent in
+
+
+def request_body(arm: TimedArm, ids: list[int], max_tokens: int, model: str | None, arm_field: str) -> dict[str, Any]:
+    """The body of one timed request: `ids`, greedy and seeded, under `arm` (its fields in `arm_field`; None: none)."""
+    body: dict[str, Any] = {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "seed": 0}
+    if model:
+        body["model"] = model
+    if arm.fields is not None:
+        body[arm_field] = arm.fields
+    return body
+
+
+def measure(server: Server, arms: tuple[TimedArm, TimedArm], prompts: dict[int, list[int]], settings: TtftSettings,
+            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the protocol on `prompts` ({length: token ids}); returns the results object (JSON-ready)."""
     rows, speed = [], []
     for length, ids in prompts.items():
-        def request(arm: TimedArm, ids: list[int] = ids) -> StreamResult:
-            body: dict[str, Any] = {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "seed": 0}
-            if model:
-                body["model"] = model
-            if arm.fields is not None:
-                body[arm_field] = arm.fields
-            return server.stream_completion(body)
-
-        for arm in arms:
-            for _ in range(warmup):
-                request(arm)
-        timed: dict[str, list[StreamResult]] = {"a": [], "b": []}
-        for i in range(repeats):
-            for side, arm in zip("ab", arms):
-                timed[side].append(request(arm))
-                if progress:
-                    progress(f"N={length} {arm.name} #{i + 1}: {timed[side][-1].ttft_seconds * 1000:.1f} ms")
-        row: dict[str, Any] = {"length": length, "prompt_tokens": len(ids)}
-        for side, arm in zip("ab", arms):
-            client = [r.ttft_seconds for r in timed[side]]
-            srv = [server_seconds(r) for r in timed[side]]
-            reported = (timed[side][-1].last or {}).get("rf_arm") or (fallback_arm if side == "b" else None)
-            row[side] = {"name": arm.name, "rf_arm": arm.fields, "server_arm": reported,
-                         "client_seconds": client, "server_seconds": srv,
-                         "median_client_seconds": _median(client), "median_server_seconds": _median(srv)}
-        row["speedup_client"] = _ratio(row["a"]["median_client_seconds"], row["b"]["median_client_seconds"])
-        row["speedup_server"] = _ratio(row["a"]["median_server_seconds"], row["b"]["median_server_seconds"])
-        n = len(ids)
-        b_arm = row["b"]["server_arm"] or {}
-        a_arm = row["a"]["server_arm"] or {"fill": "exact"}
-        r_a, r_b = _r(a_arm, n), _r(b_arm, n)
-        row.update(L=b_arm.get("layers"), S=b_arm.get("split"), T=b_arm.get("tail"), N=n,
-                   ceiling=_ratio(r_a, r_b))
+        timed = _timed(server, arms, length, ids, settings, progress)
+        row = _length_row(length, ids, arms, timed, settings.fallback_arm)
         rows.append(row)
+        timing = settings.timing
         ref_s, arm_s = (row["a"][f"median_{timing}_seconds"], row["b"][f"median_{timing}_seconds"])
         speedup = row[f"speedup_{timing}"]
-        speed.append({"arm": arms[1].name, "reference": arms[0].name, "length": length, "n": repeats,
+        speed.append({"arm": arms[1].name, "reference": arms[0].name, "length": length, "n": settings.repeats,
                       "arm_seconds": arm_s, "ref_seconds": ref_s, "speedup": speedup, "ceiling": row["ceiling"],
                       "share": _ratio(speedup, row["ceiling"]), "timing": timing})
-    return {"kind": "rf-eval-ttft", "version": 1, "base_url": server.base_url, "repeats": repeats, "warmup": warmup,
-            "max_tokens": max_tokens, "timing": timing, "order": "per length: warm-up of each arm, then A, B alternating",
+    return {"kind": "rf-eval-ttft", "version": 1, "base_url": server.base_url, "repeats": settings.repeats,
+            "warmup": settings.warmup, "max_tokens": settings.max_tokens, "timing": settings.timing,
+            "order": "per length: warm-up of each arm, then A, B alternating",
             "arms": {"a": arms[0].name, "b": arms[1].name}, "lengths": rows, "speed": speed}
+
+
+def _timed(server: Server, arms: tuple[TimedArm, TimedArm], length: int, ids: list[int], settings: TtftSettings,
+           progress: Callable[[str], None] | None) -> dict[str, list[StreamResult]]:
+    """One length's requests: `warmup` untimed ones of each arm, then `repeats` timed ones alternating A, B."""
+
+    def request(arm: TimedArm) -> StreamResult:
+        return server.stream_completion(request_body(arm, ids, settings.max_tokens, settings.model,
+                                                     settings.arm_field))
+
+    for arm in arms:
+        for _ in range(settings.warmup):
+            request(arm)
+    timed: dict[str, list[StreamResult]] = {"a": [], "b": []}
+    for i in range(settings.repeats):
+        for side, arm in zip("ab", arms):
+            timed[side].append(request(arm))
+            if progress:
+                progress(f"N={length} {arm.name} #{i + 1}: {timed[side][-1].ttft_seconds * 1000:.1f} ms")
+    return timed
+
+
+def _length_row(length: int, ids: list[int], arms: tuple[TimedArm, TimedArm], timed: dict[str, list[StreamResult]],
+                fallback_arm: dict[str, Any] | None) -> dict[str, Any]:
+    """One length's results: each arm's times and medians, the speedups and the ceiling."""
+    row: dict[str, Any] = {"length": length, "prompt_tokens": len(ids)}
+    for side, arm in zip("ab", arms):
+        client = [r.ttft_seconds for r in timed[side]]
+        srv = [server_seconds(r) for r in timed[side]]
+        reported = (timed[side][-1].last or {}).get("rf_arm") or (fallback_arm if side == "b" else None)
+        row[side] = {"name": arm.name, "rf_arm": arm.fields, "server_arm": reported,
+                     "client_seconds": client, "server_seconds": srv,
+                     "median_client_seconds": _median(client), "median_server_seconds": _median(srv)}
+    row["speedup_client"] = _ratio(row["a"]["median_client_seconds"], row["b"]["median_client_seconds"])
+    row["speedup_server"] = _ratio(row["a"]["median_server_seconds"], row["b"]["median_server_seconds"])
+    n = len(ids)
+    b_arm = row["b"]["server_arm"] or {}
+    a_arm = row["a"]["server_arm"] or {"fill": "exact"}
+    r_a, r_b = _r(a_arm, n), _r(b_arm, n)
+    row.update(L=b_arm.get("layers"), S=b_arm.get("split"), T=b_arm.get("tail"), N=n, ceiling=_ratio(r_a, r_b))
+    return row
 
 
 def format_table(result: dict[str, Any]) -> str:
