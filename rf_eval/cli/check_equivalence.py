@@ -156,6 +156,18 @@ def runnable(fill: str, rf) -> bool:
     return True
 
 
+def checked_fills(names: list[str], rf: RidgeFill) -> tuple[list[str], list[str]]:
+    """(the fills to check: those whose own rules accept this model and --maps, the one of them that replaces
+    the model's forward, checked last against that forward; a second such fill is skipped, saying why)."""
+    fills = [f for f in names if f == FILL_OFF or runnable(f, rf)]
+    later = [f for f in fills if f != FILL_OFF and fill_named(f).replaces_forward]
+    for fill in later[1:]:
+        print(f"SKIP fill={fill}: it replaces the model's forward, as fill={later[0]} (checked) does; check it alone "
+              f"(--fills {fill})")
+        fills.remove(fill)
+    return fills, later[:1]
+
+
 def run(args: argparse.Namespace) -> int:
     if args.base_url:
         return run_servers(args)
@@ -168,14 +180,7 @@ def run(args: argparse.Namespace) -> int:
                                        dtype=args.dtype, fill=FILL_OFF)
     except ValueError as err:
         raise UserError(str(err)) from err
-    # the fills to check: those whose own rules accept this model and --maps
-    fills = [f for f in args.fills if f == FILL_OFF or runnable(f, rf)]
-    later = [f for f in fills if f != FILL_OFF and fill_named(f).replaces_forward]
-    for fill in later[1:]:
-        print(f"SKIP fill={fill}: it replaces the model's forward, as fill={later[0]} (checked) does; check it alone "
-              f"(--fills {fill})")
-        fills.remove(fill)
-    later = later[:1]
+    fills, later = checked_fills(args.fills, rf)
     gen = torch.Generator().manual_seed(args.seed)
     family = family_class_for(rf.model.config).__module__.rsplit(".", 1)[-1]
     where = {"family": family, "dtype": str(next(rf.model.parameters()).dtype).removeprefix("torch."),

@@ -48,6 +48,7 @@ from rf_eval.engine.floor import (
     filled_kernel_every_row_exact,
     named_cache_tensors,
 )
+from rf_eval.engine.kv_strategies import EveryRowKV, MappedKV, PredictedKV
 from rf_eval.engine.layers import late_layers, run_layer, run_layers
 from rf_eval.engine.lower import decoder_layers, new_cache, num_layers, run_lower_layers
 from rf_eval.engine.plan import (
@@ -67,13 +68,10 @@ from rf_eval.engine.step import LayerStep, Rows
 from rf_eval.engine.strategies import (
     AbsentRows,
     Corrected,
-    EveryRowKV,
     LateLayerHooks,
     LayerView,
-    MappedKV,
     Precomputed,
     PredictedInput,
-    PredictedKV,
     exact_rows_beside,
     row_fill_for,
 )

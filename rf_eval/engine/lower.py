@@ -29,6 +29,32 @@ def new_cache(model: nn.Module) -> DynamicCache:
     return DynamicCache(config=model.config)
 
 
+def _forward_to_split(model: nn.Module, input_ids: torch.Tensor, cache: DynamicCache,
+                      chunk_size: int | None) -> LayerInputs:
+    """The stock forward of the prompt, `chunk_size` rows at a time, each stopped at the split layer's pre-hook
+    (`_StopAtSplit`): the split layer's input rows and the rotary tables, joined over the chunks."""
+    n = input_ids.shape[1]
+    step = n if chunk_size is None else chunk_size
+    states, cos, sin, tables = [], [], [], []
+    family = family_for(model.config)
+    for start in range(0, n, step):
+        try:
+            model.model(input_ids=input_ids[:, start : start + step], cache=cache, use_cache=True)
+        except _StopAtSplit as stopped:
+            states.append(stopped.hidden_states)
+            c, s = stopped.kwargs["position_embeddings"]
+            cos.append(c)
+            sin.append(s)
+            tables.append(family.rope_tables(model, stopped.hidden_states, stopped.kwargs.get("position_ids")))
+        else:  # pragma: no cover - the hook always fires
+            raise RuntimeError("the forward pass did not reach the split layer")
+    by_kind = None
+    if tables[0] is not None:
+        by_kind = {kind: (torch.cat([t[kind][0] for t in tables], -2), torch.cat([t[kind][1] for t in tables], -2))
+                   for kind in tables[0]}
+    return LayerInputs(torch.cat(states, 1), torch.cat(cos, -2), torch.cat(sin, -2), by_kind)
+
+
 def run_lower_layers(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -61,31 +87,11 @@ def run_lower_layers(
     handles.append(layers[split].register_forward_pre_hook(stop, with_kwargs=True))
     for index in captured:
         handles.append(layers[index].register_forward_pre_hook(keep(index), with_kwargs=True))
-    n = input_ids.shape[1]
-    step = n if chunk_size is None else chunk_size
-    states, cos, sin, tables = [], [], [], []
-    family = family_for(model.config)
     try:
-        for start in range(0, n, step):
-            chunk = input_ids[:, start : start + step]
-            try:
-                model.model(input_ids=chunk, cache=cache, use_cache=True)
-            except _StopAtSplit as stopped:
-                states.append(stopped.hidden_states)
-                c, s = stopped.kwargs["position_embeddings"]
-                cos.append(c)
-                sin.append(s)
-                tables.append(family.rope_tables(model, stopped.hidden_states, stopped.kwargs.get("position_ids")))
-            else:  # pragma: no cover - the hook always fires
-                raise RuntimeError("the forward pass did not reach the split layer")
+        inputs = _forward_to_split(model, input_ids, cache, chunk_size)
     finally:
         for handle in handles:
             handle.remove()
-    by_kind = None
-    if tables[0] is not None:
-        by_kind = {kind: (torch.cat([t[kind][0] for t in tables], -2), torch.cat([t[kind][1] for t in tables], -2))
-                   for kind in tables[0]}
-    inputs = LayerInputs(torch.cat(states, 1), torch.cat(cos, -2), torch.cat(sin, -2), by_kind)
     lower = {}
     for index, pieces in captured.items():
         rows = capture[index]

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from rf_eval.engine.strategies import PredictedKV
+from rf_eval.engine.kv_strategies import PredictedKV
 from rf_eval.fields import ArmError
 from rf_eval.fills.base import Fill
 from rf_eval.ridge.targets import kv_width

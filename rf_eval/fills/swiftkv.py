@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from rf_eval.engine.kv_strategies import PredictedKV
 from rf_eval.engine.lower import decoder_layers
-from rf_eval.engine.strategies import PredictedKV
 from rf_eval.fields import ArmError
 from rf_eval.files.checkpoints import MODEL_TYPES, is_swiftkv
 from rf_eval.fills.base import Fill

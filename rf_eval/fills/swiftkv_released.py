@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rf_eval.engine.strategies import EveryRowKV
+from rf_eval.engine.kv_strategies import EveryRowKV
 from rf_eval.fields import ArmError
 from rf_eval.fills.base import FORWARD_MARK, ReplacedForward, replaced_forward
 from rf_eval.fills.swiftkv import SwiftKV, SwiftKVInPipeline

@@ -29,9 +29,11 @@ from rf_eval.cost.mac_model import cost_matched_tail, prefill_macs
 from rf_eval.engine import Plan, PrefillResult
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT
 from rf_eval.engine.rowfill import RowFill
+from rf_eval.fields import ArmError
 from rf_eval.fills import FILLS, Fill, fill_named, registered_fills
 from rf_eval.fills.ridge import Ridge
-from rf_eval.ridgefill.corrections import build_hooks
+from rf_eval.ridgefill.corrections import build_hooks, corrections_from
+from rf_eval.selectors import selector_from
 from rf_eval.selectors.base import Request, Selector
 
 
@@ -110,3 +112,19 @@ def prefill_arm(model: nn.Module, tokenizer: Any, arm: Any, input_ids: torch.Ten
 
     hooks = build_hooks(arm.correction_objs, arm.splice, model, input_ids)
     return engine.prefill(model, input_ids, plan, fill=strategy, select=select, capture=capture, hooks=hooks)
+
+
+def arm_parts(arm: Any) -> dict[str, Any]:
+    """A `RidgeFillArm`'s selector, corrections and cost match parsed once, by their own registries (an ArmError
+    naming the key)."""
+    def selector(value):
+        return selector_from(value) if isinstance(value, (str, dict)) else value
+
+    out: dict[str, Any] = {}
+    for name, parse in (("selector", selector), ("corrections", corrections_from), ("cost_match", cost_match_from)):
+        value = getattr(arm, name)
+        try:
+            out[name] = parse(value)
+        except (ValueError, TypeError, OSError) as err:
+            raise ArmError(f"{name}={value!r}: {err}") from err
+    return out

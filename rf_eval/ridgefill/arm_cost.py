@@ -72,19 +72,18 @@ def ridgefill_knob(arm: Any, model_config: Any) -> Knob | None:
 
 
 def ridgefill_prefill_cost(config: Any, n: int, *, split: int, tail: int, selected: int, fill: Any,
-                           map_split: bool, probe_rows: int = 0, budget: float | None = None,
-                           knob_value: float | None = None) -> PrefillCost:
+                           map_split: bool, probe_rows: int = 0) -> PrefillCost:
     """The cost of one n-token prompt that ran `tail` exact tail rows and `selected` exact prefix rows in the
     late layers from `split` on (`tail >= n`: the plain model's prefill); `fill`: the arm's fill (or
     a fill's name)."""
     exact = prefill_macs(config, n)
     full_cache = cache_rows(config, n)
     if tail >= n:
-        return PrefillCost(n, exact, exact, n, full_cache, full_cache, 1.0, budget, knob_value)
+        return PrefillCost(n, exact, exact, n, full_cache, full_cache, 1.0)
     exact_rows = min(tail + selected, n)
     macs = prefill_macs(config, n, split=split, tail=tail, exact_rows=selected, fill=fill, probe_rows=probe_rows,
                         map_split=map_split)
     layers = int(config.num_hidden_layers)
     return PrefillCost(n, macs, exact, exact_rows,
                        cache_rows(config, n, split=split, exact_rows=exact_rows, fill=fill), full_cache,
-                       1.0 / ceiling_r(layers, split, exact_rows, n), budget, knob_value)
+                       1.0 / ceiling_r(layers, split, exact_rows, n))

@@ -41,11 +41,9 @@ from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, DEFAULT_TAIL, Plan, check_row
 from rf_eval.fields import ArmError, build
 from rf_eval.fills import FILL_OFF, absent_fills, arm_fills, fill_named, predicting_fills
 from rf_eval.ridge.maps import config_hash
-from rf_eval.ridgefill.arm import cost_match_from
+from rf_eval.ridgefill.arm import arm_parts
 from rf_eval.ridgefill.arm_cost import knob_name, ridgefill_knob
-from rf_eval.ridgefill.corrections import corrections_from
 from rf_eval.ridgefill.presets import PRESET_FIELDS, preset
-from rf_eval.selectors import selector_from
 
 SPLICES = ("keys", "values", "both")
 MAPS_DEVICES = ("model", "cpu")
@@ -99,7 +97,7 @@ class RidgeFillArm:
             raise ArmError(f"splice={self.splice!r} is not valid; valid splices: {', '.join(SPLICES)}")
         if self.unigram is not None and not Path(self.unigram).is_file():
             raise ArmError(f"unigram={self.unigram!r}: no such file")
-        parts = _parse_parts(self)
+        parts = arm_parts(self)
         object.__setattr__(self, "_parts", parts)
         if (parts["corrections"] or self.splice) and not (self.fill_obj and self.fill_obj.supports_corrections):
             raise ArmError(f"corrections and splice change filled rows: they need a fill from predicted inputs "
@@ -345,18 +343,3 @@ class RidgeFillArm:
             **({"budget": self.budget, "knob": knob_name(self.preset, self.selector_obj)}
                if self.budget is not None else {}),
         }
-
-
-def _parse_parts(arm: RidgeFillArm) -> dict[str, Any]:
-    """Selector, corrections and cost match parsed by their own registries, errors naming the key."""
-    def selector(value):
-        return selector_from(value) if isinstance(value, (str, dict)) else value
-
-    out: dict[str, Any] = {}
-    for name, parse in (("selector", selector), ("corrections", corrections_from), ("cost_match", cost_match_from)):
-        value = getattr(arm, name)
-        try:
-            out[name] = parse(value)
-        except (ValueError, TypeError, OSError) as err:
-            raise ArmError(f"{name}={value!r}: {err}") from err
-    return out

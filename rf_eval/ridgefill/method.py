@@ -202,7 +202,6 @@ class RidgeFill(Method):
         """By the MAC model (paper section 2.5) at the rows `result` ran (its prompt minus the tokens held back,
         which run as tail rows); a plain prompt's, or no `result`: the plan's rows."""
         plan = plan if plan is not None else self.plan(n)
-        budget = {"budget": self.arm.budget, "knob_value": plan.knob_value} if self.arm.budget is not None else {}
         if result is None or result.plan is None:  # a filled prefill's result has the engine plan that ran
             ran = plan.setting[0]
             tail, selected = (n, 0) if plan.plain else (ran.tail, 0)
@@ -210,9 +209,12 @@ class RidgeFill(Method):
             ran = result.plan
             tail = min(ran.tail + n - result.prompt_length, n)
             selected = max(int(result.exact_rows.numel()) - min(ran.tail, result.prompt_length), 0)
-        return ridgefill_prefill_cost(self.model.config, n, split=ran.split, tail=tail, selected=selected,
+        cost = ridgefill_prefill_cost(self.model.config, n, split=ran.split, tail=tail, selected=selected,
                                       fill=self._cost_fill, map_split=ran.map_split,
-                                      probe_rows=selector_probe_rows(self.arm.selector_obj), **budget)
+                                      probe_rows=selector_probe_rows(self.arm.selector_obj))
+        if self.arm.budget is None:
+            return cost
+        return dataclasses.replace(cost, budget=self.arm.budget, knob_value=plan.knob_value)
 
     @property
     def _cost_fill(self) -> Any:
