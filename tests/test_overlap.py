@@ -12,10 +12,11 @@ import unicodedata
 import numpy as np
 import pytest
 
-import rf_eval.study.overlap as overlap
+import rf_eval.study.word_runs as word_runs
 from rf_eval.cli import main
 from rf_eval.files.outputs import MARKER
-from rf_eval.study.overlap import EXCERPT_WORDS, Text, find_overlap, words_of
+from rf_eval.study.overlap import EXCERPT_WORDS, OverlapError, Text, find_overlap
+from rf_eval.study.word_runs import words_of
 
 
 def filler(prefix: str, n: int) -> list[str]:
@@ -121,8 +122,8 @@ def test_every_hash_colliding_proposes_alignments_but_only_equal_words_make_runs
     texts = [pair_with(planted(73, seed=s), cal_at=40 + s, eval_at=60 + 2 * s) for s in range(3)]
     cals, evs = [c for c, _ in texts], [Text(f"e{i}", e.text) for i, (_, e) in enumerate(texts)]
     honest = find_overlap(cals, evs, 50)
-    monkeypatch.setattr(overlap, "_windows", lambda ids, values, n: np.zeros(max(len(ids) - n + 1, 0), np.uint64))
-    monkeypatch.setattr(overlap, "MAX_OCCURRENCES", 10**9)
+    monkeypatch.setattr(word_runs, "_windows", lambda ids, values, n: np.zeros(max(len(ids) - n + 1, 0), np.uint64))
+    monkeypatch.setattr(word_runs, "MAX_OCCURRENCES", 10**9)
     colliding = find_overlap(cals, evs, 50)
     assert colliding == honest and len(honest.pairs) == 3  # cal.txt is every calibration text's name
     assert sorted(p.words for p in honest.pairs) == [73, 73, 73]
@@ -144,7 +145,7 @@ def test_runs_agree_with_brute_force_on_random_small_vocabulary_text(seed):
 
 @pytest.mark.parametrize("words", [0, -1, 2.5, True])
 def test_find_overlap_refuses_a_run_length_that_is_not_a_positive_count(words):
-    with pytest.raises(overlap.OverlapError, match="whole number of words >= 1"):
+    with pytest.raises(OverlapError, match="whole number of words >= 1"):
         find_overlap([Text("c", "a")], [Text("e", "a")], words)
 
 

@@ -42,10 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.study.launchers import make_launcher
+    from rf_eval.study.launchers import LauncherOptions, make_launcher
     from rf_eval.study.plan import plan_text
     from rf_eval.study.preflight import build_task_data, check_study
-    from rf_eval.study.runner import run_study, status_text
+    from rf_eval.study.runner import run_study
+    from rf_eval.study.state import status_text
     from rf_eval.study.study_file import StudyError, load_study
 
     if args.action == "status":
@@ -59,9 +60,10 @@ def run(args: argparse.Namespace) -> int:
             print(plan_text(study, out, make_launcher("local", out)))
             return 0
         try:
-            launcher = make_launcher(args.launcher, out, parallel=args.parallel, processes=args.processes,
-                                     partition=args.partition, gpus=args.gpus, minutes=args.minutes,
-                                     slurm_cluster=args.slurm_cluster, detach=args.detach)
+            options = LauncherOptions(parallel=args.parallel, processes=args.processes, partition=args.partition,
+                                      gpus=args.gpus, minutes=args.minutes, slurm_cluster=args.slurm_cluster,
+                                      detach=args.detach)
+            launcher = make_launcher(args.launcher, out, options)
         except ValueError as err:
             raise UserError(str(err)) from None
         builds = build_task_data(study)  # the samples, before the claims are registered

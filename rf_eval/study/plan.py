@@ -12,7 +12,7 @@ from rf_eval.files.tensor_files import read_metadata
 from rf_eval.methods import method_for_arm
 from rf_eval.ridge.maps import MapError, resolve_map_file
 from rf_eval.study.runner import KEY_REFERENCE_PLACEHOLDER, KEY_TASK, dependants, lm_eval_command
-from rf_eval.study.study_file import Study, StudyArm
+from rf_eval.study.spec import Study, StudyArm
 
 
 def plan_text(study: Study, out: Path, launcher: Any) -> str:

@@ -20,7 +20,7 @@ from rf_eval.methods import method_for_arm
 from rf_eval.study.launch import CACHE_VARIABLES, with_study_caches
 from rf_eval.study.plan import maps_split
 from rf_eval.study.runner import model_args, task_metadata
-from rf_eval.study.study_file import ADAPTERS, Study, StudyError
+from rf_eval.study.spec import ADAPTERS, Study, StudyError
 from rf_eval.tasks.data import TaskDataMissing
 from rf_eval.tasks.data_needs import preflight
 

@@ -9,7 +9,7 @@ report (`--launcher slurm` submits the same steps as dependent jobs:
 (model, maps sha256, arm, tasks, lengths, lm-eval version) matches, resumes a
 half-finished arm from its request cache, and refuses a folder written by
 another version of the study file. `study.json` records every arm's command,
-timings and fingerprint.
+timings and fingerprint (`rf_eval.study.state`).
 
 Key tokens (RidgeFill section 3.2, RaReCache section 4.7) are decided once,
 from the reference arm, and shared by every arm: when the study's tasks
@@ -37,11 +37,11 @@ from rf_eval.reports.build import build_report
 from rf_eval.reports.build import report_argv as build_report_argv
 from rf_eval.ridgefill.fit_run import fit_map_files, fit_summary
 from rf_eval.stats.ledger import append_entry, verify_ledger
-from rf_eval.study.jobs import ArmJob, Progress, cached_requests
+from rf_eval.study.jobs import ArmJob, Progress
 from rf_eval.study.overlap import WARN, check_before_fit
-from rf_eval.study.study_file import ADAPTERS, Study, StudyArm, StudyError
+from rf_eval.study.spec import ADAPTERS, Study, StudyArm, StudyError
+from rf_eval.study.state import check_folder, done_marker, is_done, save_state
 
-STATE = "study.json"
 KEY_TASK = "keytoken_nll"  # the task whose key tokens come from the reference arm
 KEY_REFERENCE_PLACEHOLDER = "<the reference arm's keytoken_nll samples file>"
 
@@ -135,37 +135,6 @@ def fingerprint(study: Study, arm: StudyArm, maps: str | None, key_reference: st
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def done_marker(out: Path, arm: str, arms_folder: str = "arms") -> Path:
-    return out / arms_folder / arm / "done.json"
-
-
-def is_done(out: Path, arm: str, want: str, arms_folder: str = "arms") -> bool:
-    marker = done_marker(out, arm, arms_folder)
-    return marker.is_file() and json.loads(marker.read_text()).get("fingerprint") == want
-
-
-def load_state(out: Path) -> dict[str, Any] | None:
-    path = out / STATE
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def save_state(out: Path, state: dict[str, Any]) -> None:
-    tmp = out / (STATE + ".tmp")
-    tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
-    tmp.replace(out / STATE)  # atomic: a kill never leaves half a state file
-
-
-def check_folder(study: Study, out: Path) -> dict[str, Any]:
-    """The folder's state for this study; refuses a folder of another version of the study file."""
-    state = load_state(out)
-    if state is not None and state.get("study_sha256") != study.sha256:
-        raise StudyError(f"{out} holds results of another version of the study file (sha256 "
-                         f"{state.get('study_sha256', '')[:12]}..., this file {study.sha256[:12]}...): "
-                         "results of a changed study are never mixed; give a new --out")
-    return state or {"study": str(study.path), "study_sha256": study.sha256, "arms_folder": study.arms_folder,
-                     "arms": {}}
-
-
 def register(study: Study, out: Path, state: dict[str, Any], ledger: Path, follow_up: bool) -> None:
     """Register the study's claims before any arm runs (once; a resumed run finds them registered)."""
     if state.get("registered"):
@@ -183,22 +152,6 @@ def register(study: Study, out: Path, state: dict[str, Any], ledger: Path, follo
     state.update(registered=True, follow_up=bool(results), ledger=str(ledger), claims=entries,
                  ledger_head={"hash": head.hash, "count": head.index + 1} if head else None)
     save_state(out, state)
-
-
-def status_text(out: Path) -> str:
-    state = load_state(out)
-    if state is None:
-        return f"{out}: no study has run here"
-    lines = [f"study {state['study']} (sha256 {state['study_sha256'][:12]}...)",
-             f"claims registered: {'yes' if state.get('registered') else 'no'}"]
-    for name, info in state["arms"].items():
-        marker = done_marker(out, name, state.get("arms_folder", "arms"))
-        status = "done" if marker.is_file() else info.get("status", "pending")
-        seconds, job = info.get("seconds"), info.get("job")
-        lines.append(f"  {name:<20} {status:<9} requests cached {cached_requests(out, name):>6}"
-                     + (f"  {seconds:.0f}s" if seconds is not None else "")
-                     + (f"  slurm job {job}" if job and status != "done" else ""))
-    return "\n".join(lines)
 
 
 def maps_location(study: Study, out: Path) -> str | None:

@@ -36,13 +36,11 @@ from rf_eval.study.runner import (
     arm_stages,
     finish_study,
     fit_maps_once,
-    is_done,
-    load_state,
     maps_location,
     maps_ready,
-    save_state,
 )
-from rf_eval.study.study_file import Study, StudyError
+from rf_eval.study.spec import Study, StudyError
+from rf_eval.study.state import is_done, load_state, save_state
 
 FIT, REPORT = "fit", "report"  # the steps that are not arms
 

@@ -29,10 +29,10 @@
     claims:
       - {claim: "ridge is non-inferior to exact", prediction: "lower bound above -2 points"}
 
-`load_study(path)` validates it before anything runs: an unknown key, a
-missing one, a value of the wrong type, an arm without a fill, a reference or
-control that names no declared arm are a `StudyError` naming the key and the
-file's line.
+`load_study(path)` validates it before anything runs, into a `Study`
+(`rf_eval.study.spec`): an unknown key, a missing one, a value of the wrong
+type, an arm without a fill, a reference or control that names no declared arm
+are a `StudyError` naming the key and the file's line.
 
 `budgets` (`rf_eval.cost.budget`): each arm whose settings take a budget (an rf-eval
 arm of a fill or of RaReCache, without a budget of its own) is replaced by one
@@ -45,7 +45,6 @@ reference and the controls must name arms the budgets leave as they are.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,70 +53,11 @@ import yaml
 from rf_eval.cost.budget import budget_name, check_budget
 from rf_eval.errors import UserError
 from rf_eval.fields import ArmError
-from rf_eval.methods import MODELS, method_for_arm
+from rf_eval.methods import method_for_arm
+from rf_eval.study.spec import Study, StudyArm, StudyError
 
-#: the rf-eval models (`rf_eval.methods.MODELS`: lm-eval's names of the one adapter); any other name is an
-#: lm-eval model (API arms)
-ADAPTERS: tuple[str, ...] = tuple(MODELS)
 #: an arm's model when it names none
 DEFAULT_MODEL = "ridgefill"
-
-
-class StudyError(ValueError):
-    """A bad study file: the message names the key and its line."""
-
-
-@dataclass(frozen=True)
-class StudyArm:
-    name: str
-    model: str
-    args: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Study:
-    path: Path
-    sha256: str
-    pretrained: str
-    model_args: dict[str, Any]
-    tasks: tuple[str, ...]
-    arms: dict[str, StudyArm]
-    reference: str
-    maps: str | None = None
-    fit: dict[str, Any] | None = None
-    include_path: str | None = None
-    lengths: tuple[int, ...] = ()
-    metadata: dict[str, Any] = field(default_factory=dict)
-    limit: int | None = None  # lm-eval --limit, per task; RULER tasks split it evenly over lengths (and pooled tasks)
-    samples: dict[str, list[int]] | None = None
-    apply_chat_template: bool = False
-    seed: int = 0
-    margin: float = 2.0
-    controls: dict[str, list[str]] = field(default_factory=dict)
-    claims: tuple[dict[str, str], ...] = ()
-    budgets: tuple[float, ...] = ()  # the arms are already expanded (`expand_budgets`); kept for the record
-    # not a study-file key: the folder under --out that holds each arm's lm-eval output (`rf-eval demo`
-    # keeps its runs/ there)
-    arms_folder: str = "arms"
-
-    def folder(self) -> Path:
-        return self.path.parent
-
-    def fit_options(self) -> dict[str, Any]:
-        """`rf-eval fit`'s options (by destination name) for the `fit:` block: its files relative to the study
-        file, the model's dtype and device from `model.args`. Empty without a `fit:` block."""
-        if self.fit is None:
-            return {}
-        given: dict[str, Any] = {
-            "model": self.pretrained, "splits": [int(self.fit["split"])],
-            "calibration": [str(self.folder() / c) for c in self.fit["calibration"]],
-            "heldout": [str(self.folder() / c) for c in self.fit.get("heldout") or []],
-        }
-        if self.fit.get("lambdas"):
-            given["lambdas"] = [float(x) for x in self.fit["lambdas"]]
-        given.update({k: str(self.model_args[k]) for k in ("dtype", "device") if k in self.model_args})
-        return given
-
 
 # key -> (type(s), required); nested schemas for the mappings below
 _TOP = {
@@ -181,81 +121,23 @@ def _check_duplicates(name: str, node: yaml.Node | None, where: str = "") -> Non
 def load_study(path: str | Path) -> Study:
     """Parse and validate a study file (nothing runs)."""
     path = Path(path).resolve()
-    if not path.is_file():
-        raise StudyError(f"no study file at {path}")
-    text = path.read_text()
-    try:
-        root = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise StudyError(f"{path.name}: not valid YAML ({err})") from None
-    if not isinstance(data, dict) or root is None:
-        raise StudyError(f"{path.name}: a study file is a mapping of keys (model, tasks, arms, reference, ...)")
+    text, root, data = _parse(path)
     name = path.name
     _check_duplicates(name, root)
     _check(name, data, _key_nodes(root), _TOP, root)
     values = _value_nodes(root)
     _check(f"{name}: model", data["model"], _key_nodes(values["model"]), _MODEL, values["model"])
     if "fit" in data:
-        _check(f"{name}: fit", data["fit"], _key_nodes(values["fit"]), _FIT, values["fit"])
-        if data["fit"].get("overlap", OVERLAP_ACTIONS[0]) not in OVERLAP_ACTIONS:
-            raise StudyError(f"{name}: fit.overlap must be {' or '.join(OVERLAP_ACTIONS)}, not "
-                             f"{data['fit']['overlap']!r} ({_line(_key_nodes(values['fit'])['overlap'])})")
-        if "maps" in data:
-            raise StudyError(f"{name}: give maps or fit, not both ({_line(_key_nodes(root)['fit'])})")
-    arm_nodes = _value_nodes(values["arms"])
-    arms: dict[str, StudyArm] = {}
-    for arm_name, entry in data["arms"].items():
-        where = f"{name}: arms.{arm_name}"
-        if not isinstance(entry, dict):
-            raise StudyError(f"{where} must be a mapping (model, args) ({_line(arm_nodes.get(arm_name))})")
-        _check(where, entry, _key_nodes(arm_nodes[arm_name]), _ARM, arm_nodes[arm_name])
-        model = entry.get("model", DEFAULT_MODEL)
-        args = dict(entry.get("args") or {})
-        chosen = method_for_arm(model, args)
-        missing = chosen[0].missing_fields(chosen[1]) if chosen else {}
-        if missing:
-            needs = " and ".join(f"args.{key} ({values})" for key, values in missing.items())
-            raise StudyError(f"{where}: a {model} arm needs {needs} ({_line(arm_nodes[arm_name])})")
-        arms[str(arm_name)] = StudyArm(str(arm_name), model, args)
-    if not arms:
-        raise StudyError(f"{name}: arms is empty")
+        _check_fit(name, data, root, values["fit"])
+    arms = _read_arms(name, data["arms"], _value_nodes(values["arms"]))
     budgets = _budgets(name, data.get("budgets"), values.get("budgets"))
     arms, expanded = expand_budgets(arms, budgets)
     reference = data["reference"]
-    if reference in expanded:
-        raise StudyError(f"{name}: reference {reference!r} is an arm the budgets expand ({', '.join(expanded[reference])}); "
-                         "the reference is the arm every budget is a share of: give one a budget leaves as it is "
-                         "(fill: exact)")
-    if reference not in arms:
-        raise StudyError(f"{name}: reference {reference!r} is not a declared arm ({_line(values['reference'])}); "
-                         f"arms: {', '.join(arms)}")
+    _check_reference(name, reference, arms, expanded, values["reference"])
     controls = data.get("controls") or {}
-    for selected, pair in controls.items():
-        named = [selected, *(pair if isinstance(pair, list) else [pair])]
-        split = [a for a in named if a in expanded]
-        if split:
-            raise StudyError(f"{name}: controls.{selected} names {split[0]!r}, which the budgets expand into "
-                             f"{', '.join(expanded[split[0]])}; name arms a budget leaves as they are")
-        missing = [a for a in named if a not in arms]
-        if missing:
-            raise StudyError(f"{name}: controls.{selected} names no declared arm {missing[0]!r} "
-                             f"({_line(_value_nodes(values['controls']).get(selected))}); arms: {', '.join(arms)}")
-    claim_nodes = values["claims"].value if "claims" in data else []
-    for i, claim in enumerate(data.get("claims") or []):
-        if not isinstance(claim, dict):
-            raise StudyError(f"{name}: claims[{i}] must be a mapping (claim, prediction) ({_line(claim_nodes[i])})")
-        _check(f"{name}: claims[{i}]", claim, _key_nodes(claim_nodes[i]), _CLAIM, claim_nodes[i])
-    if data.get("limit") is not None and data.get("samples") is not None:
-        raise StudyError(f"{name}: give limit or samples, not both (lm-eval cannot combine them)")
-    lengths = tuple(data.get("lengths") or ())
-    bad = [n for n in lengths if isinstance(n, bool) or not isinstance(n, int) or n <= 0]
-    if bad:
-        raise StudyError(f"{name}: lengths holds {bad[0]!r}, not a positive number of tokens "
-                         f"({_line(values['lengths'])}); e.g. lengths: [4096, 8192]")
-    if data.get("limit") is not None and (isinstance(data["limit"], bool) or data["limit"] <= 0):
-        raise StudyError(f"{name}: limit must be a positive number of samples per task, not {data['limit']!r} "
-                         f"({_line(values['limit'])}); leave it out to run every sample")
+    _check_controls(name, controls, arms, expanded, values.get("controls"))
+    _check_claims(name, data.get("claims") or [], values["claims"].value if "claims" in data else [])
+    lengths = _check_sizes(name, data, values)
     return Study(
         path=path, sha256=hashlib.sha256(text.encode()).hexdigest(),
         pretrained=_resolve(path, data["model"]["pretrained"]), model_args=dict(data["model"].get("args") or {}),
@@ -268,6 +150,102 @@ def load_study(path: str | Path) -> Study:
         controls={k: (v if isinstance(v, list) else [v]) for k, v in controls.items()},
         claims=tuple(data.get("claims") or ()), budgets=budgets,
     )
+
+
+def _parse(path: Path) -> tuple[str, yaml.Node, dict[str, Any]]:
+    """The file's text, its YAML node tree (for line numbers) and its data, which must be a mapping."""
+    if not path.is_file():
+        raise StudyError(f"no study file at {path}")
+    text = path.read_text()
+    try:
+        root = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise StudyError(f"{path.name}: not valid YAML ({err})") from None
+    if not isinstance(data, dict) or root is None:
+        raise StudyError(f"{path.name}: a study file is a mapping of keys (model, tasks, arms, reference, ...)")
+    return text, root, data
+
+
+def _check_fit(name: str, data: dict[str, Any], root: yaml.Node, node: yaml.Node) -> None:
+    """The `fit:` block: its keys, its `overlap` action, and no `maps` beside it."""
+    _check(f"{name}: fit", data["fit"], _key_nodes(node), _FIT, node)
+    if data["fit"].get("overlap", OVERLAP_ACTIONS[0]) not in OVERLAP_ACTIONS:
+        raise StudyError(f"{name}: fit.overlap must be {' or '.join(OVERLAP_ACTIONS)}, not "
+                         f"{data['fit']['overlap']!r} ({_line(_key_nodes(node)['overlap'])})")
+    if "maps" in data:
+        raise StudyError(f"{name}: give maps or fit, not both ({_line(_key_nodes(root)['fit'])})")
+
+
+def _read_arms(name: str, given: dict[str, Any], nodes: dict[str, yaml.Node]) -> dict[str, StudyArm]:
+    """The declared arms (before budgets): each a mapping of model and args, with every field its method needs."""
+    arms: dict[str, StudyArm] = {}
+    for arm_name, entry in given.items():
+        where = f"{name}: arms.{arm_name}"
+        if not isinstance(entry, dict):
+            raise StudyError(f"{where} must be a mapping (model, args) ({_line(nodes.get(arm_name))})")
+        _check(where, entry, _key_nodes(nodes[arm_name]), _ARM, nodes[arm_name])
+        model = entry.get("model", DEFAULT_MODEL)
+        args = dict(entry.get("args") or {})
+        chosen = method_for_arm(model, args)
+        missing = chosen[0].missing_fields(chosen[1]) if chosen else {}
+        if missing:
+            needs = " and ".join(f"args.{key} ({values})" for key, values in missing.items())
+            raise StudyError(f"{where}: a {model} arm needs {needs} ({_line(nodes[arm_name])})")
+        arms[str(arm_name)] = StudyArm(str(arm_name), model, args)
+    if not arms:
+        raise StudyError(f"{name}: arms is empty")
+    return arms
+
+
+def _check_reference(name: str, reference: str, arms: dict[str, StudyArm], expanded: dict[str, list[str]],
+                     node: yaml.Node) -> None:
+    """The reference: a declared arm that the budgets leave as it is."""
+    if reference in expanded:
+        raise StudyError(f"{name}: reference {reference!r} is an arm the budgets expand ({', '.join(expanded[reference])}); "
+                         "the reference is the arm every budget is a share of: give one a budget leaves as it is "
+                         "(fill: exact)")
+    if reference not in arms:
+        raise StudyError(f"{name}: reference {reference!r} is not a declared arm ({_line(node)}); "
+                         f"arms: {', '.join(arms)}")
+
+
+def _check_controls(name: str, controls: dict[str, Any], arms: dict[str, StudyArm], expanded: dict[str, list[str]],
+                    node: yaml.Node | None) -> None:
+    """Each control names declared arms that the budgets leave as they are."""
+    for selected, pair in controls.items():
+        named = [selected, *(pair if isinstance(pair, list) else [pair])]
+        split = [a for a in named if a in expanded]
+        if split:
+            raise StudyError(f"{name}: controls.{selected} names {split[0]!r}, which the budgets expand into "
+                             f"{', '.join(expanded[split[0]])}; name arms a budget leaves as they are")
+        missing = [a for a in named if a not in arms]
+        if missing:
+            raise StudyError(f"{name}: controls.{selected} names no declared arm {missing[0]!r} "
+                             f"({_line(_value_nodes(node).get(selected))}); arms: {', '.join(arms)}")
+
+
+def _check_claims(name: str, claims: list[Any], nodes: list[yaml.Node]) -> None:
+    """Each claim: a mapping of claim and prediction."""
+    for i, claim in enumerate(claims):
+        if not isinstance(claim, dict):
+            raise StudyError(f"{name}: claims[{i}] must be a mapping (claim, prediction) ({_line(nodes[i])})")
+        _check(f"{name}: claims[{i}]", claim, _key_nodes(nodes[i]), _CLAIM, nodes[i])
+
+
+def _check_sizes(name: str, data: dict[str, Any], values: dict[str, yaml.Node]) -> tuple[int, ...]:
+    """The study's lengths (positive token counts), and a positive limit or samples, not both."""
+    if data.get("limit") is not None and data.get("samples") is not None:
+        raise StudyError(f"{name}: give limit or samples, not both (lm-eval cannot combine them)")
+    lengths = tuple(data.get("lengths") or ())
+    bad = [n for n in lengths if isinstance(n, bool) or not isinstance(n, int) or n <= 0]
+    if bad:
+        raise StudyError(f"{name}: lengths holds {bad[0]!r}, not a positive number of tokens "
+                         f"({_line(values['lengths'])}); e.g. lengths: [4096, 8192]")
+    if data.get("limit") is not None and (isinstance(data["limit"], bool) or data["limit"] <= 0):
+        raise StudyError(f"{name}: limit must be a positive number of samples per task, not {data['limit']!r} "
+                         f"({_line(values['limit'])}); leave it out to run every sample")
+    return lengths
 
 
 def _budgets(name: str, values: list | None, node: yaml.Node | None) -> tuple[float, ...]:

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from rf_eval.cli import main as cli
-from rf_eval.study.runner import done_marker, fingerprint
+from rf_eval.study.runner import fingerprint
 from rf_eval.study.slurm import SlurmLauncher, wait_for
+from rf_eval.study.state import done_marker
 from rf_eval.study.study_file import StudyError, load_study
 
 STUDY = """\

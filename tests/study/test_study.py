@@ -18,7 +18,8 @@ from warm_start import popen_argv, run_argv
 from rf_eval.cli import main as cli
 from rf_eval.cost.prefill_cost import MEASURED_FIELDS
 from rf_eval.study.jobs import cached_requests
-from rf_eval.study.runner import done_marker, run_study
+from rf_eval.study.runner import run_study
+from rf_eval.study.state import done_marker
 from rf_eval.study.study_file import StudyError, load_study
 
 STUDY = """\

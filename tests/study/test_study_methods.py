@@ -13,7 +13,8 @@ from rf_eval.study.launchers import make_launcher
 from rf_eval.study.plan import plan_text
 from rf_eval.study.preflight import check_arm_args
 from rf_eval.study.runner import model_args
-from rf_eval.study.study_file import ADAPTERS, StudyArm, StudyError, load_study
+from rf_eval.study.spec import ADAPTERS
+from rf_eval.study.study_file import StudyArm, StudyError, load_study
 
 STUDY = """\
 model:
