@@ -116,7 +116,8 @@ class Backend:
         key = arms.key(resolved)
         with self._arms_lock:
             arm = self._arms.get(key) or ServedArm(resolved, self.lm.method_for(resolved),
-                                                   {**arms.describe(resolved), "layers": self.n_layers})
+                                                   {"method": self.lm.method.name, **arms.describe(resolved),
+                                                    "layers": self.n_layers})
             self._arms[key] = arm
             self._arms.move_to_end(key)
             while len(self._arms) > MAX_ENGINES:

@@ -91,7 +91,7 @@ def test_the_methods_table_lists_both_with_what_they_load_and_their_knob(env):
     listed = run_argv([sys.executable, "-m", "rf_eval", "methods"], env=env, timeout=120)
     assert listed.returncode == 0, listed.stderr
     assert ("| `every_kth` | `--model prefill` `method=every_kth` | - | keep, keep_share, budget, k | the kept rows, "
-            "in place of k | every_kth |") in listed.stdout
+            "in place of k | rf_eval.methods.every_kth |") in listed.stdout
     assert "| `source_rows` | `--model prefill` `method=source_rows` | source |" in listed.stdout
 
 

@@ -81,8 +81,10 @@ def test_arm_switches_per_request_and_is_reported_and_logged(exact_server):
     filled = completion(exact_server, logprobs=3, rf_arm={"fill": "identity", "tail": 16})
     by_path = post(exact_server.url + "/arm/fill=identity;tail=16/v1/completions",
                    {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 3})[1]
-    assert exact["rf_arm"] == {"fill": "exact", "tail": 1024, "split": 3, "map_split": False, "layers": 6}
-    assert filled["rf_arm"] == {"fill": "identity", "tail": 16, "split": 3, "map_split": False, "layers": 6}
+    assert exact["rf_arm"] == {"method": "ridgefill", "fill": "exact", "tail": 1024, "split": 3, "map_split": False,
+                               "layers": 6}
+    assert filled["rf_arm"] == {"method": "ridgefill", "fill": "identity", "tail": 16, "split": 3, "map_split": False,
+                                "layers": 6}
     assert by_path["choices"] == filled["choices"]
     assert exact["choices"][0]["logprobs"] != filled["choices"][0]["logprobs"]
     timings = filled["rf_timings"]

@@ -123,10 +123,10 @@ def test_study_run_builds_the_tasks_data_before_it_registers_anything(tiny_model
 
 
 @pytest.mark.parametrize("edit, message", [
-    (("fill: identity, tail: 4", "fill: identty, tail: 4"), "arms.identity: fill='identty' is not valid; valid fills"),
-    (("fill: nofill, tail: 8", "fill: nofill, tail: 8, selector: attentoin"), "arms.nofill: selector='attentoin'"),
+    (("fill: identity, tail: 4", "fill: identty, tail: 4"), "arms.identity: method=ridgefill: fill='identty' is not valid; valid fills"),
+    (("fill: nofill, tail: 8", "fill: nofill, tail: 8, selector: attentoin"), "arms.nofill: method=ridgefill: selector='attentoin'"),
     (("fill: nofill, tail: 8", "fill: nofill, tail: 8, rho: 0.2"), "arms.nofill: model_args rho=0.2 is a key of method=rarecache"),
-    (("fill: identity, tail: 4", "fill: identity, tail: -4"), "arms.identity: tail must be >= 1"),
+    (("fill: identity, tail: 4", "fill: identity, tail: -4"), "arms.identity: method=ridgefill: tail must be >= 1"),
     (("fill: identity, tail: 4, split: 3", "fill: identity, tail: 4, split: 9"),
      "arms.identity: split 9 is outside 1..5 for this 6-layer model"),
     (("fill: identity, tail: 4", "fill: ridge, tail: 4, maps: ./no-maps"), "arms.identity: maps=./no-maps: no such file"),
