@@ -58,9 +58,9 @@ def unknown_tasks(study: Study) -> list[str]:
 
 
 def check_arm_args(study: Study, arm) -> None:
-    """An rf-eval arm's model_args, checked by its adapter before loading anything (`PrefillLM.preflight`:
-    `rf_eval.model_adapters.config.preflight`: keys, method, fill, selector, corrections, tail; a StudyError naming the arm), its split against the
-    model's layer count (from its config), its budget against the study's lengths, and the model, source and
+    """An rf-eval arm's model_args, checked by the adapter's rules before loading anything
+    (`rf_eval.model_adapters.config.preflight`: keys, method, its arm's fields; a StudyError naming the arm), its
+    split against the model's layer count (from its config), its budget against the study's lengths, and the model, source and
     maps paths it names. Maps a study's `fit:` block writes are checked by the arm's own run: they exist
     only later."""
     if arm.model not in ADAPTERS:
