@@ -22,7 +22,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -70,11 +70,11 @@ SIZES = {
 
 
 def fit(model, tokenizer, candidate: Candidate, folder: Path, split: int, fill: str = "ridge") -> Path:
-    from rf_eval.demo.study import SPLIT, fit_demo_maps
+    from rf_eval.demo.study import SPLIT, fit_demo_maps, settings
 
     if candidate.name == "demo" and fill == "ridge" and split == SPLIT:  # the demo's own maps, cached
         from rf_eval.demo.model import demo_model_dir
-        from rf_eval.demo.study import demo_maps, settings
+        from rf_eval.demo.study import demo_maps
 
         return demo_maps(demo_model_dir(), settings(quick=True), progress=False)
 
@@ -83,9 +83,9 @@ def fit(model, tokenizer, candidate: Candidate, folder: Path, split: int, fill: 
         out = out.with_name(f"{out.name}-s{split}")
     if not (out / f"ridgefill_split{split}.safetensors").is_file():
         t0 = time.perf_counter()
-        fit_demo_maps(model, tokenizer, out, calibration_docs=candidate.calibration_docs,
-                      heldout_docs=4, chat_copies=candidate.chat_copies, lambdas=candidate.lambdas, split=split,
-                      progress=False, fill=fill)
+        sizes = replace(settings(quick=True), calibration_docs=candidate.calibration_docs, heldout_docs=4,
+                        chat_copies=candidate.chat_copies, lambdas=candidate.lambdas)
+        fit_demo_maps(model, tokenizer, out, sizes, split=split, progress=False, fill=fill)
         print(f"  fitted {candidate.name} ({fill}) in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
     return out
 

@@ -1,18 +1,20 @@
 """`rf-eval fit` and `rf-eval fit-transfer` are shells over library functions (`fit_map_files`,
-`fit_transfer_file`) that the study runner calls too: every option reaches one of their keyword arguments,
-and a refusal reads the same from the library as from the command."""
+`fit_transfer_file`) that the study runner calls too: every option reaches one of their arguments or a field
+of their options (`FitOptions`, `TransferOptions`), and a refusal reads the same from the library as from the
+command."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 
 import pytest
 
 from rf_eval.cli import fit, fit_transfer, main
 from rf_eval.errors import UserError
-from rf_eval.rarecache.transfer_run import fit_transfer_file
-from rf_eval.ridgefill.fit_run import fit_map_files
+from rf_eval.rarecache.transfer_run import TransferOptions, fit_transfer_file
+from rf_eval.ridgefill.fit_run import FitOptions, fit_map_files
 
 
 def dests(module) -> set[str]:
@@ -21,10 +23,14 @@ def dests(module) -> set[str]:
     return {a.dest for a in parser._actions if a.dest != "help"}
 
 
-@pytest.mark.parametrize("module, function", [(fit, fit_map_files), (fit_transfer, fit_transfer_file)])
-def test_every_option_is_a_keyword_argument(module, function):
+@pytest.mark.parametrize("module, function, options", [(fit, fit_map_files, FitOptions),
+                                                       (fit_transfer, fit_transfer_file, TransferOptions)])
+def test_every_option_is_a_keyword_argument(module, function, options):
     renamed = {"no_progress": "progress"}
-    assert {renamed.get(d, d) for d in dests(module)} == set(inspect.signature(function).parameters)
+    arguments = set(inspect.signature(function).parameters) - {"options", "given"}
+    fields = {f.name for f in dataclasses.fields(options)}
+    assert not arguments & fields
+    assert {renamed.get(d, d) for d in dests(module)} == arguments | fields
 
 
 def test_a_refusal_reads_the_same_from_the_library_and_the_command(tmp_path, capsys):

@@ -1,5 +1,5 @@
 """`rf-eval fit`: capture + ridge fit of RidgeFill maps (or new solves from saved sums); the options as
-`rf_eval.ridgefill.fit_run.fit_map_files`'s keyword arguments.
+`rf_eval.ridgefill.fit_run.FitOptions`, which `fit_map_files` runs.
 
 Under `torchrun --nproc_per_node K -m rf_eval fit ...` the documents are
 sharded across the K processes and the sums all-reduced (gloo on CPU, NCCL
@@ -55,14 +55,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.ridgefill.fit_run import fit_map_files, fit_summary
+    from rf_eval.ridgefill.fit_run import FitOptions, fit_map_files, fit_summary
 
-    result = fit_map_files(args.out, model=args.model, splits=args.splits, fill=args.fill,
-                           calibration=args.calibration, heldout=args.heldout, lambdas=args.lambdas,
-                           from_sums=args.from_sums, overwrite=args.overwrite, max_tokens=args.max_tokens,
-                           device=args.device, dtype=args.dtype, map_split=args.map_split,
-                           sums_device=args.sums_device, heldout_memory=args.heldout_memory, int8=args.int8,
-                           trust_remote_code=args.trust_remote_code, progress=not args.no_progress)
+    options = FitOptions(model=args.model, splits=args.splits, fill=args.fill, calibration=args.calibration,
+                         heldout=args.heldout, lambdas=args.lambdas, from_sums=args.from_sums,
+                         overwrite=args.overwrite, max_tokens=args.max_tokens, device=args.device,
+                         dtype=args.dtype, map_split=args.map_split, sums_device=args.sums_device,
+                         heldout_memory=args.heldout_memory, int8=args.int8,
+                         trust_remote_code=args.trust_remote_code, progress=not args.no_progress)
+    result = fit_map_files(args.out, options)
     for line in fit_summary(result):
         print(line)
     return 0

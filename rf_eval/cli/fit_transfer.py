@@ -8,7 +8,8 @@ are sharded across processes and the sums all-reduced; rank 0 writes the file.
 Memory: the fp64 sums hold, per side, a (L_s d_s)² Gram and an
 (L_s d_s) x (L_t d_t) cross term (d = n_kv * d_h of one layer), whatever the
 calibration size (`--sums-device cpu` keeps them in host memory). The work is
-`rf_eval.rarecache.transfer_run.fit_transfer_file`'s; this module parses the options into its arguments.
+`rf_eval.rarecache.transfer_run.fit_transfer_file`'s; this module parses the options into its arguments
+(the pair, calibration and `--out`) and `TransferOptions` (the rest).
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.rarecache.transfer_run import fit_transfer_file
+    from rf_eval.rarecache.transfer_run import TransferOptions, fit_transfer_file
 
-    fit = fit_transfer_file(args.source, args.target, args.calibration, args.out, k=args.k, rank=args.rank,
-                            lam=args.lam, stride=args.stride, max_tokens=args.max_tokens, device=args.device,
-                            sums_device=args.sums_device, dtype=args.dtype,
-                            trust_remote_code=args.trust_remote_code, overwrite=args.overwrite,
-                            progress=not args.no_progress)
+    options = TransferOptions(k=args.k, rank=args.rank, lam=args.lam, stride=args.stride,
+                              max_tokens=args.max_tokens, device=args.device, sums_device=args.sums_device,
+                              dtype=args.dtype, trust_remote_code=args.trust_remote_code,
+                              overwrite=args.overwrite, progress=not args.no_progress)
+    fit = fit_transfer_file(args.source, args.target, args.calibration, args.out, options)
     summary = fit.summary()
     if summary is not None:
         print(summary)

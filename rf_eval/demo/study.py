@@ -94,10 +94,10 @@ def settings(quick: bool) -> DemoSettings:
                         keytoken_tokens=(1500, 2000), **maps)
 
 
-def fit_demo_maps(model, tokenizer, out: Path, *, calibration_docs: int, heldout_docs: int, chat_copies: bool,
-                  lambdas: tuple[float, ...], split: int = SPLIT, progress: bool = True, fill: str | None = None
-                  ) -> Path:
-    """Fit maps for `split` on the demo corpus into `out` (its text in `out/corpus`); returns `out`.
+def fit_demo_maps(model, tokenizer, out: Path, s: DemoSettings, *, split: int = SPLIT, progress: bool = True,
+                  fill: str | None = None) -> Path:
+    """Fit maps for `split` on the demo corpus into `out` (its text in `out/corpus`); returns `out`. Of `s`,
+    the maps read `calibration_docs`, `heldout_docs`, `chat_copies` and `lambdas`.
 
     With `chat_copies`, every calibration document is also captured as one chat turn in the model's chat
     template, as the paper's Flash-Next maps add chat-formatted copies (appendix G): the demo's prompts
@@ -105,15 +105,15 @@ def fit_demo_maps(model, tokenizer, out: Path, *, calibration_docs: int, heldout
     method the maps serve (default ridge; `benchmarks/demo_sweep.py --fills` fits kv_ridge's too).
     """
     corpus = out / "corpus"
-    manifest = write_demo_corpus(corpus, calibration_docs, heldout_docs, tokenizer, min_tokens=1000,
+    manifest = write_demo_corpus(corpus, s.calibration_docs, s.heldout_docs, tokenizer, min_tokens=1000,
                                  max_tokens=2000)
     log.info("demo corpus: %d calibration, %d held-out documents from %d modules",
              len(manifest["calibration"]), len(manifest["heldout"]), len(manifest["modules"]["calibration"]))
     calibration = [corpus / "calibration.jsonl"]
-    if chat_copies:
+    if s.chat_copies:
         calibration.append(_chat_copies(tokenizer, corpus / "calibration.jsonl", corpus / "calibration_chat.jsonl"))
-    heldout = [corpus / "heldout.jsonl"] if len(lambdas) > 1 else []
-    fit_maps(model, tokenizer, splits=[split], calibration=calibration, heldout=heldout, lambdas=list(lambdas),
+    heldout = [corpus / "heldout.jsonl"] if len(s.lambdas) > 1 else []
+    fit_maps(model, tokenizer, splits=[split], calibration=calibration, heldout=heldout, lambdas=list(s.lambdas),
              out=out, progress=progress, fill=fill or Ridge.name)
     return out
 
@@ -146,8 +146,7 @@ def demo_maps(model_dir: Path, s: DemoSettings, progress: bool = True) -> Path:
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32").eval()
-            fit_demo_maps(model, tokenizer, tmp, calibration_docs=s.calibration_docs, heldout_docs=s.heldout_docs,
-                          chat_copies=s.chat_copies, lambdas=s.lambdas, progress=progress)
+            fit_demo_maps(model, tokenizer, tmp, s, progress=progress)
             os.rename(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

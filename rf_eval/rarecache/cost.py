@@ -58,15 +58,14 @@ def speedup_ceiling(
     p_probe: float,
     T: int,
     rho: float,
-    n_layers: int,
-    n_heads: int,
-    head_dim: int,
+    alpha: float,
+    *,
     causal_skip: bool = False,
 ) -> float:
-    """Eq. 11: target prefill FLOPs over RaReCache FLOPs at prompt length T and budget rho."""
+    """Eq. 11: target prefill FLOPs over RaReCache FLOPs at prompt length T and budget rho, for a target of
+    α = 4 L_T H_T d_h (`attention_alpha`)."""
     if T <= 0 or not 0 <= rho <= 1:
         raise ValueError(f"need T > 0 and 0 <= rho <= 1; got T={T}, rho={rho}")
-    alpha = attention_alpha(n_layers, n_heads, head_dim)
     full = 2 * p_target * T + 0.5 * alpha * T**2
     attention = (0.5 if causal_skip else 1.0) * rho * alpha * T**2
     ours = (2 * p_map + 2 * p_probe + 2 * rho * p_target) * T + attention
@@ -85,8 +84,8 @@ def ceiling_for(target: nn.Module, maps, T: int, rho: float, causal_skip: bool =
     `probe_count`: see `PROBE_COUNTS`."""
     cfg = target.config
     p_map, p_probe = (0, 0) if target_side_only else maps.parameter_counts(probe_count)
-    return speedup_ceiling(target_parameters(target), p_map, p_probe, T, rho, cfg.num_hidden_layers,
-                           cfg.num_attention_heads, _head_dim(cfg), causal_skip)
+    alpha = attention_alpha(cfg.num_hidden_layers, cfg.num_attention_heads, _head_dim(cfg))
+    return speedup_ceiling(target_parameters(target), p_map, p_probe, T, rho, alpha, causal_skip=causal_skip)
 
 
 class EquationCost:

@@ -37,8 +37,9 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -207,6 +208,22 @@ def accumulate(
     return sums
 
 
+@dataclass(frozen=True)
+class TransferSettings:
+    """A transfer fit's numbers (section 3.1, appendix A) and how it runs: `k` source layers per target
+    layer, the basis rank `rank`, eq. 1's penalty `lam`, every `stride`-th position of documents cut at
+    `max_tokens`; `sums_device`: where the fp64 sums live (default: the target's device; "cpu" keeps them
+    off the GPU)."""
+
+    k: int = 8
+    rank: int = 128
+    lam: float = 0.01
+    stride: int = 1
+    max_tokens: int = 32768
+    progress: bool = False
+    sums_device: torch.device | str | None = None
+
+
 def fit_transfer(
     source: nn.Module,
     target: nn.Module,
@@ -214,29 +231,26 @@ def fit_transfer(
     target_tokenizer,
     calibration: Sequence[str | Path],
     *,
-    k: int = 8,
-    rank: int = 128,
-    lam: float = 0.01,
-    stride: int = 1,
-    max_tokens: int = 32768,
     out: str | Path | None = None,
-    progress: bool = False,
-    sums_device: torch.device | str | None = None,
+    settings: TransferSettings | None = None,
+    **options: Any,
 ) -> tuple[TransferMaps, Path | None]:
     """Fit and (on rank 0, when `out` is given) save the maps of one source -> target pair.
 
-    `sums_device`: where the fp64 sums live (default: the target's device; "cpu" keeps them off the GPU).
+    `settings`: the fit's numbers and where its sums live (`TransferSettings`); `options`: any of its fields
+    by name, over `settings` (`fit_transfer(..., k=8, rank=128, lam=0.01)`).
     """
+    s = replace(settings or TransferSettings(), **options)
     vocab_hash = check_tokenizers(source_tokenizer, target_tokenizer)
     check_nonempty(calibration)
-    if not lam > 0:
-        raise ValueError(f"lambda must be > 0, got {lam}")
-    if not 1 <= k <= num_layers(source):
-        raise ValueError(f"k must be in 1..{num_layers(source)} (the source's layer count), got {k}")
+    if not s.lam > 0:
+        raise ValueError(f"lambda must be > 0, got {s.lam}")
+    if not 1 <= s.k <= num_layers(source):
+        raise ValueError(f"k must be in 1..{num_layers(source)} (the source's layer count), got {s.k}")
     t0 = time.perf_counter()
-    docs = tokenized(target_tokenizer, calibration, "cpu", max_tokens, "calibration", progress)
-    sums = accumulate(source, target, docs, stride, sums_device)
-    maps, report = solve_transfer(sums, k, rank, lam)
+    docs = tokenized(target_tokenizer, calibration, "cpu", s.max_tokens, "calibration", s.progress)
+    sums = accumulate(source, target, docs, s.stride, s.sums_device)
+    maps, report = solve_transfer(sums, s.k, s.rank, s.lam)
     maps.metadata = {
         "source_config_hash": config_hash(source.config),
         "target_config_hash": config_hash(target.config),
@@ -245,11 +259,11 @@ def fit_transfer(
         "source_model": getattr(source.config, "_name_or_path", ""),
         "target_model": getattr(target.config, "_name_or_path", ""),
         "tokenizer_sha256": vocab_hash,
-        "k": str(k),
-        "rank": str(rank),
-        "lambda": repr(lam),
-        "stride": str(stride),
-        "max_tokens": str(max_tokens),
+        "k": str(s.k),
+        "rank": str(s.rank),
+        "lambda": repr(s.lam),
+        "stride": str(s.stride),
+        "max_tokens": str(s.max_tokens),
         "rows": str(sums.count),
         "calibration_sha256": sha256_of_files(calibration),
         "calibration_files": json.dumps([Path(p).name for p in calibration]),

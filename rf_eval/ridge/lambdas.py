@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -41,35 +42,43 @@ def check_lambdas(lambdas: Sequence[float] | None, have_heldout: bool) -> tuple[
     return tuple(lambdas)
 
 
+@dataclass(frozen=True)
+class HeldoutScoring:
+    """How the held-out documents score each lambda (`choose_lambda`): the documents, their length cap,
+    whether layer S's own map is scored (`map_split`) and the GiB of maps one pass may hold (`memory`)."""
+
+    documents: Sequence[str | Path] = ()
+    max_tokens: int = 32768
+    progress: bool = True
+    map_split: bool = DEFAULT_MAP_SPLIT
+    memory: str | float | None = "auto"
+
+
 def choose_lambda(
     model: nn.Module,
     tokenizer,
     sums: RidgeSums,
     lambdas: Sequence[float],
-    heldout: Sequence[str | Path],
-    max_tokens: int,
-    progress: bool,
-    map_split: bool = DEFAULT_MAP_SPLIT,
-    heldout_memory: str | float | None = "auto",
+    scoring: HeldoutScoring,
     target: str = "inputs",
 ) -> tuple[float, dict[float, float], Maps]:
     """Pick the lambda with the best mean cache-write cosine on held-out documents (section 2.2).
 
     Returns (best lambda, score per lambda, the best lambda's (A, b)). The grid
-    is scored in passes of `lambdas_per_pass` lambdas within `heldout_memory`
+    is scored in passes of `lambdas_per_pass` lambdas within `scoring.memory`
     GiB of maps (`heldout_budget`; auto: a share of the available memory):
     each pass solves its lambdas, runs the held-out documents once and frees
     its maps, keeping the best lambda's so far. Scores do not depend on the
     grouping (each lambda's cosines are summed on its own), and ties go to the
     earlier lambda of the grid as in one pass. Every process uses the smallest
     group any process chose, so the all-reduced passes line up.
-    `map_split`: layer S's own map is scored too (the arm's `map_split`, see `heldout_cosines`).
+    `scoring.map_split`: layer S's own map is scored too (the arm's `map_split`, see `heldout_cosines`).
     """
     if len(lambdas) == 1:
         return lambdas[0], {}, sums.solve(lambdas[0])
     d_out = sums.cxy[sums.layers[0]].shape[1] if sums.cxy else sums.d_in
     per_lambda = maps_bytes(sums.d_in, len(sums.layers), d_out)
-    budget, why = heldout_budget(heldout_memory)
+    budget, why = heldout_budget(scoring.memory)
     group = _smallest_over_ranks(lambdas_per_pass(budget, per_lambda, len(lambdas)))
     passes = [tuple(lambdas[i:i + group]) for i in range(0, len(lambdas), group)]
     log.info("held-out: %d lambdas in %d pass%s of <= %d (%s; %s of maps per lambda)",
@@ -80,8 +89,8 @@ def choose_lambda(
     for i, chunk in enumerate(passes):
         solved = {lam: sums.solve(lam) for lam in chunk}
         desc = f"held-out (split {sums.split}, pass {i + 1}/{len(passes)})"
-        docs = tokenized(tokenizer, heldout, device, max_tokens, desc, progress)
-        raw = heldout_cosines(model, docs, sums.split, solved, map_split, target)
+        docs = tokenized(tokenizer, scoring.documents, device, scoring.max_tokens, desc, scoring.progress)
+        raw = heldout_cosines(model, docs, sums.split, solved, scoring.map_split, target)
         totals = torch.tensor([[raw[lam][0], raw[lam][1]] for lam in chunk], dtype=torch.float64)
         if rank_and_world()[1] > 1:
             all_reduce(totals)

@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,10 @@ from rf_eval.ridge.calibration import CalibrationError, check_disjoint, check_no
 from rf_eval.ridge.fit_memory import parse_heldout_memory
 from rf_eval.ridge.lambdas import check_lambdas
 from rf_eval.ridge.maps import config_hash
-from rf_eval.ridgefill.fitting import FitResult, fit_maps, fit_target, refit_from_sums
+from rf_eval.ridgefill.fitting import FitResult, FitSettings, fit_maps, fit_target, refit_from_sums
 from rf_eval.ridgefill.fitting import check_splits as splits_in_range
 
-__all__ = ["fit_map_files", "fit_summary", "load_fit_model"]
+__all__ = ["FitOptions", "fit_map_files", "fit_summary", "load_fit_model"]
 
 
 def load_fit_model(model: str, *, device: str | None = None, dtype: str = "auto", trust_remote_code: bool = False,
@@ -155,86 +156,107 @@ def publish(result: FitResult, out: str) -> None:
     result.paths = {split: final / Path(path).name for split, path in result.paths.items()}
 
 
-def fit_map_files(
-    out: str | Path,
-    *,
-    model: str | None = None,
-    splits: Sequence[int] | None = None,
-    fill: str | None = None,
-    calibration: Sequence[str | Path] = (),
-    heldout: Sequence[str | Path] = (),
-    lambdas: Sequence[float] | None = None,
-    from_sums: str | Path | None = None,
-    overwrite: bool = False,
-    max_tokens: int = 32768,
-    device: str | None = None,
-    dtype: str = "auto",
-    map_split: bool = DEFAULT_MAP_SPLIT,
-    sums_device: str = "auto",
-    heldout_memory: str = "auto",
-    int8: bool = False,
-    trust_remote_code: bool = False,
-    progress: bool = True,
-) -> FitResult:
-    """Capture `model`'s hidden states on `calibration` and fit the maps of `fill` (default ridge) at each of
-    `splits` into `out`, λ chosen on `heldout` from `lambdas` (`rf_eval.ridgefill.fitting.fit_maps`); or,
-    with `from_sums`, solve again from sums a fit saved (`refit_from_sums`). Each parameter is the
-    `rf-eval fit` option of the same name. Returns the fit's result, its paths in `out`."""
-    out = str(out)
-    fill = fill or Ridge.name
-    from_sums = str(from_sums) if from_sums else None
-    calibration, heldout = [str(c) for c in calibration], [str(h) for h in heldout]
-    lambdas = list(lambdas) if lambdas is not None else None
-    check_out(out, overwrite)
+@dataclass(frozen=True)
+class FitOptions:
+    """`rf-eval fit`'s options but `--out`, each field the option of the same name (`progress`: not
+    `--no-progress`): what the command and a study's `fit:` block give `fit_map_files`."""
+
+    model: str | None = None
+    splits: Sequence[int] | None = None
+    fill: str | None = None
+    calibration: Sequence[str | Path] = ()
+    heldout: Sequence[str | Path] = ()
+    lambdas: Sequence[float] | None = None
+    from_sums: str | Path | None = None
+    overwrite: bool = False
+    max_tokens: int = 32768
+    device: str | None = None
+    dtype: str = "auto"
+    map_split: bool = DEFAULT_MAP_SPLIT
+    sums_device: str = "auto"
+    heldout_memory: str = "auto"
+    int8: bool = False
+    trust_remote_code: bool = False
+    progress: bool = True
+
+    def settings(self) -> FitSettings:
+        """The options `fit_maps` and `refit_from_sums` read (`FitSettings`), the fill defaulting to ridge."""
+        return FitSettings(heldout=[str(h) for h in self.heldout], max_tokens=self.max_tokens,
+                           progress=self.progress, map_split=self.map_split, sums_device=self.sums_device,
+                           heldout_memory=self.heldout_memory, fill=self.fill or Ridge.name, int8=self.int8)
+
+
+def check_before_loading(out: str, options: FitOptions) -> None:
+    """What `fit_map_files` refuses before any model loads (`--out`, `--device`, `--model`, `--splits`, `--fill`,
+    `--from-sums`, `--heldout-memory`)."""
+    model, from_sums = options.model, options.from_sums
+    check_out(out, options.overwrite)
     try:
-        check_device(device)
+        check_device(options.device)
         if model:
             check_model_source(model)
     except ValueError as err:
         raise UserError(f"--{'device' if 'device' in str(err).split(':')[0] else 'model'}: {err}") from None
-    if model and splits:
-        check_splits(model, splits)
-    check_fill(fill, model, from_sums=bool(from_sums), trust_remote_code=trust_remote_code)
+    if model and options.splits:
+        check_splits(model, options.splits)
+    check_fill(options.fill or Ridge.name, model, from_sums=bool(from_sums),
+               trust_remote_code=options.trust_remote_code)
     if from_sums:
-        if not lambdas:
+        if not options.lambdas:
             raise UserError("--from-sums needs --lambdas")
-        check_sums(from_sums, model)
+        check_sums(str(from_sums), model)
     try:
-        parse_heldout_memory(heldout_memory)
+        parse_heldout_memory(options.heldout_memory)
     except ValueError as err:
         raise UserError(f"--heldout-memory: {err}") from None
+
+
+def _fit_into(staging: Path, options: FitOptions) -> FitResult:
+    """Load the model and fit (or solve again from saved sums) into `staging`; ValueError on bad inputs."""
+    model, settings = options.model, options.settings()
+    lambdas = list(options.lambdas) if options.lambdas is not None else None
+    loading = dict(device=options.device, dtype=options.dtype, trust_remote_code=options.trust_remote_code,
+                   fill=settings.fill)
+    if options.from_sums:
+        loaded = tokenizer = None
+        if model:
+            loaded, tokenizer = load_fit_model(model, **loading)
+        return refit_from_sums(str(options.from_sums), out=staging, lambdas=lambdas, model=loaded,
+                               tokenizer=tokenizer, settings=settings)
+    if not model or not options.splits:
+        raise UserError("fit needs --model and --splits (or --from-sums)")
+    calibration = [str(c) for c in options.calibration]
+    check_lambdas(lambdas, bool(settings.heldout))  # fail before loading the model
+    check_nonempty(calibration)
+    if settings.heldout:
+        check_nonempty(settings.heldout)
+        check_disjoint(calibration, settings.heldout)
+    init_distributed()
+    loaded, tokenizer = load_fit_model(model, **loading)
+    return fit_maps(loaded, tokenizer, splits=list(options.splits), calibration=calibration, out=staging,
+                    lambdas=lambdas, settings=settings)
+
+
+def fit_map_files(out: str | Path, options: FitOptions | None = None, **given: Any) -> FitResult:
+    """Capture `model`'s hidden states on `calibration` and fit the maps of `fill` (default ridge) at each of
+    `splits` into `out`, λ chosen on `heldout` from `lambdas` (`rf_eval.ridgefill.fitting.fit_maps`); or,
+    with `from_sums`, solve again from sums a fit saved (`refit_from_sums`). `options` (`FitOptions`) are
+    the `rf-eval fit` options, `given` any of them by name over `options` (`fit_map_files(out, model=...,
+    splits=[16])`, as a study's `fit:` block gives them). Returns the fit's result, its paths in `out`."""
+    out = str(out)
+    options = replace(options or FitOptions(), **given)
+    check_before_loading(out, options)
     staging = staging_folder(out)
     if int(os.environ.get("RANK", "0")) == 0:
         shutil.rmtree(staging, ignore_errors=True)  # a killed fit's leftovers
-    loading = dict(device=device, dtype=dtype, trust_remote_code=trust_remote_code, fill=fill)
     try:
-        if from_sums:
-            loaded = tokenizer = None
-            if model:
-                loaded, tokenizer = load_fit_model(model, **loading)
-            result = refit_from_sums(from_sums, out=staging, lambdas=lambdas, model=loaded, tokenizer=tokenizer,
-                                     heldout=heldout, max_tokens=max_tokens, progress=progress,
-                                     map_split=map_split, heldout_memory=heldout_memory, int8=int8)
-        else:
-            if not model or not splits:
-                raise UserError("fit needs --model and --splits (or --from-sums)")
-            check_lambdas(lambdas, bool(heldout))  # fail before loading the model
-            check_nonempty(calibration)
-            if heldout:
-                check_nonempty(heldout)
-                check_disjoint(calibration, heldout)
-            init_distributed()
-            loaded, tokenizer = load_fit_model(model, **loading)
-            result = fit_maps(loaded, tokenizer, splits=list(splits), calibration=calibration, heldout=heldout,
-                              lambdas=lambdas, out=staging, max_tokens=max_tokens, progress=progress,
-                              map_split=map_split, sums_device=sums_device, heldout_memory=heldout_memory,
-                              fill=fill, int8=int8)
+        result = _fit_into(staging, options)
     except (ValueError, CalibrationError) as err:
         shutil.rmtree(staging, ignore_errors=True)
         raise UserError(str(err)) from err
     except OSError as err:  # e.g. a hub id that cannot be fetched offline
         shutil.rmtree(staging, ignore_errors=True)
-        raise UserError(f"--model {model}: {err}") from err
+        raise UserError(f"--model {options.model}: {err}") from err
     publish(result, out)
     return result
 

@@ -259,7 +259,7 @@ def test_eq11_ceiling_reproduces_the_papers_numbers():
     """
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from rf_eval.rarecache.cost import probe_parameters, target_parameters
+    from rf_eval.rarecache.cost import attention_alpha, probe_parameters, target_parameters
 
     config = Qwen3Config(hidden_size=5120, intermediate_size=17408, num_hidden_layers=40, num_attention_heads=40,
                          num_key_value_heads=8, head_dim=128, vocab_size=151936)
@@ -269,14 +269,16 @@ def test_eq11_ceiling_reproduces_the_papers_numbers():
     p_map = 40 * 2 * (8192 * 1024 + 1024)  # the paper's "671M map parameters"
     assert round(p_map / 1e6) == 671
 
+    alpha = attention_alpha(40, 40, 128)  # 40 layers, 40 query heads of 128
+
     def printed(probe_count: str) -> tuple[float, float, float]:
         p_probe = 40 * 2 * probe_parameters(8192, 1024, 128, probe_count)
-        at = lambda T, **kw: speedup_ceiling(p_target, p_map, p_probe, T, 0.3, 40, 40, 128, **kw)  # noqa: E731
+        at = lambda T, **kw: speedup_ceiling(p_target, p_map, p_probe, T, 0.3, alpha, **kw)  # noqa: E731
         return round(at(2048), 2), round(at(32768), 2), round(at(32768, causal_skip=True), 2)
 
     assert printed("basis") == (2.78, 2.3, 2.99)  # the text's count (the default)
     assert printed("reduced_map") == (2.74, 2.28, 2.95)  # the paper's printed digits
-    at = lambda T, **kw: speedup_ceiling(p_target, p_map, 0, T, 0.3, 40, 40, 128, **kw)  # noqa: E731
+    at = lambda T, **kw: speedup_ceiling(p_target, p_map, 0, T, 0.3, alpha, **kw)  # noqa: E731
     assert at(10**9) == pytest.approx(1 / 0.6, rel=1e-3)  # the asymptote 1/(2 rho)
     assert at(10**9, causal_skip=True) == pytest.approx(1 / 0.3, rel=1e-3)
     with pytest.raises(ValueError, match="probe_count='full' is not valid; valid counts: basis, reduced_map"):
