@@ -82,6 +82,54 @@ def _strata_groups(strata: ArrayLike | None, n: int) -> list[np.ndarray]:
     return [np.flatnonzero(codes == code) for code in np.argsort(first)]
 
 
+def _by_stratum(
+    vals: np.ndarray, strata: ArrayLike | None, weights: ArrayLike | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The weighted values (items x k) sorted by stratum, and each stratum's [lo, hi) positions in them."""
+    n = vals.shape[0]
+    w = np.full(n, 1.0 / n) if weights is None else np.asarray(weights, dtype=np.float64)
+    if w.shape != (n,) or np.any(w < 0) or not w.sum() > 0:
+        raise ValueError("weights must be one non-negative number per item, not all zero")
+    groups = _strata_groups(strata, n)
+    # Items sorted by stratum: stratum s then holds the positions [lo, hi), and a
+    # resample draws its indices straight from that range.
+    order = np.concatenate(groups)
+    # equal weights: sum the raw values and divide once (exact sums for 0/100 scores)
+    weighted = (vals if weights is None else vals * (w / w.sum() * n)[:, None])[order]
+    return weighted, np.cumsum([0] + [g.shape[0] for g in groups])
+
+
+def _batch_rows(n: int, k: int, n_resamples: int, max_batch_bytes: int) -> int:
+    """Resamples per batch: its matrices within `max_batch_bytes`, at least one, at most `n_resamples`."""
+    if k <= GATHER_MAX_COLUMNS:
+        rows = max_batch_bytes // (8 * n)  # the int64 index matrix
+    else:  # index + count matrices, and a product small enough that BLAS stays on one thread
+        rows = min(max_batch_bytes // (24 * n), MAX_PRODUCT_SIZE // (n * k))
+    return max(1, min(n_resamples, rows))
+
+
+def _batch_sums(
+    rng: np.random.Generator, weighted: np.ndarray, columns: np.ndarray, bounds: np.ndarray, b: int
+) -> np.ndarray:
+    """The resampled sums (b x k) of one batch of `b` resamples, drawn within each stratum (`columns`: the
+    columns of `weighted`, each contiguous)."""
+    n, k = weighted.shape
+    if k <= GATHER_MAX_COLUMNS:  # few columns: gather and sum, stratum by stratum
+        sums = np.zeros((b, k))
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            index = rng.integers(0, hi - lo, size=(b, hi - lo))
+            for j, column in enumerate(columns):
+                sums[:, j] += column[lo:hi][index].sum(axis=1)
+        return sums
+    # many columns: a count matrix, then one matrix product for all of them
+    index = np.empty((b, n), dtype=np.int64)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        index[:, lo:hi] = rng.integers(lo, hi, size=(b, hi - lo))
+    index += (np.arange(b, dtype=np.int64) * n)[:, None]
+    counts = np.bincount(index.ravel(), minlength=b * n).reshape(b, n).astype(np.float64)
+    return counts @ weighted
+
+
 def resample_means(
     values: ArrayLike,
     *,
@@ -102,46 +150,19 @@ def resample_means(
     vals = np.asarray(values, dtype=np.float64)
     if vals.ndim == 1:
         vals = vals[:, None]
-    n = vals.shape[0]
+    n, k = vals.shape[0], vals.shape[1]
     if n == 0:
         raise ValueError("no items to resample")
     if n_resamples < 1:
         raise ValueError("n_resamples must be at least 1")
-    w = np.full(n, 1.0 / n) if weights is None else np.asarray(weights, dtype=np.float64)
-    if w.shape != (n,) or np.any(w < 0) or not w.sum() > 0:
-        raise ValueError("weights must be one non-negative number per item, not all zero")
-    groups = _strata_groups(strata, n)
-    # Items sorted by stratum: stratum s then holds the positions [lo, hi), and a
-    # resample draws its indices straight from that range.
-    order = np.concatenate(groups)
-    # equal weights: sum the raw values and divide once (exact sums for 0/100 scores)
-    weighted = (vals if weights is None else vals * (w / w.sum() * n)[:, None])[order]
-    bounds = np.cumsum([0] + [g.shape[0] for g in groups])
+    weighted, bounds = _by_stratum(vals, strata, weights)
     rng = np.random.default_rng(seed)
-    k = vals.shape[1]
-    if k <= GATHER_MAX_COLUMNS:
-        rows = max_batch_bytes // (8 * n)  # the int64 index matrix
-    else:  # index + count matrices, and a product small enough that BLAS stays on one thread
-        rows = min(max_batch_bytes // (24 * n), MAX_PRODUCT_SIZE // (n * k))
-    rows = max(1, min(n_resamples, rows))
+    rows = _batch_rows(n, k, n_resamples, max_batch_bytes)
     out = np.empty((n_resamples, k))
     columns = np.ascontiguousarray(weighted.T)
     for start in range(0, n_resamples, rows):
         b = min(rows, n_resamples - start)
-        if k <= GATHER_MAX_COLUMNS:  # few columns: gather and sum, stratum by stratum
-            sums = np.zeros((b, k))
-            for lo, hi in zip(bounds[:-1], bounds[1:]):
-                index = rng.integers(0, hi - lo, size=(b, hi - lo))
-                for j, column in enumerate(columns):
-                    sums[:, j] += column[lo:hi][index].sum(axis=1)
-            out[start : start + b] = sums
-        else:  # many columns: a count matrix, then one matrix product for all of them
-            index = np.empty((b, n), dtype=np.int64)
-            for lo, hi in zip(bounds[:-1], bounds[1:]):
-                index[:, lo:hi] = rng.integers(lo, hi, size=(b, hi - lo))
-            index += (np.arange(b, dtype=np.int64) * n)[:, None]
-            counts = np.bincount(index.ravel(), minlength=b * n).reshape(b, n).astype(np.float64)
-            out[start : start + b] = counts @ weighted
+        out[start : start + b] = _batch_sums(rng, weighted, columns, bounds, b)
     return out / n
 
 
