@@ -257,6 +257,48 @@ def _to_points(items: pd.DataFrame) -> pd.DataFrame:
     return items
 
 
+def _arm_rows(name: str, used: list[tuple[str, _ResultsFile]], metrics: Mapping[str, Sequence[str]],
+              allow_empty: bool, notes: list[str]) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """One arm's item rows from each task's samples log, the logs read, the unsealed ones (notes: `notes`)."""
+    rows: list[dict[str, Any]] = []
+    samples_files: list[str] = []
+    unsealed: list[str] = []
+    for task, rf in used:
+        samples = rf.path.parent / f"samples_{task}_{rf.date_id}.jsonl"
+        if not check_seal(samples, rf.date_id) and samples.is_file():  # a changed sealed file is refused
+            unsealed.append(samples.name)
+        if not samples.is_file():
+            notes.append(f"{name}: no per-sample log for {task} in {rf.path.parent} (use --log_samples)")
+            continue
+        requested = metrics.get(task, ())
+        samples_files.append(str(samples))
+        try:
+            found: list[str] = []
+            rows += [{"arm": name, **row} for row in _sample_rows(rf, task, samples, requested, found)]
+            notes += [f"{name}: {note}" for note in found]
+        except EmptyMetricError as err:
+            if not allow_empty:
+                raise
+            notes.append(f"{name}: {task} left out (--allow-empty): {err}")
+    return rows, samples_files, unsealed
+
+
+def _arm_run(name: str, key: tuple[str, str], used: list[tuple[str, _ResultsFile]],
+             samples_files: list[str]) -> ArmRun:
+    """The arm `name` from the runs it `used` (task, results file) and the per-sample logs read."""
+    files = list(dict.fromkeys(rf for _, rf in used))
+    return ArmRun(
+        name=name, model=key[0], model_args=json.loads(key[1]),
+        started=datetime.fromtimestamp(min(rf.started for rf in files), tz=timezone.utc),
+        results_files=tuple(str(rf.path) for rf in files), config_hashes=config_hashes(files),
+        samples_files=tuple(samples_files),
+        task_started={t: datetime.fromtimestamp(rf.started, tz=timezone.utc) for t, rf in used},
+        ledger_heads=tuple(h for h in (ledger_head(rf) for rf in files) if h is not None),
+        engine_floor=engine_floor(files), model_identity=model_identity(name, files),
+        task_protocol={t: task_protocol(rf, t) for t, rf in used},
+    )
+
+
 def load_runs(
     paths: Sequence[str | Path], *, metrics: Mapping[str, Sequence[str]] | None = None, allow_empty: bool = False
 ) -> Runs:
@@ -287,49 +329,15 @@ def load_runs(
     arms: list[ArmRun] = []
     for key, name in zip(arm_keys, names):
         used = [(task, rf) for (k, task), rf in chosen.items() if k == key]
-        n_rows = len(rows)
-        samples_files: list[str] = []
-        unsealed: list[str] = []
-        for task, rf in used:
-            samples = rf.path.parent / f"samples_{task}_{rf.date_id}.jsonl"
-            if not check_seal(samples, rf.date_id) and samples.is_file():  # a changed sealed file is refused
-                unsealed.append(samples.name)
-            if not samples.is_file():
-                notes.append(f"{name}: no per-sample log for {task} in {rf.path.parent} (use --log_samples)")
-                continue
-            requested = (metrics or {}).get(task, ())
-            samples_files.append(str(samples))
-            try:
-                found: list[str] = []
-                rows += [{"arm": name, **row} for row in _sample_rows(rf, task, samples, requested, found)]
-                notes += [f"{name}: {note}" for note in found]
-            except EmptyMetricError as err:
-                if not allow_empty:
-                    raise
-                notes.append(f"{name}: {task} left out (--allow-empty): {err}")
-        if len(rows) == n_rows:
+        arm_rows, samples_files, unsealed = _arm_rows(name, used, metrics or {}, allow_empty, notes)
+        if not arm_rows:
             notes.append(f"{name}: no per-item results found; the arm is left out")
             continue
         if unsealed:
             notes.append(f"{name}: unsealed: {', '.join(unsealed)} carry no rf-eval seal (a run of another lm-eval "
                          "model, or of an older rf-eval), so a change made after the run cannot be detected")
-        files = list(dict.fromkeys(rf for _, rf in used))
-        arms.append(
-            ArmRun(
-                name=name,
-                model=key[0],
-                model_args=json.loads(key[1]),
-                started=datetime.fromtimestamp(min(rf.started for rf in files), tz=timezone.utc),
-                results_files=tuple(str(rf.path) for rf in files),
-                config_hashes=config_hashes(files),
-                samples_files=tuple(samples_files),
-                task_started={t: datetime.fromtimestamp(rf.started, tz=timezone.utc) for t, rf in used},
-                ledger_heads=tuple(h for h in (ledger_head(rf) for rf in files) if h is not None),
-                engine_floor=engine_floor(files),
-                model_identity=model_identity(name, files),
-                task_protocol={t: task_protocol(rf, t) for t, rf in used},
-            )
-        )
+        rows += arm_rows
+        arms.append(_arm_run(name, key, used, samples_files))
     if not rows:
         raise RunFormatError("no per-item results in any run (run lm_eval with --log_samples)")
     name_of = dict(zip(arm_keys, names))
@@ -338,4 +346,3 @@ def load_runs(
     frame["length"] = pd.Series([r["length"] for r in rows], dtype=object, index=frame.index)  # ints stay ints
     items = _to_points(frame)
     return Runs(items=items[list(ITEM_COLUMNS)], arms=tuple(arms), notes=tuple(notes))
-
