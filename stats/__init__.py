@@ -6,8 +6,8 @@ The names below are imported lazily, so `import rf_eval.stats` stays cheap:
   `noninferiority` (margin), `sign_test`, `mcnemar_exact`
   (discordance), `perplexity_gap` (perplexity), `location` (tails),
   `control_margin` (controls): the statistics of paper section 3.4;
-- `load_runs` (runs), `pair_arms` (pairing), `study_summary` (summary): lm-eval
-  output folders in, report data out;
+- `load_runs` (runs), `pair_arms` (pairing), `study_summary` with its
+  `SummaryOptions` (summary): lm-eval output folders in, report data out;
 - `append_entry`, `verify_ledger` (ledger): the run ledger of paper section 9.
 
 No exported name is also the name of a submodule: importing a submodule sets
@@ -25,7 +25,7 @@ _EXPORTS = {
     "binomial_floor": "margin", "noninferiority": "margin", "NonInferiority": "margin",
     "sign_test": "discordance", "mcnemar_exact": "discordance", "perplexity_gap": "perplexity",
     "location": "tails", "control_margin": "controls", "load_runs": "runs", "pair_arms": "pairing",
-    "study_summary": "summary", "append_entry": "ledger", "verify_ledger": "ledger",
+    "study_summary": "summary", "SummaryOptions": "summary", "append_entry": "ledger", "verify_ledger": "ledger",
 }  # fmt: skip
 __all__ = sorted(_EXPORTS)
 

@@ -10,11 +10,13 @@ the arms that share a budget compared with each other (`frontier`; sections
 6.2, 6.4, 8), selections against their count-matched controls (section 3.3),
 registration status (section 9), each arm's length-cap hits on the generation
 tasks beside the reference's (`cap_hits`, sections 4.5, 4.6) and, with
-`strata=("copyable",)`, keytoken_nll's measures per copyable-share bin
+`SummaryOptions(strata=("copyable",))`, keytoken_nll's measures per copyable-share bin
 (`copyable`, section 4.7, Table 13; `rf_eval.stats.copyable`). Every interval
 resamples within the strata of `rf_eval.stats.strata` (section 3.4), named in
 each row's `strata`.
 The result holds only dicts, lists, strings, numbers and None, unrounded.
+This module checks what is asked and puts the summary together; each table is computed by
+`rf_eval.stats.tables.StudyTables`.
 """
 
 from __future__ import annotations
@@ -23,327 +25,83 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
 from rf_eval.stats.cap_hits import cap_hit_table
 from rf_eval.stats.comparable import check_comparable
-from rf_eval.stats.contrasts import loss_contrast, own_measure, points_contrast
-from rf_eval.stats.controls import control_margin
 from rf_eval.stats.copyable import COLUMN as COPYABLE
 from rf_eval.stats.copyable import DEFAULT_EDGES, STRATA, check_edges, copyable_tables, with_copyable_bins
-from rf_eval.stats.frontier import cost_of, frontier, matched_budgets, measured_speedup
 from rf_eval.stats.ledger import LedgerEntry
-from rf_eval.stats.measures import task_label, task_measures
-from rf_eval.stats.pairing import PAIR_KEYS, pair_arms
-from rf_eval.stats.registration import registration
 from rf_eval.stats.runs import Runs
-from rf_eval.stats.speed import speed_rows
-from rf_eval.stats.strata import RULE, STRATA_FACTS, strata_of
+from rf_eval.stats.strata import RULE
+from rf_eval.stats.tables import StudyTables
 
-__all__ = ["study_summary"]
-
-
-def _length_value(value: Any) -> int | str:
-    """A length as an int (token count) or a name (LongBench's short/medium/long)."""
-    if isinstance(value, (int, float, np.number)) and float(value).is_integer():
-        return int(value)
-    return str(value)
+__all__ = ["SummaryOptions", "study_summary"]
 
 
-def _length_order(values: Sequence[Any]) -> list[int | str]:
-    """Numeric lengths in order, then named ones sorted."""
-    lengths = {_length_value(v) for v in values}
-    return sorted(v for v in lengths if isinstance(v, int)) + sorted(v for v in lengths if isinstance(v, str))
+@dataclass(frozen=True)
+class SummaryOptions:
+    """How `study_summary` compares the arms: each field is the `rf-eval report` option of the same name
+    (`n_resamples`: `--resamples`; `controls`: `--control` as {SELECTED: [CONTROL, ...]})."""
+
+    margin: float = 2.0
+    confidence: float = 0.95
+    n_resamples: int = 10_000
+    seed: int = 0
+    controls: Mapping[str, Sequence[str]] | None = None
+    cross_model: bool = False
+    strata: Sequence[str] = ()
+    copyable_bins: Sequence[float] = DEFAULT_EDGES
 
 
-def _pooled(frame: pd.DataFrame) -> pd.DataFrame:
-    """The items that pool: accuracy-like (points), each task's primary metric."""
-    return frame[(frame["unit"] == "points") & frame["primary"].astype(bool)]
-
-
-@dataclass
-class _Study:
-    runs: Runs
-    reference: str
-    margin: float
-    opts: dict[str, Any]
-    ledger: list[LedgerEntry] | None
-
-    def __post_init__(self) -> None:
-        self.names = [a.name for a in self.runs.arms]
-        self.others = [n for n in self.names if n != self.reference]
-        items = self.runs.items
-        own = [(task_measures(t) is not None and m in task_measures(t).own_metrics)
-               for t, m in zip(items["task"], items["metric"])]
-        paired = items[~np.asarray(own, dtype=bool)] if len(items) else items  # own measures are never paired
-        self.pairs = {arm: pair_arms(paired, arm, self.reference) for arm in self.others}
-        self.set_notes: list[str] = []  # arms scored on fewer of the reference's items (`fixed_set_scores`)
-
-    def status(self, arm: str, task: str | None) -> str | None:
-        return None if self.ledger is None else registration(self.ledger, self.runs.arm(arm), task).status
-
-    def points(self, p: pd.DataFrame) -> dict[str, Any]:
-        return points_contrast(p, margin=self.margin, **self.opts)
-
-    def loss(self, p: pd.DataFrame, metric: str, hib: bool) -> dict[str, Any]:
-        return loss_contrast(p, metric=metric, higher_is_better=hib, **self.opts)
-
-    def tasks(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-        """Per (task, filter, metric): accuracy tables, loss tables, and forest rows."""
-        ref = self.runs.items[self.runs.items["arm"] == self.reference]
-        tasks, losses, forest = [], [], []
-        for (task, filt, metric), block in ref.groupby(["task", "filter", "metric"], sort=False):
-            spec = task_measures(task)
-            if spec is not None and metric in spec.metrics:
-                continue  # reported in its task's measures table (`measures`)
-            first = block.iloc[0]
-            unit, hib, primary = first["unit"], bool(first["higher_is_better"]), bool(first["primary"])
-            entry: dict[str, Any] = {
-                "task": task_label(task, filt, None if primary else metric),
-                "primary": primary, "metric": metric, "unit": unit, "higher_is_better": hib,
-                "reference": {"n": len(block), "score": float(block["score"].mean())},
-                "rows": [],
-            }  # fmt: skip
-            for arm in self.others:
-                p = self.pairs[arm]
-                p = p[(p["task"] == task) & (p["filter"] == filt) & (p["metric"] == metric)]
-                if p.empty:
-                    continue
-                if unit == "points":
-                    row = self.points(p)
-                    forest.append({"group": arm, "label": entry["task"], **row})
-                else:
-                    row = self.loss(p, metric, hib)
-                entry["rows"].append({"arm": arm, **row, "registration": self.status(arm, task)})
-            (tasks if unit == "points" else losses).append(entry)
-        return tasks, losses, forest
-
-    def overall(self) -> list[dict[str, Any]]:
-        """Each arm pooled over the accuracy tasks, resampled within task, beside its cost on those items."""
-        rows = []
-        for arm in self.others:
-            p = _pooled(self.pairs[arm])
-            if not p.empty:
-                row = self.points(p)
-                cost = cost_of(p, "_arm")
-                rows.append({"arm": arm, **row, "registration": self.status(arm, None),
-                             "mac_speedup": cost["mac_speedup"], "measured_speedup": measured_speedup(p)})
-        return rows
-
-    def contrast(self, pairs: pd.DataFrame, measure: Any) -> dict[str, Any]:
-        """The report's paired contrast of one primary measure (`rf_eval.stats.frontier`)."""
-        if measure.unit == "points":
-            return self.points(pairs)
-        return self.loss(pairs, measure.metric, measure.higher_is_better)
-
-    def frontier(self) -> dict[str, Any]:
-        paired = self.runs.items
-        return frontier(paired, self.pairs, self.reference, self.names, self.contrast)
-
-    def budgets(self) -> list[dict[str, Any]]:
-        return matched_budgets(self.runs.items, self.names, self.reference, self.contrast)
-
-    def by_length(self) -> dict[str, Any]:
-        """Accuracy per length per arm (tasks pooled, and per task), and contrasts per length. Every arm's score
-        is on the reference's items (`fixed_set_scores`)."""
-        items = _pooled(self.runs.items)
-        items = items[items["length"].notna()]
-        lengths = _length_order(list(items["length"].unique()))
-        pooled = {arm: _pooled(self.pairs[arm]) for arm in self.others}
-        rows = []
-        for length in lengths:
-            at = items[items["length"] == length]
-            contrasts = []
-            for arm in self.others:
-                p = pooled[arm][pooled[arm]["length"] == length]
-                if not p.empty:
-                    contrasts.append({"arm": arm, **self.points(p)})
-            n = int((at["arm"] == self.reference).sum())
-            scores = self.fixed_set_scores(at, {a: p[p["length"] == length] for a, p in pooled.items()}, length)
-            rows.append({"length": length, "n": n, "scores": scores, "rows": contrasts})
-        per_task = []
-        for (task, filt), block in items.groupby(["task", "filter"], sort=False):
-            for length in _length_order(list(block["length"].unique())):
-                cell = block[block["length"] == length]
-                n = int((cell["arm"] == self.reference).sum())
-                paired = {a: p[(p["task"] == task) & (p["filter"] == filt) & (p["length"] == length)]
-                          for a, p in pooled.items()}
-                per_task.append({"task": task_label(task, filt), "length": length, "n": n,
-                                 "scores": self.fixed_set_scores(cell, paired, f"{task_label(task, filt)} at {length}")})
-        return {"lengths": lengths, "by_length": rows, "task_length": per_task}
-
-    def fixed_set_scores(self, items: pd.DataFrame, paired: dict[str, pd.DataFrame], where: Any) -> dict[str, float]:
-        """Each arm's mean on the reference's items of `items`: "the set of samples is fixed per model and shared
-        by every arm" (RidgeFill paper section 3.1). The reference's own mean; every other arm's on the items it
-        pairs with the reference (`paired`), so an arm whose own rule scores more items (POP's one-row tail keeps
-        needles in the reference's tail filled) is scored on the reference's alone. An arm that scored fewer of
-        them is noted."""
-        reference = items[items["arm"] == self.reference]
-        scores = {self.reference: float(reference["score"].mean())} if len(reference) else {}
-        for arm, p in paired.items():
-            if p.empty:
-                continue
-            scores[arm] = float(p["arm"].mean())
-            if len(p) < len(reference):
-                self.set_notes.append(f"{arm}: scored on {len(p)} of the reference's {len(reference)} items "
-                                      f"({where}): the others it did not score")
-        return {a: scores[a] for a in self.names if a in scores}
-
-    def measures(self) -> list[dict[str, Any]]:
-        """Per task with a measures table (`rf_eval.stats.measures`): one row per arm, one cell per measure."""
-        items = self.runs.items
-        ref = items[items["arm"] == self.reference]
-        tables = []
-        for task, filt in ref[["task", "filter"]].drop_duplicates().itertuples(index=False):
-            spec = task_measures(task)
-            if spec is None:
-                continue
-            rows = []
-            for arm in self.others:
-                p = self.pairs[arm]
-                p = p[(p["task"] == task) & (p["filter"] == filt)]
-                own = items[(items["arm"] == arm) & (items["task"] == task) & (items["filter"] == filt)]
-                row = self.measure_row(arm, spec, p, own)
-                if row is not None:
-                    rows.append({**row, "registration": self.status(arm, task)})
-            loaded = set(items.loc[(items["task"] == task) & (items["filter"] == filt), "metric"])
-            tables.append({
-                "task": task_label(task, filt), "title": spec.title, "description": spec.description,
-                "columns": spec.columns, "metrics": ", ".join(m for m in spec.metrics if m in loaded) or "none",
-                "rows": rows,
-            })  # fmt: skip
-        return tables
-
-    def measure_row(self, arm: str, spec: Any, pairs: pd.DataFrame, own: pd.DataFrame) -> dict[str, Any] | None:
-        """One arm's row of a measures table on these items (None where no measure has any)."""
-        cells = self.measure_cells(spec, pairs, own)
-        if all(c is None for c in cells.values()):
-            return None
-        widest = max((c for c in cells.values() if c is not None), key=lambda c: c["n"])
-        return {"arm": arm, "n": widest["n"], "cells": cells, "strata": widest["strata"]}
-
-    def measure_cells(self, spec: Any, pairs: pd.DataFrame, own: pd.DataFrame) -> dict[str, Any]:
-        """Each measure of `spec` on one arm's items (None where its metric has no paired items)."""
-        contrasts: dict[str, dict[str, Any] | None] = {}
-        cells: dict[str, Any] = {}
-        for m in spec.measures:
-            if m.kind == "own":
-                values = own[own["metric"] == m.metric]
-                cells[m.key] = own_measure(values, **self.opts) if not values.empty else None
-                continue
-            if m.metric not in contrasts:
-                p = pairs[pairs["metric"] == m.metric]
-                contrasts[m.metric] = None if p.empty else self.loss(p, m.metric, False)
-            c = contrasts[m.metric]
-            if m.kind == "delta" or c is None:
-                cells[m.key] = c
-            else:  # the perplexity gap of the same paired loss
-                gap = c["gap"]
-                cells[m.key] = None if gap is None else {
-                    "n": c["n"], "difference": gap["gap"], "low": gap["low"], "high": gap["high"], "median": None,
-                    "heavy_tail": False, "per_domain": gap["per_domain"], "strata": c["strata"],
-                }  # fmt: skip
-        return cells
-
-    def speed(self) -> list[dict[str, Any]]:
-        rows = []
-        for arm in self.others:
-            p = self.pairs[arm]
-            for row in speed_rows(p[p["primary"].astype(bool)]):
-                rows.append({"arm": arm, **row, "length": _length_value(row["length"])})
-        return rows
-
-    def controls(self, controls: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
-        """Each selection against the per-item mean of its count-matched control arms."""
-        points = _pooled(self.runs.items)
-        facts = [c for c, _ in STRATA_FACTS if c not in PAIR_KEYS]
-        rows = []
-        for selected, ctrl_names in controls.items():
-            first = pair_arms(points, selected, ctrl_names[0])
-            merged = first[PAIR_KEYS + facts + ["arm", "ref"]].rename(columns={"ref": "c0"})
-            for i, ctrl in enumerate(ctrl_names[1:], start=1):
-                p = pair_arms(points, selected, ctrl)[PAIR_KEYS + ["ref"]].rename(columns={"ref": f"c{i}"})
-                merged = merged.merge(p, on=PAIR_KEYS)
-            if merged.empty:
-                continue
-            ctrl_scores = merged[[f"c{i}" for i in range(len(ctrl_names))]].to_numpy().T
-            strata = strata_of(merged)
-            boot = control_margin(merged["arm"].to_numpy(), ctrl_scores, strata=strata.labels, **self.opts)
-            rows.append({"selected": selected, "controls": list(ctrl_names), "n": boot.n, "margin": boot.difference,
-                         "low": boot.low, "high": boot.high, "strata": strata.text})  # fmt: skip
-        return rows
-
-    def arms(self, front: dict[str, Any]) -> list[dict[str, Any]]:
-        """Each arm: what ran, its items, and its cost at each length (from the frontier's points)."""
-        costs = {a["arm"]: a for a in front["arms"]}
-        rows = []
-        for a in self.runs.arms:
-            reg = None if self.ledger is None or a.name == self.reference else registration(self.ledger, a)
-            points = costs.get(a.name, {}).get("lengths", [])
-            rows.append({
-                "name": a.name, "model": a.model, "model_args": a.model_args_text,
-                "started": a.started.isoformat(timespec="seconds"), "results_files": list(a.results_files),
-                "n_items": int((self.runs.items["arm"] == a.name).sum()), "is_reference": a.name == self.reference,
-                "registration": None if reg is None else reg.__dict__.copy(), "engine_floor": a.engine_floor,
-                "budget": costs.get(a.name, {}).get("budget"),
-                "cost": [{k: p[k] for k in ("length", "macs_fraction", "mac_speedup", "measured_speedup",
-                                            "cache_fraction")} for p in points],
-            })  # fmt: skip
-        return rows
-
-    def notes(self) -> list[str]:
-        notes = list(self.runs.notes) + list(dict.fromkeys(self.set_notes))
-        for arm, p in self.pairs.items():
-            if p.attrs.get("unpaired"):
-                notes.append(f"{arm} vs {self.reference}: {p.attrs['unpaired']} items without a partner left out")
-        return notes
-
-
-def study_summary(
-    runs: Runs,
-    reference: str,
-    *,
-    margin: float = 2.0,
-    confidence: float = 0.95,
-    n_resamples: int = 10_000,
-    seed: int = 0,
-    ledger: Sequence[LedgerEntry] | None = None,
-    controls: Mapping[str, Sequence[str]] | None = None,
-    cross_model: bool = False,
-    strata: Sequence[str] = (),
-    copyable_bins: Sequence[float] = DEFAULT_EDGES,
-) -> dict[str, Any]:
-    """Compare every arm of `runs` with `reference`; see the module docstring.
-
-    Arms on other weights or another task protocol than the reference are
-    refused (`rf_eval.stats.comparable`) unless `cross_model`, which labels them.
-    `strata` adds facts to the bootstrap strata and a table per value: `copyable`, keytoken_nll's
-    copyable-share bins cut at `copyable_bins` (`rf_eval.stats.copyable`).
-    """
+def _check_request(runs: Runs, reference: str, options: SummaryOptions) -> None:
+    """The reference and every arm `--control` names are arms of `runs`, there are two arms at least, and
+    every stratum is one a report adds."""
     names = [a.name for a in runs.arms]
-    for name, where in [(reference, "")] + [(n, " (in --control)") for s, c in (controls or {}).items() for n in (s, *c)]:
+    controls = options.controls or {}
+    for name, where in [(reference, "")] + [(n, " (in --control)") for s, c in controls.items() for n in (s, *c)]:
         if name not in names:
             raise ValueError(f"no arm named {name!r}{where}; the arms are: {', '.join(names)}")
     if len(names) < 2:
         raise ValueError(f"a report compares arms, and the runs given hold one arm ({', '.join(names)}); "
                          "give the lm-eval output folders of at least two arms")
-    unknown = [s for s in strata if s not in STRATA]
+    unknown = [s for s in options.strata if s not in STRATA]
     if unknown:
         raise ValueError(f"--strata {', '.join(unknown)}: unknown; the strata a report adds: {', '.join(STRATA)}")
-    edges = check_edges(copyable_bins)
-    if COPYABLE in strata:
-        runs = replace(runs, items=with_copyable_bins(runs.items, reference, edges))
-    labels = check_comparable(runs, reference, cross_model=cross_model)
-    opts = {"confidence": confidence, "n_resamples": n_resamples, "seed": seed}
-    study = _Study(runs, reference, margin, opts, None if ledger is None else list(ledger))
-    tasks, losses, forest = study.tasks()
-    measures = study.measures()
-    if not any(entry["rows"] for entry in tasks + losses + measures):
+
+
+def _check_paired(runs: Runs, reference: str, tables: list[dict[str, Any]]) -> None:
+    """Some arm has an item paired with the reference's in one of `tables` (else the arms ran other tasks)."""
+    if not any(entry["rows"] for entry in tables):
         ran = "; ".join(f"{a}: {', '.join(sorted(set(runs.items.loc[runs.items['arm'] == a, 'task'])))}"
-                        for a in names)
+                        for a in (arm.name for arm in runs.arms))
         raise ValueError(f"no item of any arm pairs with an item of the reference {reference!r}: the arms ran "
                          f"different tasks or documents ({ran})")
+
+
+def study_summary(
+    runs: Runs,
+    reference: str,
+    options: SummaryOptions | None = None,
+    *,
+    ledger: Sequence[LedgerEntry] | None = None,
+) -> dict[str, Any]:
+    """Compare every arm of `runs` with `reference`; see the module docstring.
+
+    Arms on other weights or another task protocol than the reference are
+    refused (`rf_eval.stats.comparable`) unless `options.cross_model`, which labels them.
+    `options.strata` adds facts to the bootstrap strata and a table per value: `copyable`, keytoken_nll's
+    copyable-share bins cut at `options.copyable_bins` (`rf_eval.stats.copyable`).
+    """
+    o = options or SummaryOptions()
+    _check_request(runs, reference, o)
+    edges = check_edges(o.copyable_bins)
+    if COPYABLE in o.strata:
+        runs = replace(runs, items=with_copyable_bins(runs.items, reference, edges))
+    labels = check_comparable(runs, reference, cross_model=o.cross_model)
+    opts = {"confidence": o.confidence, "n_resamples": o.n_resamples, "seed": o.seed}
+    study = StudyTables(runs, reference, o.margin, opts, None if ledger is None else list(ledger))
+    tasks, losses, forest = study.tasks()
+    measures = study.measures()
+    _check_paired(runs, reference, tasks + losses + measures)
     overall = study.overall()
     lengths = study.by_length()
     front = study.frontier()
@@ -351,17 +109,18 @@ def study_summary(
     if not lengths["lengths"]:
         notes.append("no item recorded a length (doc max_length or a RULER length metric): no per-length tables")
     return {
-        "reference": reference, "margin": margin, "confidence": confidence, "n_resamples": n_resamples, "seed": seed,
+        "reference": reference, "margin": o.margin, "confidence": o.confidence, "n_resamples": o.n_resamples,
+        "seed": o.seed,
         "score_set": f"every arm's score on {reference}'s items (the fixed sample set; an arm's own others are not "
                      "scored)",
         "arms": study.arms(front), "tasks": tasks, "overall": overall, "measures": measures, "losses": losses,
         **lengths, "frontier": front, "budgets": study.budgets(),
         "forest": forest + [{"group": r["arm"], "label": "overall", **r} for r in overall],
-        "speed": study.speed(), "controls": study.controls(controls or {}),
+        "speed": study.speed(), "controls": study.controls(o.controls or {}),
         "has_ledger": ledger is not None, "ledger_head": None, "notes": notes, "cross_model": labels, "strata_rule": RULE,
         "metrics": _metrics_used(tasks, losses), "cap_hits": cap_hit_table(study.pairs, reference),
         "copyable": copyable_tables(study.runs.items, study.pairs, reference, edges, study.measure_row)
-        if COPYABLE in strata else None,
+        if COPYABLE in o.strata else None,
     }  # fmt: skip
 
 

@@ -32,7 +32,7 @@ names the paper itself) stops the report unless `--overwrite` is given. Every sa
 against the seal its run wrote (`rf_eval.integrity.seal`): one edited or truncated since stops the report.
 
 The work is `rf_eval.reports.build.build_report`'s (what a study and the demo call); this module parses the
-options into its keyword arguments.
+options into its `ReportOptions`.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def _mapping(option: str, specs: list[str]) -> dict[str, list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.reports.build import build_report
+    from rf_eval.reports.build import ReportOptions, build_report
 
     bins = None
     if args.copyable_bins is not None:
@@ -117,13 +117,13 @@ def run(args: argparse.Namespace) -> int:
             bins = parse_edges(args.copyable_bins)
         except ValueError as err:
             raise UserError(str(err)) from None
-    report = build_report(
+    report = build_report(ReportOptions(
         args.runs, reference=args.reference, html=args.html, margin=args.margin, ledger=args.ledger,
         latex=args.latex, latex_standalone=args.latex_standalone, markdown=args.markdown, json_path=args.json,
         overwrite=args.overwrite, allow_empty=args.allow_empty, cross_model=args.cross_model,
         controls=_mapping("--control", args.control), metrics=_mapping("--metric", args.metric),
         strata=args.strata, copyable_bins=bins, ttft=args.ttft, resamples=args.resamples,
-        confidence=args.confidence, seed=args.seed)
+        confidence=args.confidence, seed=args.seed))
     for line in report.lines:
         print(line)
     return 0

@@ -209,14 +209,17 @@ def fit_maps_once(study: Study, out: Path) -> str | None:
 
 
 def report_arguments(study: Study, out: Path, ledger: Path) -> dict[str, Any]:
-    """`build_report`'s arguments over every arm's folder. No `metrics`: the report reads each task by its
-    default measures (`rf_eval.stats.measures`: keytoken_nll's key- and novel-token ΔNLL, gap and KL;
-    acc_filled)."""
-    return dict(runs=[str(arm_folder(study, out, a)) for a in study.arms], reference=study.reference,
-                margin=float(study.margin), html=str(out / "report.html"), latex=str(out / "report.tex"),
-                markdown=str(out / "report.md"), json_path=str(out / "report.json"),
-                ledger=str(ledger) if ledger.is_file() else None,
-                controls={selected: list(controls) for selected, controls in study.controls.items()})
+    """`build_report`'s keyword arguments (its `options`) over every arm's folder. No `metrics`: the report
+    reads each task by its default measures (`rf_eval.stats.measures`: keytoken_nll's key- and novel-token
+    ΔNLL, gap and KL; acc_filled)."""
+    from rf_eval.reports.build import ReportOptions
+
+    return dict(options=ReportOptions(
+        runs=[str(arm_folder(study, out, a)) for a in study.arms], reference=study.reference,
+        margin=float(study.margin), html=str(out / "report.html"), latex=str(out / "report.tex"),
+        markdown=str(out / "report.md"), json_path=str(out / "report.json"),
+        ledger=str(ledger) if ledger.is_file() else None,
+        controls={selected: list(controls) for selected, controls in study.controls.items()}))
 
 
 def report_argv(study: Study, out: Path, ledger: Path) -> list[str]:

@@ -18,7 +18,7 @@ metrics, why a column can be empty), found with no list to edit (the one plug-in
 `rf_eval.stats.measures.<module>`), the classes of installed packages' `rf_eval.measures` entry points, and
 classes given to `register_measures`. So a new task's measures are one file. `default_metrics` is what
 `load_runs` reads for a task when no `--metric` names others, and `task_measures` lays out the report's
-measures table (computed in `rf_eval.stats.summary`, rendered by the report templates).
+measures table (computed in `rf_eval.stats.tables`, rendered by the report templates).
 
 Kinds of measure: `delta`, the paired mean difference arm - reference of a
 per-document loss, with its interval, median and heavy-tail flag; `gap`, the

@@ -8,7 +8,7 @@ import pytest
 from rf_eval.reports.charts import frontier_chart
 from rf_eval.stats.pairing import pair_arms
 from rf_eval.stats.runs import load_runs
-from rf_eval.stats.summary import study_summary
+from rf_eval.stats.summary import SummaryOptions, study_summary
 
 LENGTHS = [1024, 2048]
 MEASURE = "niah_single_1_filled: score"  # RULER-style per-length metrics read as one, `score`
@@ -37,7 +37,7 @@ def runs(tmp_path_factory, lmeval_format):
 
 @pytest.fixture(scope="module")
 def summary(runs):
-    return study_summary(runs, "exact", n_resamples=500)
+    return study_summary(runs, "exact", SummaryOptions(n_resamples=500))
 
 
 def points(summary, length):

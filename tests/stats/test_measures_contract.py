@@ -16,7 +16,7 @@ import pytest
 
 from rf_eval.stats.measures import MEASURES, default_metrics, missing_note, reading, task_measures
 from rf_eval.stats.runs import load_runs
-from rf_eval.stats.summary import study_summary
+from rf_eval.stats.summary import SummaryOptions, study_summary
 
 
 def a_task(cls) -> str:
@@ -49,7 +49,7 @@ def test_every_task_reading_keeps_the_contract(name, lmeval_format, tmp_path):
     items = runs.items[runs.items.task == task]
     assert list(dict.fromkeys(items.metric)) == list(metrics)
     assert set(items.loc[items.primary.astype(bool), "metric"]) == {metrics[0]}
-    tables = study_summary(runs, "exact", n_resamples=200)["measures"]
+    tables = study_summary(runs, "exact", SummaryOptions(n_resamples=200))["measures"]
     if table is None:
         assert tables == []
     else:

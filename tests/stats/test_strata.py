@@ -9,7 +9,7 @@ import pytest
 from rf_eval.stats.bootstrap import paired_bootstrap
 from rf_eval.stats.runs import load_runs
 from rf_eval.stats.strata import strata_of
-from rf_eval.stats.summary import study_summary
+from rf_eval.stats.summary import SummaryOptions, study_summary
 
 TASKS = ("niah_single_1", "niah_multikey_1")
 
@@ -51,7 +51,7 @@ def test_pooled_ruler_filled_resamples_within_ruler_task_and_length(pooled):
     runs = load_runs([pooled])
     items = runs.items
     assert set(items.subtask) == set(TASKS) and set(items.length) == {1024, 2048}
-    s = study_summary(runs, "exact", n_resamples=2_000, controls={"ridge": ["identity"]})
+    s = study_summary(runs, "exact", SummaryOptions(n_resamples=2_000, controls={"ridge": ["identity"]}))
     (task,) = s["tasks"]
     ridge = task["rows"][0]
     assert task["task"] == "ruler_filled" and ridge["arm"] == "ridge" and ridge["n"] == 40
@@ -75,7 +75,7 @@ def test_pooled_ruler_filled_resamples_within_ruler_task_and_length(pooled):
 def test_within_ruler_task_alone_where_the_samples_have_one_length(tmp_path, lmeval_format):
     lmeval_format.pooled_ruler_run(tmp_path, "exact", _cells([1024]), started=1.79e9)
     lmeval_format.pooled_ruler_run(tmp_path, "ridge", _cells([1024], {("niah_multikey_1", 1024)}), started=1.79e9 + 1)
-    s = study_summary(load_runs([tmp_path]), "exact", n_resamples=1_000)
+    s = study_summary(load_runs([tmp_path]), "exact", SummaryOptions(n_resamples=1_000))
     row = s["tasks"][0]["rows"][0]
     assert row["strata"] == "RULER task (2 strata)"
     assert row["difference"] == row["low"] == row["high"] == pytest.approx(-50.0)
@@ -86,7 +86,7 @@ def test_loss_strata_are_domain_and_length_and_the_gap_keeps_domain_weights(tmp_
     lmeval_format.keytoken_run(tmp_path, "exact", docs, started=1.79e9)
     shifted = [{**d, "nll_novel": d["nll_novel"] + (0.1 if d["domain"] == "code" else 0.0)} for d in docs]
     lmeval_format.keytoken_run(tmp_path, "ridge", shifted, started=1.79e9 + 1)
-    (table,) = study_summary(load_runs([tmp_path]), "exact", n_resamples=1_000)["measures"]
+    (table,) = study_summary(load_runs([tmp_path]), "exact", SummaryOptions(n_resamples=1_000))["measures"]
     novel = table["rows"][0]["cells"]["novel"]
     gap = table["rows"][0]["cells"]["novel_gap"]
     assert novel["strata"] == "domain (2 strata)"

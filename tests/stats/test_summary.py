@@ -7,7 +7,7 @@ import pytest
 
 from rf_eval.stats.bootstrap import paired_bootstrap
 from rf_eval.stats.runs import load_runs
-from rf_eval.stats.summary import study_summary
+from rf_eval.stats.summary import SummaryOptions, study_summary
 
 LENGTHS = [4096, 8192, 16384]
 
@@ -39,7 +39,7 @@ def study(tmp_path_factory, lmeval_format):
 
 def test_summary_per_task_overall_and_length(study):
     runs = load_runs([study], metrics={"keytoken_nll": ["nll_key", "nll_novel"]})
-    s = study_summary(runs, "exact", margin=2.0, n_resamples=2_000)
+    s = study_summary(runs, "exact", SummaryOptions(margin=2.0, n_resamples=2_000))
     assert [a["name"] for a in s["arms"]] == ["exact", "ridge", "identity"]
     assert [t["task"] for t in s["tasks"]] == ["niah_single_1", "niah_multikey_1"]
     assert [r["arm"] for r in s["overall"]] == ["ridge", "identity"]
@@ -59,7 +59,7 @@ def test_summary_per_task_overall_and_length(study):
 
 def test_summary_keytoken_measures_median_and_perplexity_gap(study):
     runs = load_runs([study], metrics={"keytoken_nll": ["nll_key", "nll_novel"]})
-    s = study_summary(runs, "exact", n_resamples=2_000)
+    s = study_summary(runs, "exact", SummaryOptions(n_resamples=2_000))
     assert s["losses"] == []  # keytoken_nll is read in its measures table, not the generic losses table
     (table,) = s["measures"]
     assert table["task"] == "keytoken_nll" and table["metrics"] == "nll_key, nll_novel"
@@ -84,7 +84,7 @@ def test_summary_reads_keytoken_by_the_papers_measures_by_default(study):
     assert list(dict.fromkeys(kt.metric)) == ["nll_key", "nll_novel", "nll_all"]
     assert set(kt.loc[kt.primary.astype(bool), "metric"]) == {"nll_key"}
     assert any("no per-item values of kl" in n and "reference=exact" in n for n in runs.notes)
-    (table,) = study_summary(runs, "exact", n_resamples=500)["measures"]
+    (table,) = study_summary(runs, "exact", SummaryOptions(n_resamples=500))["measures"]
     assert [c["key"] for c in table["columns"]] == ["key", "novel", "novel_gap", "kl", "all"]
     assert [c["secondary"] for c in table["columns"]] == [False] * 4 + [True]
     cells = table["rows"][0]["cells"]
@@ -93,7 +93,7 @@ def test_summary_reads_keytoken_by_the_papers_measures_by_default(study):
 
 def test_summary_speed_controls_and_registration(study):
     runs = load_runs([study])
-    s = study_summary(runs, "exact", n_resamples=1_000, controls={"ridge": ["identity"]}, ledger=[])
+    s = study_summary(runs, "exact", SummaryOptions(n_resamples=1_000, controls={"ridge": ["identity"]}), ledger=[])
     ridge = [r for r in s["speed"] if r["arm"] == "ridge"]
     assert [r["length"] for r in ridge] == LENGTHS
     for r in ridge:
@@ -107,7 +107,7 @@ def test_summary_speed_controls_and_registration(study):
     regs = {a["name"]: a["registration"] for a in s["arms"]}
     assert regs["exact"] is None and regs["ridge"]["status"] == "not registered"
     with pytest.raises(ValueError, match="no arm named 'random'"):
-        study_summary(runs, "exact", controls={"ridge": ["random"]})
+        study_summary(runs, "exact", SummaryOptions(controls={"ridge": ["random"]}))
 
 
 def test_summary_marks_each_comparison_registered_or_follow_up(study, tmp_path):
@@ -122,7 +122,7 @@ def test_summary_marks_each_comparison_registered_or_follow_up(study, tmp_path):
     before, after = datetime(2026, 1, 1, tzinfo=timezone.utc), datetime(2026, 12, 1, tzinfo=timezone.utc)
     append_entry(path, claim="identity loses retrieval", prediction="diff < -5", configs=[cfg], arms=["identity"], now=before)
     append_entry(path, claim="ridge within 2 points", prediction="NI bound > -2", configs=[cfg], arms=["ridge"], now=after)
-    s = study_summary(load_runs([study]), "exact", n_resamples=500, ledger=verify_ledger(path))
+    s = study_summary(load_runs([study]), "exact", SummaryOptions(n_resamples=500), ledger=verify_ledger(path))
     status = {r["arm"]: r["registration"] for r in s["overall"]}
     assert status == {"identity": "registered", "ridge": "follow-up"}
     assert {r["registration"] for t in s["tasks"] for r in t["rows"] if r["arm"] == "ridge"} == {"follow-up"}
@@ -141,7 +141,7 @@ def test_every_arms_score_is_on_the_references_items(tmp_path, lmeval_format):
     lmeval_format.accuracy_run(tmp_path / "s", "short", short, lengths=[4096], started=1.79e9 + 2)
     runs = load_runs([tmp_path])
     keep = ~((runs.items["arm"] == "exact") & (runs.items["doc_id"] >= 10))  # exact scored items 0..9 only
-    summary = study_summary(type(runs)(runs.items[keep], runs.arms, runs.notes), "exact", n_resamples=200)
+    summary = study_summary(type(runs)(runs.items[keep], runs.arms, runs.notes), "exact", SummaryOptions(n_resamples=200))
     (row,) = summary["by_length"]
     assert row["n"] == 10 and row["scores"] == {"exact": 100.0, "pop": 100.0, "short": 100.0}
     assert "short: scored on 5 of the reference's 10 items (4096)" in " ".join(summary["notes"])
