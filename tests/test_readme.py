@@ -29,14 +29,16 @@ something else.
 | load --lengths 4096 --rates 2 4 8 --requests 500 --discard 50 | 256, rates 20 40, 12 requests, 2 discarded | time |
 
 The "Two commands" block is not run (it installs packages): its parts are
-checked against .ci/run and tests/demo/test_demo.py. The "Adding a model family"
+checked against .ci/run and tests/demo/demo_command.py (the command
+tests/demo/test_demo.py runs). The "Adding a model family"
 block is the shipped rf_eval/families/mistral.py, word for word, which the
 registry finds by itself and which is checked on a tiny Mistral model. The
 "Adding a fill" module is saved as written and run through `lm_eval` by
-tests/model_adapters/test_adapter_fill_plugin.py, which runs its command line
-as the README gives it (checked here) on a tiny model. The "Adding a prefill method" module is
+tests/model_adapters/test_adapter_fill_plugin.py on a tiny model. The "Adding a prefill method" module is
 tests/methods/plugins/every_kth.py, word for word, which tests/methods/test_throwaway_methods.py runs through
-`lm_eval`, `rf-eval serve`, a study with budgets and `rf-eval report`.
+`lm_eval`, `rf-eval serve`, a study with budgets and `rf-eval report`. The command line beside each of these
+two modules is checked here as far as it runs before loading a model: with its variable set as it sets it,
+lm-eval knows its `--model` and the adapter accepts its `--model_args`, which name that module's class.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +54,7 @@ from pathlib import Path
 import pytest
 import readme_checks
 from readme_blocks import ROOT, Ran, Sub, Workspace, load_helper, readme_blocks, substitute
+from warm_start import run_argv
 
 LLAMA = Sub("meta-llama/Llama-3.1-8B-Instruct", "<llama>", "a tiny local llama")
 SPLITS = Sub("--splits 12 16", "--splits 2 3", "the tiny model has 6 layers")
@@ -150,7 +154,8 @@ def test_substitutions_still_match_the_readme(step):
 
 
 def test_two_commands_are_what_ci_runs():
-    """Command 1 installs and runs the quick demo, command 2 the tests: CI runs the same."""
+    """Command 1 installs and runs the quick demo, command 2 the tests: CI runs the same. The quick demo is
+    the command tests/demo/test_demo.py runs end to end (tests/demo/demo_command.py, which both read)."""
     first, second = blocks_by_section()["Two commands"].text.strip().splitlines()
     ci = (ROOT / ".ci" / "run").read_text().replace("pip install -q ", "pip install ").splitlines()
     assert second in ci
@@ -158,10 +163,7 @@ def test_two_commands_are_what_ci_runs():
     assert demo == "rf-eval demo --quick"
     assert installs and all(part in ci for part in installs), installs
     assert 'rf-eval = "rf_eval.cli:main"' in (ROOT / "pyproject.toml").read_text()  # `python -m rf_eval` is the same
-    test_demo = load_helper("demo/test_demo.py")  # the end-to-end test that runs command 1 in CI
-    assert " ".join(test_demo.QUICK_DEMO) == demo
-    marks = {m.name for m in test_demo.test_quick_demo_runs_end_to_end.pytestmark}
-    assert "slow" in marks  # selected by command 2's `-m "slow or not slow"`
+    assert " ".join(load_helper("demo/demo_command.py").QUICK_DEMO) == demo
 
 
 def test_adding_a_model_family(one_torch_thread):
@@ -170,27 +172,81 @@ def test_adding_a_model_family(one_torch_thread):
     readme_checks.check_family_block(blocks_by_section()["Adding a model family"])
 
 
-def test_adding_a_fill_method_runs_what_the_plugin_test_runs():
-    """The command line beside the fill module sets the variable to the folder the module is saved in and
-    names the module's fill. The module itself runs through lm_eval in
-    tests/model_adapters/test_adapter_fill_plugin.py, which reads it from this README section."""
+#: what a README `lm_eval --model M --model_args A` command's process would check before loading a model, run
+#: in a fresh Python (the plug-in path variables are read at first import): lm-eval knows M (rf-eval's adapters
+#: are registered through its startup hook), and the adapter's preflight accepts A; prints the method and
+#: fill classes A resolves to, and the files they come from
+ADAPTER_CHECK = """
+import inspect, json, sys
+
+import lm_eval.models  # noqa: F401
+from lm_eval.api.registry import get_model
+from lm_eval.utils import simple_parse_args_string
+
+from rf_eval.fills import FILLS
+from rf_eval.methods import chosen_method
+from rf_eval.model_adapters.config import preflight
+
+model, args = sys.argv[1], simple_parse_args_string(sys.argv[2])
+get_model(model)  # a ValueError naming the valid models for any other name
+arm = preflight(args, model)
+method = chosen_method(args, model)[0]
+fill = FILLS[arm.fill] if getattr(arm, "fill", None) else None
+print(json.dumps({"method": method.name, "method file": inspect.getfile(method), "arm": repr(arm),
+                  "fill": fill and fill.name, "fill file": fill and inspect.getfile(fill)}))
+"""
+
+
+def lm_eval_command(command: str) -> tuple[dict[str, str], str, str]:
+    """A README lm_eval command line's variable assignments, its --model and its --model_args."""
+    words = shlex.split(command.replace("\\\n", " "))
+    env = {}
+    while re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    assert words[0] == "lm_eval", command
+    return env, words[words.index("--model") + 1], words[words.index("--model_args") + 1]
+
+
+def adapter_check(command: str, folder: Path, cwd: Path) -> dict:
+    """`ADAPTER_CHECK` of a README command, run in `cwd` with the command's variables set as it sets them."""
+    variables, model, model_args = lm_eval_command(command)
+    script = folder / "adapter_check.py"
+    script.write_text(ADAPTER_CHECK)
+    done = run_argv([sys.executable, str(script), model, model_args], cwd=cwd, env={**os.environ, **variables},
+                    timeout=300)
+    assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_adding_a_fill_method_runs_what_the_plugin_test_runs(tmp_path):
+    """The command line beside the fill module, run where the module is saved (as `<the folder its variable
+    names>/<its name>.py`): lm-eval knows its model and the adapter accepts its model_args, whose fill is the
+    module's. The module itself runs through lm_eval in tests/model_adapters/test_adapter_fill_plugin.py,
+    which reads it from this README section."""
     sections = [b for b in readme_blocks() if b.section == "Adding a fill"]
     code, command = (b.text for b in sections)
     name = re.search(r'^    name = "(\w+)"', code, re.M).group(1)
-    assert command.startswith("RF_EVAL_FILL_PATH=fills lm_eval --model ridgefill ")
-    assert f",fill={name}," in command
+    ((variable, folder),) = lm_eval_command(command)[0].items()
+    saved = tmp_path / folder / f"{name}.py"
+    saved.parent.mkdir(parents=True)
+    saved.write_text(code)
+    found = adapter_check(command, tmp_path, tmp_path)
+    assert (found["fill"], found["fill file"]) == (name, str(saved)), (variable, found)
 
 
-def test_adding_a_prefill_method_shows_the_method_the_throwaway_tests_run():
+def test_adding_a_prefill_method_shows_the_method_the_throwaway_tests_run(tmp_path):
     """The module is tests/methods/plugins/every_kth.py as it stands (tests/methods/test_throwaway_methods.py
-    runs it through lm_eval, the server, a study with budgets and the report), and the command line beside it
-    sets the variable to that folder and names its method."""
+    runs it through lm_eval, the server, a study with budgets and the report), and the command line beside it,
+    run from the checkout with its variable as it sets it: lm-eval knows its model and the adapter accepts its
+    model_args, whose method is that module's."""
     sections = [b for b in readme_blocks() if b.section == "Adding a prefill method"]
     code, command = (b.text for b in sections)
-    assert code == (ROOT / "tests" / "methods" / "plugins" / "every_kth.py").read_text()
+    shipped = ROOT / "tests" / "methods" / "plugins" / "every_kth.py"
+    assert code == shipped.read_text()
     name = re.search(r'^    name = "(\w+)"', code, re.M).group(1)
-    assert command.startswith("RF_EVAL_METHOD_PATH=tests/methods/plugins lm_eval --model prefill ")
-    assert f",method={name}," in command
+    found = adapter_check(command, tmp_path, ROOT)
+    assert (found["method"], found["method file"]) == (name, str(shipped)), found
 
 
 # ---------------------------------------------------------------------------------------------- the runs

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from demo_command import QUICK_DEMO
 from warm_start import run_argv
 
 from rf_eval.cost.prefill_cost import MEASURED_FIELDS
@@ -83,10 +84,6 @@ def _unmeasured(text: str) -> str:
 def _samples(out: Path) -> dict[str, str]:
     files = sorted(out.glob("runs/*/*/samples_*.jsonl"))
     return {f"{f.parts[-3]}/{f.name.split('_20')[0]}": _unmeasured(f.read_text()) for f in files}
-
-
-#: the README's first command, as this test runs it (tests/test_readme.py checks the README names it)
-QUICK_DEMO = ["rf-eval", "demo", "--quick"]
 
 
 def _demo(out: Path) -> subprocess.CompletedProcess:
