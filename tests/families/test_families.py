@@ -43,6 +43,15 @@ SLIDING = {
 }
 
 
+def test_every_family_that_can_slide_has_a_sliding_model_here():
+    """The families table (`rf-eval families`) names the sliding-window test below for every model type that
+    can slide: each such family has its tiny sliding model in SLIDING, which the test runs."""
+    from rf_eval.cli.families import rows
+
+    sliding = {family for model_type, family, needs, *_ in rows() if "sliding window" in needs}
+    assert sliding and sliding <= set(SLIDING), sorted(sliding - set(SLIDING))
+
+
 def _model(family):
     config = tiny_config(family, vocab_size=259, **SLIDING[family])
     assert sliding_window(config) == WINDOW
