@@ -45,10 +45,19 @@ def test_a_method_arm_is_refused_by_its_adapter_before_anything_runs(adapter, ar
 
 
 def test_a_good_method_arm_passes(tmp_path, tiny_model_dir):
+    """An rf-eval arm (checked, not passed over as an API model's) whose adapter reads the study's arguments as
+    its method's arm: the check passes."""
+    from rf_eval.drop.gemfilter import GemFilter
+    from rf_eval.model_adapters.config import preflight
+
     path = tmp_path / "study.yaml"
     path.write_text(STUDY.format(model=tiny_model_dir("llama"), adapter="drop", args="method: gemfilter, keep: 4"))
     study = load_study(path)
-    check_arm_args(study, study.arms["other"])
+    arm = study.arms["other"]
+    assert arm.model in ADAPTERS
+    spec = preflight(model_args(study, arm, None), arm.model)  # what the check asks the adapter
+    assert type(spec) is GemFilter.Arm and spec.keep == 4
+    assert check_arm_args(study, arm) is None  # a bad arm: a StudyError naming it (the test above)
 
 
 @dataclasses.dataclass(frozen=True)
