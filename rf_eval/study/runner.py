@@ -33,7 +33,7 @@ from typing import Any
 from rf_eval.errors import UserError
 from rf_eval.integrity.hashing import file_sha256, named_files_sha256
 from rf_eval.methods import method_for_arm
-from rf_eval.reports.build import build_report
+from rf_eval.reports.build import ReportOptions, build_report
 from rf_eval.reports.build import report_argv as build_report_argv
 from rf_eval.ridgefill.fit_run import fit_map_files, fit_summary
 from rf_eval.stats.ledger import append_entry, verify_ledger
@@ -208,31 +208,28 @@ def fit_maps_once(study: Study, out: Path) -> str | None:
     return str(folder)
 
 
-def report_arguments(study: Study, out: Path, ledger: Path) -> dict[str, Any]:
-    """`build_report`'s keyword arguments (its `options`) over every arm's folder. No `metrics`: the report
-    reads each task by its default measures (`rf_eval.stats.measures`: keytoken_nll's key- and novel-token
-    ΔNLL, gap and KL; acc_filled)."""
-    from rf_eval.reports.build import ReportOptions
-
-    return dict(options=ReportOptions(
+def report_options(study: Study, out: Path, ledger: Path) -> ReportOptions:
+    """The report's options over every arm's folder. No `metrics`: the report reads each task by its default
+    measures (`rf_eval.stats.measures`: keytoken_nll's key- and novel-token ΔNLL, gap and KL; acc_filled)."""
+    return ReportOptions(
         runs=[str(arm_folder(study, out, a)) for a in study.arms], reference=study.reference,
         margin=float(study.margin), html=str(out / "report.html"), latex=str(out / "report.tex"),
         markdown=str(out / "report.md"), json_path=str(out / "report.json"),
         ledger=str(ledger) if ledger.is_file() else None,
-        controls={selected: list(controls) for selected, controls in study.controls.items()}))
+        controls={selected: list(controls) for selected, controls in study.controls.items()})
 
 
 def report_argv(study: Study, out: Path, ledger: Path) -> list[str]:
-    """The `rf-eval report` command line of `report_arguments` (what the study prints as the command it ran)."""
-    return build_report_argv(**report_arguments(study, out, ledger))
+    """The `rf-eval report` command line of `report_options` (what the study prints as the command it ran)."""
+    return build_report_argv(report_options(study, out, ledger))
 
 
 def write_report(study: Study, out: Path, ledger: Path) -> int:
-    """The report over the study's arms (`build_report` with `report_arguments`); 2 with the error printed
+    """The report over the study's arms (`build_report` with `report_options`); 2 with the error printed
     when the runs cannot be reported, as `rf-eval report` does."""
     print("[report] " + shlex.join(["rf-eval", *report_argv(study, out, ledger)]), flush=True)
     try:
-        report = build_report(**report_arguments(study, out, ledger))
+        report = build_report(report_options(study, out, ledger))
     except UserError as err:
         print(f"rf-eval report: error: {err}", file=sys.stderr, flush=True)
         return 2

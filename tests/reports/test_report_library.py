@@ -11,7 +11,7 @@ from rf_eval.cli.report import _mapping, add_arguments
 from rf_eval.reports.build import ReportOptions
 from rf_eval.reports.build import report_argv as options_argv
 from rf_eval.stats.copyable import parse_edges
-from rf_eval.study.runner import report_arguments, report_argv
+from rf_eval.study.runner import report_argv, report_options
 
 #: option destinations whose `ReportOptions` field has another name
 RENAMED = {"json": "json_path", "metric": "metrics", "control": "controls"}
@@ -39,7 +39,7 @@ def test_the_study_prints_the_command_line_of_the_arguments_it_passes(tmp_path):
     ledger.write_text("")
     study = SimpleNamespace(arms={"exact": None, "ridge": None, "nofill": None}, reference="exact", margin=5,
                             controls={"ridge": ["nofill", "exact"]}, arms_folder="arms")
-    given = passed(report_arguments(study, tmp_path, ledger)["options"])
+    given = passed(report_options(study, tmp_path, ledger))
     argv = report_argv(study, tmp_path, ledger)
     assert argv[0] == "report"
     parsed = vars(report_parser().parse_args(argv[1:]))

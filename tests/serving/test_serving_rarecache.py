@@ -67,7 +67,7 @@ def test_a_rarecache_server_serves_the_adapters_samples(pair, serve_env, tmp_pat
             text, logprob = adapter_sample(pair, **arm)
             assert choice["text"] == text, name
             reported = {k: v for k, v in out["rf_arm"].items() if k != "layers"}
-            assert reported == {"selector": "rank", **arm}, name
+            assert reported == {"method": "rarecache", "selector": "rank", **arm}, name
             assert choice["logprobs"]["token_logprobs"][0] == pytest.approx(logprob, abs=1e-5), name
             first[name] = logprob
         # the mapped cache matters: the two arms' first tokens are scored differently
