@@ -25,6 +25,7 @@ import pkgutil
 import sys
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
@@ -39,17 +40,32 @@ class PluginError(UserError, TypeError):
     """A plug-in that does not import, breaks its kind's contract or takes a taken name: one line naming it."""
 
 
+@dataclass(frozen=True)
+class Discovery:
+    """Where a kind's plug-ins are found and how a module names them (see the module docstring): the path
+    variable `env`, the entry-point `group`, the package's modules to `skip` (none read where `own_modules` is
+    off), one class per module or several, the class attribute that names one (`marker`), or the module
+    itself (`by_module`)."""
+
+    env: str | None = None
+    group: str | None = None
+    skip: Iterable[str] = ("base",)
+    one_per_module: bool = True
+    marker: str = "name"
+    by_module: bool = False
+    own_modules: bool = True
+
+
 class Registry(Mapping[str, type[P]]):
     """The plug-ins of one kind, name -> class, in the order found (see the module docstring)."""
 
-    def __init__(self, kind: str, base: type[P], package: str, *, env: str | None = None,
-                 group: str | None = None, skip: Iterable[str] = ("base",), one_per_module: bool = True,
-                 marker: str = "name", by_module: bool = False,
-                 check: Callable[[type[P], str], None] | None = None, error: type[PluginError] = PluginError,
-                 own_modules: bool = True):
-        self.kind, self.base, self.package, self.env, self.group = kind, base, package, env, group
-        self.skip, self.one_per_module, self.marker = frozenset(skip), one_per_module, marker
-        self.by_module, self.check, self.error, self.own_modules = by_module, check, error, own_modules
+    def __init__(self, kind: str, base: type[P], package: str, discovery: Discovery = Discovery(), *,
+                 check: Callable[[type[P], str], None] | None = None, error: type[PluginError] = PluginError):
+        self.kind, self.base, self.package, self.check, self.error = kind, base, package, check, error
+        d = discovery
+        self.env, self.group, self.skip, self.one_per_module = d.env, d.group, frozenset(d.skip), d.one_per_module
+        self.marker, self.by_module, self.own_modules = d.marker, d.by_module, d.own_modules
+        env = d.env
         #: the folders the path variable adds to the package's own
         self.extra = tuple(p for p in os.environ.get(env, "").split(os.pathsep) if p) if env else ()
         module = sys.modules[package]

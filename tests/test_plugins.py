@@ -16,14 +16,14 @@ from rf_eval import plugins
 from rf_eval.plugins import REQUIRED, PluginError, Registry, mentions, param_values, parameters
 
 TOY_INIT = '''
-from rf_eval.plugins import Registry
+from rf_eval.plugins import Discovery, Registry
 
 
 class Toy:
     name = ""
 
 
-REGISTRY = Registry("toy", Toy, __name__, env="RF_EVAL_TOY_PATH", group="toy.plugins", one_per_module={one})
+REGISTRY = Registry("toy", Toy, __name__, Discovery(env="RF_EVAL_TOY_PATH", group="toy.plugins", one_per_module={one}))
 '''
 
 
@@ -111,8 +111,8 @@ def test_a_plugin_named_by_its_module_imports_only_when_looked_up(tmp_path, monk
     package = tmp_path / "lazykind"
     package.mkdir()
     (package / "__init__.py").write_text(
-        "from rf_eval.plugins import Registry\n\n\nclass Part:\n    kinds = ()\n\n\n"
-        "REGISTRY = Registry('part', Part, __name__, marker='kinds', by_module=True)\n")
+        "from rf_eval.plugins import Discovery, Registry\n\n\nclass Part:\n    kinds = ()\n\n\n"
+        "REGISTRY = Registry('part', Part, __name__, Discovery(marker='kinds', by_module=True))\n")
     (package / "one.py").write_text("from lazykind import Part\n\n\nclass One(Part):\n    kinds = ('x',)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import lazykind

@@ -26,13 +26,14 @@ from functools import cache
 from rf_eval.errors import UserError
 from rf_eval.families.base import Family, execution_device
 from rf_eval.files.checkpoints import register_checkpoint_types
-from rf_eval.plugins import Registry
+from rf_eval.plugins import Discovery, Registry
 
 FAMILY_PATH_ENV = "RF_EVAL_FAMILY_PATH"
 ENTRY_POINTS = "rf_eval.families"
 #: every family by name (`rf_eval.plugins.Registry`; a family's module names it and is imported when looked up)
-FAMILIES: Registry[Family] = Registry("family", Family, __name__, env=FAMILY_PATH_ENV, group=ENTRY_POINTS,
-                                      marker="model_types", by_module=True)
+FAMILIES: Registry[Family] = Registry("family", Family, __name__,
+                                      Discovery(env=FAMILY_PATH_ENV, group=ENTRY_POINTS, marker="model_types",
+                                                by_module=True))
 
 
 def registered_families() -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from rf_eval.engine.plan import FILL_OFF  # the arm with the fill off: every prompt runs the plain model
 from rf_eval.fills.base import STRATEGIES, Fill
-from rf_eval.plugins import PluginError, Registry
+from rf_eval.plugins import Discovery, PluginError, Registry
 
 __all__ = ["FILL_OFF", "ENTRY_POINTS", "FILLS", "FILL_PATH_ENV", "Fill", "absent_fills", "arm_fills",
            "fill_named", "predicting_fills", "register_fill", "registered_fills", "unregister_fill"]
@@ -46,8 +46,9 @@ def _check(cls: type[Fill], where: str) -> None:
 
 
 #: every fill by name (`rf_eval.plugins.Registry`)
-FILLS: Registry[Fill] = Registry("fill", Fill, __name__, env=FILL_PATH_ENV, group=ENTRY_POINTS,
-                                       skip=("base", "loading_report"),
+FILLS: Registry[Fill] = Registry("fill", Fill, __name__,
+                                       Discovery(env=FILL_PATH_ENV, group=ENTRY_POINTS,
+                                                 skip=("base", "loading_report")),
                                        check=_check, error=FillPluginError)
 
 

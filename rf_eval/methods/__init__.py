@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rf_eval.methods.base import Method, ModelSource, NoSettings, PromptPlan
-from rf_eval.plugins import PluginError, Registry
+from rf_eval.plugins import Discovery, PluginError, Registry
 
 __all__ = ["ENTRY_POINTS", "METHODS", "METHOD_PATH_ENV", "MODELS", "Method", "MethodPluginError", "ModelSource",
            "NoSettings", "PromptPlan", "chosen_method", "method_class", "method_for_arm", "register_method",
@@ -66,8 +66,9 @@ def _check(cls: type[Method], where: str) -> None:
 
 
 #: every prefill method by name (`rf_eval.plugins.Registry`)
-METHODS: Registry[Method] = Registry("prefill method", Method, __name__, env=METHOD_PATH_ENV, group=ENTRY_POINTS,
-                                     check=_check, error=MethodPluginError, own_modules=False)
+METHODS: Registry[Method] = Registry("prefill method", Method, __name__,
+                                     Discovery(env=METHOD_PATH_ENV, group=ENTRY_POINTS, own_modules=False),
+                                     check=_check, error=MethodPluginError)
 
 #: add a method at run time (a test's throwaway method; a notebook's own), and remove one so added
 register_method, unregister_method = METHODS.register, METHODS.unregister

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rf_eval.arm_string import check_params, parse_parts
-from rf_eval.plugins import PluginError, Registry, mentions, parameters
+from rf_eval.plugins import Discovery, PluginError, Registry, mentions, parameters
 from rf_eval.selectors.base import Selector, Union
 from rf_eval.selectors.mapped_cache import CacheSelector
 
@@ -44,9 +44,9 @@ def _check(cls: type[Selector], where: str) -> None:
 
 
 #: every selector by name, RidgeFill's and RaReCache's (`rf_eval.plugins.Registry`)
-SELECTORS: Registry[Selector] = Registry("selector", Selector, "rf_eval.selectors", env=SELECTOR_PATH_ENV,
-                                         group=ENTRY_POINTS, skip=("registry",), one_per_module=False,
-                                         check=_check)
+SELECTORS: Registry[Selector] = Registry("selector", Selector, "rf_eval.selectors",
+                                         Discovery(env=SELECTOR_PATH_ENV, group=ENTRY_POINTS, skip=("registry",),
+                                                   one_per_module=False), check=_check)
 
 
 def register_selector(cls: type[Selector]) -> type[Selector]:

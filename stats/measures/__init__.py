@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rf_eval.plugins import PluginError, Registry
+from rf_eval.plugins import Discovery, PluginError, Registry
 from rf_eval.stats.measures.base import KINDS, Measure, TaskMeasures
 
 __all__ = ["MEASURES", "Measure", "TaskMeasures", "default_metrics", "missing_note", "missing_reason",
@@ -55,8 +55,8 @@ def _check(cls: type[TaskMeasures], where: str) -> None:
 
 
 #: every task reading by name (`rf_eval.plugins.Registry`)
-MEASURES: Registry[TaskMeasures] = Registry("measures", TaskMeasures, __name__, env=MEASURES_PATH_ENV,
-                                            group=ENTRY_POINTS, check=_check)
+MEASURES: Registry[TaskMeasures] = Registry("measures", TaskMeasures, __name__,
+                                            Discovery(env=MEASURES_PATH_ENV, group=ENTRY_POINTS), check=_check)
 
 
 def register_measures(cls: type[TaskMeasures]) -> type[TaskMeasures]:

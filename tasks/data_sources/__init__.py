@@ -10,7 +10,7 @@ the tasks read it here (`rf_eval.tasks.data`, `data_fetch`, `data_needs`). So a 
 
 from __future__ import annotations
 
-from rf_eval.plugins import PluginError, Registry
+from rf_eval.plugins import Discovery, PluginError, Registry
 from rf_eval.tasks.data_sources.base import DataSource
 
 SOURCE_PATH_ENV = "RF_EVAL_DATA_SOURCE_PATH"
@@ -30,8 +30,9 @@ def _check(cls: type[DataSource], where: str) -> None:
 
 
 #: every data source by name (`rf_eval.plugins.Registry`)
-SOURCES: Registry[DataSource] = Registry("data source", DataSource, __name__, env=SOURCE_PATH_ENV,
-                                         group=ENTRY_POINTS, skip=("base", "ruler_qa"), check=_check)
+SOURCES: Registry[DataSource] = Registry("data source", DataSource, __name__,
+                                         Discovery(env=SOURCE_PATH_ENV, group=ENTRY_POINTS,
+                                                   skip=("base", "ruler_qa")), check=_check)
 
 
 def source(name: str) -> DataSource:

@@ -26,7 +26,7 @@ import torch
 
 from rf_eval.arm_string import check_params, parse_parts
 from rf_eval.engine import LateLayerHooks, LayerView, new_cache
-from rf_eval.plugins import REQUIRED, PluginError, Registry, parameters
+from rf_eval.plugins import REQUIRED, Discovery, PluginError, Registry, parameters
 from rf_eval.ridgefill.corrections.base import Correction
 
 CORRECTION_PATH_ENV = "RF_EVAL_CORRECTION_PATH"
@@ -42,8 +42,9 @@ def _check(cls: type[Correction], where: str) -> None:
 
 
 #: every correction by name (`rf_eval.plugins.Registry`)
-CORRECTIONS: Registry[Correction] = Registry("correction", Correction, __name__, env=CORRECTION_PATH_ENV,
-                                             group=ENTRY_POINTS, one_per_module=False, check=_check)
+CORRECTIONS: Registry[Correction] = Registry("correction", Correction, __name__,
+                                             Discovery(env=CORRECTION_PATH_ENV, group=ENTRY_POINTS,
+                                                       one_per_module=False), check=_check)
 
 
 def register_correction(cls: type[Correction]) -> type[Correction]:
