@@ -108,8 +108,6 @@ class Method:
     budget_sets: ClassVar[tuple[str, ...]] = ()
     #: what `budget=` turns per prompt length to spend its share of exact's MACs (`rf_eval.cost.budget`), in words
     budget_knob: ClassVar[str] = ""
-    #: the model_args an arm must give beside its model (`missing_fields` names them with their values)
-    required_fields: ClassVar[dict[str, str]] = {}
 
     # -- the arm --------------------------------------------------------------------------------
     @classmethod
@@ -132,8 +130,8 @@ class Method:
     @classmethod
     def missing_fields(cls, fields: Mapping[str, Any]) -> dict[str, str]:
         """The fields an arm must name and `fields` lacks, each with the values it takes (a study file that
-        leaves one out is refused as it is read)."""
-        return {k: v for k, v in cls.required_fields.items() if k not in fields}
+        leaves one out is refused as it is read); none by default."""
+        return {}
 
     @classmethod
     def budget_refusal(cls, arm: Any) -> str | None:
