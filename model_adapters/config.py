@@ -166,10 +166,10 @@ def check_reference(value: Any) -> None:
         raise ModelArgsError(f"reference={value!r} is not valid; valid: {', '.join(REFERENCES)}")
 
 
-def model_config(pretrained: str, hf: dict[str, Any], *, checks_keys: bool = True):
-    """The checkpoint's config (no weights), loaded as `hf` loads it; a clear error when it cannot be found.
-    For the model the `hf` keys load (`checks_keys`; not a RaReCache source or a speculator), a key nothing
-    takes is refused (`check_unknown_hf_keys`)."""
+def model_config(pretrained: str, hf: dict[str, Any]):
+    """The checkpoint's config (no weights), loaded as `hf` loads it; a clear error when it cannot be found,
+    its family is not rf-eval's, its tokenizer does not load, or a key nothing takes is given
+    (`check_unknown_hf_keys`)."""
     from transformers import AutoConfig
 
     remote = {k: hf[k] for k in ("revision", "trust_remote_code", "subfolder") if hf.get(k) is not None}
@@ -188,9 +188,8 @@ def model_config(pretrained: str, hf: dict[str, Any], *, checks_keys: bool = Tru
         family_class_for(config)
     except ValueError as err:
         raise ModelArgsError(f"pretrained={pretrained!r}: {err}") from None
-    if checks_keys:
-        check_unknown_hf_keys(hf, config)
-        check_tokenizer(pretrained, hf, remote)
+    check_unknown_hf_keys(hf, config)
+    check_tokenizer(pretrained, hf, remote)
     return config
 
 

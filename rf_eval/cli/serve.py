@@ -71,13 +71,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def model_args_from(args: argparse.Namespace) -> dict[str, Any]:
-    """The server's model_args: --model-args with the flags over them (a RidgeFill server's fill defaults to
-    exact), checked by the adapter's own parser before anything loads (a UserError naming the key)."""
+    """The server's model_args: --model-args with the flags over them (a server of a method that takes a fill
+    defaults to fill=exact). The adapter checks them once, before any weights load (`Backend.from_model_args`)."""
     from lm_eval.utils import simple_parse_args_string
 
     from rf_eval.fills import FILL_OFF
     from rf_eval.methods import chosen_method
-    from rf_eval.model_adapters.config import ModelArgsError, parse_model_args
 
     given = {"pretrained": args.model, "tokenizer": args.tokenizer, "fill": args.fill, "maps": args.maps,
              "split": args.split, "tail": args.tail, "chunk_size": args.chunk_size, "device": args.device,
@@ -85,12 +84,8 @@ def model_args_from(args: argparse.Namespace) -> dict[str, Any]:
     merged = {**simple_parse_args_string(args.model_args or ""), **{k: v for k, v in given.items() if v is not None}}
     if not merged.get("pretrained"):
         raise UserError("rf-eval serve needs a model: --model DIR (or pretrained=DIR in --model-args)")
-    try:
-        if "fill" in chosen_method(merged, "ridgefill")[0].arm_fields():
-            merged.setdefault("fill", FILL_OFF)
-        parse_model_args(merged, "ridgefill")
-    except (ModelArgsError, UserError) as err:
-        raise UserError(str(err)) from None
+    if "fill" in chosen_method(merged, "ridgefill")[0].arm_fields():
+        merged.setdefault("fill", FILL_OFF)
     return merged
 
 
@@ -101,7 +96,6 @@ def run(args: argparse.Namespace) -> int:
         from rf_eval.serving.app import RequestLog, create_app
     except ImportError as err:
         raise UserError(f"rf-eval serve needs the serve extra ({err.name} is missing): pip install 'rf-eval[serve]'") from None
-    from rf_eval.model_adapters.config import ModelArgsError
     from rf_eval.serving.backend import Backend
 
     model_args = model_args_from(args)
@@ -112,9 +106,9 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(max(1, args.threads))
     try:
         backend = Backend.from_model_args(model_args, served_name=args.served_model_name, max_batch=args.max_batch)
-    except (ValueError, OSError) as err:  # bad model_args, maps or model folder
+    except (ValueError, OSError) as err:  # bad model_args (checked before the weights), maps or model folder
         sock.close()
-        what = "" if isinstance(err, ModelArgsError) else f"cannot load {model_args['pretrained']!r}: "
+        what = "" if isinstance(err, UserError) else f"cannot load {model_args['pretrained']!r}: "
         raise UserError(f"{what}{err}") from None
     app = create_app(backend, RequestLog(args.request_log, None if args.request_log else sys.stdout))
     print(f"rf-eval serve: {backend.served_name} on http://{args.host}:{args.port}/v1 "

@@ -13,7 +13,9 @@ method too.
 
 from __future__ import annotations
 
+from rf_eval.fills.nofill import NoFill
 from rf_eval.ridgefill.method import PresetMethod
+from rf_eval.ridgefill.presets import Preset
 
 
 class FastKV(PresetMethod):
@@ -21,4 +23,7 @@ class FastKV(PresetMethod):
 
     name = "fastkv"
     preset = "fastkv"
+    # the TSP layer T = 15 of Llama-3.1-8B's 32 (dongwonjo/FastKV's default): layers 0..T run every row, so the
+    # split S = T + 1 = L / 2; the last 8 rows (its window) always propagate (`rf_eval.selectors.tsp`)
+    settings = Preset(fill=NoFill.name, tail=8, split=lambda n_layers: n_layers // 2, selector="tsp", knob="rows")
     budget_knob = "the propagated rows"

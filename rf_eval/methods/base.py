@@ -220,8 +220,9 @@ class Method:
         loads = {k: v for k in cls.loads if (v := given.pop(k, None)) is not None}
         arm = cls.parse_arm(given, what=cls.__name__)
         remote = {"trust_remote_code": True} if trust_remote_code else {}
-        config = AutoConfig.from_pretrained(pretrained, **remote)
-        arm, parts = cls.prepare(arm, ModelSource(str(pretrained), config, str(pretrained), remote, loads))
+        source = ModelSource(str(pretrained), AutoConfig.from_pretrained(pretrained, **remote), str(pretrained),
+                             remote, loads)
+        arm, parts = cls.prepare(arm, source)
         device = device or default_device()
         placement = {} if device_map is None else {"device_map": device_map, **(
             {"offload_folder": str(offload_folder)} if offload_folder is not None else {})}
@@ -231,7 +232,6 @@ class Method:
         if device_map is None:
             model = model.to(device)
         tokenizer = AutoTokenizer.from_pretrained(pretrained, **remote)
-        source = ModelSource(str(pretrained), config, str(pretrained), remote, loads)
         return cls(model, tokenizer, arm, **{**parts, **cls.load(arm, source, model)})
 
     def rebuilt(self, arm: Any) -> Method:

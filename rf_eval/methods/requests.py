@@ -34,6 +34,7 @@ import torch
 from rf_eval.cost.prefill_cost import PrefillCost
 from rf_eval.devices import check_model_source, input_device
 from rf_eval.engine import PrefillResult, new_cache
+from rf_eval.families import family_class_for
 from rf_eval.fields import ArmError
 from rf_eval.fills import FILL_OFF
 from rf_eval.fills.base import replaced_forward
@@ -115,6 +116,7 @@ def check_second_model(source: Any, key: str, method: str) -> Any:
     try:
         check_model_source(path)
         config = AutoConfig.from_pretrained(path, **trust)
+        family_class_for(config)  # a family rf-eval reads the layers of
         theirs = AutoTokenizer.from_pretrained(path, **trust)
     except (OSError, ValueError) as err:
         raise ArmError(f"{key}={path!r}: {' '.join(str(err).split())[:300]}") from None

@@ -12,12 +12,11 @@ keyword arguments.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from rf_eval.cost.budget import check_budget
-from rf_eval.fields import ArmError, build
+from rf_eval.fields import ArmError
 from rf_eval.selectors.registry import cache_selector
 
 DEFAULT_RHO = 0.3
@@ -51,19 +50,3 @@ class RaReCacheArm:
     def recompute_share(self) -> float | None:
         """rho as the arm runs it (None: set per length by the budget)."""
         return None if self.budget is not None else (DEFAULT_RHO if self.rho is None else float(self.rho))
-
-    @classmethod
-    def from_fields(cls, values: dict[str, Any], *, what: str = "arm") -> RaReCacheArm:
-        return build(cls, values, what=what)
-
-    @classmethod
-    def fields(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls))
-
-    def updated(self, fields: dict[str, Any], *, what: str = "arm") -> RaReCacheArm:
-        """This arm with `fields` applied (a served request's arm)."""
-        merged = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-        for given, other in (("budget", "rho"), ("rho", "budget")):  # one replaces the other
-            if fields.get(given) is not None:
-                merged.pop(other, None)
-        return RaReCacheArm.from_fields({**merged, **fields}, what=what)

@@ -162,10 +162,6 @@ class RidgeFillArm:
                 raise ArmError(f"preset={values['preset']} sets fill, tail and split; leave out {', '.join(given)}")
         return build(cls, values, what=what)
 
-    @classmethod
-    def fields(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls))
-
     def updated(self, fields: dict[str, Any], model_config: Any, maps: Any = None, *, what: str = "arm"
                 ) -> RidgeFillArm:
         """This (resolved) arm with `fields` applied and resolved again: a served request's arm.

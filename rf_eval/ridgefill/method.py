@@ -40,7 +40,7 @@ from rf_eval.ridge.maps import MapError, RidgeMaps, load_arm_maps
 from rf_eval.ridgefill.arm import prefill_arm
 from rf_eval.ridgefill.arm_cost import ridgefill_prefill_cost, selector_probe_rows
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
-from rf_eval.ridgefill.presets import PRESET_FIELDS
+from rf_eval.ridgefill.presets import PRESET_FIELDS, Preset
 
 
 class RidgeFill(Method):
@@ -284,10 +284,11 @@ class RidgeFill(Method):
 
 
 class PresetMethod(RidgeFill):
-    """A published configuration of RidgeFill's engine as a method of its own (`preset`,
-    `rf_eval.ridgefill.presets`): the preset sets fill, tail and split; an arm sets the rest of `own_fields`."""
+    """A published configuration of RidgeFill's engine as a method of its own, `preset=NAME` too
+    (`rf_eval.ridgefill.presets`): its `settings` set fill, tail and split; an arm sets the rest of `own_fields`."""
 
     preset: ClassVar[str] = ""
+    settings: ClassVar[Preset]
     loads = ()
     #: the `RidgeFillArm` fields an arm of the method may set
     own_fields: ClassVar[tuple[str, ...]] = ("selector", "chunk_size", "budget")

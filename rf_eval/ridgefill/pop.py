@@ -9,7 +9,9 @@ too.
 
 from __future__ import annotations
 
+from rf_eval.fills.identity import Identity
 from rf_eval.ridgefill.method import PresetMethod
+from rf_eval.ridgefill.presets import Preset
 
 
 class POP(PresetMethod):
@@ -17,4 +19,5 @@ class POP(PresetMethod):
 
     name = "pop"
     preset = "pop"
+    settings = Preset(fill=Identity.name, tail=1, split=lambda n_layers: n_layers - n_layers // 3)
     budget_knob = "the split"

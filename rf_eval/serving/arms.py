@@ -87,5 +87,5 @@ def describe(arm: Any) -> dict[str, Any]:
     """The arm's fields (None values, and allow_other_weights off and maps_device model, the defaults that
     change nothing a client sees, dropped)."""
     quiet = {("allow_other_weights", False), ("maps_device", "model")}
-    names = arm.fields() if hasattr(arm, "fields") else [f.name for f in dataclasses.fields(arm)]  # a plug-in's Arm
+    names = [f.name for f in dataclasses.fields(arm) if f.init]
     return {k: v for k in names if (v := getattr(arm, k)) is not None and (k, v) not in quiet}

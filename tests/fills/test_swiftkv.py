@@ -228,7 +228,7 @@ def test_a_server_of_one_fill_refuses_a_request_for_the_other_forward(checkpoint
     exact = RidgeFillArm.from_fields({"fill": "exact"})
 
     def resolve(base, given, config):  # as a RidgeFill server resolves a request's arm
-        return arms.resolve(base, given, lambda f: base.updated(f, config), RidgeFillArm.fields())
+        return arms.resolve(base, given, lambda f: base.updated(f, config), RidgeFill.arm_fields())
 
     with pytest.raises(arms.ArmError, match="start one with fill=swiftkv_released"):
         resolve(exact, {"fill": "swiftkv_released"}, config)

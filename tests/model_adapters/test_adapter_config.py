@@ -47,7 +47,7 @@ def test_values_are_typed_and_lm_eval_flags_merge(tiny_model_dir):
                                            "fill=nofill, not fill=identity"),
         ("preset=pop,tail=8", "preset=pop sets fill, tail and split; leave out tail"),
         ("preset=pop,fill=ridge,split=2", "preset=pop sets fill, tail and split; leave out fill, split"),
-        ("preset=popp", "preset='popp' is not valid; valid presets: pop"),
+        ("preset=popp", "preset='popp' is not valid; valid presets: fastkv, pop"),
         ("fill=identity,split=6", "split 6 is outside 1..5 for this 6-layer model"),
         ("fill=exact,pretrained=/no/such/model", "pretrained='/no/such/model'"),
         ("fill=identity,selector=probe,split=3", "selector='probe': no attention layer among layers [3, 7, 11, 15] "

@@ -68,7 +68,7 @@ def test_the_default_reads_x_s_and_model_args_parse_it():
     from rf_eval.model_adapters.config import method_keys
     from rf_eval.serving.arms import as_fields
 
-    assert "map_split" in RidgeFillArm.fields() and "map_split" in method_keys(METHODS["ridgefill"])
+    assert "map_split" in METHODS["ridgefill"].arm_fields() and "map_split" in method_keys(METHODS["ridgefill"])
     assert RidgeFillArm.from_fields(as_fields("fill=identity;map_split=false")).map_split is False
 
 

@@ -26,7 +26,7 @@ def test_pop_is_the_identity_fill_from_the_last_third_with_a_one_token_tail(laye
     ({"preset": "pop", "tail": 8}, "preset=pop sets fill, tail and split; leave out tail"),
     ({"preset": "pop", "split": 3}, "leave out split"),
     ({"preset": "pop", "fill": "ridge"}, "leave out fill"),
-    ({"preset": "swift"}, "preset='swift' is not valid; valid presets: pop"),
+    ({"preset": "swift"}, "preset='swift' is not valid; valid presets: fastkv, pop"),
 ])  # fmt: skip
 def test_a_preset_with_its_own_fill_tail_or_split_is_refused(fields, message):
     with pytest.raises(ArmError, match=message):

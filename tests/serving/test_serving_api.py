@@ -24,15 +24,16 @@ def test_arm_spec_and_resolution():
     from transformers import LlamaConfig
 
     from rf_eval.ridgefill.arm_spec import RidgeFillArm
+    from rf_eval.ridgefill.method import RidgeFill
 
     assert parse_rf_arm("fill=identity;tail=64") == {"fill": "identity", "tail": "64"}
     assert parse_rf_arm('{"fill": "nofill", "tail": 8}') == {"fill": "nofill", "tail": 8}
-    fields = RidgeFillArm.fields()  # what a RidgeFill server's requests may set (`prefill_lm.ridgefill.arm_fields`)
+    fields = RidgeFill.arm_fields()  # what a RidgeFill server's requests may set (`PrefillLM.arm_fields`)
     assert set(fields) >= {"fill", "split", "tail", "chunk_size"}
     assert not {"pretrained", "maps", "device", "reference"} & set(fields)
     config = LlamaConfig(num_hidden_layers=6)
 
-    def resolve(base, given, config):  # as `prefill_lm.ridgefill.arm_with` applies a request's fields
+    def resolve(base, given, config):  # as `PrefillLM.arm_with` applies a request's fields
         return resolve_fields(base, given, lambda f: base.updated(f, config, what="rf_arm"), fields)
 
     base = RidgeFillArm(fill="exact", tail=512).resolve(config)

@@ -52,7 +52,7 @@ def test_two_arms_medians_and_their_ratio(exact_server, prompt_file, tmp_path, c
             assert row[side]["median_server_seconds"] == statistics.median(row[side]["server_seconds"])
         assert row["speedup_client"] == row["a"]["median_client_seconds"] / row["b"]["median_client_seconds"]
         assert row["speedup_server"] == row["a"]["median_server_seconds"] / row["b"]["median_server_seconds"]
-        assert row["b"]["server_arm"] == {"fill": "identity", "tail": 64, "split": 3, "map_split": False, "layers": 6}
+        assert row["b"]["server_arm"] == {"method": "ridgefill", "fill": "identity", "tail": 64, "split": 3, "map_split": False, "layers": 6}
         assert (row["L"], row["S"], row["T"], row["N"]) == (6, 3, 64, row["length"])
         assert row["ceiling"] == pytest.approx(1 / ceiling_r(6, 3, 64, row["length"]))
     (speed_256, speed_1024) = result["speed"]
