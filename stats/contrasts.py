@@ -40,13 +40,18 @@ def _binary(x: np.ndarray) -> bool:
 
 
 def _paired(pairs: pd.DataFrame, *, confidence: float, n_resamples: int, seed: int):
-    """The arm's and reference's scores, their strata and the stratified paired bootstrap of them."""
+    """The arm's and reference's scores, their strata, the stratified paired bootstrap of them and the
+    fields every paired contrast reports (means, difference, interval, strata)."""
     arm, ref = pairs["arm"].to_numpy(float), pairs["ref"].to_numpy(float)
     strata = strata_of(pairs)
     boot = paired_bootstrap(
         arm, ref, strata=strata.labels, n_resamples=n_resamples, confidence=confidence, seed=seed
     )
-    return arm, ref, strata, boot
+    row = {
+        "n": boot.n, "arm_score": float(arm.mean()), "ref_score": float(ref.mean()),
+        "difference": boot.difference, "low": boot.low, "high": boot.high, "strata": strata.text,
+    }
+    return arm, ref, strata, boot, row
 
 
 def points_contrast(
@@ -58,7 +63,7 @@ def points_contrast(
     seed: int,
 ) -> dict[str, Any]:
     """Paired contrast of scores in points (columns `arm`, `ref` of `pairs`), within its strata."""
-    arm, ref, strata, boot = _paired(pairs, confidence=confidence, n_resamples=n_resamples, seed=seed)
+    arm, ref, _, boot, row = _paired(pairs, confidence=confidence, n_resamples=n_resamples, seed=seed)
     ni = decide_noninferiority(boot.difference, boot.lower, boot.n, margin=margin, alpha=1 - confidence)
     if _binary(arm) and _binary(ref):
         mc = mcnemar_exact(arm, ref)
@@ -67,19 +72,8 @@ def points_contrast(
         st = sign_test(arm, ref)
         test = {"name": "sign", "wins": st.wins, "losses": st.losses, "p": st.p_value}
     return {
-        "n": boot.n,
-        "arm_score": float(arm.mean()),
-        "ref_score": float(ref.mean()),
-        "difference": boot.difference,
-        "low": boot.low,
-        "high": boot.high,
-        "lower": boot.lower,
-        "floor": ni.floor,
-        "bound": ni.bound,
-        "binding": ni.binding,
-        "passed": ni.passed,
-        "test": test,
-        "strata": strata.text,
+        **row, "lower": boot.lower, "floor": ni.floor, "bound": ni.bound, "binding": ni.binding,
+        "passed": ni.passed, "test": test,
     }
 
 
@@ -93,21 +87,10 @@ def loss_contrast(
     seed: int,
 ) -> dict[str, Any]:
     """Paired contrast of a raw measure: mean and median difference, interval, perplexity gap."""
-    arm, ref, strata, boot = _paired(pairs, confidence=confidence, n_resamples=n_resamples, seed=seed)
+    arm, ref, strata, _, row = _paired(pairs, confidence=confidence, n_resamples=n_resamples, seed=seed)
     domains = pairs["domain"].astype(str).to_numpy() if pairs["domain"].notna().all() else None
     loc = location(arm - ref)
-    out: dict[str, Any] = {
-        "n": boot.n,
-        "arm_score": float(arm.mean()),
-        "ref_score": float(ref.mean()),
-        "difference": boot.difference,
-        "median": loc.median,
-        "heavy_tail": loc.heavy_tail,
-        "low": boot.low,
-        "high": boot.high,
-        "gap": None,
-        "strata": strata.text,
-    }
+    out: dict[str, Any] = {**row, "median": loc.median, "heavy_tail": loc.heavy_tail, "gap": None}
     if is_loss_metric(metric, higher_is_better):
         gap = perplexity_gap(
             arm, ref, domains=domains, strata=strata.labels, n_resamples=n_resamples, confidence=confidence,
