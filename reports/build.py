@@ -74,7 +74,7 @@ class ReportOptions:
 
     runs: Sequence[str | Path]
     reference: str
-    html: str | Path
+    html: str | Path | None = None
     margin: float = 2.0
     ledger: str | Path | None = None
     latex: str | Path | None = None
@@ -83,6 +83,7 @@ class ReportOptions:
     json_path: str | Path | None = None
     overwrite: bool = False
     allow_empty: bool = False
+    allow_unsealed: bool = False
     cross_model: bool = False
     controls: Mapping[str, Sequence[str]] | None = None
     metrics: Mapping[str, Sequence[str]] | None = None
@@ -96,13 +97,16 @@ class ReportOptions:
 
 #: each option's default (`report_argv` leaves those out), and the options that are flags
 _DEFAULTS = {f.name: f.default for f in fields(ReportOptions)}
-_FLAGS = ("latex_standalone", "allow_empty", "cross_model", "overwrite")
+_FLAGS = ("latex_standalone", "allow_empty", "allow_unsealed", "cross_model", "overwrite")
 
 
 def _check_options(o: ReportOptions) -> None:
     """Refuse values out of range and options given without the one they need."""
     if o.margin < 0 or o.resamples < 1 or not 0 < o.confidence < 1:
         raise UserError("--margin must be >= 0, --resamples >= 1 and --confidence in (0, 1)")
+    if not any((o.html, o.latex, o.markdown, o.json_path)):
+        raise UserError("no output asked for: give one or more of --html FILE, --latex FILE, --markdown FILE, "
+                        "--json FILE")
     if o.latex_standalone and not o.latex:
         raise UserError("--latex-standalone needs --latex FILE")
     if o.copyable_bins is not None and "copyable" not in o.strata:
@@ -135,8 +139,8 @@ def _record_in_ledger(ledger: str, entries: list[Any], loaded: Runs, summary: di
 
 
 def build_report(options: ReportOptions) -> Report:
-    """Paired statistics of the arms in `options.runs` against `options.reference`, written as HTML (and
-    LaTeX, Markdown, JSON where given)."""
+    """Paired statistics of the arms in `options.runs` against `options.reference`, written in each format
+    asked for (HTML, LaTeX, Markdown, JSON)."""
     o = options
     _check_options(o)
     ledger = str(o.ledger) if o.ledger else None
@@ -144,7 +148,8 @@ def build_report(options: ReportOptions) -> Report:
         check_outputs({"--html": o.html, "--latex": o.latex, "--markdown": o.markdown, "--json": o.json_path},
                       overwrite=o.overwrite)
         metrics = {k: list(v) for k, v in (o.metrics or {}).items()}
-        loaded = load_runs([str(r) for r in o.runs], metrics=metrics, allow_empty=o.allow_empty)
+        loaded = load_runs([str(r) for r in o.runs], metrics=metrics, allow_empty=o.allow_empty,
+                           allow_unsealed=o.allow_unsealed)
         entries = verify_ledger(ledger) if ledger else None
         if entries is not None:
             check_recorded_heads(loaded, entries)

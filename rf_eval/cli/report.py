@@ -1,9 +1,9 @@
-"""`rf-eval report RUN_DIR... --reference NAME --html FILE [--latex FILE] [--markdown FILE]`.
+"""`rf-eval report RUN_DIR... --reference NAME [--html FILE] [--latex FILE] [--markdown FILE] [--json FILE]`.
 
 Reads lm-eval output folders (run with --log_samples) of several arms, pairs
 every arm with the reference per item, and writes the paper's statistics
 (paired bootstrap intervals, non-inferiority with the binomial floor, sign
-tests) as a self-contained HTML page, LaTeX tables and Markdown. Each task is
+tests) in each format asked for, one or more: a self-contained HTML page, LaTeX tables, Markdown, JSON. Each task is
 read by its paper measures unless `--metric` names others (`keytoken_nll`: key-
 and novel-token ΔNLL, the novel-token perplexity gap and KL, all-token ΔNLL
 beside them; RULER: acc_filled; `rf_eval.stats.measures`), and every interval
@@ -29,7 +29,8 @@ a whole document).
 Outputs never replace a file rf-eval did not write (`rf_eval.files.outputs`): every output path is checked before
 anything is read or written, and an existing file without rf-eval's output mark (a `--latex paper.tex` that
 names the paper itself) stops the report unless `--overwrite` is given. Every samples file read is checked
-against the seal its run wrote (`rf_eval.integrity.seal`): one edited or truncated since stops the report.
+against the seal its run wrote (`rf_eval.integrity.seal`): one edited or truncated since stops the report, and
+so does a run of rf-eval's models whose seal is missing or another run's, unless `--allow-unsealed`.
 
 The work is `rf_eval.reports.build.build_report`'s (what a study and the demo call); this module parses the
 options into its `ReportOptions`.
@@ -49,19 +50,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference", required=True, metavar="NAME", help="the arm every other arm is compared with")
     parser.add_argument("--margin", type=nonnegative_float, default=2.0, help="non-inferiority margin in points (default 2)")
     parser.add_argument("--ledger", metavar="FILE", help="run ledger: mark comparisons registered or follow-up")
-    parser.add_argument("--html", required=True, metavar="FILE", help="write the HTML report here")
-    parser.add_argument("--latex", metavar="FILE", help="also write LaTeX tables (booktabs), a fragment to \\input")
+    parser.add_argument("--html", metavar="FILE", help="write the HTML report here (give one or more formats)")
+    parser.add_argument("--latex", metavar="FILE", help="write LaTeX tables (booktabs), a fragment to \\input")
     parser.add_argument("--latex-standalone", dest="latex_standalone", action="store_true",
                         help="write --latex as a whole document instead of a fragment")
     parser.add_argument("--allow-empty", dest="allow_empty", action="store_true",
                         help="leave out (with a note) tasks whose primary metric has no value on any item, "
                              "instead of failing")
+    parser.add_argument("--allow-unsealed", dest="allow_unsealed", action="store_true",
+                        help="report runs of rf-eval's models whose results seal is missing or another run's "
+                             "(refused otherwise; the report notes it)")
     parser.add_argument("--cross-model", dest="cross_model", action="store_true",
                         help="compare arms run on other weights or another task protocol than the reference "
                              "(refused otherwise); every output then labels those comparisons")
-    parser.add_argument("--markdown", metavar="FILE", help="also write Markdown tables")
+    parser.add_argument("--markdown", metavar="FILE", help="write Markdown tables")
     parser.add_argument("--json", metavar="FILE",
-                        help="also write every figure of the report as JSON (what the tables are rendered from)")
+                        help="write every figure of the report as JSON (what the tables are rendered from)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace output files rf-eval did not write (refused otherwise; its own earlier "
                              "outputs are replaced without it)")
@@ -120,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
     report = build_report(ReportOptions(
         args.runs, reference=args.reference, html=args.html, margin=args.margin, ledger=args.ledger,
         latex=args.latex, latex_standalone=args.latex_standalone, markdown=args.markdown, json_path=args.json,
-        overwrite=args.overwrite, allow_empty=args.allow_empty, cross_model=args.cross_model,
+        overwrite=args.overwrite, allow_empty=args.allow_empty, allow_unsealed=args.allow_unsealed,
+        cross_model=args.cross_model,
         controls=_mapping("--control", args.control), metrics=_mapping("--metric", args.metric),
         strata=args.strata, copyable_bins=bins, ttft=args.ttft, resamples=args.resamples,
         confidence=args.confidence, seed=args.seed))

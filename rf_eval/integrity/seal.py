@@ -13,8 +13,9 @@ writes them: rf-eval writes nothing into another model's output.
 
 `check` (called by `rf_eval.stats.runs` for every samples file a report reads): a sealed file that was
 edited, truncated, extended or removed since its run is refused (`SealError`, naming the file; the fix is
-to rerun that run); a file without a seal (another model's run, or one written before rf-eval sealed its
-results) reads as before, and the report notes it as unsealed.
+to rerun that run); a file without a seal of its own run (none, or another run's seal in its place) reads as
+unsealed: the report notes it for another model's run, and refuses it, unless `--allow-unsealed`, for a run of
+rf-eval's models, which always seal (`rf_eval.stats.runs`).
 
 A seal catches accidents (an edit, a truncated copy, a half-synced folder), not someone who rewrites the
 seal too: the run ledger (`rf-eval ledger`, `report --ledger`) keeps hashes outside the run folder.
@@ -88,7 +89,10 @@ def check(samples: str | Path, date_id: str) -> bool:
     path = seal_path(samples.parent, date_id)
     if not path.exists():
         return False
-    sealed = _read(path)["files"].get(samples.name)
+    data = _read(path)
+    if str(data.get("date")) != date_id:  # another run's seal put in this one's place: vouches for nothing here
+        return False
+    sealed = data["files"].get(samples.name)
     if not isinstance(sealed, dict):
         return False
     if not samples.is_file():

@@ -1,6 +1,7 @@
 """Results sealed when written (issue #41, item 3): a run of an rf-eval model seals its per-item results, and
 `rf-eval report` refuses a samples file edited or truncated since, with no ledger; a run of another model is
-read as before and noted as unsealed."""
+read as before and noted as unsealed, while an rf-eval run whose seal is missing or another run's is refused
+unless `--allow-unsealed`."""
 
 from __future__ import annotations
 
@@ -93,6 +94,38 @@ def test_a_truncated_or_removed_samples_file_is_refused(runs, tmp_path, capsys):
     assert _report(tmp_path, hf, rf) == 2
     assert f"{samples}: its run wrote it" in capsys.readouterr().err
     assert not (tmp_path / "r.html").exists()
+
+
+def _foreign_seal(rf: Path, seal: Path) -> None:
+    """Another run's seal in this run's place: a seal of the same shape for another date."""
+    data = json.loads(seal.read_text())
+    other = "2020-01-01T00-00-00.000000"
+    data["date"] = other
+    data["files"] = {name.rsplit("_", 1)[0] + f"_{other}.jsonl": entry for name, entry in data["files"].items()}
+    seal.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("how", ["removed", "foreign"])
+def test_a_removed_or_foreign_seal_of_an_rf_eval_run_is_refused_unless_allowed(runs, tmp_path, capsys, how):
+    """A run of rf-eval's models always seals (issue #54 item 4): without its own seal it is refused, and
+    `--allow-unsealed` reports it with a note saying so; the `hf` arm keeps its plain note."""
+    hf, rf = _copy(runs, tmp_path)
+    seal = next(rf.rglob(f"{PREFIX}*.json"))
+    if how == "removed":
+        seal.unlink()
+    else:
+        _foreign_seal(rf, seal)
+    assert _report(tmp_path, hf, rf) == 2
+    err = capsys.readouterr().err
+    assert "carry no seal of their run, though every run of --model ridgefill seals" in err
+    assert "--allow-unsealed" in err and not (tmp_path / "r.html").exists()
+    argv = ["report", str(hf), str(rf), "--reference", "hf", "--html", str(tmp_path / "r.html"),
+            "--json", str(tmp_path / "r.json"), "--resamples", "50", "--allow-unsealed"]
+    assert main(argv) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "unsealed" in line]
+    assert any("unsealed, reported with --allow-unsealed" in n for n in notes), notes
+    assert any(n.startswith("note: hf: unsealed: ") for n in notes), notes
+    assert "reported with --allow-unsealed" in (tmp_path / "r.json").read_text()
 
 
 def test_a_seal_is_not_written_for_a_partial_file_and_a_broken_seal_is_refused(tmp_path):

@@ -106,3 +106,17 @@ def test_other_commands_refuse_a_file_they_did_not_write_before_any_work(tmp_pat
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and "exists and carries no mark that rf-eval wrote it" in lines[0], (name, lines)
     assert mine.read_text() == '{"my": "data"}\n' and weights.read_bytes() == b"not rf-eval's"
+
+
+@pytest.mark.parametrize("option,suffix", [("--markdown", "md"), ("--latex", "tex"), ("--json", "json")])
+def test_one_format_alone_is_written_without_html(arms, tmp_path, capsys, option, suffix):
+    """`rf-eval report` writes whichever formats are asked for (issue #54 item 3): no --html needed."""
+    assert _report(arms, {option: str(tmp_path / f"r.{suffix}")}) == 0
+    assert [p.name for p in tmp_path.iterdir() if p.is_file()] == [f"r.{suffix}"]
+    assert written_by_rf_eval(tmp_path / f"r.{suffix}")
+
+
+def test_no_format_at_all_is_refused_naming_the_options(arms, capsys):
+    assert _report(arms, {}) == 2
+    assert _one_error(capsys) == ("no output asked for: give one or more of --html FILE, --latex FILE, "
+                                  "--markdown FILE, --json FILE")
