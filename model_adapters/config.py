@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from rf_eval.demo.model import names_demo
 from rf_eval.demo.study import demo_defaults
 from rf_eval.devices import check_device, check_model_source
 from rf_eval.errors import UserError
@@ -243,7 +244,7 @@ def own_args(args: dict[str, Any], model: str, *, demo: bool = True
     except UserError as err:
         raise ModelArgsError(str(err)) from None
     args = {k: v for k, v in args.items() if v is not None}
-    if demo and str(args.get("pretrained") or "demo").strip().lower() == "demo":
+    if demo and names_demo(args.get("pretrained")):
         args = demo_defaults(cls, args)
     mine, hf = split_model_args(args, cls)
     required(mine, ("pretrained", *cls.missing_fields(mine)), method_keys(cls))
@@ -265,7 +266,7 @@ def arm_of(cls: type[Method], mine: dict[str, Any], what: str = "model_args") ->
 def parse_model_args(args: dict[str, Any], model: str = "prefill") -> tuple[RunSettings, dict[str, Any]]:
     """(settings, HFLM keyword arguments) of `--model MODEL --model_args ...`: every check that needs no
     weights, each once."""
-    demo = str(args.get("pretrained") or "demo").strip().lower() == "demo"
+    demo = names_demo(args.get("pretrained"))
     cls, mine, hf = own_args(args, model)
     arm = arm_of(cls, mine)
     config = model_config(mine["pretrained"], hf)

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from lm_eval.models.huggingface import HFLM
 
-from rf_eval.demo.study import demo_task_defaults
+from rf_eval.demo.study import demo_tail, demo_task_defaults
 from rf_eval.devices import input_device
 from rf_eval.fields import ArmError
 from rf_eval.fills.loading_report import recording_missing_keys
@@ -66,6 +66,7 @@ from rf_eval.model_adapters.run_records import ChatRendering, ledger_head, measu
 from rf_eval.model_adapters.scoring import ScoringMixin
 from rf_eval.prefill_timer import FirstForward, timer_label
 from rf_eval.ridge.maps import MapError
+from rf_eval.tasks.data_needs import check_filled_region
 from rf_eval.version import __version__
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,9 @@ class PrefillLM(RequestCacheMixin, ScoringMixin, GenerationMixin, HFLM):
 
     def __init__(self, pretrained: str | None = None, *, model_name: str = "prefill", **model_args: Any) -> None:
         settings, hf_args = parse_model_args({"pretrained": pretrained, **model_args}, model_name)
+        expected = run_context.expected()
+        if expected is not None:  # tasks its arm cannot score, refused before the weights load
+            check_filled_region(*expected, self.settings_facts(settings))
         self.ledger_head = ledger_head()  # read (and verified) before the weights load
         ChatRendering.check_before_load(settings.pretrained, hf_args)  # a thinking setting no prompt can carry
         self.settings, self._hf_args = settings, hf_args
@@ -139,16 +143,22 @@ class PrefillLM(RequestCacheMixin, ScoringMixin, GenerationMixin, HFLM):
         return {**self.method.provenance(), **files, "reference": self.settings.reference,
                 "chat_template": self.chat.record()}
 
+    @staticmethod
+    def settings_facts(settings: RunSettings) -> dict[str, Any]:
+        """The run's facts its settings decide (`rf_eval.harness.run_context`), known before the weights load:
+        the arm's tail, and the embedded demo model's defaults (lengths, tail, the `demo` alias) on it."""
+        facts = {"adapter": settings.method.name, "pretrained": settings.pretrained,
+                 **settings.method.run_facts(settings.arm)}
+        if settings.demo:
+            facts.update(task_defaults=demo_task_defaults(), default_tail=demo_tail(), pretrained_alias="demo")
+        return facts
+
     def run_facts(self) -> dict[str, Any]:
         """What the tasks scoring this run read (`rf_eval.run_context`)."""
         tokenizer = self._hf_args.get("tokenizer")
-        facts = {"adapter": self.method.name, "pretrained": self.settings.pretrained,
-                 "max_length": self.max_length,
-                 "tokenizer": tokenizer if isinstance(tokenizer, str) else self.settings.pretrained,
-                 **self.method.run_facts()}
-        if self.settings.demo:
-            facts["task_defaults"] = demo_task_defaults()
-        return facts
+        return {**self.settings_facts(self.settings), **type(self.method).run_facts(self.method.arm),
+                "max_length": self.max_length,
+                "tokenizer": tokenizer if isinstance(tokenizer, str) else self.settings.pretrained}
 
     def get_model_info(self) -> dict[str, Any]:
         """Recorded by lm-eval in the results JSON ("config"): `hf`'s, plus the arm (and its engine floor)."""

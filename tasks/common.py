@@ -132,7 +132,9 @@ def with_run_defaults(metadata: dict[str, Any] | None) -> dict[str, Any]:
     run = run_model()
     if run is None:
         return meta
-    if _ruler_tokenizer_name(meta) is None and run.get("tokenizer"):
+    named = _ruler_tokenizer_name(meta)
+    if run.get("tokenizer") and (named is None or named == run.get("pretrained_alias")):
+        # `pretrained=demo` reaches the metadata as given (lm-eval merges model_args in): the run resolved it
         meta["tokenizer"] = run["tokenizer"]
     for key, value in (run.get("task_defaults") or {}).items():
         if meta.get(key) is None:
@@ -140,27 +142,30 @@ def with_run_defaults(metadata: dict[str, Any] | None) -> dict[str, Any]:
     return meta
 
 
-def filled_tail(metadata: dict[str, Any] | None) -> int:
+def filled_tail(metadata: dict[str, Any] | None, run: dict[str, Any] | None = None) -> int:
     """The tail that bounds the filled region of the run this task scores.
 
     Metadata `tail` (from `--metadata`, or from model_args, which lm-eval merges in),
-    else the tail of the rf-eval arm being run, else the shared default
-    (`rf_eval.engine.plan.DEFAULT_TAIL`, 4,096, the paper's). A `tail` that
+    else the tail of the rf-eval arm being run, else the run's default (the embedded demo model's tail, for
+    every method on it), else the shared default (`rf_eval.engine.plan.DEFAULT_TAIL`, 4,096, the paper's). A `tail` that
     contradicts the running arm's is refused: its subset would not be the arm's
     filled region. An arm that fills no rows (fill=exact, `hf`) takes the task's tail,
     so the exact arm is scored on the same subset as the others. Metadata `subset_tail`
     sets the subset's tail on purpose apart from the arm's (the controls that spend their
-    rows on a longer tail are scored on the subset of the arms they control).
+    rows on a longer tail are scored on the subset of the arms they control). `run`: the run's
+    facts (`rf_eval.harness.run_context`; default: the running adapter's).
     """
     from rf_eval.engine.plan import DEFAULT_TAIL
 
     if (metadata or {}).get("subset_tail") not in (None, ""):
         return int(metadata["subset_tail"])
     given = (metadata or {}).get("tail")
-    run = run_model() or {}
+    run = (run_model() if run is None else run) or {}
     arm_tail = run.get("tail") if run.get("fills_rows") else None
     if given is None or given == "":
-        return int(arm_tail) if arm_tail is not None else DEFAULT_TAIL
+        if arm_tail is not None:
+            return int(arm_tail)
+        return int(run.get("default_tail") or DEFAULT_TAIL)
     if arm_tail is not None and int(given) != int(arm_tail):
         raise TailMismatch(
             f"tail={int(given)} (task metadata) contradicts the tail of the arm being run "

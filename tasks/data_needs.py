@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from rf_eval.errors import UserError
+from rf_eval.harness import run_context
+from rf_eval.integrity.seal import rf_eval_models
 from rf_eval.tasks import task_dir
+from rf_eval.tasks.common import filled_tail
 from rf_eval.tasks.data import SOURCES, TaskDataMissing, available, local_copy, missing_message, why_missing
-from rf_eval.tasks.positions import check_lengths_fit
+from rf_eval.tasks.positions import as_lengths, check_lengths_fit, refuse_unfilled
 from rf_eval.tasks.second_question import BASE_TASK
 
 DOCS_TASKS = ("keytoken_nll", "decode_agreement")  # the tasks that read the user's own documents (`docs`)
@@ -117,11 +120,46 @@ def check_before_model(evaluator) -> None:
             names, metadata = [], {}
         if names:
             preflight(names, metadata)
+            run_context.expect(names, metadata)  # an rf-eval adapter checks its arm against them before loading
+            if isinstance(bound.get("model"), str) and bound["model"] not in rf_eval_models():
+                check_filled_region(names, metadata, {})  # another model's run: the tasks' own defaults
         check_run_options(bound if names else {})
         return original(*args, **kwargs)
 
     simple_evaluate._rf_eval = True
     evaluator.simple_evaluate = simple_evaluate
+
+
+FILLED_KINDS = ("RulerFilledTask", "RulerFilledPool")  # the tasks that score a filled region (`acc_filled`)
+
+
+def check_filled_region(tasks: Iterable[str], metadata: dict[str, Any], run: dict[str, Any]) -> None:
+    """Refuse (UserError) a run in which a filled task has no item to score: every length within the exact
+    tail, so `acc_filled` would be NaN while the run exits 0. `run`: the facts the run's tasks will read
+    (`rf_eval.harness.run_context`), known before the weights load: the arm's tail, the model's defaults
+    ({} for another lm-eval model). The same rule as the task's own check when it is built (`refuse_unfilled`),
+    on the same tail (`filled_tail`); a `subset_tail` is the user's choice and is left alone."""
+    if metadata.get("subset_tail") not in (None, ""):
+        return
+    from lm_eval.tasks.ruler.common_utils import DEFAULT_SEQ_LENGTHS
+
+    configs = task_configs()
+    filled = [t for t in tasks if t in configs and class_name(configs[t]) in FILLED_KINDS]
+    if not filled:
+        return
+    given = metadata.get("max_seq_lengths")
+    if given in (None, ""):
+        given = (run.get("task_defaults") or {}).get("max_seq_lengths") or list(DEFAULT_SEQ_LENGTHS)
+    lengths, tail = as_lengths(given), filled_tail(metadata, run)
+    where = "model_args or --metadata" if metadata.get("tail") not in (None, "") else "the arm's"
+    problems = []
+    for task in filled:
+        try:
+            refuse_unfilled(task, lengths, tail, where)
+        except UserError as err:
+            problems.append(str(err))
+    if problems:
+        raise UserError(" | ".join(problems))
 
 
 def check_run_options(bound: dict[str, Any]) -> None:

@@ -50,6 +50,17 @@ def refuse_beyond(task: str, lengths: Iterable[int], max_length: int | None, whe
             "model's position encoding holds it")
 
 
+def refuse_unfilled(task: str, lengths: Iterable[int], tail: int, where: str) -> None:
+    """A UserError where every length is within the tail: no needle can lie in the filled region (the rows
+    before the exact tail), so `acc_filled` would be empty (NaN) while the run exits 0."""
+    lengths = list(lengths)
+    if lengths and all(n <= tail for n in lengths):
+        raise UserError(
+            f"{task}: every max_seq_lengths entry ({', '.join(map(str, lengths))}) is within the exact tail "
+            f"of {tail:,} rows ({where}), so no item has a filled region to score. Give lengths above the tail "
+            f"(--metadata '{{\"max_seq_lengths\": [{2 * tail}]}}') or a smaller tail= in --model_args")
+
+
 def config_max_length(metadata: dict[str, Any]) -> tuple[int | None, str]:
     """The model's `max_length` as lm-eval would resolve it, read without the weights: the `max_length`
     model_arg, else the checkpoint's config; (None, "") where neither is readable here (the task's own

@@ -83,7 +83,7 @@ from rf_eval.tasks.common import (
     tokenizer_from,
     with_run_defaults,
 )
-from rf_eval.tasks.positions import as_lengths, refuse_beyond
+from rf_eval.tasks.positions import as_lengths, refuse_beyond, refuse_unfilled
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,8 @@ class RulerFilledTask(ConfigurableTask):
         self.lengths = as_lengths(option(meta, "max_seq_lengths", list(DEFAULT_SEQ_LENGTHS), lambda x: x))
         run = run_model() or {}
         refuse_beyond(str(cfg.get("task")), self.lengths, run.get("max_length"), "the running model's max_length")
+        if run and meta.get("subset_tail") in (None, ""):  # scored by a run: one with nothing to score is refused
+            refuse_unfilled(str(cfg.get("task")), self.lengths, self.tail, "the running arm's")
         self._marks: dict[tuple[int, int], needles.NeedleMark] = {}
         self._requests: dict[tuple, Any] = {}  # each sample's request prompt: its cost record's key
         cfg["metric_list"] = metric_list(self.metric_spec())

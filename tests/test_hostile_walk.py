@@ -164,7 +164,7 @@ def test_hostile_paths_are_one_line_and_exit_2_before_any_weights_load(command, 
 def test_the_lm_eval_entry_refuses_hostile_model_args_in_one_line(model_args, says, hostile, th_argv, tmp_path):
     args = model_args.format(**hostile)
     cmd = th_argv + ["--model", "ridgefill", "--model_args", args, "--tasks", "niah_single_1_filled",
-                     "--metadata", '{"max_seq_lengths": [512]}', "--output_path", str(tmp_path)]
+                     "--metadata", '{"max_seq_lengths": [512], "tail": 256}', "--output_path", str(tmp_path)]
     done = run_argv(cmd, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr

@@ -134,10 +134,15 @@ def _convert_into(final: Path, source: Path, source_sha: str, log: logging.Logge
         raise
 
 
+def names_demo(name: object) -> bool:
+    """Whether a `pretrained` (or tokenizer) value means the embedded demo model: not given, or "demo"."""
+    return name is None or str(name).strip().lower() in DEMO_NAMES
+
+
 def resolve_pretrained(name: str | None, *, log: logging.Logger | None = None) -> str:
     """Map `pretrained` None or "demo" to the demo model's folder (converted on first use), logging it;
     return any other name unchanged."""
-    if name is not None and name.strip().lower() not in DEMO_NAMES:
+    if not names_demo(name):
         return name
     path = demo_model_dir(log=log)
     (log or logger).info(

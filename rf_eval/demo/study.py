@@ -154,6 +154,12 @@ def demo_maps(model_dir: Path, s: DemoSettings, progress: bool = True) -> Path:
     return final
 
 
+def demo_tail() -> int:
+    """The demo's exact tail: every method's default on the demo model, and the filled region's edge of an
+    arm that fills no rows (an exact arm scores the fills' subset)."""
+    return settings(quick=False).tail
+
+
 def demo_task_defaults() -> dict:
     """Task options that fit the demo model (8,192 positions, 2 CPU cores) when a run gives none."""
     s = settings(quick=False)
@@ -170,7 +176,7 @@ def demo_defaults(method: Any, args: dict) -> dict:
     args["pretrained"] = str(model_dir)
     fields = method.arm_fields()
     if "tail" in fields:
-        args.setdefault("tail", settings(quick=False).tail)
+        args.setdefault("tail", demo_tail())
     if "fill" not in fields:
         return args
     args.setdefault("fill", Ridge.name)

@@ -8,7 +8,14 @@ rf-eval adapters publish here what a task needs beyond that dict:
 - `tokenizer`: the checkpoint whose tokenizer sizes and marks the samples (the
   embedded demo model when no `pretrained` was given);
 - `task_defaults`: task options the model implies when the run gives none (the
-  demo model's lengths).
+  demo model's lengths);
+- `default_tail`: the filled region's edge for an arm that fills no rows (the demo's tail on the demo);
+- `pretrained_alias`: the `pretrained` name the adapter resolved ("demo"), which reaches the tasks'
+  metadata as given.
+
+`expect` goes the other way: lm-eval's `simple_evaluate` (wrapped by `rf_eval.tasks.data_needs`) records the
+tasks and metadata of the run before it builds the model, so an adapter can refuse tasks that its arm cannot
+score before its weights load.
 
 Only the newest adapter still alive counts (a weak reference: a model that was
 freed publishes nothing). `prompt_cost` asks that adapter for the prefill cost
@@ -38,8 +45,22 @@ def current() -> dict[str, Any] | None:
 
 
 def clear() -> None:
-    global _current
-    _current = None
+    global _current, _expected
+    _current = _expected = None
+
+
+_expected: tuple[list[str], dict[str, Any]] | None = None
+
+
+def expect(tasks: list[str], metadata: dict[str, Any]) -> None:
+    """Record the task names and metadata of the run about to build its model."""
+    global _expected
+    _expected = (list(tasks), dict(metadata))
+
+
+def expected() -> tuple[list[str], dict[str, Any]] | None:
+    """(task names, metadata) of the run being started, else None (a model built outside `simple_evaluate`)."""
+    return _expected
 
 
 def prompt_cost(prompt: Any) -> dict[str, Any] | None:

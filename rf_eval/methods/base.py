@@ -307,9 +307,11 @@ class Method:
         settings = {f.name: getattr(self.arm, f.name) for f in dataclasses.fields(self.arm)}
         return {"method": self.name, **settings, **requests.model_identity(self.model, self.weights_sha256)}
 
-    def run_facts(self) -> dict[str, Any]:
-        """What the tasks scoring a run of this arm read beside the run's own facts (`rf_eval.run_context`):
-        the arm's exact tail (the filled region's edge), where it has one."""
+    @classmethod
+    def run_facts(cls, arm: Any) -> dict[str, Any]:
+        """What the tasks scoring a run of `arm` read beside the run's own facts (`rf_eval.run_context`): the
+        arm's exact tail (the filled region's edge), where it has one. Read from the arm alone, so that the
+        adapter can check the tasks against it before the weights load."""
         return {}
 
     def floor_split(self) -> int:

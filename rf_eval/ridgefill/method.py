@@ -229,9 +229,10 @@ class RidgeFill(Method):
             info["allow_other_weights"] = True
         return info
 
-    def run_facts(self) -> dict[str, Any]:
+    @classmethod
+    def run_facts(cls, arm: RidgeFillArm) -> dict[str, Any]:
         """The arm's tail (the filled region's edge) and whether it fills rows."""
-        return {"tail": self.arm.tail, "fills_rows": self.arm.fills_rows}
+        return {"tail": arm.tail, "fills_rows": arm.fills_rows}
 
     def floor_split(self) -> int:
         return max(int(self.arm.split), 1)

@@ -26,7 +26,7 @@ lengths: [512]
 metadata: {{docs: {docs}}}
 {maps}
 arms:
-  exact: {{args: {{fill: exact}}}}
+  exact: {{args: {{fill: exact, tail: 4}}}}
   ridge: {{args: {{fill: ridge, tail: 4}}}}
   nofill: {{args: {{fill: nofill, tail: 8}}}}
 reference: exact

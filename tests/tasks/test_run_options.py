@@ -55,7 +55,7 @@ def test_lm_eval_refuses_both_in_one_line(tiny_llama, th, tmp_path):
     plain = no_template(tiny_llama, tmp_path / "plain")
     for extra, says in [(["--limit", "0"], "--limit 0.0 runs no sample"),
                         (["--apply_chat_template"], "has no chat template")]:
-        cmd = th.lm_eval_argv() + ["--model", "ridgefill", "--model_args", f"pretrained={plain},fill=exact",
+        cmd = th.lm_eval_argv() + ["--model", "ridgefill", "--model_args", f"pretrained={plain},fill=exact,tail=256",
                                    "--tasks", "niah_single_1_filled", "--metadata", '{"max_seq_lengths": [512]}',
                                    "--output_path", str(tmp_path / "out"), *extra]
         done = run_argv(cmd, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})

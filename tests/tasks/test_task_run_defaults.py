@@ -89,6 +89,77 @@ def test_demo_adapter_publishes_the_demo_lengths_and_tail(monkeypatch, tiny_mode
     assert facts["task_defaults"]["max_seq_lengths"] == list(demo.settings(quick=False).lengths)
 
 
+def _demo_run(monkeypatch, tiny_model_dir):
+    from rf_eval.demo import model as demo_model
+
+    model_dir = tiny_model_dir("llama")
+    monkeypatch.setattr(demo_model, "resolve_pretrained", lambda name, log=None: str(model_dir))
+    return model_dir
+
+
+def test_pretrained_demo_sizes_ruler_samples_with_the_resolved_tokenizer(monkeypatch, tiny_model_dir, task_data, th):
+    """`--model_args pretrained=demo` reaches the task's metadata as given (lm-eval merges model_args in):
+    RULER's samples are built with the tokenizer the run resolved, not a hub id `demo` (issue #54, item 1)."""
+    from rf_eval.model_adapters import prefill_lm
+
+    model_dir = _demo_run(monkeypatch, tiny_model_dir)
+    lm = prefill_lm.ridgefill(pretrained="demo", fill="exact", device="cpu")
+    task = th.load_task("niah_single_1_filled", {**meta(None, task_data), "pretrained": "demo"})
+    assert task.config.metadata["tokenizer"] == model_dir
+    del lm
+
+
+@pytest.mark.parametrize("model,args", [("ridgefill", {"fill": "exact"}), ("prefill", {"method": "exact"}),
+                                        ("drop", {"method": "gemfilter", "keep": 64})])
+def test_every_method_on_the_demo_scores_the_demos_filled_region(monkeypatch, tiny_model_dir, task_data, th,
+                                                                  model, args):
+    """An arm that fills no rows (exact) or has no tail (a dropper) shares the fills' filled region on the demo
+    model: the demo's tail, not the shared 4,096 under which no demo length has a filled item (issue #54)."""
+    from rf_eval.demo import study as demo
+    from rf_eval.model_adapters import prefill_lm
+
+    _demo_run(monkeypatch, tiny_model_dir)
+    lm = getattr(prefill_lm, model)(device="cpu", **args)
+    task = th.load_task("niah_single_1_filled", meta(None, task_data))
+    assert task.tail == demo.demo_tail() == demo.settings(quick=False).tail
+    del lm
+
+
+@pytest.mark.parametrize("fill,metadata,says", [
+    ("identity", {"max_seq_lengths": [512]},
+     "every max_seq_lengths entry (512) is within the exact tail of 4,096 rows (the arm's)"),
+    ("exact", {"max_seq_lengths": [512, 1024], "tail": 1024},
+     "entry (512, 1024) is within the exact tail of 1,024 rows (model_args or --metadata)"),
+])
+def test_a_run_with_no_filled_item_is_refused_before_the_weights_load(monkeypatch, tiny_llama, fill, metadata, says):
+    """Lengths within the tail leave `acc_filled` empty (NaN, exit 0): refused by the adapter from the arm and
+    the run's tasks, before `HFLM` loads anything (issue #54, item 1)."""
+    from lm_eval.models.huggingface import HFLM
+
+    from rf_eval.errors import UserError
+    from rf_eval.harness import run_context
+    from rf_eval.model_adapters import prefill_lm
+
+    monkeypatch.setattr(HFLM, "__init__", lambda *a, **k: pytest.fail("the weights loaded"))
+    run_context.expect(["niah_single_1_filled"], metadata)
+    try:
+        with pytest.raises(UserError, match="Give lengths above the tail") as err:
+            prefill_lm.ridgefill(pretrained=tiny_llama, fill=fill, split=2, device="cpu")
+        assert says in str(err.value)
+    finally:
+        run_context.clear()
+
+
+def test_another_models_run_is_checked_on_the_tasks_defaults():
+    from rf_eval.errors import UserError
+    from rf_eval.tasks.data_needs import check_filled_region
+
+    with pytest.raises(UserError, match=r"niah_single_1_filled: every max_seq_lengths entry \(4096\) is within"):
+        check_filled_region(["niah_single_1_filled", "hellaswag"], {}, {})  # RULER's default length, tail
+    check_filled_region(["niah_single_1_filled"], {"max_seq_lengths": [8192]}, {})
+    check_filled_region(["niah_single_1_filled"], {"max_seq_lengths": [512], "subset_tail": 64}, {})
+
+
 # -- item 8: needles=all for multi-key samples; ruler_filled pools samples -------------------------------------
 
 def test_multikey_needles_all_is_the_default_and_stricter(tiny_llama, task_data, th):
