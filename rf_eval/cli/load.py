@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import random
-import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 from rf_eval.cli import UserError
@@ -78,10 +76,9 @@ def default_text(n_tokens: int, seed: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rf_eval.cli.ttft import cut_prompts, server_and_arms
-    from rf_eval.files.outputs import check_output, stamp_json, write_output
-    from rf_eval.serving.client import ServerError
-    from rf_eval.serving.load import LoadSettings, dumps, format_table, measure
+    from rf_eval.cli.ttft import measure_and_write
+    from rf_eval.files.outputs import check_output
+    from rf_eval.serving import load
 
     if min(args.lengths) < 2:
         raise UserError("every --lengths value must be >= 2 (a prompt and its last token)")
@@ -103,21 +100,8 @@ def run(args: argparse.Namespace) -> int:
         text = default_text(max(args.lengths), args.seed)
         prompt_record = {"generated": f"{max(args.lengths) + 16} words drawn with seed {args.seed}",
                          "sha256": hashlib.sha256(text.encode()).hexdigest()}
-    server, arm_a, arm_b = server_and_arms(args)
-    settings = LoadSettings(rates=tuple(args.rates), requests=args.requests, discard=args.discard,
-                            max_seconds=args.max_seconds, seed=args.seed, warmup=args.warmup,
-                            max_tokens=args.max_tokens, model=args.model, arm_field=args.arm_field,
-                            with_saturation=args.saturation)
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    try:
-        prompts = cut_prompts(server, text, sorted(args.lengths), args.tokenizer)
-        result = measure(server, (arm_a, arm_b), prompts, settings,
-                         progress=None if args.quiet else lambda m: print(m, file=sys.stderr, flush=True))
-    except ServerError as err:
-        raise UserError(str(err)) from None
-    result.update(started=started, prompt=prompt_record)
-    print(format_table(result))
-    if args.out:
-        write_output(args.out, dumps(stamp_json(result)) + "\n")
-        print(f"wrote {args.out}")
-    return 0
+    settings = load.LoadSettings(rates=tuple(args.rates), requests=args.requests, discard=args.discard,
+                                 max_seconds=args.max_seconds, seed=args.seed, warmup=args.warmup,
+                                 max_tokens=args.max_tokens, model=args.model, arm_field=args.arm_field,
+                                 with_saturation=args.saturation)
+    return measure_and_write(args, load, settings, text, sorted(args.lengths), prompt_record)

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from rf_eval.cli import UserError
 from rf_eval.cli.values import nonnegative_int, positive_float, positive_int
@@ -83,10 +86,32 @@ def server_and_arms(args: argparse.Namespace) -> tuple:
             type(arm_b)(args.name_b or arm_b.name, arm_b.fields))
 
 
-def run(args: argparse.Namespace) -> int:
-    from rf_eval.files.outputs import check_output, stamp_json, write_output
+def measure_and_write(args: argparse.Namespace, protocol: ModuleType, settings: Any, text: str,
+                      lengths: list[int], prompt: dict[str, Any]) -> int:
+    """What `ttft` and `load` share once their options are checked: the prompts of `lengths` cut from `text`, both
+    arms measured by `protocol` (`rf_eval.serving.timing` or `.load`), the table printed, the JSON written to --out."""
+    from rf_eval.files.outputs import stamp_json, write_output
     from rf_eval.serving.client import ServerError
-    from rf_eval.serving.timing import TtftSettings, dumps, format_table, measure
+
+    server, arm_a, arm_b = server_and_arms(args)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    try:
+        prompts = cut_prompts(server, text, lengths, args.tokenizer)
+        result = protocol.measure(server, (arm_a, arm_b), prompts, settings,
+                                  None if args.quiet else lambda m: print(m, file=sys.stderr, flush=True))
+    except ServerError as err:
+        raise UserError(str(err)) from None
+    result.update(started=started, prompt=prompt)
+    print(protocol.format_table(result))
+    if args.out:
+        write_output(args.out, json.dumps(stamp_json(result), indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from rf_eval.files.outputs import check_output
+    from rf_eval.serving import timing
 
     if args.repeats < 1 or args.warmup < 0 or args.max_tokens < 1 or min(args.lengths) < 2:
         raise UserError("--repeats and --max-tokens must be >= 1, --warmup >= 0 and every length >= 2")
@@ -96,22 +121,11 @@ def run(args: argparse.Namespace) -> int:
     if args.out:  # before any request: never over a file rf-eval did not write (`rf_eval.files.outputs`)
         check_output("--out", args.out, overwrite=args.overwrite)
     text = path.read_text(encoding="utf-8")
-    server, arm_a, arm_b = server_and_arms(args)
     fallback = None
     if args.layers is not None and args.split is not None and args.tail is not None:
         fallback = {"fill": "filled", "layers": args.layers, "split": args.split, "tail": args.tail}
-    settings = TtftSettings(repeats=args.repeats, warmup=args.warmup, max_tokens=args.max_tokens, model=args.model,
-                            fallback_arm=fallback, timing=args.timing, arm_field=args.arm_field)
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    try:
-        prompts = cut_prompts(server, text, args.lengths, args.tokenizer)
-        result = measure(server, (arm_a, arm_b), prompts, settings,
-                         None if args.quiet else lambda m: print(m, file=sys.stderr))
-    except ServerError as err:
-        raise UserError(str(err)) from None
-    result.update(started=started, prompt={"file": str(path), "sha256": hashlib.sha256(text.encode()).hexdigest()})
-    print(format_table(result))
-    if args.out:
-        write_output(args.out, dumps(stamp_json(result)) + "\n")
-        print(f"wrote {args.out}")
-    return 0
+    settings = timing.TtftSettings(repeats=args.repeats, warmup=args.warmup, max_tokens=args.max_tokens,
+                                   model=args.model, fallback_arm=fallback, timing=args.timing,
+                                   arm_field=args.arm_field)
+    return measure_and_write(args, timing, settings, text, args.lengths,
+                             {"file": str(path), "sha256": hashlib.sha256(text.encode()).hexdigest()})

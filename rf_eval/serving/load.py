@@ -27,7 +27,6 @@ server's clock. Offered load u = lambda / mu of arm A (the paper's target).
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -295,6 +294,3 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append("* cut at --max-seconds: statistics over the completed requests only (a lower bound)")
     return "\n".join(lines)
 
-
-def dumps(result: dict[str, Any]) -> str:
-    return json.dumps(result, indent=2)

@@ -17,7 +17,6 @@ speedup, ceiling, share).
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -184,6 +183,3 @@ def format_table(result: dict[str, Any]) -> str:
             f"{ms(r['b']['median_server_seconds']):>9} {times(r['speedup_server']):>8} {times(r['ceiling']):>8}")
     return "\n".join(lines)
 
-
-def dumps(result: dict[str, Any]) -> str:
-    return json.dumps(result, indent=2)
