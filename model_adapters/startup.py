@@ -87,22 +87,17 @@ def _add_tasks_folder(module) -> None:
     manager.__init__ = __init__
 
 
-def _cache_task_index(module) -> None:
-    from rf_eval.harness.task_index_cache import wrap_build
+class _Lazy:
+    """The hook that calls "module:function" (imported only then) with the lm-eval module just loaded."""
 
-    wrap_build(module)
+    def __init__(self, target: str) -> None:
+        self.target = target
 
+    def __call__(self, module) -> None:
+        from importlib import import_module
 
-def _check_data_first(module) -> None:
-    from rf_eval.tasks.data_needs import check_before_model
-
-    check_before_model(module)
-
-
-def _seal_samples(module) -> None:
-    from rf_eval.integrity.seal import wrap_tracker
-
-    wrap_tracker(module)
+        module_name, function = self.target.split(":")
+        getattr(import_module(module_name), function)(module)
 
 
 def _one_line_errors(module) -> None:
@@ -116,10 +111,10 @@ def _one_line_errors(module) -> None:
 _HOOKS = {
     "lm_eval.models": _register_models,
     "lm_eval.tasks.manager": _add_tasks_folder,
-    "lm_eval.tasks._index": _cache_task_index,  # only when RF_EVAL_TASK_INDEX_CACHE names a folder
-    "lm_eval.evaluator": _check_data_first,
+    "lm_eval.tasks._index": _Lazy("rf_eval.harness.task_index_cache:wrap_build"),  # with RF_EVAL_TASK_INDEX_CACHE set
+    "lm_eval.evaluator": _Lazy("rf_eval.tasks.data_needs:check_before_model"),
     "lm_eval._cli.harness": _one_line_errors,
-    "lm_eval.loggers.evaluation_tracker": _seal_samples,
+    "lm_eval.loggers.evaluation_tracker": _Lazy("rf_eval.integrity.seal:wrap_tracker"),
 }
 
 
