@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -22,17 +23,32 @@ def replace_block(text: str, begin: str, end: str, body: str, what: str) -> str:
     return f"{head}{begin}\n{body}{end}{tail}"
 
 
-def add_readme_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--readme", default=None, help="rewrite the table between this file's markers")
+@dataclass(frozen=True)
+class ReadmeTable:
+    """A command's generated table: printed, or (`--readme FILE`) rewritten between its markers in FILE."""
 
+    begin: str
+    end: str
+    header: tuple[str, ...]
+    rows: Callable[[], list[tuple[str, ...]]]
+    what: str  # the table, in the messages: "fills table"
+    unit: str  # what a row is, in the messages: "fills"
 
-def print_or_rewrite(args: argparse.Namespace, table: Callable[[], str], with_table: Callable[[str], str],
-                     what: str) -> int:
-    """Print the table, or (`--readme FILE`) rewrite it in place in FILE."""
-    if args.readme is None:
-        print(table(), end="")
+    def table(self) -> str:
+        return markdown_table(self.header, self.rows())
+
+    def with_table(self, text: str) -> str:
+        """`text` (a README) with the block between the markers replaced by the current table."""
+        return replace_block(text, self.begin, self.end, self.table(), self.what)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--readme", default=None, help="rewrite the table between this file's markers")
+
+    def run(self, args: argparse.Namespace) -> int:
+        if args.readme is None:
+            print(self.table(), end="")
+            return 0
+        path = Path(args.readme)
+        path.write_text(self.with_table(path.read_text()))
+        print(f"wrote the {self.what} ({len(self.rows())} {self.unit}) to {path}")
         return 0
-    path = Path(args.readme)
-    path.write_text(with_table(path.read_text()))
-    print(f"wrote the {what} to {path}")
-    return 0
