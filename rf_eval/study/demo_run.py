@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from rf_eval.demo.study import (
     settings,
 )
 from rf_eval.demo.table import readme_block, replace_block, write_table
-from rf_eval.study.launch import InProcessLauncher
+from rf_eval.study.launch import InProcessLauncher, environ_set
 from rf_eval.study.runner import run_study, write_report
 from rf_eval.study.study_file import load_study
 
@@ -61,17 +60,8 @@ def run_demo(out: Path, quick: bool = False, readme: Path | None = None) -> Path
     study = dataclasses.replace(study, arms_folder="runs")
     print(f"[3/4] arms {', '.join(study.arms)} through lm_eval on {', '.join(study.tasks)} (study {study.path})",
           flush=True)
-    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    saved = {k: os.environ.get(k) for k in offline}
-    os.environ.update(offline)
-    try:
+    with environ_set({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}):
         run_study(study, out, InProcessLauncher(), report=False)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     print("[4/4] report", flush=True)
     html = out / "report.html"
     if write_report(study, out, out / "ledger.jsonl") != 0:

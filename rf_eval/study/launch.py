@@ -15,7 +15,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,21 @@ CACHE_VARIABLES = (task_index_cache.ENV, ruler_cache.ENV)
 def with_study_caches(env: dict[str, str]) -> dict[str, str]:
     """`env` with the lm-eval task index and RULER samples caches on (`rf_eval.files.cache_folder.CacheFolder`)."""
     return ruler_cache.child_env(task_index_cache.child_env(env))
+
+
+@contextmanager
+def environ_set(values: Mapping[str, str]) -> Iterator[None]:
+    """`os.environ` with `values` while the block runs; each of those variables as it was (or unset) after."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def arm_env() -> dict[str, str]:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from rf_eval.devices import check_model_source
 from rf_eval.errors import UserError
 from rf_eval.methods import method_for_arm
-from rf_eval.study.launch import CACHE_VARIABLES, with_study_caches
+from rf_eval.study.launch import CACHE_VARIABLES, environ_set, with_study_caches
 from rf_eval.study.plan import maps_split
 from rf_eval.study.runner import model_args, task_metadata
 from rf_eval.study.spec import ADAPTERS, Study, StudyError
@@ -25,20 +24,11 @@ from rf_eval.tasks.data import TaskDataMissing
 from rf_eval.tasks.data_needs import preflight
 
 
-@contextmanager
-def _study_caches() -> Iterator[None]:
+def _study_caches() -> AbstractContextManager[None]:
     """lm-eval's task index and RULER samples read from (and written to) rf-eval's disk caches, as the
     study's own lm_eval processes do."""
-    before = {name: os.environ.get(name) for name in CACHE_VARIABLES}
-    os.environ.update(with_study_caches(dict(os.environ)))
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    env = with_study_caches(dict(os.environ))
+    return environ_set({name: env[name] for name in CACHE_VARIABLES})
 
 
 def unknown_tasks(study: Study) -> list[str]:
