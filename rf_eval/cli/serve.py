@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{what}{err}") from None
     app = create_app(backend, RequestLog(args.request_log, None if args.request_log else sys.stdout))
     print(f"rf-eval serve: {backend.served_name} on http://{args.host}:{args.port}/v1 "
-          f"(arm {backend.default_arm.info}, max batch {backend.max_batch})", file=sys.stderr, flush=True)
+          f"(arm {backend.default_arm.info}, max batch {backend.scheduler.max_batch})", file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False))
     server.run(sockets=[sock])
     return 0

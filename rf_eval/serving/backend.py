@@ -96,10 +96,6 @@ class Backend:
         return cls(PrefillLM(model_name="ridgefill", **model_args), served_name, max_batch)
 
     @property
-    def max_batch(self) -> int:
-        return self.scheduler.max_batch
-
-    @property
     def arm_fields(self) -> tuple[str, ...]:
         """The fields a request's arm may set (the adapter's arm spec's)."""
         return self.lm.arm_fields()
@@ -126,11 +122,6 @@ class Backend:
                 self._asked.clear()
             self._asked[asked] = arm
             return arm
-
-    def ceilings(self, arm: ServedArm, n: int) -> dict[str, float]:
-        """Speedup ceilings of `arm` on an n-token prompt (the method's own: RidgeFill's 1/r and MAC model,
-        RaReCache's eq. 11)."""
-        return arm.method.speedup_ceilings(n)
 
     # ---- text
 
