@@ -54,14 +54,8 @@ def _paired(pairs: pd.DataFrame, *, confidence: float, n_resamples: int, seed: i
     return arm, ref, strata, boot, row
 
 
-def points_contrast(
-    pairs: pd.DataFrame,
-    *,
-    margin: float,
-    confidence: float,
-    n_resamples: int,
-    seed: int,
-) -> dict[str, Any]:
+def points_contrast(pairs: pd.DataFrame, *, margin: float, confidence: float, n_resamples: int,
+                    seed: int) -> dict[str, Any]:
     """Paired contrast of scores in points (columns `arm`, `ref` of `pairs`), within its strata."""
     arm, ref, _, boot, row = _paired(pairs, confidence=confidence, n_resamples=n_resamples, seed=seed)
     ni = decide_noninferiority(boot.difference, boot.lower, boot.n, margin=margin, alpha=1 - confidence)
@@ -77,15 +71,8 @@ def points_contrast(
     }
 
 
-def loss_contrast(
-    pairs: pd.DataFrame,
-    *,
-    metric: str,
-    higher_is_better: bool,
-    confidence: float,
-    n_resamples: int,
-    seed: int,
-) -> dict[str, Any]:
+def loss_contrast(pairs: pd.DataFrame, *, metric: str, higher_is_better: bool, confidence: float,
+                  n_resamples: int, seed: int) -> dict[str, Any]:
     """Paired contrast of a raw measure: mean and median difference, interval, perplexity gap."""
     arm, ref, strata, _, row = _paired(pairs, confidence=confidence, n_resamples=n_resamples, seed=seed)
     domains = pairs["domain"].astype(str).to_numpy() if pairs["domain"].notna().all() else None
@@ -100,13 +87,7 @@ def loss_contrast(
     return out
 
 
-def own_measure(
-    items: pd.DataFrame,
-    *,
-    confidence: float,
-    n_resamples: int,
-    seed: int,
-) -> dict[str, Any]:
+def own_measure(items: pd.DataFrame, *, confidence: float, n_resamples: int, seed: int) -> dict[str, Any]:
     """An arm's own per-item values (column `score`; e.g. KL(exact||arm)): mean, interval, median.
 
     Not a difference: the run measured the value against its own exact pass
