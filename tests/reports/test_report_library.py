@@ -56,7 +56,7 @@ def test_the_study_prints_the_command_line_of_the_arguments_it_passes(tmp_path):
 def test_the_command_line_carries_every_option_given(tmp_path):
     options = ReportOptions(
         ["a", tmp_path], reference="exact", html="r.html", margin=0.5, ledger="l.jsonl", latex="r.tex",
-        latex_standalone=True, markdown="r.md", json_path="r.json", overwrite=True, allow_empty=True,
+        latex_standalone=True, markdown="r.md", json_path="r.json", overwrite=True, allow_empty=True, allow_unsealed=True,
         cross_model=True, controls={"ridge": ["nofill", "exact"]}, metrics={"keytoken_nll": ["nll_key", "kl"]},
         strata=["copyable"], copyable_bins=(0.2, 0.75), ttft=["t1.json", "t2.json"], resamples=300,
         confidence=0.9, seed=7)
