@@ -155,6 +155,9 @@ def check_hf_args(hf: dict[str, Any]) -> dict[str, Any]:
             raise ModelArgsError(f"batch_size={batch!r}: give an integer >= 1, 'auto' or 'auto:N'")
     if hf.get("max_length") is not None and int(hf["max_length"]) < 2:
         raise ModelArgsError(f"max_length must be >= 2, got {hf['max_length']}")
+    gen = hf.get("max_gen_toks")
+    if gen is not None and (not str(gen).isdigit() or int(gen) < 1):  # transformers fails on 0, after the load
+        raise ModelArgsError(f"max_gen_toks={gen!r}: give an integer >= 1 (the generated tokens per request)")
     out = dict(hf)
     if out.get("device") is None and not out.get("parallelize"):
         # `hf` defaults to cuda; on a machine without one, the CPU (where `hf` would stop at the first request)

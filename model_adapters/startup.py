@@ -17,8 +17,8 @@ puts a small finder on `sys.meta_path`. When lm-eval itself later imports
   and lm-eval finds the same names through the entry points;
 - `lm_eval.tasks.manager`: every `TaskManager` also indexes the installed
   `rf_eval.tasks` folder (after lm-eval's own tasks and before --include_path);
-- `lm_eval.tasks._index`: with `RF_EVAL_TASK_INDEX_CACHE` set, the task index
-  is read from a disk cache while no YAML file changed (`rf_eval.harness.task_index_cache`);
+- `lm_eval.tasks._index`: the task index is read from a disk cache while no YAML
+  file changed (unless `RF_EVAL_TASK_INDEX_CACHE=off`) (`rf_eval.harness.task_index_cache`);
 - `lm_eval.evaluator`: `simple_evaluate` first checks that rf-eval's tasks can
   get their data, before it loads the model (`rf_eval.tasks.data_needs.preflight`);
 - `lm_eval._cli.harness`: under the `lm_eval` command an rf-eval `UserError`
@@ -111,7 +111,7 @@ def _one_line_errors(module) -> None:
 _HOOKS = {
     "lm_eval.models": _register_models,
     "lm_eval.tasks.manager": _add_tasks_folder,
-    "lm_eval.tasks._index": _Lazy("rf_eval.harness.task_index_cache:wrap_build"),  # with RF_EVAL_TASK_INDEX_CACHE set
+    "lm_eval.tasks._index": _Lazy("rf_eval.harness.task_index_cache:wrap_build"),  # unless RF_EVAL_TASK_INDEX_CACHE=off
     "lm_eval.evaluator": _Lazy("rf_eval.tasks.data_needs:check_before_model"),
     "lm_eval._cli.harness": _one_line_errors,
     "lm_eval.loggers.evaluation_tracker": _Lazy("rf_eval.integrity.seal:wrap_tracker"),

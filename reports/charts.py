@@ -34,6 +34,19 @@ def _nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     return [round(first + i * step, 10) for i in range(int((hi - first) / step + 1e-9) + 1)]
 
 
+def _dodge(points: list[dict[str, Any]], x: str, y: str, *, near: float = 6.0, step: float = 7.0) -> None:
+    """Shift points drawn on top of one another (centres within `near` px) apart along x by `step` px each,
+    in order, so that every arm's mark shows; each shifted point's title says so."""
+    placed: list[dict[str, Any]] = []
+    for p in points:
+        k = sum(1 for q in placed if abs(q[x] - p[x]) < near and abs(q[y] - p[y]) < near)
+        placed.append(dict(p))
+        if k:
+            p[x] += step * k
+            if "title" in p:
+                p["title"] += f" (drawn {step * k:g} px right of its place: another arm's point lies there)"
+
+
 def _scale(lo: float, hi: float, x0: float, width: float):
     span = hi - lo or 1.0
     return lambda v: x0 + (v - lo) / span * width
@@ -79,9 +92,15 @@ def forest_plot(
         "axis_y": height - _BOTTOM + 8,
         "top": _TOP,
         "zero_x": x(0.0),
+        "label_x": _LABEL_W + _PLOT_W / 2,
         "margin_x": x(-margin),
         "margin": margin,
     }
+
+
+def _legend_width(arms: Sequence[str] | Mapping[str, Any]) -> int:
+    """Room for the legend's longest arm name (about 6.5 px a character at the charts' 11 px font)."""
+    return 40 + int(6.5 * max((len(str(a)) for a in arms), default=0))
 
 
 def accuracy_by_length(
@@ -92,9 +111,11 @@ def accuracy_by_length(
     step = width / max(1, len(lengths) - 1)
     xs = {length: left + (i * step if len(lengths) > 1 else width / 2) for i, length in enumerate(lengths)}
     y = lambda v: top + (100.0 - v) / 100.0 * height  # noqa: E731
+    every = {arm: [{"x": xs[k], "y": y(v), "title": f"{arm} at {k}: {v:.1f}"} for k, v in points.items() if k in xs]
+             for arm, points in series.items()}
+    _dodge([p for pts in every.values() for p in pts], "x", "y")  # an arm's line on another's: drawn beside
     lines = []
-    for i, (arm, points) in enumerate(series.items()):
-        pts = [{"x": xs[k], "y": y(v), "title": f"{arm} at {k}: {v:.1f}"} for k, v in points.items() if k in xs]
+    for i, (arm, pts) in enumerate(every.items()):
         if pts:
             lines.append(
                 {
@@ -105,9 +126,10 @@ def accuracy_by_length(
                 }
             )
     return {
-        "width": left + width + 160,
-        "height": top + height + 40,
+        "width": left + width + 40 + _legend_width(series),
+        "height": max(top + height + 56, top + 14 * len(lines) + 20),  # the whole legend inside
         "plot": {"left": left, "top": top, "right": left + width, "bottom": top + height},
+        "x_label": "prompt length (tokens)", "y_label": "accuracy (points, 0-100)",
         "x_ticks": [{"x": xs[k], "label": str(k)} for k in lengths],
         "y_ticks": [{"y": y(v), "label": str(v)} for v in (0, 25, 50, 75, 100)],
         "lines": lines,
@@ -137,8 +159,11 @@ def speed_chart(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     bottom = top + len(rows) * (bar + gap)
     return {
         "width": left + width + 40,
-        "height": bottom + 30,
+        "height": bottom + 70,
         "bars": bars,
+        "x_label": "speedup over exact prefill (times)",
+        "legend": [{"kind": "bar", "label": "measured speedup (wall clock)", "colour": "#0072B2"},
+                   {"kind": "ceiling", "label": "MAC-model ceiling", "colour": "#D55E00"}],
         "one_x": x(1.0),
         "bottom": bottom,
         "ticks": [{"x": x(t), "label": f"{t:g}x"} for t in _nice_ticks(0.0, top_value)],
@@ -176,11 +201,13 @@ def frontier_chart(measure: Mapping[str, Any], arms: Sequence[Mapping[str, Any]]
         })  # fmt: skip
         if p.get("pareto"):
             fronts.setdefault(entry["length"], []).append((entry["mac_speedup"], p["difference"]))
+    _dodge(shapes, "cx", "cy")
     lines = [{"length": length, "path": " ".join(f"{x(a):.1f},{y(b):.1f}" for a, b in sorted(pts))}
              for length, pts in fronts.items() if len(pts) > 1]
     return {
         "label": label, "higher_is_better": bool(measure["higher_is_better"]), "unit": measure.get("unit"),
-        "width": left + width + 180, "height": top + height + 48,
+        "width": left + width + _legend_width(order), "height": max(top + height + 48, top + 14 * len(order) + 20),
+        "y_label": f"difference from the reference ({measure.get('unit') or 'its unit'})",
         "plot": {"left": left, "top": top, "right": left + width, "bottom": top + height},
         "x_ticks": [{"x": x(t), "label": f"{t:g}x"} for t in _nice_ticks(min(xs) - xpad, max(xs) + xpad)],
         "y_ticks": [{"y": y(t), "label": f"{t:g}"} for t in _nice_ticks(y_lo, y_hi)],

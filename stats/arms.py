@@ -42,6 +42,19 @@ def _short(value: str) -> str:
     return tail or value
 
 
+#: the resolved arm's fields (recorded by rf-eval's adapter in the results' `config.rf_eval`) a name may use
+NAMING_FIELDS = ("fill",)
+
+
+def naming_args(model_args: Mapping[str, Any], config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The model_args an arm is named from: as given, with the fill its run resolved where the
+    given ones leave it out (an arm run on the defaults is "ridge", not "fill=unset")."""
+    arm = (config or {}).get("rf_eval") or {}
+    if any(k in model_args for k in (*NAMING_FIELDS, "preset", "method")):  # the arm named by what was given
+        return dict(model_args)
+    return {**{k: str(arm[k]) for k in NAMING_FIELDS if arm.get(k) is not None}, **model_args}
+
+
 def name_arms(models: Sequence[str], model_args: Sequence[Mapping[str, str]]) -> list[str]:
     """One unique, short name per arm (same order as the inputs).
 

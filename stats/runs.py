@@ -32,8 +32,7 @@ ratio, the measured `prefill_seconds`, the budget and its knob's value, the
 cache entries, ...), become columns of the same rows; an arm run without them
 (another lm-eval model, or an older rf-eval) has them empty.
 Every samples file is checked against the seal its run wrote (`rf_eval.integrity.seal`): one edited, truncated or
-removed since is refused; so is a run of rf-eval's own models whose seal is missing or another run's (unless
-`allow_unsealed`); a run of another model, which carries no seal, gets a note that it is unsealed.
+removed since is refused, and so is an rf-eval run without its own seal unless `allow_unsealed` (`unsealed_note`).
 An arm run with `reference=exact` records its engine floor in the results'
 config (`rf_eval.engine_floor`, paper sections 4.3 and 9): `ArmRun.engine_floor`.
 """
@@ -51,8 +50,8 @@ import pandas as pd
 
 from rf_eval.cost.prefill_cost import COST_FIELDS
 from rf_eval.integrity.seal import check as check_seal
-from rf_eval.integrity.seal import rf_eval_models
-from rf_eval.stats.arms import name_arms, parse_model_args
+from rf_eval.integrity.seal import unsealed_note
+from rf_eval.stats.arms import name_arms, naming_args, parse_model_args
 from rf_eval.stats.metric_choice import RULER_SCORE, doc_length, number, task_metrics
 from rf_eval.stats.provenance import (
     EmptyMetricError,
@@ -301,24 +300,6 @@ def _arm_run(name: str, key: tuple[str, str], used: list[tuple[str, _ResultsFile
     )
 
 
-def _unsealed(name: str, model: str, files: list[str], allowed: bool) -> str:
-    """The note on an arm whose samples carry no seal of their run. A run of one of rf-eval's own lm-eval
-    models always seals (`rf_eval.integrity.seal`), so there a missing or foreign seal means it was removed,
-    replaced or left behind in a copy: refused (RunFormatError) unless `--allow-unsealed`, which the note
-    records. Runs of other models (`hf`, API models) cannot carry one and get the plain note."""
-    listed = ", ".join(files)
-    if model not in rf_eval_models():
-        return (f"{name}: unsealed: {listed} carry no rf-eval seal (a run of another lm-eval model), so a change "
-                "made after the run cannot be detected")
-    if not allowed:
-        raise RunFormatError(
-            f"{name}: {listed} carry no seal of their run, though every run of --model {model} seals its "
-            "per-item results: the seal file was removed or replaced by another run's, or the folder was copied "
-            "without it. Rerun the arm, or pass --allow-unsealed to report these files anyway (the report says so)")
-    return (f"{name}: unsealed, reported with --allow-unsealed: {listed} lost the seal their --model {model} run "
-            "wrote, so a change made after the run cannot be detected")
-
-
 def load_runs(
     paths: Sequence[str | Path], *, metrics: Mapping[str, Sequence[str]] | None = None, allow_empty: bool = False,
     allow_unsealed: bool = False,
@@ -345,7 +326,8 @@ def load_runs(
     if absent:
         raise RunFormatError(f"--metric names task(s) {', '.join(map(repr, absent))} that no run has; the runs' "
                              f"tasks: {', '.join(ran)}")
-    names = name_arms([k[0] for k in arm_keys], [json.loads(k[1]) for k in arm_keys])
+    config = {key: rf.data.get("config") for key, rf in zip(keys, results)}  # the resolved arm, for its name
+    names = name_arms([k[0] for k in arm_keys], [naming_args(json.loads(k[1]), config[k]) for k in arm_keys])
     rows: list[dict[str, Any]] = []
     arms: list[ArmRun] = []
     for key, name in zip(arm_keys, names):
@@ -355,7 +337,7 @@ def load_runs(
             notes.append(f"{name}: no per-item results found; the arm is left out")
             continue
         if unsealed:
-            notes.append(_unsealed(name, key[0], unsealed, allow_unsealed))
+            notes.append(unsealed_note(name, key[0], unsealed, allow_unsealed))
         rows += arm_rows
         arms.append(_arm_run(name, key, used, samples_files))
     if not rows:

@@ -57,12 +57,12 @@ def _check_request(runs: Runs, reference: str, options: SummaryOptions) -> None:
     every stratum is one a report adds."""
     names = [a.name for a in runs.arms]
     controls = options.controls or {}
+    if len(names) < 2:  # said first: with one arm, the reference is most likely the arm not given
+        raise ValueError(f"a report compares arms, and the runs given hold one arm ({', '.join(names)}); "
+                         "give the lm-eval output folders of at least two arms")
     for name, where in [(reference, "")] + [(n, " (in --control)") for s, c in controls.items() for n in (s, *c)]:
         if name not in names:
             raise ValueError(f"no arm named {name!r}{where}; the arms are: {', '.join(names)}")
-    if len(names) < 2:
-        raise ValueError(f"a report compares arms, and the runs given hold one arm ({', '.join(names)}); "
-                         "give the lm-eval output folders of at least two arms")
     unknown = [s for s in options.strata if s not in STRATA]
     if unknown:
         raise ValueError(f"--strata {', '.join(unknown)}: unknown; the strata a report adds: {', '.join(STRATA)}")

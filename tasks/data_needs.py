@@ -14,7 +14,17 @@ from rf_eval.harness import run_context
 from rf_eval.integrity.seal import rf_eval_models
 from rf_eval.tasks import task_dir
 from rf_eval.tasks.common import filled_tail
-from rf_eval.tasks.data import SOURCES, TaskDataMissing, available, local_copy, missing_message, why_missing
+from rf_eval.tasks.data import (
+    DATA_ENV,
+    DATA_OPTION,
+    SOURCES,
+    TaskDataMissing,
+    available,
+    data_dir,
+    local_copy,
+    missing_message,
+    why_missing,
+)
 from rf_eval.tasks.positions import as_lengths, check_lengths_fit, refuse_unfilled
 from rf_eval.tasks.second_question import BASE_TASK
 
@@ -82,6 +92,10 @@ def preflight(tasks: Iterable[str], metadata: dict[str, Any] | None) -> None:
     problems, hosts = [], {}
     configs = task_configs()  # every rf-eval task YAML, read once
     ours = [t for t in tasks if t in configs]
+    folder = data_dir(metadata)
+    if ours and folder is not None and not folder.is_dir():
+        named = f"data_dir={folder}" if (metadata or {}).get(DATA_OPTION) else f"{DATA_ENV}={folder}"
+        problems.append(f"{named}: no such folder (write one with `rf-eval fetch-data --tasks ... --out DIR`)")
     for task, names in ((t, sources_of(configs[t])) for t in ours):
         for name in names:
             given = local_copy(name, metadata)

@@ -118,7 +118,8 @@ def essay_haystack(path: str | Path) -> list[str]:
 
 def check_punkt(task: str = "the essay-haystack RULER tasks") -> None:
     """The essay haystack is split into sentences by nltk's `punkt_tab` model. When it is
-    missing, lm-eval's own downloader fetches it (skipped when HF_HUB_OFFLINE is set)."""
+    missing, nltk's downloader fetches it, quietly (skipped when HF_HUB_OFFLINE is set); a failure is
+    this function's one message."""
     import nltk
 
     try:
@@ -128,7 +129,7 @@ def check_punkt(task: str = "the essay-haystack RULER tasks") -> None:
         pass
     if not offline():
         try:
-            ruler_module("prepare_niah").download_nltk_resources()
+            nltk.download("punkt_tab", quiet=True, raise_on_error=False)
         except Exception:  # any network failure: the message below says what to do
             pass
     try:

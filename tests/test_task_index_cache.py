@@ -47,7 +47,7 @@ def test_a_cached_index_equals_lm_evals_own_build_on_its_real_task_folders(tmp_p
 
 
 @pytest.mark.parametrize("change", ["edit an included file", "add a task file", "remove a task file",
-                                    "touch a task file"])
+                                    "same size, other content"])
 def test_any_change_to_a_file_it_read_or_to_the_listing_rebuilds(tmp_path, change):
     root = _tree(tmp_path / "tasks")
     calls: list = []
@@ -59,13 +59,24 @@ def test_any_change_to_a_file_it_read_or_to_the_listing_rebuilds(tmp_path, chang
         (root / "sub" / "c.yaml").write_text("include: ../base.yaml\ntask: task_c\n")
     elif change == "remove a task file":
         (root / "sub" / "b.yaml").unlink()
-    else:
-        st = os.stat(root / "sub" / "a.yaml")
-        os.utime(root / "sub" / "a.yaml", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    else:  # one letter changed, size and mtime kept: the content is what the cache checks
+        path = root / "sub" / "a.yaml"
+        st, text = os.stat(path), path.read_text()
+        path.write_text(text.replace("task_a", "task_z"))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     after = cached_build(_counting(calls), tmp_path / "cache", [root])
     assert len(calls) == 2 and after == ORIGINAL([root])
     again = cached_build(_counting(calls), tmp_path / "cache", [root])
     assert len(calls) == 2 and again == after  # and the rebuilt index is cached in turn
+
+
+def test_a_touched_file_with_its_content_unchanged_is_read_from_the_cache(tmp_path):
+    root = _tree(tmp_path / "tasks")
+    calls: list = []
+    before = cached_build(_counting(calls), tmp_path / "cache", [root])
+    st = os.stat(root / "sub" / "a.yaml")
+    os.utime(root / "sub" / "a.yaml", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert cached_build(_counting(calls), tmp_path / "cache", [root]) == before and len(calls) == 1
 
 
 def test_roots_merge_as_lm_eval_merges_them_a_later_root_replacing_an_earlier_task(tmp_path):
@@ -92,6 +103,8 @@ def test_a_corrupt_cache_file_is_rebuilt_not_trusted(tmp_path):
 def test_the_switch(monkeypatch, value, expected):
     monkeypatch.setenv(ENV, value)
     assert folder_from_env() == expected
+    monkeypatch.delenv(ENV)
+    assert folder_from_env() == task_index_cache.default_folder()  # on by default (issue #54, item 3)
     assert child_env({ENV: "off"})[ENV] == "off"  # the user's choice wins
     assert child_env({})[ENV] == str(task_index_cache.default_folder())
 

@@ -34,6 +34,11 @@ def run(args: argparse.Namespace) -> int:
     out = args.out.expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)  # before any download: a folder that cannot be written, said so
+    except OSError as err:
+        raise UserError(f"--out {out}: cannot create this folder here ({err.strerror or err}); give a folder "
+                        "you can write") from None
     fetch(tasks, out, force=args.force)
     print(f"done: run with --metadata '{{\"{DATA_OPTION}\": \"{out}\"}}' or {DATA_ENV}={out}")
     return 0

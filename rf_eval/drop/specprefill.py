@@ -154,6 +154,11 @@ class SpeculativePrefill(Dropper):
         """Per prompt row: the max over layers and heads of the pooled attention from each look-ahead query,
         averaged over the queries (N,), fp32."""
         n = ids.shape[1]
+        positions = getattr(self.speculator.config, "max_position_embeddings", None)
+        if positions and n + self.arm.lookahead - 1 > positions:  # past its positions it scores noise, silently
+            raise ArmError(f"method=specprefill: a prompt of {n:,} tokens (with {self.arm.lookahead - 1} look-ahead) "
+                           f"exceeds the speculator's {positions:,} positions; give a speculator (source=) that "
+                           "holds the task's lengths, or shorter lengths")
         queries, cache = self.queries(ids)
         per_layer = []
         for index, q in queries.items():

@@ -38,13 +38,13 @@ def patched(module: Any, name: str, value: Any) -> Iterator[None]:
 
 def ruler_module(name: str) -> ModuleType:
     """lm-eval's RULER module `name`. Importing `prepare_niah` (which `niah_utils` does) asks nltk to
-    download `punkt_tab` when it is missing; offline (HF_HUB_OFFLINE) the network refuses, nltk prints
-    its error, and lm-eval prints "Downloaded punkt_tab" though nothing was. Offline, the import runs
-    with nltk's downloader off and that line unprinted; the tasks that need the model (the essay
-    haystack) call `check_punkt`, which says what is missing and how to get it. (The import's 12-13 s
-    here are lm-eval's own word list, built at import, not the download.)"""
+    download `punkt_tab` when it is missing, for every RULER task, and lm-eval then prints "Downloaded
+    punkt_tab" whether or not anything was (offline, or without a network, after nltk's error). So the
+    import runs with nltk's downloader off and its output unprinted; only the tasks that need the model
+    (the essay haystack) call `check_punkt`, which fetches it or says what is missing and how to get it.
+    (The import's 12-13 s here are lm-eval's own word list, built at import, not the download.)"""
     module = f"lm_eval.tasks.ruler.{name}"
-    if module in sys.modules or not offline():
+    if module in sys.modules:
         return importlib.import_module(module)
     import nltk
 

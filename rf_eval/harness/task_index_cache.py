@@ -3,13 +3,14 @@
 Every `lm_eval` process starts by parsing each of lm-eval's ~14,000 task YAML
 files (`TaskIndex.build`): 10-15 s on a laptop-class CPU, paid again by every
 arm of a study. The index is a pure function of the files that build opens
-and of the folders' listings, so this module stores it with the size and
-mtime of every such file and the listing of every root, and reuses it only
-when all of them are unchanged; any difference rebuilds it (and rewrites it).
+and of the folders' listings, so this module stores it, under a key of lm-eval's
+version, Python's and the root, with the size and sha256 of the content of every
+such file and the listing of every root, and reuses it only when all of them are
+unchanged; any difference rebuilds it (and rewrites it). Checking the ~14,000
+files' content takes about 0.4 s, against 10-15 s for the build.
 
-Off unless `RF_EVAL_TASK_INDEX_CACHE` names a folder (`off` or empty: off).
-`rf-eval study` and `rf-eval demo` turn it on for their `lm_eval` processes
-(`child_env`). The startup hook (`rf_eval.model_adapters.startup`) installs `wrap_build`
+On by default, at `cache_root()/lm-eval-task-index`; `RF_EVAL_TASK_INDEX_CACHE`
+names another folder, or switches it off (`off`, `0` or empty). The startup hook (`rf_eval.model_adapters.startup`) installs `wrap_build`
 when lm-eval's index module loads; any error in the cache falls back to
 lm-eval's own build.
 """
@@ -29,19 +30,21 @@ from rf_eval.files.cache_folder import CacheFolder
 
 log = logging.getLogger(__name__)
 ENV = "RF_EVAL_TASK_INDEX_CACHE"
-FORMAT = 1
+FORMAT = 2  # 2: files recorded by their content's sha256, not their mtime
 
 
-CACHE = CacheFolder(ENV, "lm-eval-task-index")
+CACHE = CacheFolder(ENV, "lm-eval-task-index", on_by_default=True)
 default_folder, child_env, folder_from_env = CACHE.default_folder, CACHE.child_env, CACHE.folder_from_env
 
 
-def _stat(path: str) -> tuple[int, int] | None:
+def _stat(path: str) -> tuple[int, str] | None:
+    """The file's size and its content's sha256 (None: unreadable), what a cached index is valid for."""
     try:
-        st = os.stat(path)
+        with open(path, "rb") as fh:
+            data = fh.read()
     except OSError:
         return None
-    return st.st_mtime_ns, st.st_size
+    return len(data), hashlib.sha256(data).hexdigest()
 
 
 def _listing(root: Path) -> list[str]:
@@ -130,7 +133,7 @@ def cached_build(original: Callable, folder: Path, paths, resolve_includes: bool
 
 
 def wrap_build(index_module) -> None:
-    """Make `TaskIndex.build` use the cache when `RF_EVAL_TASK_INDEX_CACHE` names a folder."""
+    """Make `TaskIndex.build` use the cache unless `RF_EVAL_TASK_INDEX_CACHE` switches it off."""
     cls = index_module.TaskIndex
     original = cls.build
     if getattr(original, "_rf_eval", False):

@@ -156,3 +156,21 @@ def wrap_tracker(module: Any) -> None:
 
     save_results_samples._rf_eval = True
     cls.save_results_samples = save_results_samples
+
+
+def unsealed_note(name: str, model: str, files: list[str], allowed: bool) -> str:
+    """The report's note on arm `name`, whose samples `files` carry no seal of their run. A run of one of
+    rf-eval's own lm-eval models always seals (`wrap_tracker`), so there a missing or foreign seal means it was
+    removed, replaced or left behind in a copy: refused (SealError) unless `allowed` (`--allow-unsealed`),
+    which the note records. Runs of other models (`hf`, API models) cannot carry one and get the plain note."""
+    listed = ", ".join(files)
+    if model not in rf_eval_models():
+        return (f"{name}: unsealed: {listed} carry no rf-eval seal (a run of another lm-eval model), so a change "
+                "made after the run cannot be detected")
+    if not allowed:
+        raise SealError(
+            f"{name}: {listed} carry no seal of their run, though every run of --model {model} seals its "
+            "per-item results: the seal file was removed or replaced by another run's, or the folder was copied "
+            "without it. Rerun the arm, or pass --allow-unsealed to report these files anyway (the report says so)")
+    return (f"{name}: unsealed, reported with --allow-unsealed: {listed} lost the seal their --model {model} run "
+            "wrote, so a change made after the run cannot be detected")

@@ -37,10 +37,15 @@ def iso_time(seconds: float) -> str:
 
 
 class Progress:
-    """One line per arm as it runs: arms done, requests done, elapsed, estimate left (to `stream`)."""
+    """One line per arm as it runs: arms done, requests done, elapsed, estimate left (to `stream`).
+
+    An arm's requests are counted as lm-eval caches them; their total is known once an arm has finished (the
+    arms of a study run the same tasks on the same samples), and from then on each line shows done/total and
+    an estimate of the time left at the arm's rate so far."""
 
     def __init__(self, out: Path, total: int, done: int):
         self.out, self.total, self.done, self.times = out, total, done, []
+        self.requests: int | None = None  # one finished arm's request count
         self.lock = threading.Lock()
         self.stream = None  # None: sys.stdout
 
@@ -52,11 +57,20 @@ class Progress:
         while not stop.wait(5.0):
             count = cached_requests(self.out, job.name)
             if count != last:
-                self.say(f"      {job.name}: {count} requests done, {time.time() - start:.0f}s")
+                self.say(f"      {job.name}: {self.request_line(count, time.time() - start)}")
                 last = count
+
+    def request_line(self, count: int, elapsed: float) -> str:
+        """"120/480 requests, 60s, about 180s left" (the total once an arm has finished; else the count)."""
+        total = self.requests
+        if not total or count > total:
+            return f"{count} requests done, {elapsed:.0f}s"
+        left = f", about {elapsed * (total - count) / count:.0f}s left" if count else ""
+        return f"{count}/{total} requests, {elapsed:.0f}s{left}"
 
     def finished(self, job: ArmJob, seconds: float) -> None:
         with self.lock:
+            self.requests = self.requests or cached_requests(self.out, job.name) or None
             self.done += 1
             self.times.append(seconds)
             left = (self.total - self.done) * sum(self.times) / len(self.times)

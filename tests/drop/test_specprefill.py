@@ -139,3 +139,17 @@ def test_bad_specprefill_settings_are_refused(pair, fields, says):
     fields = {"chunk": CHUNK, "lookahead": LOOKAHEAD, **fields}
     with pytest.raises(UserError, match=says.replace("(", r"\(").replace(")", r"\)")):
         SpeculativePrefill(target, tok, source=spec, **fields)
+
+
+def test_a_prompt_beyond_the_speculators_positions_is_refused_not_scored(pair, monkeypatch):
+    """Past its positions the speculator's attention is meaningless; the prompt is refused, naming both counts
+    (issue #54, item 5)."""
+    from rf_eval.fields import ArmError
+
+    sp = method(pair, keep_share=0.5)
+    monkeypatch.setattr(sp.speculator.config, "max_position_embeddings", N + LOOKAHEAD - 2)
+    with pytest.raises(ArmError, match=rf"a prompt of {N} tokens \(with {LOOKAHEAD - 1} look-ahead\) exceeds the "
+                                       rf"speculator's {N + LOOKAHEAD - 2} positions"):
+        sp.prefill(prompt())
+    monkeypatch.setattr(sp.speculator.config, "max_position_embeddings", N + LOOKAHEAD - 1)
+    assert isinstance(sp.prefill(prompt()), DroppedResult)

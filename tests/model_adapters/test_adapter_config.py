@@ -38,6 +38,8 @@ def test_values_are_typed_and_lm_eval_flags_merge(tiny_model_dir):
         ("fill=exact,dtype=float8", "dtype='float8' is not valid"),
         ("fill=exact,reference=ridge", "reference='ridge' is not valid; valid: exact"),
         ("fill=exact,batch_size=lots", "batch_size='lots'"),
+        ("fill=exact,max_gen_toks=0", "max_gen_toks=0: give an integer >= 1"),
+        ("fill=exact,max_gen_toks=-3", "max_gen_toks=-3: give an integer >= 1"),
         ("fill=ridge,maps=/nowhere", "maps='/nowhere': map path /nowhere does not exist"),
         ("fill=identity,selector=atention", "selector='atention': unknown selector 'atention'"),
         ("fill=identity,corrections=rescale(c=4)", "corrections='rescale(c=4)': unknown correction"),

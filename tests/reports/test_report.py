@@ -20,7 +20,7 @@ CHROMIUM_FLAGS = [
 
 def _tool(name: str) -> str:
     path = shutil.which(name)
-    assert path, f"{name} is required for this test (.ci/run installs it with apt-get)"
+    assert path, f"{name} is required for this test (README command 1 installs it: .ci/system-packages)"
     return path
 
 
@@ -122,7 +122,7 @@ def test_report_user_errors(tmp_path, lmeval_format, capsys):
     lmeval_format.accuracy_run(tmp_path, "exact", {"t": [True]})
     html = str(tmp_path / "r.html")
     assert main(["report", str(tmp_path), "--reference", "nope", "--html", html]) == 2
-    assert "no arm named 'nope'; the arms are: tiny" in capsys.readouterr().err
+    assert "the runs given hold one arm (tiny)" in capsys.readouterr().err  # said before the unknown reference
     assert main(["report", str(tmp_path / "missing"), "--reference", "x", "--html", html]) == 2
     assert main(["report", str(tmp_path), "--reference", "tiny", "--html", html, "--control", "bad"]) == 2
     assert main(["report", str(tmp_path), "--reference", "tiny", "--html", html, "--ledger", str(tmp_path / "no.jsonl")]) == 2

@@ -115,7 +115,7 @@ def test_every_format_carries_the_copyable_tables(keytoken_out):
         assert f"${key[label]:+.3f}$ [" in tex
     assert tex.count(r"\caption{") == tex.count("Metric: ")
     pdflatex = shutil.which("pdflatex")
-    assert pdflatex, "pdflatex is required for this test (.ci/run installs texlive)"
+    assert pdflatex, "pdflatex is required for this test (README command 1 installs it: .ci/system-packages)"
     (keytoken_out / "paper.tex").write_text("\\documentclass{article}\n\\usepackage{booktabs}\n"
                                             "\\begin{document}\n\\input{r.tex}\n\\end{document}\n")
     run = subprocess.run([pdflatex, "-interaction=nonstopmode", "-halt-on-error", "paper.tex"], cwd=keytoken_out,

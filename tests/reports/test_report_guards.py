@@ -117,7 +117,7 @@ def test_latex_is_a_fragment_a_paper_inputs(tmp_path, lmeval_format):
     import shutil
 
     pdflatex = shutil.which("pdflatex")
-    assert pdflatex, "pdflatex is required for this test (.ci/run installs texlive)"
+    assert pdflatex, "pdflatex is required for this test (README command 1 installs it: .ci/system-packages)"
     run = subprocess.run([pdflatex, "-interaction=nonstopmode", "-halt-on-error", "paper.tex"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-3000:]
@@ -134,6 +134,7 @@ BAD_REPORT = [
     (["{tmp}/empty"], [], "no lm-eval results_*.json found", 2),
     (["{a}", "{b}"], ["--reference", "nope"], "no arm named 'nope'; the arms are: exact, ridge", 2),
     (["{a}"], ["--reference", "tiny"], "a report compares arms, and the runs given hold one arm (tiny)", 2),
+    (["{b}"], [], "a report compares arms, and the runs given hold one arm (tiny)", 2),  # not "no arm named 'exact'"
     (["{a}", "{c}"], [], "the arms ran different tasks or documents (exact: t; ridge: other)", 2),
     (["{f1}", "{f2}"], [], "the primary metric 'acc_filled' has no value on any item (no item is filled", 2),
     (["{a}", "{b}"], ["--latex-standalone"], "--latex-standalone needs --latex FILE", 2),

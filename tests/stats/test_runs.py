@@ -164,3 +164,17 @@ def test_a_measure_with_no_items_is_said_with_the_runs_settings_not_nan():
                   {"key_threshold": 2.0, "key_context": 4096})
     said = [n for n in notes if "nll_key" in n]
     assert said and "no key tokens in these documents (key_threshold=2.0 nats, key_context=4096 tokens)" in said[0]
+
+
+def test_an_arm_run_on_the_defaults_is_named_by_its_resolved_fill_not_unset():
+    """An arm given no fill (the demo's defaults) is named by the fill its run recorded (issue #54, item 2)."""
+    from rf_eval.stats.arms import name_arms, naming_args
+
+    given = [{"fill": "exact"}, {}]
+    configs = [{"rf_eval": {"method": "ridgefill", "fill": "exact"}}, {"rf_eval": {"method": "ridgefill", "fill": "ridge"}}]
+    assert name_arms(["ridgefill"] * 2, given) == ["exact", "fill=unset"]  # what the given args alone say
+    args = [naming_args(a, c) for a, c in zip(given, configs)]
+    assert name_arms(["ridgefill"] * 2, args) == ["exact", "ridge"]
+    assert naming_args({"fill": "identity"}, configs[1]) == {"fill": "identity"}  # the given fill wins
+    assert naming_args({"preset": "pop"}, configs[1]) == {"preset": "pop"}  # a preset names its arm
+    assert naming_args({}, None) == {}  # another model's run records no resolved arm

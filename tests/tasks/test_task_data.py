@@ -92,15 +92,24 @@ def test_offline_preflight_passes_with_a_data_folder(no_punkt, stand_in_sources,
     ({"essay_haystack": "/no/such/essays"}, "essay_haystack=/no/such/essays does not exist"),
     ({"data": "/no/such/longbench.json"}, "data=/no/such/longbench.json does not exist"),
     ({"docs": "/no/such/docs"}, "docs=/no/such/docs does not exist"),
+    ({"data_dir": "/no/such/data"}, "data_dir=/no/such/data: no such folder"),
 ])
 def test_preflight_refuses_local_copies_that_are_not_there(metadata, says):
     with pytest.raises(data.TaskDataMissing, match=says.replace(".", r"\.")):
         data_needs.preflight(["niah_single_2_filled", "longbench_v2_cot", "keytoken_nll"], metadata)
 
 
+def test_a_data_folder_variable_naming_no_folder_is_said_to_be_missing(monkeypatch):
+    monkeypatch.setenv("RF_EVAL_DATA", "/no/such/data")
+    with pytest.raises(data.TaskDataMissing, match="RF_EVAL_DATA=/no/such/data: no such folder"):
+        data_needs.preflight(["niah_single_1_filled"], {})
+    data_needs.preflight(["hellaswag"], {})  # no rf-eval task reads it: not this run's concern
+
+
 @pytest.mark.parametrize("argv, env, says", [
     (["--tasks", "ruler_filed", "--out", "{tmp}/d"], {}, "'ruler_filed' is not an rf-eval task; valid: "),
     (["--tasks", "ruler_filled", "--out", "{tmp}/file"], {}, "is a file; give a folder"),
+    (["--tasks", "ruler_filled", "--out", "/proc/rf-eval/d"], {}, "--out /proc/rf-eval/d: cannot create this folder"),
     (["--tasks", "ruler_filled", "--out", "{tmp}/d"], {"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"),
     (["--tasks", ",", "--out", "{tmp}/d"], {}, "--tasks ',' names no task"),
     (["--tasks", " , ,", "--out", "{tmp}/d"], {}, "names no task"),
