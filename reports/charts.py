@@ -161,7 +161,7 @@ def speed_chart(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "width": left + width + 40,
         "height": bottom + 70,
         "bars": bars,
-        "x_label": "speedup over exact prefill (times)",
+        "x_label": "speedup over exact prefill (times)", "label_x": left + width / 2,
         "legend": [{"kind": "bar", "label": "measured speedup (wall clock)", "colour": "#0072B2"},
                    {"kind": "ceiling", "label": "MAC-model ceiling", "colour": "#D55E00"}],
         "one_x": x(1.0),

@@ -52,6 +52,7 @@ from rf_eval.cost.prefill_cost import COST_FIELDS
 from rf_eval.integrity.seal import check as check_seal
 from rf_eval.integrity.seal import unsealed_note
 from rf_eval.stats.arms import name_arms, naming_args, parse_model_args
+from rf_eval.stats.contrasts import is_loss_metric
 from rf_eval.stats.metric_choice import RULER_SCORE, doc_length, number, task_metrics
 from rf_eval.stats.provenance import (
     EmptyMetricError,
@@ -66,9 +67,8 @@ from rf_eval.stats.provenance import (
 
 __all__ = ["ArmRun", "EmptyMetricError", "ITEM_COLUMNS", "ITEM_FIELDS", "RunFormatError", "Runs", "load_runs"]
 
-#: per-sample facts rf-eval's tasks record beside their metrics, read onto every item of the sample whatever
-#: metric is reported: `cap_hits` (the answer hit max_gen_toks, `rf_eval.tasks.common.cap_hit`) and
-#: `copyable_share` (keytoken_nll, the strata of `rf_eval.stats.copyable`)
+#: per-sample facts rf-eval's tasks record beside their metrics, read onto every item of the sample: `cap_hits`
+#: (the answer hit max_gen_toks, `rf_eval.tasks.common.cap_hit`), `copyable_share` (`rf_eval.stats.copyable`)
 ITEM_FIELDS = ("cap_hits", "copyable_share")
 ITEM_COLUMNS = (
     "arm", "task", "filter", "doc_id", "metric", "primary", "doc_hash", "prompt_hash", "target_hash", "higher_is_better",
@@ -247,9 +247,9 @@ def _sample_rows(
 
 
 def _to_points(items: pd.DataFrame) -> pd.DataFrame:
-    """Accuracy-like metrics (higher is better, all in [0, 1] over every arm) to points."""
+    """Accuracy-like metrics (higher is better, in [0, 1] for every arm) to points; losses in nats, others raw."""
     items = items.copy()
-    items["unit"] = "raw"
+    items["unit"] = ["nats" if is_loss_metric(*mh) else "raw" for mh in zip(items["metric"], items["higher_is_better"])]
     for _, idx in items.groupby(["task", "filter", "metric"], sort=False).groups.items():
         block = items.loc[idx]
         if block["higher_is_better"].all() and block["score"].between(0.0, 1.0).all():

@@ -79,7 +79,7 @@ def test_raw_metrics_keep_their_unit_and_missing_samples_are_noted(tmp_path, lme
                             higher_is_better={"key_nll": {"nll": False}})
     runs = load_runs([tmp_path])
     items = runs.items
-    assert set(items["unit"]) == {"raw"} and not items["higher_is_better"].any()
+    assert set(items["unit"]) == {"nats"} and not items["higher_is_better"].any()  # a per-token loss
     assert list(items["score"]) == pytest.approx([2.0, 2.1, 2.2, 2.3])
     assert set(items["domain"]) == {"code", "prose"}
     # a results file whose task has no samples file: noted, arm left out
