@@ -21,7 +21,7 @@ from rf_eval.stats.contrasts import loss_contrast, own_measure, points_contrast
 from rf_eval.stats.controls import control_margin
 from rf_eval.stats.frontier import cost_of, frontier, matched_budgets, measured_speedup
 from rf_eval.stats.ledger import LedgerEntry
-from rf_eval.stats.measures import task_label, task_measures
+from rf_eval.stats.measures import MEASURES, task_label, task_measures
 from rf_eval.stats.pairing import PAIR_KEYS, pair_arms
 from rf_eval.stats.registration import registration
 from rf_eval.stats.runs import Runs
@@ -282,7 +282,11 @@ class StudyTables:
         return rows
 
     def notes(self) -> list[str]:
-        notes = list(self.runs.notes) + list(dict.fromkeys(self.set_notes))
+        # a measure an arm takes against its own exact pass (KL) is no omission for the reference itself
+        own = {m.metric for reading in MEASURES.values() for m in (reading.measures or ()) if m.kind == "own"}
+        skip = tuple(f"no per-item values of {metric}:" for metric in own)
+        notes = [n for n in self.runs.notes if not (n.startswith(f"{self.reference}: ") and any(s in n for s in skip))]
+        notes += list(dict.fromkeys(self.set_notes))
         for arm, p in self.pairs.items():
             if p.attrs.get("unpaired"):
                 notes.append(f"{arm} vs {self.reference}: {p.attrs['unpaired']} items without a partner left out")

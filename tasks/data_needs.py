@@ -26,6 +26,7 @@ from rf_eval.tasks.data import (
     why_missing,
 )
 from rf_eval.tasks.positions import as_lengths, check_lengths_fit, refuse_unfilled
+from rf_eval.tasks.request_types import adapter_only_problems
 from rf_eval.tasks.second_question import BASE_TASK
 
 DOCS_TASKS = ("keytoken_nll", "decode_agreement")  # the tasks that read the user's own documents (`docs`)
@@ -132,10 +133,13 @@ def check_before_model(evaluator) -> None:
             metadata = _run_metadata(bound)
         except Exception:
             names, metadata = [], {}
+        other = bool(names) and isinstance(bound.get("model"), str) and bound["model"] not in rf_eval_models()
+        if other and (problems := adapter_only_problems(names, bound["model"])):
+            raise UserError(" | ".join(problems))
         if names:
             preflight(names, metadata)
             run_context.expect(names, metadata)  # an rf-eval adapter checks its arm against them before loading
-            if isinstance(bound.get("model"), str) and bound["model"] not in rf_eval_models():
+            if other:
                 check_filled_region(names, metadata, {})  # another model's run: the tasks' own defaults
         check_run_options(bound if names else {})
         return original(*args, **kwargs)

@@ -5,9 +5,10 @@ lm-eval's evaluator sends each request type to `getattr(lm, request_type)`.
 - `two_pass_generate` (LongBench v2 CoT, paper section 4.6): two dependent
   generations per item, built on the model's own `generate_until`, so any
   lm-eval model runs it (`hf`, `ridgefill`, ...). A model may define its own.
-- `token_logprobs`, `multiturn_generate`: defined by rf-eval's adapters
-  (`ridgefill`, `rarecache`); on other models they raise an error that says
-  so, instead of an AttributeError from deep inside the evaluator.
+- `token_logprobs`, `multiturn_generate`: defined by rf-eval's adapter; a run
+  of another model that needs them is refused before the model loads
+  (`adapter_only_problems`), and they raise an error that says so, instead of
+  an AttributeError from deep inside the evaluator, where a model is called directly.
 
 `install()` adds only what the base class lacks; model classes override it.
 """
@@ -16,10 +17,19 @@ from __future__ import annotations
 
 from typing import Any
 
+#: the request types only rf-eval's models serve, and the tasks that send them
 ADAPTER_TYPES = {
-    "token_logprobs": "keytoken_nll",
-    "multiturn_generate": "ruler_second_question",
+    "token_logprobs": ("keytoken_nll", "decode_agreement"),
+    "multiturn_generate": ("ruler_second_question",),
 }
+ADAPTER_MODELS = "--model ridgefill, rarecache, drop or prefill"
+
+
+def adapter_only_problems(tasks: list[str], model: str) -> list[str]:
+    """One line per task of `tasks` that lm-eval model `model` (not rf-eval's) cannot serve: refused before the
+    model loads (`rf_eval.tasks.data_needs`), not after, in the evaluator, as a traceback."""
+    return [f"{task} sends `{kind}` requests, which --model {model} does not serve: run it with {ADAPTER_MODELS}"
+            for kind, senders in ADAPTER_TYPES.items() for task in tasks if task in senders]
 
 
 def two_pass_generate(self: Any, requests: list) -> list[dict[str, Any]]:
@@ -68,11 +78,11 @@ def _is_api_model(lm: Any) -> bool:
     return isinstance(lm, TemplateAPI)
 
 
-def _adapter_only(name: str, task: str):
+def _adapter_only(name: str, tasks: tuple[str, ...]):
     def method(self: Any, requests: list) -> list:
         raise NotImplementedError(
-            f"{task} sends `{name}` requests, which lm-eval model `{type(self).__name__}` does not serve: "
-            "run it with --model ridgefill or --model rarecache"
+            f"{' and '.join(tasks)} send `{name}` requests, which lm-eval model `{type(self).__name__}` does not "
+            f"serve: run them with {ADAPTER_MODELS}"
         )
 
     method.__name__ = name

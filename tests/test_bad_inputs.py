@@ -46,6 +46,15 @@ BAD_API = [
 ]  # fmt: skip
 
 
+def test_a_maps_link_that_leads_nowhere_is_called_so(tiny_model, tmp_path):
+    """A maps path that is a link to itself is there (`ls` lists it): not "does not exist" (issue #54, item 5)."""
+    model, tok = tiny_model("llama")
+    loop = tmp_path / "maps.safetensors"
+    loop.symlink_to(loop)
+    with pytest.raises(MapError, match="is a link that leads to no file"):
+        RidgeFill(model, tok, fill="ridge", maps=str(loop), split=2)
+
+
 @pytest.mark.parametrize("kwargs, error, message", BAD_API)
 def test_api_bad_inputs(tiny_model, kwargs, error, message):
     model, tok = tiny_model("llama")

@@ -114,10 +114,12 @@ class Knob:
             return
         cheapest, at = self.cheapest()
         if cheapest > self.budget:
+            # a budget is at most 1: an arm that costs more than exact prefill at its cheapest takes none
+            fix = (f"give budget >= {_ceil3(cheapest)}" if cheapest <= 1 else
+                   "no budget can meet it (a budget is at most 1): run the arm without budget=, at its own setting")
             raise BudgetError(
                 f"budget={self.budget:g} is below the cheapest this arm reaches on this model: {cheapest:.3f} of "
-                f"exact prefill's MACs ({self.name} {self.lowest(at)}, at {at:,} tokens); give budget >= "
-                f"{_ceil3(cheapest)}")
+                f"exact prefill's MACs ({self.name} {self.lowest(at)}, at {at:,} tokens); {fix}")
 
 
 def _ceil3(x: float) -> str:

@@ -73,6 +73,16 @@ def check_nonempty(paths: Sequence[str | Path]) -> None:
         raise CalibrationError(f"calibration input is empty: no non-blank document in {', '.join(map(str, paths))}")
 
 
+def check_has_rows(paths: Sequence[str | Path], tokenizer) -> None:
+    """Fail before the model loads when no document gives a row: a document's rows start at its second token
+    (`tokenized` drops shorter ones), so inputs of one-token documents would fit nothing. Stops at the first
+    document long enough."""
+    if not any(len(tokenizer(text).input_ids) >= 2 for text in iter_documents(paths)):
+        raise CalibrationError(f"every calibration document in {', '.join(map(str, paths))} is shorter than 2 "
+                               "tokens under the model's tokenizer, and a document gives rows from its second token "
+                               "on; give longer documents")
+
+
 def tokenized(
     tokenizer, paths: Sequence[str | Path], device, max_tokens: int, desc: str, progress: bool
 ) -> Iterator[torch.Tensor]:

@@ -275,6 +275,9 @@ def resolve_map_file(path: str | Path, split: int | None) -> Path:
             have = ", ".join(f.name for f in files)
             raise MapError(f"no maps for split {split} in {p}; available: {have}")
         return wanted
+    if p.is_symlink():  # it is there (ls lists it), but leads nowhere: say so, not "does not exist"
+        raise MapError(f"map path {p} is a link that leads to no file (to itself, in a loop, or to a removed "
+                       "file); give the maps file or folder itself")
     raise MapError(f"map path {p} does not exist")
 
 

@@ -29,7 +29,7 @@ from rf_eval.files.tensor_files import read_metadata
 from rf_eval.fills import FILL_OFF, fill_named
 from rf_eval.fills.loading_report import check_loaded, recording_missing_keys
 from rf_eval.fills.ridge import Ridge
-from rf_eval.ridge.calibration import CalibrationError, check_disjoint, check_nonempty
+from rf_eval.ridge.calibration import CalibrationError, check_disjoint, check_has_rows, check_nonempty
 from rf_eval.ridge.fit_memory import parse_heldout_memory
 from rf_eval.ridge.lambdas import check_lambdas
 from rf_eval.ridge.maps import config_hash
@@ -231,6 +231,9 @@ def _fit_into(staging: Path, options: FitOptions) -> FitResult:
     if settings.heldout:
         check_nonempty(settings.heldout)
         check_disjoint(calibration, settings.heldout)
+    from transformers import AutoTokenizer
+
+    check_has_rows(calibration, AutoTokenizer.from_pretrained(model, trust_remote_code=options.trust_remote_code))
     init_distributed()
     loaded, tokenizer = load_fit_model(model, **loading)
     return fit_maps(loaded, tokenizer, splits=list(options.splits), calibration=calibration, out=staging,

@@ -112,6 +112,11 @@ def check_study(study: Study) -> None:
     arms' tasks lack their data."""
     for arm in study.arms.values():
         check_arm_args(study, arm)
+    if study.fit is not None:  # the split the `fit:` block fits maps at, against the model's layers
+        try:
+            check_split(study.pretrained, int(study.fit["split"]))
+        except (UserError, ValueError) as err:
+            raise StudyError(f"{study.path.name}: fit.split: {err}") from None
 
     unknown = unknown_tasks(study)
     if unknown:

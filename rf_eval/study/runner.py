@@ -32,7 +32,7 @@ from typing import Any
 
 from rf_eval.errors import UserError
 from rf_eval.integrity.hashing import file_sha256, named_files_sha256
-from rf_eval.methods import method_for_arm
+from rf_eval.methods import METHODS, method_for_arm
 from rf_eval.reports.build import ReportOptions, build_report
 from rf_eval.reports.build import report_argv as build_report_argv
 from rf_eval.ridgefill.fit_run import fit_map_files, fit_summary
@@ -59,12 +59,22 @@ def model_args(study: Study, arm: StudyArm, maps: str | None) -> dict[str, Any]:
     reads them: `Method.reads_study_maps`), and the arm's name in the study (`name`, which the report names
     it by: `rf_eval.stats.arms`)."""
     if arm.model in ADAPTERS:
-        args = {"pretrained": study.pretrained, **study.model_args, **arm.args}
+        args = _inherited({"pretrained": study.pretrained, **study.model_args, **arm.args}, arm)
         chosen = method_for_arm(arm.model, args)
         if chosen is not None and chosen[0].reads_study_maps(chosen[1]) and "maps" not in args and maps:
             args["maps"] = maps
         return {**args, "name": args.get("name", arm.name)}
     return dict(arm.args)  # an API model: its own arguments only
+
+
+def _inherited(args: dict[str, Any], arm: StudyArm) -> dict[str, Any]:
+    """`args` without the study-wide `model.args` that are another method's arm fields and not this arm's
+    method's: a default for the fills' tail does not reach a `preset=fastkv` arm (its preset sets the tail) nor
+    a dropper. The arm's own keys are kept as given, and checked as given."""
+    fields = {k for method in METHODS.values() for k in method.arm_fields()}
+    chosen = method_for_arm(arm.model, {k: v for k, v in args.items() if k in arm.args or k not in fields})
+    mine = set(chosen[0].arm_fields()) if chosen is not None else fields
+    return {k: v for k, v in args.items() if k in arm.args or k not in fields or k in mine}
 
 
 def shares_key_tokens(study: Study) -> bool:

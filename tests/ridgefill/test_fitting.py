@@ -196,6 +196,20 @@ def test_cli_empty_and_missing_calibration(tiny_model_dir, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_one_token_documents_are_refused_before_the_model_loads(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """Documents that give no row (one token each) are refused before the weights load (issue #54, item 5)."""
+    from rf_eval.ridgefill import fit_run
+
+    monkeypatch.setattr(fit_run, "load_fit_model", lambda *a, **k: pytest.fail("the model loaded"))
+    short = tmp_path / "short.jsonl"
+    short.write_text('{"text": "a"}\n{"text": "b"}\n')
+    out = tmp_path / "out"
+    assert main(["fit", "--model", tiny_model_dir("llama"), "--splits", "3", "--calibration", str(short),
+                 "--out", str(out)]) == 2
+    assert "is shorter than 2 tokens under the model's tokenizer" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_two_gloo_processes_give_the_one_process_maps(tiny_model_dir, corpus, tmp_path, run_in_gloo_processes):
     model_dir = tiny_model_dir("llama")
     args = ["fit", "--model", model_dir, "--splits", "3", "--calibration", corpus[0], "--lambdas", "0.01",

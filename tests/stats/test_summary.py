@@ -89,6 +89,10 @@ def test_summary_reads_keytoken_by_the_papers_measures_by_default(study):
     assert [c["secondary"] for c in table["columns"]] == [False] * 4 + [True]
     cells = table["rows"][0]["cells"]
     assert cells["all"]["difference"] == pytest.approx(0.005) and cells["kl"] is None
+    # the report's notes: the arm's missing KL is said; the reference's is no omission (no KL against itself)
+    notes = study_summary(runs, "exact", SummaryOptions(n_resamples=200))["notes"]
+    kl = [n for n in notes if "no per-item values of kl" in n]
+    assert [n.split(":")[0] for n in kl] == ["ridge"]
 
 
 def test_summary_speed_controls_and_registration(study):

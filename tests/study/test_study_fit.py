@@ -48,3 +48,20 @@ def test_an_edited_calibration_file_refits_the_maps_and_a_same_one_reuses_them(t
     assert fits == ['{"text": "first"}\n', '{"text": "second"}\n']
     (tmp_path / "held.jsonl").write_text('{"text": "other"}\n')
     assert not maps_ready(study, out)
+
+
+def test_a_fit_block_split_the_model_does_not_have_is_refused_naming_the_fit_block(tmp_path, tiny_model_dir):
+    """Before anything runs: the `fit:` block's split checked against the model's layers, the block named
+    (issue #54, item 5)."""
+    import pytest
+
+    from rf_eval.study.preflight import check_arm_args, check_study
+    from rf_eval.study.study_file import StudyError
+
+    (tmp_path / "cal.jsonl").write_text('{"text": "first"}\n')
+    text = STUDY.replace("margin: 5.0", "margin: 5.0\nfit: {{calibration: [cal.jsonl], split: 40}}")
+    study = load_study(write_study(tmp_path, tiny_model_dir("llama"), tmp_path, text))
+    for arm in study.arms.values():  # the arms alone are fine: the fit block is what is wrong
+        check_arm_args(study, arm)
+    with pytest.raises(StudyError, match=r"study\.yaml: fit\.split: split 40 is outside 1\.\.5"):
+        check_study(study)

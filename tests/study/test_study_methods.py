@@ -160,3 +160,22 @@ def test_the_study_reads_a_methods_own_rules_for_required_fields_budgets_and_map
             load_study(path)
     finally:
         unregister_method("share_study")
+
+
+def test_a_study_default_an_arms_method_does_not_take_stays_with_the_arms_that_do(tmp_path, tiny_model_dir):
+    """`model.args: {tail: 64}` is the fills' tail: the preset arm (whose preset sets the tail) and the dropper
+    (which has none) run without it and pass their checks; the fill arm keeps it; an arm's own key is never
+    dropped (issue #54, item 1)."""
+    path = tmp_path / "study.yaml"
+    path.write_text(STUDY.format(model=tiny_model_dir("llama"), adapter="drop", args="method: gemfilter, keep: 4")
+                    .replace("args: {dtype: float32, device: cpu}", "args: {dtype: float32, device: cpu, tail: 64}")
+                    .replace("reference: exact", "  fast: {args: {preset: fastkv}}\n  mine: {args: {preset: fastkv, tail: 8}}\n"
+                                                 "reference: exact"))
+    study = load_study(path)
+    args = {name: model_args(study, arm, None) for name, arm in study.arms.items()}
+    assert args["exact"]["tail"] == 64 and args["exact"]["dtype"] == "float32"
+    assert "tail" not in args["fast"] and "tail" not in args["other"] and args["other"]["dtype"] == "float32"
+    for name in ("exact", "fast", "other"):
+        assert check_arm_args(study, study.arms[name]) is None
+    with pytest.raises(StudyError, match="arms.mine: .*preset=fastkv sets fill, tail and split; leave out tail"):
+        check_arm_args(study, study.arms["mine"])

@@ -62,3 +62,26 @@ def test_lm_eval_refuses_both_in_one_line(tiny_llama, th, tmp_path):
         assert done.returncode == 2, done.stderr[-2000:]
         assert "Traceback" not in done.stderr and says in done.stderr
         assert [line for line in done.stderr.splitlines() if line.startswith("rf-eval:")] != []
+
+
+@pytest.mark.parametrize("tasks, says", [
+    (["decode_agreement"], "decode_agreement sends `token_logprobs` requests, which --model hf does not serve"),
+    (["hellaswag", "keytoken_nll"], "keytoken_nll sends `token_logprobs` requests"),
+    (["ruler_second_question"], "ruler_second_question sends `multiturn_generate` requests"),
+])
+def test_a_task_another_model_cannot_serve_is_refused_before_it_loads_naming_that_task(tasks, says):
+    """`--model hf --tasks decode_agreement` is refused in one line naming decode_agreement (not another task,
+    not a traceback from inside the evaluator) before the model is built (issue #54, item 5)."""
+    import types
+
+    from rf_eval.tasks.data_needs import check_before_model
+
+    built = []
+    evaluator = types.SimpleNamespace(simple_evaluate=lambda model=None, model_args=None, tasks=None: built.append(1))
+    check_before_model(evaluator)
+    with pytest.raises(UserError, match=says.replace("`", ".")) as err:
+        evaluator.simple_evaluate(model="hf", model_args="pretrained=x", tasks=tasks)
+    assert built == [] and "run it with --model ridgefill, rarecache, drop or prefill" in str(err.value)
+    if "ruler_second_question" not in tasks:  # (that one also needs downloaded data, which this machine lacks)
+        evaluator.simple_evaluate(model="ridgefill", tasks=tasks)  # rf-eval's models serve them
+        assert built == [1]

@@ -257,9 +257,8 @@ def test_failed_download_names_the_local_option(tiny_llama, task_data, th, monke
         th.load_task("niah_multikey_1_filled", hub_meta)
 
 
-def test_punkt_is_fetched_with_lm_evals_downloader(monkeypatch):
+def test_punkt_is_fetched_quietly_when_a_task_needs_it(monkeypatch):
     import nltk
-    from lm_eval.tasks.ruler import prepare_niah
 
     state = {"installed": False, "downloads": 0}
     real_find = nltk.data.find
@@ -269,12 +268,13 @@ def test_punkt_is_fetched_with_lm_evals_downloader(monkeypatch):
             raise LookupError(name)
         return real_find(name, *args, **kwargs)
 
-    def download():
+    def download(name, **kwargs):
+        assert name == "punkt_tab" and kwargs == {"quiet": True, "raise_on_error": False}
         state["downloads"] += 1
         state["installed"] = True
 
     monkeypatch.setattr(nltk.data, "find", find)
-    monkeypatch.setattr(prepare_niah, "download_nltk_resources", download)
+    monkeypatch.setattr(nltk, "download", download)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ruler_data.RulerDataError, match="punkt_tab"):
         ruler_data.check_punkt()  # offline: no download attempt, today's message
@@ -282,3 +282,13 @@ def test_punkt_is_fetched_with_lm_evals_downloader(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE")
     ruler_data.check_punkt()
     assert state["downloads"] == 1
+
+
+def test_a_preset_on_the_default_model_takes_a_budget(monkeypatch, tiny_model_dir):
+    """`--model ridgefill --model_args preset=fastkv,budget=...` on the default (demo) model: the demo's default
+    tail does not count as a tail the user gave beside the preset (issue #54, command 2)."""
+    from rf_eval.model_adapters.config import parse_model_args
+
+    _demo_run(monkeypatch, tiny_model_dir)
+    settings, _ = parse_model_args({"preset": "fastkv", "budget": "0.9"}, "ridgefill")
+    assert settings.demo and settings.method.name == "fastkv" and settings.arm.budget == 0.9
