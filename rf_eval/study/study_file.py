@@ -187,7 +187,10 @@ def _read_arms(name: str, given: dict[str, Any], nodes: dict[str, yaml.Node]) ->
         _check(where, entry, _key_nodes(nodes[arm_name]), _ARM, nodes[arm_name])
         model = entry.get("model", DEFAULT_MODEL)
         args = dict(entry.get("args") or {})
-        chosen = method_for_arm(model, args)
+        try:
+            chosen = method_for_arm(model, args)
+        except UserError as err:  # e.g. a preset beside a field it sets: named with the arm and its line
+            raise StudyError(f"{where}: {err} ({_line(nodes[arm_name])})") from None
         missing = chosen[0].missing_fields(chosen[1]) if chosen else {}
         if missing:
             needs = " and ".join(f"args.{key} ({values})" for key, values in missing.items())
