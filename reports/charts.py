@@ -53,13 +53,14 @@ def _scale(lo: float, hi: float, x0: float, width: float):
 
 
 def forest_plot(
-    rows: Sequence[Mapping[str, Any]], *, margin: float, colours: Mapping[str, str] | None = None
+    rows: Sequence[Mapping[str, Any]], *, margin: float | None, colours: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    """Rows need `group`, `label`, `difference`, `low`, `high`, `passed`; x is in points.
+    """Rows need `group`, `label`, `difference`, `low`, `high`, `passed`; x is in points, or in the rows' own
+    unit where `margin` is None (a loss: no non-inferiority margin drawn).
 
     `colours` maps a group (arm) to its colour, so an arm keeps one colour across charts.
     """
-    lows = [r["low"] for r in rows] + [0.0, -margin]
+    lows = [r["low"] for r in rows] + [0.0] + ([-margin] if margin is not None else [])
     highs = [r["high"] for r in rows] + [0.0]
     pad = 0.05 * ((max(highs) - min(lows)) or 1.0)
     lo, hi = min(lows) - pad, max(highs) + pad
@@ -79,7 +80,7 @@ def forest_plot(
                     "x_point": x(r["difference"]),
                     "colour": colour,
                     "passed": bool(r.get("passed")),
-                    "title": f"{group} {r['label']}: {r['difference']:+.2f} [{r['low']:+.2f}, {r['high']:+.2f}]",
+                    "title": f"{group} {r['label']}: {r['difference']:+.3g} [{r['low']:+.3g}, {r['high']:+.3g}]",
                 }
             )
     height = y + _BOTTOM
@@ -93,7 +94,7 @@ def forest_plot(
         "top": _TOP,
         "zero_x": x(0.0),
         "label_x": _LABEL_W + _PLOT_W / 2,
-        "margin_x": x(-margin),
+        "margin_x": x(-margin) if margin is not None else None,
         "margin": margin,
     }
 

@@ -209,6 +209,8 @@ def build_view(summary: dict[str, Any]) -> dict[str, Any]:
             "forest": forest_plot(summary["forest"], margin=summary["margin"], colours=colours)
             if summary["forest"]
             else None,
+            "loss_forest": forest_plot(summary["loss_forest"], margin=None, colours=colours)
+            if summary.get("loss_forest") else None,
             "length": accuracy_by_length(summary["lengths"], series, colours=colours) if summary["lengths"] else None,
             "speed": speed_chart(summary["speed"]) if summary["speed"] else None,
             "frontier": [chart for m in front["measures"]

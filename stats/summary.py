@@ -27,6 +27,7 @@ from typing import Any
 
 from rf_eval.stats.cap_hits import cap_hit_table
 from rf_eval.stats.comparable import check_comparable
+from rf_eval.stats.contrasts import is_loss_metric
 from rf_eval.stats.copyable import COLUMN as COPYABLE
 from rf_eval.stats.copyable import DEFAULT_EDGES, STRATA, check_edges, copyable_tables, with_copyable_bins
 from rf_eval.stats.ledger import LedgerEntry
@@ -77,6 +78,25 @@ def _check_paired(runs: Runs, reference: str, tables: list[dict[str, Any]]) -> N
                          f"different tasks or documents ({ran})")
 
 
+def loss_forest(losses: list[dict[str, Any]], measures: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Forest rows of each task's primary measure that is a per-token loss (nats): a measures table's first
+    column (its primary measure, e.g. keytoken_nll's key-token ΔNLL) and each primary loss table in nats."""
+    rows = []
+    for table in measures:
+        first = table["columns"][0]
+        if not is_loss_metric(first["metric"], False):
+            continue
+        for row in table["rows"]:
+            cell = row["cells"].get(first["key"])
+            if cell is not None:
+                rows.append({"group": row["arm"], "label": f"{table['task']}: {first['label']}", "passed": None,
+                             **{k: cell[k] for k in ("difference", "low", "high")}})
+    for entry in (e for e in losses if e["primary"] and e["unit"] == "nats"):
+        rows += [{"group": r["arm"], "label": entry["task"], "passed": None,
+                  **{k: r[k] for k in ("difference", "low", "high")}} for r in entry["rows"]]
+    return rows
+
+
 def study_summary(
     runs: Runs,
     reference: str,
@@ -116,6 +136,7 @@ def study_summary(
         "arms": study.arms(front), "tasks": tasks, "overall": overall, "measures": measures, "losses": losses,
         **lengths, "frontier": front, "budgets": study.budgets(),
         "forest": forest + [{"group": r["arm"], "label": "overall", **r} for r in overall],
+        "loss_forest": loss_forest(losses, measures),
         "speed": study.speed(), "controls": study.controls(o.controls or {}),
         "has_ledger": ledger is not None, "ledger_head": None, "notes": notes, "cross_model": labels, "strata_rule": RULE,
         "metrics": _metrics_used(tasks, losses), "cap_hits": cap_hit_table(study.pairs, reference),

@@ -64,7 +64,27 @@ def test_every_rendered_chart_labels_its_axes(report_html):
     assert {"forest-plot", "length-chart"} <= set(charts)
     for name, svg in re.findall(r'<svg (?:id|class)="([\w-]+)"(.*?)</svg>', report_html, re.S):
         labels = re.findall(r'class="axis-label">([^<]+)<', svg)
-        want = {"forest-plot": 1, "speed-chart": 1}.get(name, 2)  # the bars are named on their left
+        want = {"forest-plot": 1, "loss-forest-plot": 1, "speed-chart": 1}.get(name, 2)  # the bars are named on their left
         assert len(labels) >= want, (name, labels)
     forest = re.search(r'<svg id="forest-plot"(.*?)</svg>', report_html, re.S).group(1)
     assert "difference from exact (points)" in forest
+
+
+def test_a_loss_tasks_primary_measure_gets_its_own_forest_in_nats():
+    """The forest shows every task's primary measure (issue #54, item 2): keytoken_nll's key-token ΔNLL in a
+    forest of its own, in nats, with no non-inferiority margin (a loss has none here)."""
+    from rf_eval.reports.charts import forest_plot
+    from rf_eval.stats.summary import loss_forest
+
+    measures = [{"task": "keytoken_nll", "columns": [{"key": "key", "label": "key-token ΔNLL", "metric": "nll_key"}],
+                 "rows": [{"arm": "ridge", "cells": {"key": {"difference": 0.35, "low": 0.2, "high": 0.5}}},
+                          {"arm": "nofill", "cells": {"key": None}}]}]
+    losses = [{"task": "t", "primary": True, "unit": "nats", "rows": [{"arm": "ridge", "difference": 0.1, "low": 0.0,
+                                                                       "high": 0.2}]},
+              {"task": "u", "primary": True, "unit": "raw", "rows": [{"arm": "ridge", "difference": 5, "low": 4,
+                                                                      "high": 6}]}]
+    rows = loss_forest(losses, measures)
+    assert [(r["group"], r["label"]) for r in rows] == [("ridge", "keytoken_nll: key-token ΔNLL"), ("ridge", "t")]
+    chart = forest_plot(rows, margin=None)
+    assert chart["margin_x"] is None and len(chart["rows"]) == 2
+    assert chart["rows"][0]["x_low"] < chart["rows"][0]["x_point"] < chart["rows"][0]["x_high"]
