@@ -64,7 +64,9 @@ def forest_plot(
     highs = [r["high"] for r in rows] + [0.0]
     pad = 0.05 * ((max(highs) - min(lows)) or 1.0)
     lo, hi = min(lows) - pad, max(highs) + pad
-    x = _scale(lo, hi, _LABEL_W, _PLOT_W)
+    # the label column as wide as its longest "arm: task" (about 6.5 px a character), never narrower than 260
+    label_w = max(_LABEL_W, 12 + int(6.5 * max((len(f"{r['group']}: {r['label']}") for r in rows), default=0)))
+    x = _scale(lo, hi, label_w, _PLOT_W)
     shapes, y = [], _TOP
     groups = list(dict.fromkeys(r["group"] for r in rows))
     for gi, group in enumerate(groups):
@@ -86,14 +88,14 @@ def forest_plot(
     height = y + _BOTTOM
     ticks = [{"x": x(t), "label": f"{t:g}"} for t in _nice_ticks(lo, hi)]
     return {
-        "width": _LABEL_W + _PLOT_W + 20,
+        "width": label_w + _PLOT_W + 20,
         "height": height,
         "rows": shapes,
         "ticks": ticks,
         "axis_y": height - _BOTTOM + 8,
         "top": _TOP,
         "zero_x": x(0.0),
-        "label_x": _LABEL_W + _PLOT_W / 2,
+        "label_x": label_w + _PLOT_W / 2,
         "margin_x": x(-margin) if margin is not None else None,
         "margin": margin,
     }

@@ -87,4 +87,6 @@ def test_a_loss_tasks_primary_measure_gets_its_own_forest_in_nats():
     assert [(r["group"], r["label"]) for r in rows] == [("ridge", "keytoken_nll: key-token ΔNLL"), ("ridge", "t")]
     chart = forest_plot(rows, margin=None)
     assert chart["margin_x"] is None and len(chart["rows"]) == 2
+    longest = max(len(r["label"]) for r in chart["rows"])
+    assert min(r["x_low"] for r in chart["rows"]) >= 6.5 * longest  # no label runs into the plot
     assert chart["rows"][0]["x_low"] < chart["rows"][0]["x_point"] < chart["rows"][0]["x_high"]
