@@ -160,14 +160,11 @@ def frontier(items: pd.DataFrame, pairs: dict[str, pd.DataFrame], reference: str
     return {"measures": [m.as_dict() for m in measures], "arms": arms}
 
 
-#: MAC speedups within this relative distance count as one cost: arms set by one budget land within a knob
-#: step of it, and a frontier drawn through a thousandth of a speedup would rank them by that step alone
-SAME_COST = 0.005
-
-
 def _mark_pareto(arms: list[dict[str, Any]], measures: list[PrimaryMeasure]) -> None:
-    """Set `pareto` on each point: no other point of its measure and length is at least as fast (within
-    `SAME_COST`) and at least as good, and strictly better in one."""
+    """Set `pareto` on each point: no other point of its measure and length is at least as fast and at least as
+    good, and strictly better in one. No tolerance on either axis: with one (say, speedups within 0.5% counted
+    as one cost) dominance is not transitive, and a slower point could knock a faster, equally good one off
+    (issue #55, item 3); a point a knob step faster but worse stays on, as the trade it is."""
     for m in measures:
         sign = 1.0 if m.higher_is_better else -1.0
         groups: dict[Any, list[dict[str, Any]]] = {}
@@ -211,7 +208,6 @@ def matched_budgets(items: pd.DataFrame, names: list[str], reference: str, contr
 
 
 def _dominates(q: dict[str, Any], p: dict[str, Any]) -> bool:
-    """q is at least as fast as p (within `SAME_COST`) and at least as good, and better in one of the two."""
-    faster = q["x"] > p["x"] * (1 + SAME_COST)
-    as_fast = q["x"] >= p["x"] * (1 - SAME_COST)
-    return as_fast and q["y"] >= p["y"] and (faster or q["y"] > p["y"])
+    """q is at least as fast as p and at least as good, and better in one of the two (a strict partial order:
+    transitive)."""
+    return q["x"] >= p["x"] and q["y"] >= p["y"] and (q["x"] > p["x"] or q["y"] > p["y"])

@@ -60,9 +60,25 @@ def test_each_arm_and_length_has_its_cost_and_paired_difference(summary, runs):
 def test_the_frontier_holds_the_points_no_other_point_beats(summary):
     for length in LENGTHS:
         on = {arm for arm, p in points(summary, length).items() if p["measures"][MEASURE]["pareto"]}
-        # fast_bad is a knob step faster than fast, within SAME_COST: fast dominates it; slow_bad and exact are
-        # beaten by best (faster, better); best and fast trade speed for accuracy
-        assert on == {"fast@0.5", "best"}, (length, on)
+        # slow_bad and exact are beaten by best (faster, better); best, fast and fast_bad (a knob step faster
+        # than fast, and worse) trade speed for accuracy: no tolerance on the speed axis
+        assert on == {"fast@0.5", "fast_bad@0.5", "best"}, (length, on)
+
+
+def test_dominance_is_transitive_and_no_slower_point_knocks_a_faster_one_off():
+    """Issue #55 item 3: with the old 0.5% speed tolerance, d (0.25% slower than a, better) counted as "as
+    fast" and knocked the faster a off the frontier, and dominance was not transitive. Now: at least as fast
+    and as good, better in one, a strict partial order."""
+    from rf_eval.stats.frontier import _dominates
+
+    a, b, c, d = {"x": 2.0, "y": 0.0}, {"x": 1.992, "y": 0.0}, {"x": 1.5, "y": -1.0}, {"x": 1.995, "y": 1.0}
+    assert _dominates(a, b) and _dominates(a, c) and _dominates(d, b) and not _dominates(d, a)
+    points = [a, b, c, d]
+    for p in points:  # q > p and r > q imply r > p
+        for q in points:
+            for r in points:
+                if _dominates(q, p) and _dominates(r, q):
+                    assert _dominates(r, p)
 
 
 def test_arms_of_one_budget_are_compared_with_each_other(summary, runs):
@@ -85,5 +101,5 @@ def test_the_chart_draws_a_point_per_arm_and_length_and_joins_the_frontier(summa
     assert {line["length"] for line in chart["frontiers"]} == set(LENGTHS)
     for line in chart["frontiers"]:  # left to right through the frontier's points
         xs = [float(p.split(",")[0]) for p in line["path"].split()]
-        assert xs == sorted(xs) and len(xs) == 2
+        assert xs == sorted(xs) and len(xs) == 3
     assert chart["one_x"] < min(p["cx"] for p in chart["points"] if p["arm"] != "exact") and chart["label"] == MEASURE
