@@ -181,6 +181,12 @@ def _mark_pareto(arms: list[dict[str, Any]], measures: list[PrimaryMeasure]) -> 
                 del p["x"], p["y"]
 
 
+#: realised MAC fractions of one budget's arms further apart than this (2 points of exact's MACs) are flagged:
+#: a coarse knob (POP's split, Speculative Prefill's chunks) can land a whole step under the budget while the
+#: other arm sits at it, and the pair then compares two costs (issue #55, item 3)
+UNMATCHED = 0.02
+
+
 def matched_budgets(items: pd.DataFrame, names: list[str], reference: str, contrast: Contrast) -> list[dict[str, Any]]:
     """For each budget two or more arms record: each arm's realised cost and every pair's paired contrast on
     each primary measure (first arm minus second, in report order)."""
@@ -203,7 +209,10 @@ def matched_budgets(items: pd.DataFrame, names: list[str], reference: str, contr
                     rows.append({"arm": a, "versus": b, "measure": m.label, "unit": m.unit,
                                  "higher_is_better": m.higher_is_better, **contrast(mp, m)})
         costs = [{"arm": a, **cost_of(items[items["arm"] == a])} for a in arms]
-        out.append({"budget": budget, "arms": costs, "contrasts": rows})
+        spent = [c["macs_fraction"] for c in costs if c.get("macs_fraction") is not None]
+        spread = max(spent) - min(spent) if spent else 0.0
+        out.append({"budget": budget, "arms": costs, "contrasts": rows, "spread": spread,
+                    "unmatched": spread > UNMATCHED})
     return out
 
 

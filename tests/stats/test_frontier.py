@@ -84,6 +84,7 @@ def test_dominance_is_transitive_and_no_slower_point_knocks_a_faster_one_off():
 def test_arms_of_one_budget_are_compared_with_each_other(summary, runs):
     (matched,) = summary["budgets"]
     assert matched["budget"] == 0.5 and [a["arm"] for a in matched["arms"]] == ["fast@0.5", "fast_bad@0.5"]
+    assert matched["spread"] == pytest.approx(0.5 - 1 / 2.005) and not matched["unmatched"]  # a knob step apart
     (row,) = matched["contrasts"]
     pairs = pair_arms(runs.items, row["arm"], row["versus"])
     assert row["difference"] == pytest.approx((pairs["arm"] - pairs["ref"]).mean())
@@ -103,3 +104,20 @@ def test_the_chart_draws_a_point_per_arm_and_length_and_joins_the_frontier(summa
         xs = [float(p.split(",")[0]) for p in line["path"].split()]
         assert xs == sorted(xs) and len(xs) == 3
     assert chart["one_x"] < min(p["cx"] for p in chart["points"] if p["arm"] != "exact") and chart["label"] == MEASURE
+
+
+def test_a_pair_whose_realised_costs_differ_by_more_than_two_points_is_flagged_in_every_format(tmp_path,
+                                                                                               lmeval_format):
+    """Issue #55 item 3: one arm at the budget, the other a whole knob step below it (0.5 against 0.4 of
+    exact's MACs): the pair is flagged as not matched in the summary and in HTML, Markdown and LaTeX."""
+    from rf_eval.reports.render import render_html, render_latex, render_markdown
+
+    truth = list(np.random.default_rng(2).random(40) < 0.8)
+    for i, (arm, ceiling, budget) in enumerate([("exact", 1.0, None), ("at", 2.0, 0.5), ("below", 2.5, 0.5)]):
+        lmeval_format.accuracy_run(tmp_path / arm, arm, {"niah_single_1_filled": truth}, lengths=LENGTHS,
+                                   ceiling=ceiling, budget=budget, started=1.79e9 + i)
+    s = study_summary(load_runs([tmp_path]), "exact", SummaryOptions(n_resamples=200))
+    (matched,) = s["budgets"]
+    assert matched["unmatched"] and matched["spread"] == pytest.approx(0.1)
+    for text in (render_html(s), render_markdown(s), render_latex(s)):
+        assert "Not matched" in text and "10.0" in text and "points of exact" in text
