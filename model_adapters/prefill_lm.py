@@ -156,8 +156,7 @@ class PrefillLM(RequestCacheMixin, ScoringMixin, GenerationMixin, HFLM):
     def run_facts(self) -> dict[str, Any]:
         """What the tasks scoring this run read (`rf_eval.run_context`)."""
         tokenizer = self._hf_args.get("tokenizer")
-        return {**self.settings_facts(self.settings), **type(self.method).run_facts(self.method.arm),
-                "max_length": self.max_length,
+        return {**self.settings_facts(self.settings), "max_length": self.max_length,
                 "tokenizer": tokenizer if isinstance(tokenizer, str) else self.settings.pretrained}
 
     def get_model_info(self) -> dict[str, Any]:
