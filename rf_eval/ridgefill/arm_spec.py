@@ -167,7 +167,8 @@ class RidgeFillArm:
         """This (resolved) arm with `fields` applied and resolved again: a served request's arm.
 
         A `preset` among the fields replaces this arm's fill, tail and split; a
-        fill, tail or split among them leaves this arm's preset.
+        fill, tail or split among them leaves this arm's preset. `maps` (the server's) are read only by a fill
+        that reads maps: a preset's or another fill's arm runs at its own split.
         """
         merged = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
         if any(k in fields for k in PRESET_FIELDS) and not fields.get("preset"):
@@ -175,7 +176,8 @@ class RidgeFillArm:
         elif merged.get("preset") or fields.get("preset"):  # the preset (this arm's or a new one) sets them
             merged = {k: v for k, v in merged.items() if k not in PRESET_FIELDS}
         merged.update(fields)
-        return RidgeFillArm.from_fields(merged, what=what).resolve(model_config, maps)
+        arm = RidgeFillArm.from_fields(merged, what=what)
+        return arm.resolve(model_config, maps if arm.fill_obj is not None and arm.fill_obj.needs_maps else None)
 
     # -- the parsed parts ---------------------------------------------------------------
     @property
@@ -232,6 +234,17 @@ class RidgeFillArm:
             plan = dataclasses.replace(plan, tail=tail)
         return plan, None, None
 
+    def planned_rows(self, n: int) -> int | None:
+        """The prefix rows an n-token prompt runs exactly beside its tail, known before it runs: a budget's rows,
+        else the selector's where the length decides them (`Selector.planned_rows`), 0 without a selector; None
+        where they depend on the text (the run counts them). The preview's and a served answer's ceilings (the
+        preview's arm of a ridge fill is not resolved before its maps exist: its own tail, and no budget)."""
+        plan, rows, _ = self.plan_at(n) if "_plan" in self.__dict__ else (None, None, None)
+        if rows is not None or self.selector_obj is None:
+            return rows or 0
+        tail = plan.tail if plan is not None else self.tail
+        return self.selector_obj.planned_rows(n, max(n - min(tail, n), 0))
+
     def resolved_for(self, model_config: Any) -> bool:
         """Whether `resolve` bound this arm to a model of `model_config`'s shape (`config_hash`)."""
         config = self.__dict__.get("_config")
@@ -257,15 +270,16 @@ class RidgeFillArm:
         the fill's default, else L/2 (an ArmError for a split that contradicts them or lies outside
         1..L-1). `resolve` takes it; `rf-eval study plan` costs arms by it before their maps exist."""
         n_layers = int(model_config.num_hidden_layers)
-        split = self.split
+        split, given = self.split, "split=: leave it out"
         if maps_split is not None:
             if split is not None and split != maps_split:
                 raise ArmError(f"split={split} contradicts the maps, fitted for split {maps_split}")
-            split = maps_split
+            split, given = maps_split, "the split of the maps given: leave out maps="
         if self.preset is not None:
             own = preset(self.preset).split(n_layers)
             if split not in (None, own):
-                raise ArmError(f"preset={self.preset} splits this {n_layers}-layer model at {own}, not {split}")
+                raise ArmError(f"preset={self.preset} splits this {n_layers}-layer model at {own}, not {split} "
+                               f"({given})")
             split = own
         if split is None and self.fill_obj is not None:
             split = self.fill_obj.default_split(model_config)
@@ -324,10 +338,14 @@ class RidgeFillArm:
     def describe(self) -> dict[str, Any]:
         """What results record about the arm (parts by name and parameters)."""
         sel = self.selector_obj
+        knob = knob_name(self.preset, sel) if self.budget is not None else None
+        # a budget that turns the tail sets it per prompt (each sample's `knob_value`); the given tail then
+        # only bounds the filled region the tasks score (`rf_eval.tasks.common.filled_tail`), and says so
+        tail = {"tail": None, "scored_tail": self.tail} if knob == "tail" else {"tail": self.tail}
         return {
             "fill": self.fill,
             "split": self.split,
-            "tail": self.tail,
+            **tail,
             "chunk_size": self.chunk_size,
             "map_split": self.map_split,
             **({"maps_device": self.maps_device} if self.maps_device != "model" else {}),
@@ -336,6 +354,5 @@ class RidgeFillArm:
             "splice": self.splice,
             "cost_match": self.cost_match_obj.describe() if self.cost_match_obj else None,
             **({"preset": self.preset} if self.preset else {}),
-            **({"budget": self.budget, "knob": knob_name(self.preset, self.selector_obj)}
-               if self.budget is not None else {}),
+            **({"budget": self.budget, "knob": knob} if self.budget is not None else {}),
         }

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from rf_eval import engine
-from rf_eval.cost.mac_model import ceiling_r, prefill_macs, speedup_ceiling
+from rf_eval.cost.mac_model import ceiling_r, prefill_macs
 from rf_eval.cost.prefill_cost import PrefillCost
 from rf_eval.engine import PrefillResult
 from rf_eval.errors import UserError
@@ -182,17 +182,20 @@ class RidgeFill(Method):
                            resources=self.resources, row_budget=rows)
 
     def speedup_ceilings(self, n: int, plan: PromptPlan | None = None) -> dict[str, float]:
-        """`ceiling`, 1/r of layer passes, and `mac_ceiling`, the MAC model's (where it knows the family)."""
+        """`ceiling`, 1/r of layer passes, and `mac_ceiling`, the MAC model's (where it knows the family), at
+        the exact rows the prompt runs (tail and selected rows); none where the selected rows depend on the
+        text (`RidgeFillArm.planned_rows`)."""
         plan = plan if plan is not None else self.plan(n)
         if plan.plain:
             return {"ceiling": 1.0, "mac_ceiling": 1.0}
         engine_plan, _ = plan.setting
-        out = {"ceiling": 1.0 / ceiling_r(len(engine.decoder_layers(self.model)), engine_plan.split,
-                                          engine_plan.tail, n)}
+        selected = self.arm.planned_rows(n)
+        if selected is None:
+            return {}
+        exact_rows = min(engine_plan.tail + selected, n)
+        out = {"ceiling": 1.0 / ceiling_r(len(engine.decoder_layers(self.model)), engine_plan.split, exact_rows, n)}
         try:
-            out["mac_ceiling"] = speedup_ceiling(self.model.config, n, split=engine_plan.split,
-                                                 tail=engine_plan.tail, fill=self._cost_fill,
-                                                 map_split=engine_plan.map_split)
+            out["mac_ceiling"] = self.prefill_cost(n, plan=plan).mac_speedup
         except (ValueError, AttributeError, TypeError):  # a family the MAC model does not know
             pass
         return out
@@ -204,7 +207,7 @@ class RidgeFill(Method):
         plan = plan if plan is not None else self.plan(n)
         if result is None or result.plan is None:  # a filled prefill's result has the engine plan that ran
             ran = plan.setting[0]
-            tail, selected = (n, 0) if plan.plain else (ran.tail, 0)
+            tail, selected = (n, 0) if plan.plain else (ran.tail, self.arm.planned_rows(n) or 0)
         else:
             ran = result.plan
             tail = min(ran.tail + n - result.prompt_length, n)
@@ -267,9 +270,12 @@ class RidgeFill(Method):
             elif not previewed.fills_rows:
                 out[n] = (1.0, None)
             else:
+                rows = previewed.planned_rows(n)
                 filled = prefill_macs(config, n, split=previewed.split, tail=min(previewed.tail, n),
-                                      fill=previewed.fill_obj, map_split=previewed.map_split)
-                out[n] = (filled / prefill_macs(config, n), None)
+                                      exact_rows=rows or 0, fill=previewed.fill_obj, map_split=previewed.map_split,
+                                      probe_rows=selector_probe_rows(previewed.selector_obj))
+                out[n] = (filled / prefill_macs(config, n),
+                          f"rows {rows}" if rows else None if rows == 0 else "+ the rows the selector picks")
         return out
 
     @classmethod

@@ -160,6 +160,9 @@ class Attention(Selector):
         start, stop = self.window_rows(req)
         return {i: (start, stop) for i in selector_layers(req, self.layers)}
 
+    def planned_rows(self, n: int, prefix: int) -> int | None:
+        return min(int(round(self.share * (n if self.share_of == "prompt" else prefix))), prefix)
+
     def k(self, req: Request) -> int:
         """round(share * N), or the rows an arm's budget grants (`Request.row_budget`)."""
         if req.row_budget is not None:

@@ -131,6 +131,12 @@ class Selector:
         """Lower layers whose inputs this selector reads: layer -> (start row, stop row)."""
         return {}
 
+    def planned_rows(self, n: int, prefix: int) -> int | None:
+        """The rows it picks on an n-token prompt of `prefix` prefix rows where the length alone decides that
+        (a share or count of the prompt), else None (the rows depend on the text): what a study's preview and a
+        served answer's ceilings count before the prompt runs."""
+        return None
+
     def select(self, req: Request) -> Selection:
         raise NotImplementedError
 

@@ -33,6 +33,11 @@ class _Counted(Selector):
     def captures(self, req):
         return self.of.captures(req) if self.of is not None else {}
 
+    def planned_rows(self, n: int, prefix: int) -> int | None:
+        if self.of is not None:
+            return self.of.planned_rows(n, prefix)
+        return min(int(self.count_) if self.count_ is not None else int(round(self.share * n)), prefix)
+
     def matched_count(self, req: Request) -> int:
         if req.row_budget is not None:  # an arm's budget sets the count
             return req.row_budget

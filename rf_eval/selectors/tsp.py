@@ -81,6 +81,10 @@ class TokenSelectivePropagation(Selector):
         start = max(req.n - self.window, 0)
         return {self.tsp_layer(req.plan.split): (start, req.n)}
 
+    def planned_rows(self, n: int, prefix: int) -> int | None:
+        total = self.keep if self.keep is not None else int(self.keep_share * n)
+        return max(0, min(total - self.window, prefix))
+
     def count(self, req: Request) -> int:
         """Propagated rows beyond the window: the budget's, else keep (or keep_share of N) less the window."""
         if req.row_budget is not None:

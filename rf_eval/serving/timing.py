@@ -73,10 +73,12 @@ def _r(arm: dict[str, Any] | None, n: int) -> float | None:
     """Layer-pass share r of an arm reported as {fill, split, tail, layers}; 1 without filled rows."""
     if not arm:
         return None
-    if arm.get("fill") == "exact" or int(arm.get("tail", 0)) >= n:
+    if arm.get("fill") == "exact":
         return 1.0
     if not all(isinstance(arm.get(k), int) for k in ("layers", "split", "tail")):
-        return None
+        return None  # a budget's tail is set per prompt (`tail: null`): no ceiling from the arm alone
+    if arm["tail"] >= n:
+        return 1.0
     return ceiling_r(arm["layers"], arm["split"], arm["tail"], n)
 
 

@@ -180,8 +180,10 @@ def _check_fit(name: str, data: dict[str, Any], root: yaml.Node, node: yaml.Node
 def _read_arms(name: str, given: dict[str, Any], nodes: dict[str, yaml.Node]) -> dict[str, StudyArm]:
     """The declared arms (before budgets): each a mapping of model and args, with every field its method needs."""
     arms: dict[str, StudyArm] = {}
+    folders: dict[str, str] = {}
     for arm_name, entry in given.items():
         where = f"{name}: arms.{arm_name}"
+        _check_folder_name(where, str(arm_name), folders, nodes.get(arm_name))
         if not isinstance(entry, dict):
             raise StudyError(f"{where} must be a mapping (model, args) ({_line(nodes.get(arm_name))})")
         _check(where, entry, _key_nodes(nodes[arm_name]), _ARM, nodes[arm_name])
@@ -199,6 +201,19 @@ def _read_arms(name: str, given: dict[str, Any], nodes: dict[str, yaml.Node]) ->
     if not arms:
         raise StudyError(f"{name}: arms is empty")
     return arms
+
+
+def _check_folder_name(where: str, arm: str, folders: dict[str, str], node: yaml.Node | None) -> None:
+    """An arm's name is its folder under the study's output (`rf_eval.study.runner.arm_folder`): one path
+    component, and no two arms' names the same folder on a case-insensitive file system (macOS, Windows),
+    so that no arm writes into another's results."""
+    if not arm.strip() or arm.startswith(".") or any(c in arm for c in '/\\:*?"<>|') or not arm.isprintable():
+        raise StudyError(f"{where}: the arm's name is its output folder, so it must be one folder name: no "
+                         f"/ \\ : * ? \" < > |, no leading dot ({_line(node)}); rename it")
+    other = folders.setdefault(arm.casefold(), arm)
+    if other != arm:
+        raise StudyError(f"{where}: arms {other!r} and {arm!r} would write one folder on a case-insensitive "
+                         f"file system ({_line(node)}); rename one")
 
 
 def _check_reference(name: str, reference: str, arms: dict[str, StudyArm], expanded: dict[str, list[str]],

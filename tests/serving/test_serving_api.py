@@ -52,6 +52,27 @@ def test_arm_spec_and_resolution():
     assert (left.fill, left.tail, left.preset) == ("identity", 8, None)
 
 
+def test_a_served_preset_arm_runs_at_its_own_split_beside_the_servers_maps():
+    """The server's maps are read only by a fill that reads maps (#54): POP's arm on a ridge server runs at
+    POP's split, not refused for the maps' split."""
+    from transformers import LlamaConfig
+
+    from rf_eval.ridgefill.arm_spec import RidgeFillArm
+
+    class ServerMaps:  # the maps of a server at split 3: any use of them fails the test
+        split = 3
+
+        def __getattr__(self, name):
+            raise AssertionError(f"a preset's arm read the server's maps ({name})")
+
+    config = LlamaConfig(num_hidden_layers=6)
+    base = RidgeFillArm(fill="identity", split=3).resolve(config)
+    pop = base.updated({"preset": "pop"}, config, ServerMaps(), what="rf_arm")
+    assert (pop.fill, pop.split, pop.tail) == ("identity", 4, 1)
+    with pytest.raises(ArmError, match=r"at 4, not 3 \(the split of the maps given: leave out maps=\)"):
+        RidgeFillArm(preset="pop").split_for(config, maps_split=3)
+
+
 def test_unknown_arm_is_a_clear_400_and_the_server_keeps_serving(exact_server):
     url = exact_server.url
     cases = [

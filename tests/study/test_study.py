@@ -64,6 +64,10 @@ def write_study(folder: Path, model: str, tasks_dir: Path, text: str = STUDY, do
         (("margin: 5.0", "margin: 5.0\nlengths: [abc]"), "lengths holds 'abc', not a positive number of tokens (line 12)"),
         (("margin: 5.0", "margin: 5.0\nlengths: [1024, -5]"), "lengths holds -5"),
         (("margin: 5.0", "margin: 5.0\nlimit: 0"), "limit must be a positive number of samples per task, not 0 (line 12)"),
+        # an arm's name is its folder: none writes into another's (#54)
+        (("  nofill:", "  Nofill: {{args: {{fill: exact}}}}\n  nofill:"), "arms 'Nofill' and 'nofill' would write one folder"),
+        (("  nofill:", "  identity/x: {{args: {{fill: exact}}}}\n  nofill:"), "arms.identity/x: the arm's name is its output folder"),
+        (("  nofill:", "  ..: {{args: {{fill: exact}}}}\n  nofill:"), "arms...: the arm's name is its output folder"),
     ],
 )
 def test_bad_study_files_fail_before_anything_runs(tmp_path, edit, message):
