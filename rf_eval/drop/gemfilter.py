@@ -11,9 +11,13 @@ original order, are the prompt pass 2 prefills with the whole model, at
 positions 0..k-1; decoding goes on from position k over that k-row cache.
 No row is forced in: the last prompt row is kept only if it scores high.
 
-The filter layer: the authors use 13 of Llama-3.1-8B's 32 layers (19 of
-Mistral-Nemo's 40, of Phi-3.5's 32); by default rf-eval takes 13/32 of the
-model's depth, floor(13 L / 32), and `filter_layer=` names another (0..L-2).
+The filter layer: the authors' own for the three models they ran
+(`needle_eval.py`, and each model's `*_select_attention.py` default, 0-based):
+13 of Llama-3.1-8B-Instruct's 32 layers, 19 of Mistral-Nemo-Instruct-2407's
+40, 19 of Phi-3.5-mini-instruct's 32 (`AUTHORS_LAYERS`, matched by the model's
+shape so a local copy matches too); for any other model 13/32 of its depth,
+floor(13 L / 32), a formula of ours, not theirs; `filter_layer=` names another
+(0..L-2). The arm's provenance says which (`filter_layer_from`).
 Pass 1 here stops before layer r + 1, as the authors' truncated model does;
 their pass 1 also computes the last row's logits, which nothing reads and the
 cost here does not charge.
@@ -22,6 +26,7 @@ cost here does not charge.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,19 +37,37 @@ from rf_eval.engine import decoder_layers, new_cache, run_lower_layers
 from rf_eval.families import family_for
 from rf_eval.fields import ArmError
 
-__all__ = ["GemFilter", "filter_layer"]
+__all__ = ["AUTHORS_LAYERS", "GemFilter", "default_filter_layer", "filter_layer"]
 
-#: the authors' default: 13 of Llama-3.1-8B's 32 layers
+#: the authors' filter layer per model they ran, by the model's shape (model_type, layers, hidden size,
+#: vocabulary): SalesforceAIResearch/GemFilter `needle_eval.py` (select_layer_idx, 0-based)
+AUTHORS_LAYERS = {
+    ("llama", 32, 4096, 128256): ("Llama-3.1-8B-Instruct", 13),
+    ("mistral", 40, 5120, 131072): ("Mistral-Nemo-Instruct-2407", 19),
+    ("phi3", 32, 3072, 32064): ("Phi-3.5-mini-instruct", 19),
+}
+#: every other model: the depth share of the authors' Llama-3.1-8B layer, 13 of 32
 FILTER_DEPTH = (13, 32)
 DEFAULT_KEEP = 1024
 POOL = 5
 
 
-def filter_layer(model_config, given: int | None) -> int:
-    """The filter layer r: `given`, else floor(13 L / 32); an ArmError for one outside 0..L-2 or not an attention
-    layer (the rule reads its queries and keys)."""
+def default_filter_layer(model_config) -> tuple[int, str]:
+    """(the filter layer of a model given none, where it comes from): the authors' table, else floor(13 L / 32)."""
     n_layers = int(model_config.num_hidden_layers)
-    r = given if given is not None else n_layers * FILTER_DEPTH[0] // FILTER_DEPTH[1]
+    shape = (getattr(model_config, "model_type", None), n_layers, getattr(model_config, "hidden_size", None),
+             getattr(model_config, "vocab_size", None))
+    if shape in AUTHORS_LAYERS:
+        name, layer = AUTHORS_LAYERS[shape]
+        return layer, f"the authors' layer for {name}"
+    return n_layers * FILTER_DEPTH[0] // FILTER_DEPTH[1], "floor(13 L / 32): no layer of the authors' for this model"
+
+
+def filter_layer(model_config, given: int | None) -> int:
+    """The filter layer r: `given`, else the default (`default_filter_layer`); an ArmError for one outside
+    0..L-2 or not an attention layer (the rule reads its queries and keys)."""
+    n_layers = int(model_config.num_hidden_layers)
+    r = given if given is not None else default_filter_layer(model_config)[0]
     if not 0 <= r <= n_layers - 2:
         raise ArmError(f"filter_layer={r} is outside 0..{n_layers - 2} for this {n_layers}-layer model (layer "
                        f"{n_layers - 1} would make pass 1 the whole model)")
@@ -70,6 +93,11 @@ class GemFilter(Dropper):
 
     def bind_model(self) -> None:
         self.layer = filter_layer(self.model.config, self.arm.filter_layer)
+
+    def provenance(self) -> dict[str, Any]:
+        given = self.arm.filter_layer is not None
+        return {**super().provenance(), "filter_layer": self.layer,
+                "filter_layer_from": "filter_layer=" if given else default_filter_layer(self.model.config)[1]}
 
     def keep_count(self, n: int) -> int:
         if self.arm.keep_share is not None:

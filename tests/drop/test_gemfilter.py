@@ -126,3 +126,34 @@ def test_bad_gemfilter_settings_are_refused(tiny_model, fields, says):
     model, tok = tiny_model("llama")
     with pytest.raises(UserError, match=says.replace("(", r"\(").replace(")", r"\)")):
         GemFilter(model, tok, **fields)
+
+
+@pytest.mark.parametrize("config, layer, source", [
+    # SalesforceAIResearch/GemFilter `needle_eval.py`: select_layer_idx 13 (Llama-3.1-8B-Instruct), 19
+    # (Mistral-Nemo-Instruct-2407), 19 (Phi-3.5-mini-instruct); the shapes are those models' config.json
+    ({"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "vocab_size": 128256}, 13,
+     "Llama-3.1-8B-Instruct"),
+    ({"model_type": "mistral", "num_hidden_layers": 40, "hidden_size": 5120, "vocab_size": 131072}, 19,
+     "Mistral-Nemo-Instruct-2407"),
+    ({"model_type": "phi3", "num_hidden_layers": 32, "hidden_size": 3072, "vocab_size": 32064}, 19,
+     "Phi-3.5-mini-instruct"),
+    # any other model: floor(13 L / 32), ours (Mistral-Nemo's depth with another width is not Mistral-Nemo)
+    ({"model_type": "mistral", "num_hidden_layers": 40, "hidden_size": 4096, "vocab_size": 131072}, 16, "floor"),
+    ({"model_type": "qwen3", "num_hidden_layers": 36, "hidden_size": 4096, "vocab_size": 151936}, 14, "floor"),
+])  # fmt: skip
+def test_the_filter_layer_is_the_authors_for_the_models_they_ran_and_the_formula_elsewhere(config, layer, source):
+    from types import SimpleNamespace
+
+    from rf_eval.drop.gemfilter import default_filter_layer
+
+    got, said = default_filter_layer(SimpleNamespace(**config))
+    assert got == layer and source in said
+
+
+def test_the_provenance_says_where_the_filter_layer_came_from(tiny_model):
+    model, tok = tiny_model("llama")
+    default, given = GemFilter(model, tok, keep=20), GemFilter(model, tok, keep=20, filter_layer=LAYER)
+    layers = model.config.num_hidden_layers
+    assert default.provenance()["filter_layer"] == layers * 13 // 32
+    assert default.provenance()["filter_layer_from"].startswith("floor(13 L / 32)")
+    assert (given.provenance()["filter_layer"], given.provenance()["filter_layer_from"]) == (LAYER, "filter_layer=")
