@@ -175,17 +175,18 @@ def speedup_ceiling(config, N: int, **arm) -> float:
 
 
 def cache_rows(config, N: int, *, split: int | None = None, exact_rows: int | None = None,
-                  fill: str | Fill = FILL_OFF) -> int:
+                  fill: str | Fill = FILL_OFF, capacity: int | None = None) -> int:
     """Rows the attention layers' caches hold after an N-token prefill, summed over those layers: every row,
     except in late layers of a fill whose filled rows are absent (nofill), which hold `exact_rows`; a
-    sliding-window layer holds at most its window. Recurrent (Gated DeltaNet) layers keep a state of fixed
-    size and are not counted."""
+    sliding-window layer holds at most its window, and every layer at most `capacity` (FastKV's). Recurrent
+    (Gated DeltaNet) layers keep a state of fixed size and are not counted."""
     absent = fill != FILL_OFF and split is not None and as_method(fill).absent
     total = 0
     for i, c in enumerate(layer_costs(config)):
         if c.kind != "attention":
             continue
         rows = N if not absent or i < split or exact_rows is None else min(exact_rows, N)
+        rows = rows if capacity is None else min(rows, capacity)
         total += rows if c.window is None else min(rows, c.window)
     return total
 

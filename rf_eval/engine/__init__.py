@@ -84,8 +84,8 @@ __all__ = [
     "attend_exact_rows", "compare_results", "decoder_layers", "engine_floor", "exact_row_set",
     "exact_rows_beside", "execution_device", "extend", "family_for", "filled_kernel_every_row_exact",
     "late_layers", "named_cache_tensors", "new_cache", "num_layers", "partial_every_row_exact",
-    "partial_path_floors", "plain_prefill", "prefill", "row_fill_for", "run_layer",
-    "run_layers", "run_lower_layers", "split_batch",
+    "partial_path_floors", "plain_prefill", "prefill", "row_fill_for", "rows_can_be_given_back", "run_layer",
+    "run_layers", "run_lower_layers", "split_batch", "without_last_row",
 ]
 
 
@@ -239,6 +239,23 @@ def extend(model: nn.Module, result: PrefillResult, tokens: torch.Tensor) -> tor
         logits = torch.cat(steps, 1)
     result.prompt_length = start + k
     return logits
+
+
+def rows_can_be_given_back(model: nn.Module) -> bool:
+    """Whether every layer's cache holds its rows as they are (no recurrent state, no sliding window), so a
+    prefill's last row can be taken back out of it (`without_last_row`)."""
+    family = family_for(model.config)
+    return sliding_window(model.config) is None and not any(family.is_recurrent(x) for x in decoder_layers(model))
+
+
+def without_last_row(result: PrefillResult) -> PrefillResult:
+    """`result` with the prompt's last row taken out of every layer's cache (the last row each layer holds):
+    the cache of the prompt but its last token, which a generation then runs (`rows_can_be_given_back`).
+    `exact_rows` keeps the row: the prefill ran it, and a method's cost counts it once."""
+    for layer in result.cache.layers:
+        layer.keys, layer.values = layer.keys[:, :, :-1], layer.values[:, :, :-1]
+    result.prompt_length -= 1
+    return result
 
 
 @contextlib.contextmanager

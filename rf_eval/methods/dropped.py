@@ -48,9 +48,15 @@ def generation_inputs(result: PrefillResult | None, prompt: list[int]) -> tuple[
     """(the tokens `model.generate` is handed, their positions or None for 0..len-1) after `result`, for the
     token sequence `prompt` (the prompt, and for a later turn what followed it). A dropper's cache holds its
     kept rows: generate gets the kept tokens at their positions, then the rest of the sequence after them,
-    and runs those of them the cache does not hold yet."""
+    and runs those of them the cache does not hold yet. A cache cut to a capacity (FastKV's) holds fewer rows
+    in its first layer than the prompt: generate gets as many of the prompt's tokens as it holds (never run),
+    then the rest at their own positions."""
     if not isinstance(result, DroppedResult):
-        return prompt, None
+        held = None if result is None else result.cache.get_seq_length()
+        if held is None or held == result.prompt_length:
+            return prompt, None
+        return (prompt[:held] + prompt[result.prompt_length:],
+                list(range(held)) + list(range(result.prompt_length, len(prompt))))
     kept = result.kept.tolist()
     after = prompt[result.prompt_rows :]
     positions = result.positions.tolist() + list(range(result.prompt_rows + result.offset,

@@ -266,7 +266,7 @@ def generate_after(method: Any, prompt: list[int], result: PrefillResult | None,
     ids = torch.tensor([fed], device=device)
     if positions is not None:
         kwargs["position_ids"] = torch.tensor([positions], device=device)
-    if result is not None and (positions is not None or not result.ragged):
+    if result is not None and not result.ragged:
         kwargs["attention_mask"] = torch.ones_like(ids)
     if max_length is not None:
         kwargs["max_length"] = max_length - len(prompt) + len(fed)

@@ -139,16 +139,30 @@ class RidgeFill(Method):
         A prompt held back by k tokens (k = 1 for generation, which `generate` then runs) runs the whole
         prompt's plan with the tail shortened by k, so every row keeps the class it has in a prefill of the
         whole prompt. A generation prefill at tail 1 runs no tail row: the held-back last token is the tail
-        (POP's one-token tail, paper sections 6.4 and 7). A selector reads the given prompt: one that scores
-        rows by the attention of the prompt's last rows (attention, probe) reads a window one row earlier
-        than a whole-prompt prefill's, so its picks can differ."""
+        (POP's one-token tail, paper sections 6.4 and 7). An arm with a row selector reads the whole prompt
+        for generation too (`reads_whole_prompt`): a selector that reads the prompt's last rows (attention,
+        probe, FastKV's window) then reads the same rows as for scoring, and the cache gives back the last
+        row, which `generate` runs."""
         ids = check_prompt(input_ids, self.model).to(self.device)
-        k = 1 if for_generation else int(held_back)
+        whole = for_generation and self.reads_whole_prompt
+        k = 0 if whole else 1 if for_generation else int(held_back)
         plan = plan if plan is not None else self.plan(ids.shape[1] + k)
         with self.forward_context():
             if plan.plain:
-                return engine.plain_prefill(self.model, ids)
-            return self._run(ids, self._held_back(plan, k, for_generation))
+                return engine.plain_prefill(self.model, ids[:, :-1] if whole else ids)
+            result = self.after_prefill(self._run(ids, self._held_back(plan, k, for_generation)), ids)
+        return engine.without_last_row(result) if whole else result
+
+    @property
+    def reads_whole_prompt(self) -> bool:
+        """Whether a generation prefill reads the whole prompt (then gives back its last row): an arm with a
+        row selector, on a model whose every layer's cache can give a row back (no recurrent or
+        sliding-window layer)."""
+        return self.arm.selector_obj is not None and engine.rows_can_be_given_back(self.model)
+
+    def after_prefill(self, result: PrefillResult, ids: torch.Tensor) -> PrefillResult:
+        """What the method does to the cache of a prefill of `ids` before it is used (FastKV's capacity)."""
+        return result
 
     def prefill_batch(self, input_ids: torch.Tensor, *, for_generation: bool = False,
                       plan: PromptPlan | None = None) -> list[PrefillResult]:
@@ -157,7 +171,7 @@ class RidgeFill(Method):
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             raise ValueError(f"input_ids must be a B x N tensor of prompts of one length, got "
                              f"{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids)}")
-        k = int(for_generation)
+        k = int(for_generation and not self.reads_whole_prompt)
         plan = plan if plan is not None else self.plan(input_ids.shape[1] + k)
         if len(input_ids) == 1 or not self.arm.batches or plan.plain:
             return super().prefill_batch(input_ids, for_generation=for_generation, plan=plan)
@@ -210,7 +224,10 @@ class RidgeFill(Method):
             tail, selected = (n, 0) if plan.plain else (ran.tail, self.arm.planned_rows(n) or 0)
         else:
             ran = result.plan
-            tail = min(ran.tail + n - result.prompt_length, n)
+            # tokens held back run as tail rows; a last row the prefill ran and gave back (`without_last_row`,
+            # among `exact_rows`) is counted once
+            ran_last = bool((result.exact_rows == result.prompt_length).any()) if result.prompt_length < n else False
+            tail = min(ran.tail + n - result.prompt_length - ran_last, n)
             selected = max(int(result.exact_rows.numel()) - min(ran.tail, result.prompt_length), 0)
         cost = ridgefill_prefill_cost(self.model.config, n, split=ran.split, tail=tail, selected=selected,
                                       fill=self._cost_fill, map_split=ran.map_split,

@@ -1,14 +1,24 @@
 """FastKV's token-selective propagation (Jo et al., 2025): which prompt rows run the layers above the TSP layer.
 
 The authors' rule (dongwonjo/FastKV at the commit that carries the paper's
-title, `baseline/fastkv/fastkv_utils.py`): at the TSP layer T, the queries of
-the last `window` (8) prompt rows attend over every key (softmax in fp32 after
-the 1/sqrt(d) scale, causal among the window rows); the attention each key
-before the window receives is summed over the window rows, smoothed along the
-tokens by an average pool of `kernel` (7, padding kernel // 2, the padding
-counted) and summed over every query head; the `keep - window` highest rows
-propagate with the window rows, in their original order and at their original
-positions. With no more prompt rows than `keep`, every row propagates.
+title, `baseline/fastkv/fastkv_utils.py`; the defaults here are its May 2025
+release's, b6ca98a, `scripts/run_longbench.sh`): at the TSP layer T, the
+queries of the last `window` (8) prompt rows attend over every key (softmax in
+fp32 after the 1/sqrt(d) scale, causal among the window rows); the attention
+each key before the window receives is summed over the window rows, smoothed
+along the tokens by a pool of `kernel` (7, padding kernel // 2, the padding
+counted; `pooling` avg, the release's, or max, their current scripts') and
+summed over every query head (`rf_eval.drop.fastkv_capacity.window_scores`);
+the `keep - window` highest rows propagate with the window rows, in their
+original order and at their original positions. With no more prompt rows than
+`keep`, every row propagates (the authors also skip it below `capacity`; with
+the defaults, keep = capacity, the two agree).
+
+FastKV also cuts every layer's KV cache to `capacity` rows (2,048, the
+release's `max_prompt`) or `capacity_share` of the prompt (their current
+proportional mode, 0.1 with `keep_share` 0.2), each key-value head its own
+rows; `capacity=none` is the propagation alone (`rf_eval.drop.fastkv_capacity`,
+which the method `fastkv` applies after the prefill).
 
 `layer=` reads another layer below the split than S - 1 (a hybrid model's
 Gated DeltaNet layer has no attention to read).
@@ -30,10 +40,10 @@ length (`Request.row_budget`, the rows beyond the window).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from rf_eval.drop.fastkv_capacity import POOLINGS, window_scores
 from rf_eval.engine import Selection
-from rf_eval.selectors.attention import lower_attention, selector_layers
+from rf_eval.selectors.attention import selector_layers
 from rf_eval.selectors.base import Request, Selector, top_rows
 
 __all__ = ["TokenSelectivePropagation"]
@@ -46,9 +56,20 @@ class TokenSelectivePropagation(Selector):
     counts_rows = True
 
     def __init__(self, keep: int | None = 2048, keep_share: float | None = None, window: int = 8, kernel: int = 7,
-                 layer: int | None = None):
+                 layer: int | None = None, capacity: int | str | None = 2048, capacity_share: float | None = None,
+                 pooling: str = "avg"):
         if keep_share is not None:
             keep = None
+        if capacity_share is not None or capacity == "none":
+            capacity = None
+        if capacity is not None and (not isinstance(capacity, int) or capacity <= window):
+            raise ValueError(f"tsp capacity must be more rows than the window ({window}) or none (the propagation "
+                             f"alone), got {capacity!r}")
+        if capacity_share is not None and not 0 < capacity_share <= 1:
+            raise ValueError(f"tsp capacity_share must lie in (0, 1], got {capacity_share}")
+        if pooling not in POOLINGS:
+            raise ValueError(f"tsp pooling={pooling!r} is not valid; valid: {', '.join(POOLINGS)}")
+        self.capacity, self.capacity_share, self.pooling = capacity, capacity_share, pooling
         if keep is None and keep_share is None:
             raise ValueError("tsp needs keep= (rows, the window included) or keep_share= (a share of the prompt)")
         if keep is not None and keep < 1:
@@ -73,6 +94,10 @@ class TokenSelectivePropagation(Selector):
         if layer < len(types) and types[layer] != "full_attention":
             raise ValueError(f"tsp reads layer {layer}, a {types[layer]} layer; FastKV's rule needs a full-attention "
                              "layer: choose another split, or name one with layer=")
+        other = sorted({t for t in types if t != "full_attention"})
+        if other and (self.capacity is not None or self.capacity_share is not None):
+            raise ValueError(f"tsp's per-layer capacity cuts full-attention caches, and this model has "
+                             f"{', '.join(other)} layers: give capacity=none (the propagation alone)")
 
     def layer(self, req: Request) -> list[int]:
         return selector_layers(req, [self.tsp_layer(req.plan.split)])
@@ -94,15 +119,25 @@ class TokenSelectivePropagation(Selector):
             rows = total - self.window
         return max(0, min(rows, req.candidates().numel()))
 
+    def capacity_at(self, n: int) -> int | None:
+        """The rows each layer's cache keeps per key-value head after an n-token prefill (None: every row)."""
+        if self.capacity_share is not None:
+            return max(int(self.capacity_share * n), self.window + 1)
+        return self.capacity
+
     def scores(self, req: Request) -> torch.Tensor:
-        """Window attention each key before the window receives at the TSP layer, pooled along the tokens;
-        the window's own keys (which always propagate) score -inf."""
+        """Window attention each key before the window receives at the TSP layer, pooled along the tokens and
+        summed over the heads; the window's own keys (which always propagate) score -inf."""
         start = max(req.n - self.window, 0)
         if start == 0:
             return torch.full((req.n,), float("-inf"))
-        received = lower_attention(req, self.layer(req), start, req.n)[:start]
-        pooled = F.avg_pool1d(received[None, None], self.kernel, stride=1, padding=self.kernel // 2)[0, 0]
-        return torch.cat([pooled, torch.full((req.n - start,), float("-inf"))])
+        index = self.layer(req)[0]
+        ctx, layer = req.ctx, req.layers()[index]
+        h = ctx.family.input_norm(layer, req.lower_input(index, start, req.n))
+        q, _ = ctx.family.query(layer.self_attn, h, ctx.inputs.cos[:, start:], ctx.inputs.sin[:, start:])
+        scores = window_scores(q, ctx.cache.layers[index].keys[:, :, : req.n], layer.self_attn.scaling, self.kernel,
+                               self.pooling, ctx.family.attention_sinks(layer.self_attn)).sum(0)
+        return torch.cat([scores.cpu(), torch.full((req.n - start,), float("-inf"))])
 
     def select(self, req):
         return Selection(top_rows(self.scores(req), req.candidates(), self.count(req)))

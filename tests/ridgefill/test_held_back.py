@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rf_eval.methods.requests import generate
+from rf_eval.methods.requests import generate, generation_prompt
 from rf_eval.ridgefill.method import RidgeFill
 
 N = 80
@@ -26,9 +26,13 @@ def test_the_generation_prefill_plus_the_decoded_token_is_the_whole_prompts_exac
     rf = RidgeFill(model, tok, **arm)
     ids = _ids()
     whole = rf.prefill(ids)
-    given = rf.prefill(ids[:, :-1], for_generation=True)
-    assert [*given.exact_rows.tolist(), N - 1] == whole.exact_rows.tolist()
-    assert given.plan.tail == whole.plan.tail - 1 >= tail - 1
+    given = rf.prefill(torch.tensor([generation_prompt(rf, ids[0].tolist())]), for_generation=True)
+    assert given.prompt_length == N - 1
+    if rf.reads_whole_prompt:  # an arm with a selector: the whole prompt ran, its last row given back (#55 item 2)
+        assert given.exact_rows.tolist() == whole.exact_rows.tolist() and given.plan == whole.plan
+    else:
+        assert [*given.exact_rows.tolist(), N - 1] == whole.exact_rows.tolist()
+        assert given.plan.tail == whole.plan.tail - 1 >= tail - 1
     held, full = rf.prefill_cost(N, given), rf.prefill_cost(N, whole)
     assert (held.exact_rows, held.prefill_macs) == (full.exact_rows, full.prefill_macs)
     assert full.exact_rows == whole.exact_rows.numel()
