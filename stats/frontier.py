@@ -13,7 +13,8 @@ bootstrap and strata as every other table. One point per arm and length (items w
 group, "all"); a point is on the frontier when no point of the same measure and length is at least as fast
 and at least as good, and better in one. Arms that record the same `budget` are compared with each other
 pairwise on every measure (points: the non-inferiority rule against the study's margin; losses: the
-paired difference).
+paired difference), on the reference's items only (its fixed set: a needle inside the reference's exact
+tail is no test of either arm, however short their tails), pooled over lengths and at each length.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ import numpy as np
 import pandas as pd
 
 from rf_eval.stats.measures import task_measures
-from rf_eval.stats.pairing import pair_arms
+from rf_eval.stats.pairing import PAIR_KEYS, pair_arms
 
 __all__ = ["ALL_LENGTHS", "PrimaryMeasure", "arm_budget", "cost_of", "frontier", "matched_budgets", "primary_measures"]
 
 #: the group of items that carry no length
 ALL_LENGTHS = "all"
+#: a matched-budget contrast over every length at once
+POOLED = "pooled"
 
 
 @dataclass(frozen=True)
@@ -187,10 +190,25 @@ def _mark_pareto(arms: list[dict[str, Any]], measures: list[PrimaryMeasure]) -> 
 UNMATCHED = 0.02
 
 
+def on_reference_items(pairs: pd.DataFrame, reference_items: pd.DataFrame) -> pd.DataFrame:
+    """The paired items (of two arms) that the reference scored: the fixed set both arms are compared on."""
+    return pairs.merge(reference_items[PAIR_KEYS].drop_duplicates(), on=PAIR_KEYS, how="inner")
+
+
+def by_length(pairs: pd.DataFrame) -> list[tuple[Any, pd.DataFrame]]:
+    """(`POOLED`, every item) then (length, its items) for each length, where the items carry two or more."""
+    lengths = [x for x in pairs["length"].dropna().unique()] if "length" in pairs else []
+    if len(lengths) < 2:
+        return [(POOLED, pairs)]
+    return [(POOLED, pairs), *((int(n), pairs[pairs["length"] == n]) for n in sorted(lengths))]
+
+
 def matched_budgets(items: pd.DataFrame, names: list[str], reference: str, contrast: Contrast) -> list[dict[str, Any]]:
     """For each budget two or more arms record: each arm's realised cost and every pair's paired contrast on
-    each primary measure (first arm minus second, in report order)."""
-    measures = primary_measures(items[items["arm"] == reference])
+    each primary measure (first arm minus second, in report order), on the reference's items, pooled and per
+    length."""
+    reference_items = items[items["arm"] == reference]
+    measures = primary_measures(reference_items)
     by_budget: dict[float, list[str]] = {}
     for arm in names:
         budget = arm_budget(items, arm)
@@ -204,10 +222,10 @@ def matched_budgets(items: pd.DataFrame, names: list[str], reference: str, contr
         for a, b in combinations(arms, 2):
             pairs = pair_arms(items, a, b)
             for m in measures:
-                mp = m.items(pairs)
-                if not mp.empty:
-                    rows.append({"arm": a, "versus": b, "measure": m.label, "unit": m.unit,
-                                 "higher_is_better": m.higher_is_better, **contrast(mp, m)})
+                mp = on_reference_items(m.items(pairs), m.items(reference_items))
+                for length, block in by_length(mp) if not mp.empty else []:
+                    rows.append({"arm": a, "versus": b, "measure": m.label, "unit": m.unit, "length": length,
+                                 "higher_is_better": m.higher_is_better, **contrast(block, m)})
         costs = [{"arm": a, **cost_of(items[items["arm"] == a])} for a in arms]
         spent = [c["macs_fraction"] for c in costs if c.get("macs_fraction") is not None]
         spread = max(spent) - min(spent) if spent else 0.0

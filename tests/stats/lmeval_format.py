@@ -125,7 +125,7 @@ def accuracy_run(
 ) -> Path:
     """A run of RULER-style tasks (metrics named by length, -1 elsewhere) or plain `acc` tasks.
 
-    `correct[task][i]` is item i's outcome; with `lengths`, item i has length
+    `correct[task][i]` is item i's outcome (None, with `lengths`: not scored); with `lengths`, item i has length
     lengths[i % len(lengths)] and RULER's per-length metrics. `model_args` join
     the arm's; `run_extra` goes to `write_run` (config_extra, task_extra, version). `ceiling`: each item's
     MAC speedup over exact (its cost fields, as rf-eval's tasks write them); `budget`: the arm's budget, in its
@@ -140,7 +140,8 @@ def accuracy_run(
                 length = lengths[i % len(lengths)]
                 doc["max_length"] = length
                 metrics = {str(n): -1.0 for n in sorted(set(lengths))}
-                metrics[str(length)] = 1.0 if ok else 0.0
+                if ok is not None:  # None: an item the arm does not score (a needle in its exact tail)
+                    metrics[str(length)] = 1.0 if ok else 0.0
             else:
                 metrics = {"acc": 1.0 if ok else 0.0}
             extra = {}

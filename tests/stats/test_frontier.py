@@ -85,10 +85,14 @@ def test_arms_of_one_budget_are_compared_with_each_other(summary, runs):
     (matched,) = summary["budgets"]
     assert matched["budget"] == 0.5 and [a["arm"] for a in matched["arms"]] == ["fast@0.5", "fast_bad@0.5"]
     assert matched["spread"] == pytest.approx(0.5 - 1 / 2.005) and not matched["unmatched"]  # a knob step apart
-    (row,) = matched["contrasts"]
-    pairs = pair_arms(runs.items, row["arm"], row["versus"])
-    assert row["difference"] == pytest.approx((pairs["arm"] - pairs["ref"]).mean())
-    assert row["n"] == len(pairs) and "bound" in row and row["strata"] == "length (2 strata)"
+    pooled, *per_length = matched["contrasts"]
+    pairs = pair_arms(runs.items, pooled["arm"], pooled["versus"])
+    assert pooled["length"] == "pooled" and pooled["difference"] == pytest.approx((pairs["arm"] - pairs["ref"]).mean())
+    assert pooled["n"] == len(pairs) and "bound" in pooled and pooled["strata"] == "length (2 strata)"
+    assert [r["length"] for r in per_length] == LENGTHS  # and at each length (#55 item 3)
+    for row in per_length:
+        at = pairs[pairs["length"] == row["length"]]
+        assert row["n"] == len(at) and row["difference"] == pytest.approx((at["arm"] - at["ref"]).mean())
 
 
 def test_arm_names_carry_their_budget(runs):
@@ -121,3 +125,23 @@ def test_a_pair_whose_realised_costs_differ_by_more_than_two_points_is_flagged_i
     assert matched["unmatched"] and matched["spread"] == pytest.approx(0.1)
     for text in (render_html(s), render_markdown(s), render_latex(s)):
         assert "Not matched" in text and "10.0" in text and "points of exact" in text
+
+
+def test_arms_at_a_budget_are_compared_on_the_references_items_only(tmp_path, lmeval_format):
+    """#55 item 3: two short-tail arms (POP's tail 1, FastKV's 8) score needles the reference's 4,096-row tail
+    holds; the pair is compared on the reference's fixed set (here 24 of 40 items), not on every item both
+    arms scored."""
+    rng = np.random.default_rng(3)
+    truth = list(rng.random(40) < 0.8)
+    in_exact_tail = [i % 5 in (1, 3) for i in range(40)]  # 16 needles inside the reference's tail
+    runs = {"exact": ([None if t else ok for ok, t in zip(truth, in_exact_tail)], 1.0, None),
+            "pop": ([ok and rng.random() < 0.9 for ok in truth], 1.5, 0.7),
+            "fastkv": ([ok and rng.random() < 0.8 for ok in truth], 1.45, 0.7)}
+    for i, (arm, (outcomes, ceiling, budget)) in enumerate(runs.items()):
+        lmeval_format.accuracy_run(tmp_path / arm, arm, {"niah_single_1_filled": outcomes}, lengths=LENGTHS,
+                                   ceiling=ceiling, budget=budget, started=1.79e9 + i)
+    loaded = load_runs([tmp_path], metrics={"niah_single_1_filled": ["score"]})
+    (matched,) = study_summary(loaded, "exact", SummaryOptions(n_resamples=200))["budgets"]
+    pooled = matched["contrasts"][0]
+    assert len(pair_arms(loaded.items, "pop@0.7", "fastkv@0.7")) == 40  # both arms scored every item
+    assert pooled["length"] == "pooled" and pooled["n"] == 24 == 40 - sum(in_exact_tail)
