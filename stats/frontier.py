@@ -29,6 +29,7 @@ import pandas as pd
 
 from rf_eval.stats.measures import task_measures
 from rf_eval.stats.pairing import PAIR_KEYS, pair_arms
+from rf_eval.stats.speed import timed_pairs
 
 __all__ = ["ALL_LENGTHS", "PrimaryMeasure", "arm_budget", "cost_of", "frontier", "matched_budgets", "primary_measures"]
 
@@ -111,12 +112,13 @@ def cost_of(frame: pd.DataFrame, suffix: str = "") -> dict[str, Any]:
 
 
 def measured_speedup(pairs: pd.DataFrame) -> float | None:
-    """Median reference seconds over median arm seconds, on the prompts both arms timed."""
-    timed = _prompts(pairs).dropna(subset=["prefill_seconds_arm", "prefill_seconds_ref"])
+    """Median reference seconds over median arm seconds, on the prompts timed (`rf_eval.stats.speed.timed_pairs`:
+    paired in time where the arm timed exact beside it)."""
+    timed, ref_column, _ = timed_pairs(_prompts(pairs))
     if timed.empty:
         return None
     arm = float(timed["prefill_seconds_arm"].median())
-    return float(timed["prefill_seconds_ref"].median()) / arm if arm > 0 else None
+    return float(timed[ref_column].median()) / arm if arm > 0 else None
 
 
 def arm_budget(items: pd.DataFrame, arm: str) -> float | None:

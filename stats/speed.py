@@ -6,6 +6,12 @@ interval from resampling the paired items (the paper reports timings without
 one; a few CPU wall-clock timings on a shared machine need it); the ceiling is the
 MAC model's speedup as the arm recorded it (`mac_speedup` per item,
 `rf_eval.cost.prefill_cost`), and `share` is how much of it was reached.
+
+Which times are paired (`timed_pairs`, the one rule): where the arm's run timed the exact prefill of each
+prompt beside its own (`exact_prefill_seconds`, the `reference=exact` pass, interleaved), those, *paired in
+time*; else the reference run's own timings of the same prompts, measured in another process at another
+time (*separate runs*), which on a shared machine rank arms by when they ran. A measured speedup above the
+MAC ceiling is flagged (`above_ceiling`): a correct cost model does not allow it on compute-bound work.
 """
 
 from __future__ import annotations
@@ -17,7 +23,18 @@ import pandas as pd
 
 RESAMPLES, CONFIDENCE = 2000, 0.95
 
-__all__ = ["speed_rows"]
+__all__ = ["PAIRED_IN_TIME", "SEPARATE_RUNS", "speed_rows", "timed_pairs"]
+
+PAIRED_IN_TIME, SEPARATE_RUNS = "paired in time", "separate runs"
+
+
+def timed_pairs(pairs: pd.DataFrame) -> tuple[pd.DataFrame, str, str]:
+    """(the paired items with both times, the column of the reference's seconds, which timing): the exact
+    prefill timed beside the arm's where the arm recorded it, else the reference run's (module docstring)."""
+    beside = pairs.dropna(subset=["prefill_seconds_arm", "exact_prefill_seconds_arm"])
+    if not beside.empty:
+        return beside, "exact_prefill_seconds_arm", PAIRED_IN_TIME
+    return pairs.dropna(subset=["prefill_seconds_arm", "prefill_seconds_ref"]), "prefill_seconds_ref", SEPARATE_RUNS
 
 
 def _median(x: pd.Series) -> float | None:
@@ -34,17 +51,18 @@ def _interval(ref: np.ndarray, arm: np.ndarray) -> tuple[float, float]:
 
 
 def speed_rows(pairs: pd.DataFrame) -> list[dict[str, Any]]:
-    """Rows of (length, n, median seconds of both arms, speedup, ceiling, share) from paired items."""
-    timed = pairs.dropna(subset=["prefill_seconds_arm", "prefill_seconds_ref"])
+    """Rows of (length, n, median seconds of both arms, speedup, its interval, ceiling, share, timing,
+    above_ceiling) from paired items."""
+    timed, ref_column, timing = timed_pairs(pairs)
     if timed.empty:
         return []
     groups = [("all", timed)] if timed["length"].isna().all() else list(timed.groupby("length", sort=False))
     rows = []
     for length, block in groups:
-        arm_s, ref_s = float(block["prefill_seconds_arm"].median()), float(block["prefill_seconds_ref"].median())
+        arm_s, ref_s = float(block["prefill_seconds_arm"].median()), float(block[ref_column].median())
         ceiling = _median(block["mac_speedup_arm"])
         speedup = ref_s / arm_s
-        low, high = _interval(block["prefill_seconds_ref"].to_numpy(float), block["prefill_seconds_arm"].to_numpy(float))
+        low, high = _interval(block[ref_column].to_numpy(float), block["prefill_seconds_arm"].to_numpy(float))
         rows.append(
             {
                 "length": length,
@@ -56,6 +74,8 @@ def speed_rows(pairs: pd.DataFrame) -> list[dict[str, Any]]:
                 "high": high,
                 "ceiling": ceiling,
                 "share": speedup / ceiling if ceiling else None,
+                "timing": timing,
+                "above_ceiling": bool(ceiling and speedup > ceiling),
             }
         )
     return rows

@@ -29,11 +29,11 @@ from typing import Any
 __all__ = ["COST_FIELDS", "MEASURED_FIELDS", "PrefillCost", "empty_fields", "request_key"]
 
 #: The fields a rerun measures anew (timings): every other field of a sample is the same from one run to the next.
-MEASURED_FIELDS = ("prefill_seconds",)
+MEASURED_FIELDS = ("prefill_seconds", "exact_prefill_seconds")
 #: The per-sample fields of a cost record, in the order tasks declare them (all numbers, or None).
 COST_FIELDS = ("prompt_tokens", "prefill_macs", "exact_macs", "macs_fraction", "mac_speedup",
                "layer_pass_speedup", "exact_rows", "cache_entries", "cache_fraction", "prefill_seconds",
-               "budget", "knob_value")
+               "exact_prefill_seconds", "budget", "knob_value")
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,9 @@ class PrefillCost:
     knob_value: float | None = None
     #: measured seconds of the prefill (`rf_eval.prefill_timer`); None where it was not a step of its own
     prefill_seconds: float | None = None
+    #: measured seconds of the exact prefill of the same prompt in the same process, beside the arm's (the
+    #: `reference=exact` pass, interleaved): the reference a measured speedup is paired in time with
+    exact_prefill_seconds: float | None = None
 
     @property
     def macs_fraction(self) -> float:
@@ -74,7 +77,8 @@ class PrefillCost:
             "macs_fraction": self.macs_fraction, "mac_speedup": self.mac_speedup,
             "layer_pass_speedup": self.layer_pass_speedup, "exact_rows": self.exact_rows,
             "cache_entries": self.cache_entries, "cache_fraction": self.cache_entries / self.exact_cache_entries,
-            "prefill_seconds": self.prefill_seconds, "budget": self.budget, "knob_value": self.knob_value,
+            "prefill_seconds": self.prefill_seconds, "exact_prefill_seconds": self.exact_prefill_seconds,
+            "budget": self.budget, "knob_value": self.knob_value,
         }  # fmt: skip
 
 

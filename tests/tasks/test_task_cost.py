@@ -108,6 +108,10 @@ def test_every_sample_records_the_cost_the_model_counts(task_data, tiny_llama, t
                 assert s["layer_pass_speedup"] == pytest.approx(1 / (SPLIT / 6 + (1 - SPLIT / 6) * 64 / n))
                 assert s["exact_rows"] == 64 and s["cache_fraction"] == 1.0  # a fill keeps every row's entry
                 assert s["prefill_seconds"] > 0
+                # keytoken_nll's reference=exact pass times the exact prefill of each prompt beside the arm's
+                # (#55 item 6); the needle task has no reference pass
+                paired = s["exact_prefill_seconds"]
+                assert (paired > 0) if task == "keytoken_nll" else paired is None
         assert out["config"]["rf_eval"]["prefill_timer"].startswith("wall-clock seconds on the CPU")
         res = out["results"]["niah_single_1_filled"]
         assert res["macs_fraction,none"] == pytest.approx(
