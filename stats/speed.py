@@ -31,7 +31,8 @@ PAIRED_IN_TIME, SEPARATE_RUNS = "paired in time", "separate runs"
 def timed_pairs(pairs: pd.DataFrame) -> tuple[pd.DataFrame, str, str]:
     """(the paired items with both times, the column of the reference's seconds, which timing): the exact
     prefill timed beside the arm's where the arm recorded it, else the reference run's (module docstring)."""
-    beside = pairs.dropna(subset=["prefill_seconds_arm", "exact_prefill_seconds_arm"])
+    beside = (pairs.dropna(subset=["prefill_seconds_arm", "exact_prefill_seconds_arm"])
+              if "exact_prefill_seconds_arm" in pairs else pairs.iloc[:0])
     if not beside.empty:
         return beside, "exact_prefill_seconds_arm", PAIRED_IN_TIME
     return pairs.dropna(subset=["prefill_seconds_arm", "prefill_seconds_ref"]), "prefill_seconds_ref", SEPARATE_RUNS
