@@ -237,3 +237,33 @@ def test_bad_inputs_are_one_line_and_exit_2(files, argv, says, capsys):
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("rf-eval overlap") and says in lines[0], err
     assert not (tmp / "overlap.json").exists()
+
+
+def test_runs_of_tokens_under_a_tokenizer_find_what_the_word_rule_cannot(tiny_model_dir, tmp_path, capsys):
+    """Appendix G's first check (#55 item 7): 50 consecutive tokens of the model's tokenizer. A shared blob
+    with no whitespace is one word, so the word rule finds nothing; its tokens are a run of 50 or more."""
+    from transformers import AutoTokenizer
+
+    folder = tiny_model_dir("llama")
+    tok = AutoTokenizer.from_pretrained(folder)
+    blob = ",".join(f"k{i}" for i in range(60))
+    cal = [Text("cal", f"A calibration page about gardens. {blob} And the end of it.")]
+    ev = [Text("ev", f"An evaluation essay on rivers, quoting {blob} before it goes on.")]
+    assert not find_overlap(cal, ev, 50).found
+    tokens = find_overlap(cal, ev, 50, tok)
+    shared = len(tok(blob, add_special_tokens=False)["input_ids"])
+    (pair,) = tokens.pairs
+    assert tokens.found and tokens.unit.startswith("tokens of") and shared - 2 <= pair.words <= shared + 2
+    assert f"longest {pair.words} tokens" in tokens.line() and pair.excerpt.startswith(tok.decode(
+        tok(cal[0].text, add_special_tokens=False)["input_ids"][pair.calibration_word:pair.calibration_word + 3]))
+    (tmp_path / "cal.txt").write_text(cal[0].text)
+    (tmp_path / "ev.txt").write_text(ev[0].text)
+    args = ["overlap", "--calibration", str(tmp_path / "cal.txt"), "--eval", str(tmp_path / "ev.txt")]
+    assert main(args) == 0
+    assert main([*args, "--tokenizer", folder, "--json", str(tmp_path / "o.json")]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2].startswith("no overlap") and lines[-1].startswith("overlap found") and "tokens of" in lines[-1]
+    record = json.loads((tmp_path / "o.json").read_text())
+    assert record["overlap"] is False and record["by_tokens"][0]["overlap"] is True
+    assert main([*args, "--tokenizer", str(tmp_path / "no-such-tokenizer")]) == 2
+    assert "--tokenizer" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """`rf-eval overlap --calibration FILE... --eval PATH... [--words 50] [--json OUT]`: do the calibration texts
 overlap the evaluation texts? The check of RidgeFill Appendix G (`rf_eval.study.overlap`): equal sha256 of whole
-texts, and pairs sharing a run of `--words` (default 50, section 6.7's rule) or more consecutive words.
+texts, and pairs sharing a run of `--words` (default 50, section 6.7's rule) or more consecutive words, and with
+`--tokenizer NAME...` as many consecutive tokens under each tokenizer (Appendix G's first check).
 
 Exit status: 0 when no pair shares such a run and no hashes match; 1 when overlap is found (the last line
 says so), so a script can gate on it; 2 for bad input.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from rf_eval.cli.values import positive_int
 from rf_eval.files.outputs import check_output, stamp_json, write_output
@@ -25,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(searched recursively) or one such file")
     p.add_argument("--words", type=positive_int, default=DEFAULT_WORDS,
                    help=f"the run length, in words, that counts as overlap (default {DEFAULT_WORDS})")
+    p.add_argument("--tokenizer", nargs="+", default=[], metavar="NAME",
+                   help="also count runs of --words tokens under each of these tokenizers (hub names or local "
+                        "folders; Appendix G's check, one per model)")
     p.add_argument("--json", default=None, metavar="FILE", help="write every identical text and shared run here")
     p.add_argument("--overwrite", action="store_true", help="replace a --json file rf-eval did not write")
 
@@ -32,12 +37,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.json:  # before any reading: never over a file rf-eval did not write (`rf_eval.files.outputs`)
         check_output("--json", args.json, overwrite=args.overwrite)
-    result = check_files(args.calibration, args.evaluation, args.words)
-    if result.found:
-        print(result.table())
+    tokenizers = [load_tokenizer(name) for name in args.tokenizer]  # before reading texts: a bad name fails first
+    results = check_files(args.calibration, args.evaluation, args.words, tokenizers)
+    for result in results:
+        if result.found:
+            print(result.table())
     if args.json:
-        record = {**result.record(), "calibration_files": list(args.calibration), "evaluation": list(args.evaluation)}
+        record = {**results[0].record(), "by_tokens": [r.record() for r in results[1:]],
+                  "calibration_files": list(args.calibration), "evaluation": list(args.evaluation)}
         write_output(args.json, json.dumps(stamp_json(record), indent=1) + "\n")
         print(f"wrote {args.json}")
-    print(result.line())
-    return 1 if result.found else 0
+    for result in results:
+        print(result.line())
+    return 1 if any(r.found for r in results) else 0
+
+
+def load_tokenizer(name: str) -> Any:
+    """A tokenizer by hub name or local folder (the demo model's for `demo`), or a UserError naming it."""
+    from transformers import AutoTokenizer
+
+    from rf_eval.demo.model import resolve_pretrained
+    from rf_eval.errors import UserError
+
+    try:
+        return AutoTokenizer.from_pretrained(resolve_pretrained(name))
+    except (OSError, ValueError) as err:
+        raise UserError(f"--tokenizer {name!r}: no tokenizer could be loaded ({str(err).splitlines()[0]}); give a "
+                        "local folder, or a hub name on a machine that reaches the hub") from None

@@ -202,9 +202,12 @@ def fit_maps_once(study: Study, out: Path) -> str | None:
     given: dict[str, Any] = dict(study.fit_options(), overwrite=folder.is_dir() and any(folder.iterdir()))
     overlap = None
     if study.metadata.get("docs"):  # calibration vs the evaluated documents first (RidgeFill Appendix G)
-        try:
+        try:  # by words, and by the study model's tokens (Appendix G's first check)
+            from rf_eval.cli.overlap import load_tokenizer
+
             overlap = check_before_fit([*given["calibration"], *given["heldout"]], study.metadata["docs"],
-                                       out / "overlap.json", study.fit.get("overlap", WARN))
+                                       out / "overlap.json", study.fit.get("overlap", WARN),
+                                       tokenizer=load_tokenizer(str(given["model"])))
         except UserError as err:
             raise StudyError(f"the study's overlap check, before its fit: {err}") from None
     print(f"[fit] maps for split {study.fit['split']} into {folder}", flush=True)

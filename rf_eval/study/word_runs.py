@@ -43,7 +43,17 @@ def shared_runs(calibration: Sequence[str], evaluation: Sequence[str], n: int
     vocab: dict[str, int] = defaultdict(lambda: len(vocab))
     cal_ids = [_ids(text, vocab) for text in calibration]
     eval_ids = [_ids(text, vocab) for text in evaluation]
-    values = np.random.default_rng(0).integers(0, 2**63, size=max(len(vocab), 1), dtype=np.uint64) * 2 + 1
+    return shared_id_runs(cal_ids, eval_ids, n)
+
+
+def shared_id_runs(calibration: Sequence[Sequence[int]], evaluation: Sequence[Sequence[int]], n: int
+                   ) -> Iterator[dict[int, list[tuple[int, int, int]]]]:
+    """`shared_runs` over texts already cut into units with integer ids (word ids, or a tokenizer's token ids:
+    Appendix G's runs of 50 tokens)."""
+    cal_ids = [np.asarray(ids, dtype=np.int64) for ids in calibration]
+    eval_ids = [np.asarray(ids, dtype=np.int64) for ids in evaluation]
+    size = 1 + max((int(ids.max()) for ids in (*cal_ids, *eval_ids) if len(ids)), default=0)
+    values = np.random.default_rng(0).integers(0, 2**63, size=size, dtype=np.uint64) * 2 + 1
     index = _Index(eval_ids, values, n)
     for ids in cal_ids:
         yield index.runs(ids, values)
