@@ -17,7 +17,7 @@ from rf_eval.study.study_file import StudyError, load_study
 
 STUDY = """\
 model:
-  pretrained: /m
+  pretrained: {model}
 tasks: [keytoken_nll]
 arms:
   exact: {{args: {{fill: exact}}}}
@@ -34,8 +34,10 @@ def words(prefix: str, n: int) -> str:
 
 
 @pytest.fixture
-def study_files(tmp_path):
-    """Calibration (line 2 holds RUN), held-out text, and a docs folder whose b.txt holds RUN."""
+def study_files(tmp_path, tiny_model):
+    """Calibration (line 2 holds RUN), held-out text, a docs folder whose b.txt holds RUN, and the study's
+    model folder, its tokenizer alone (the fit is stood in for; the check counts runs of its tokens too)."""
+    tiny_model("llama")[1].save_pretrained(tmp_path / "model")
     lines = [words("p", 80), f"{words('q', 5)} {' '.join(RUN)} {words('r', 5)}"]
     (tmp_path / "cal.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in lines))
     (tmp_path / "held.jsonl").write_text(json.dumps({"text": words("h", 90)}) + "\n")
@@ -49,7 +51,7 @@ def study_files(tmp_path):
 def write(folder: Path, extra: str = "", docs: Path | None = None) -> Path:
     path = folder / "study.yaml"
     metadata = f"metadata: {{docs: {docs}}}" if docs else ""
-    path.write_text(STUDY.format(extra=extra, metadata=metadata))
+    path.write_text(STUDY.format(extra=extra, metadata=metadata, model=folder / "model"))
     return path
 
 
@@ -76,6 +78,8 @@ def test_overlap_is_checked_and_recorded_before_the_fit_and_warns(study_files, f
     captured = capsys.readouterr()
     (record,) = fits  # the check ran first: its file was there when the fit began
     assert record is not None and record["written_by"] == MARKER and record["overlap"] is True
+    (by_tokens,) = record["by_tokens"]  # and by the study model's tokens (Appendix G's first check)
+    assert by_tokens["overlap"] is True and by_tokens["unit"].startswith("tokens of") and by_tokens["longest"] > 57
     (shared,) = record["shared_runs"]
     assert (shared["calibration"], shared["evaluation"], shared["words"]) == (
         f"{study_files / 'cal.jsonl'}:2", str(study_files / "docs" / "b.txt"), len(RUN))
