@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
 from rf_eval.cli.values import positive_int
 from rf_eval.files.outputs import check_output, stamp_json, write_output
-from rf_eval.study.overlap import DEFAULT_WORDS, check_files
+from rf_eval.study.overlap import DEFAULT_WORDS, check_files, load_tokenizer
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,16 +50,3 @@ def run(args: argparse.Namespace) -> int:
         print(result.line())
     return 1 if any(r.found for r in results) else 0
 
-
-def load_tokenizer(name: str) -> Any:
-    """A tokenizer by hub name or local folder (the demo model's for `demo`), or a UserError naming it."""
-    from transformers import AutoTokenizer
-
-    from rf_eval.demo.model import resolve_pretrained
-    from rf_eval.errors import UserError
-
-    try:
-        return AutoTokenizer.from_pretrained(resolve_pretrained(name))
-    except (OSError, ValueError) as err:
-        raise UserError(f"--tokenizer {name!r}: no tokenizer could be loaded ({str(err).splitlines()[0]}); give a "
-                        "local folder, or a hub name on a machine that reaches the hub") from None

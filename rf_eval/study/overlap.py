@@ -249,5 +249,18 @@ def check_before_fit(calibration: Sequence[str | Path], documents: str | Path, r
             **({"token_pairs": len(results[1].pairs), "token_line": results[1].line()} if len(results) > 1 else {})}
 
 
+def load_tokenizer(name: str) -> Any:
+    """A tokenizer by hub name or local folder (the demo model's for `demo`), or a UserError naming it."""
+    from transformers import AutoTokenizer
+
+    from rf_eval.demo.model import resolve_pretrained
+
+    try:
+        return AutoTokenizer.from_pretrained(resolve_pretrained(name))
+    except (OSError, ValueError) as err:
+        raise UserError(f"tokenizer {name!r}: none could be loaded ({str(err).splitlines()[0]}); give a "
+                        "local folder, or a hub name on a machine that reaches the hub") from None
+
+
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -38,7 +38,7 @@ from rf_eval.reports.build import report_argv as build_report_argv
 from rf_eval.ridgefill.fit_run import fit_map_files, fit_summary
 from rf_eval.stats.ledger import append_entry, verify_ledger
 from rf_eval.study.jobs import ArmJob, Progress
-from rf_eval.study.overlap import WARN, check_before_fit
+from rf_eval.study.overlap import WARN, check_before_fit, load_tokenizer
 from rf_eval.study.spec import ADAPTERS, Study, StudyArm, StudyError
 from rf_eval.study.state import check_folder, done_marker, is_done, save_state
 
@@ -203,8 +203,6 @@ def fit_maps_once(study: Study, out: Path) -> str | None:
     overlap = None
     if study.metadata.get("docs"):  # calibration vs the evaluated documents first (RidgeFill Appendix G)
         try:  # by words, and by the study model's tokens (Appendix G's first check)
-            from rf_eval.cli.overlap import load_tokenizer
-
             overlap = check_before_fit([*given["calibration"], *given["heldout"]], study.metadata["docs"],
                                        out / "overlap.json", study.fit.get("overlap", WARN),
                                        tokenizer=load_tokenizer(str(given["model"])))

@@ -32,6 +32,7 @@ def test_an_edited_calibration_file_refits_the_maps_and_a_same_one_reuses_them(t
         return SimpleNamespace(sums_device=None, paths={})
 
     monkeypatch.setattr(runner, "fit_map_files", fake_fit)
+    monkeypatch.setattr(runner, "load_tokenizer", lambda name: None)  # no model at /m: the word check alone
     (tmp_path / "cal.jsonl").write_text('{"text": "first"}\n')
     (tmp_path / "held.jsonl").write_text('{"text": "held"}\n')
     text = STUDY.replace("margin: 5.0", "margin: 5.0\nfit: {{calibration: [cal.jsonl], heldout: [held.jsonl], split: 3}}")
