@@ -23,7 +23,7 @@ from rf_eval.cost.mac_model import cache_rows, ceiling_r, prefill_macs
 from rf_eval.cost.prefill_cost import PrefillCost
 from rf_eval.ridgefill.presets import preset as named
 
-__all__ = ["KNOBS", "knob_name", "ridgefill_knob", "ridgefill_prefill_cost", "selector_probe_rows"]
+__all__ = ["KNOBS", "knob_name", "planned_rows", "ridgefill_knob", "ridgefill_prefill_cost", "selector_probe_rows"]
 
 #: the knobs a RidgeFill arm can turn, by what decides it (see the module docstring)
 KNOBS = ("split", "rows", "tail")
@@ -40,6 +40,19 @@ def knob_name(preset: str | None, selector: Any) -> str:
     if preset is not None:
         return named(preset).knob
     return "rows" if selector is not None else "tail"
+
+
+def planned_rows(arm: Any, n: int) -> int | None:
+    """The prefix rows an n-token prompt of `arm` (a `RidgeFillArm`) runs exactly beside its tail, known before
+    it runs: a budget's rows, else the selector's where the length decides them (`Selector.planned_rows`), 0
+    without a selector; None where they depend on the text (the run counts them). The preview's and a served
+    answer's ceilings (the preview's arm of a ridge fill is not resolved before its maps exist: its own tail,
+    and no budget)."""
+    plan, rows, _ = arm.plan_at(n) if "_plan" in arm.__dict__ else (None, None, None)
+    if rows is not None or arm.selector_obj is None:
+        return rows or 0
+    tail = plan.tail if plan is not None else arm.tail
+    return arm.selector_obj.planned_rows(n, max(n - min(tail, n), 0))
 
 
 def ridgefill_knob(arm: Any, model_config: Any) -> Knob | None:

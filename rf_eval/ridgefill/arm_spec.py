@@ -234,17 +234,6 @@ class RidgeFillArm:
             plan = dataclasses.replace(plan, tail=tail)
         return plan, None, None
 
-    def planned_rows(self, n: int) -> int | None:
-        """The prefix rows an n-token prompt runs exactly beside its tail, known before it runs: a budget's rows,
-        else the selector's where the length decides them (`Selector.planned_rows`), 0 without a selector; None
-        where they depend on the text (the run counts them). The preview's and a served answer's ceilings (the
-        preview's arm of a ridge fill is not resolved before its maps exist: its own tail, and no budget)."""
-        plan, rows, _ = self.plan_at(n) if "_plan" in self.__dict__ else (None, None, None)
-        if rows is not None or self.selector_obj is None:
-            return rows or 0
-        tail = plan.tail if plan is not None else self.tail
-        return self.selector_obj.planned_rows(n, max(n - min(tail, n), 0))
-
     def resolved_for(self, model_config: Any) -> bool:
         """Whether `resolve` bound this arm to a model of `model_config`'s shape (`config_hash`)."""
         config = self.__dict__.get("_config")

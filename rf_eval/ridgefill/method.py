@@ -38,7 +38,7 @@ from rf_eval.methods.base import MapsSplit, Method, ModelSource, PromptPlan
 from rf_eval.methods.requests import check_prompt, model_identity
 from rf_eval.ridge.maps import MapError, RidgeMaps, load_arm_maps
 from rf_eval.ridgefill.arm import prefill_arm
-from rf_eval.ridgefill.arm_cost import ridgefill_prefill_cost, selector_probe_rows
+from rf_eval.ridgefill.arm_cost import planned_rows, ridgefill_prefill_cost, selector_probe_rows
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.ridgefill.presets import PRESET_FIELDS, Preset
 
@@ -203,7 +203,7 @@ class RidgeFill(Method):
         if plan.plain:
             return {"ceiling": 1.0, "mac_ceiling": 1.0}
         engine_plan, _ = plan.setting
-        selected = self.arm.planned_rows(n)
+        selected = planned_rows(self.arm, n)
         if selected is None:
             return {}
         exact_rows = min(engine_plan.tail + selected, n)
@@ -221,7 +221,7 @@ class RidgeFill(Method):
         plan = plan if plan is not None else self.plan(n)
         if result is None or result.plan is None:  # a filled prefill's result has the engine plan that ran
             ran = plan.setting[0]
-            tail, selected = (n, 0) if plan.plain else (ran.tail, self.arm.planned_rows(n) or 0)
+            tail, selected = (n, 0) if plan.plain else (ran.tail, planned_rows(self.arm, n) or 0)
         else:
             ran = result.plan
             # tokens held back run as tail rows; a last row the prefill ran and gave back (`without_last_row`,
@@ -287,7 +287,7 @@ class RidgeFill(Method):
             elif not previewed.fills_rows:
                 out[n] = (1.0, None)
             else:
-                rows = previewed.planned_rows(n)
+                rows = planned_rows(previewed, n)
                 filled = prefill_macs(config, n, split=previewed.split, tail=min(previewed.tail, n),
                                       exact_rows=rows or 0, fill=previewed.fill_obj, map_split=previewed.map_split,
                                       probe_rows=selector_probe_rows(previewed.selector_obj))

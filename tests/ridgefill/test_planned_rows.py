@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rf_eval.methods import method_class
+from rf_eval.ridgefill.arm_cost import planned_rows
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 
 N = 48
@@ -61,4 +62,4 @@ def test_the_preview_counts_the_selected_rows(tiny_model_dir, tiny_model):
 def test_a_selector_whose_rows_depend_on_the_text_claims_no_ceiling(tiny_model):
     model, tok = tiny_model("llama")
     arm = method_class("ridgefill")(model, tok, fill="identity", split=2, tail=4, selector="special")
-    assert arm.arm.planned_rows(N) is None and arm.speedup_ceilings(N) == {}
+    assert planned_rows(arm.arm, N) is None and arm.speedup_ceilings(N) == {}
