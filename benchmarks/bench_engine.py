@@ -56,6 +56,12 @@ def make_model(layers: int, hidden: int, device: str, dtype: torch.dtype, vocab:
 
 def timed_round_robin(arms: dict[str, Callable[[], object]], repeats: int, device: str) -> dict[str, float]:
     """Median seconds per arm: one warm-up run each, then `repeats` rounds of one run each, order rotated."""
+    return {name: statistics.median(ts) for name, ts in round_robin_times(arms, repeats, device).items()}
+
+
+def round_robin_times(arms: dict[str, Callable[[], object]], repeats: int, device: str) -> dict[str, list[float]]:
+    """Each arm's seconds in each of `repeats` rounds (one run of each per round, the order rotated), after one
+    warm-up run of each."""
     def once(fn) -> float:
         if device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -73,7 +79,7 @@ def timed_round_robin(arms: dict[str, Callable[[], object]], repeats: int, devic
     for r in range(repeats):
         for name in names[r % len(names):] + names[: r % len(names)]:
             seen[name].append(once(arms[name]))
-    return {name: statistics.median(ts) for name, ts in seen.items()}
+    return seen
 
 
 def random_maps(model, split: int) -> RidgeMaps:

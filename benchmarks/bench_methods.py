@@ -19,10 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from typing import Any
 
 import torch
+from bench_engine import round_robin_times
 
 from rf_eval.methods import method_class
 
@@ -46,31 +46,14 @@ def prompt_ids(tokenizer: Any, n: int) -> torch.Tensor:
     return ids
 
 
-def once(fn: Any, device: str) -> float:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    with torch.no_grad():
-        fn()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-
 def measure(model: Any, tokenizer: Any, n: int, repeats: int, device: str) -> list[dict[str, Any]]:
     ids = prompt_ids(tokenizer, n).to(device)
     methods = {"exact": method_class("exact")(model, tokenizer)}
     for name, method, fields in ARMS:
         methods[name] = method_class(method)(model, tokenizer, **fields(n))
     ceilings = {name: m.prefill_cost(n, m.prefill(ids)).mac_speedup for name, m in methods.items() if name != "exact"}
-    runs = {name: (lambda m=m: m.prefill(ids)) for name, m in methods.items()}
-    names = list(runs)
-    for name in names:
-        once(runs[name], device)
-    seen: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            seen[name].append(once(runs[name], device))
+    seen = round_robin_times({name: (lambda m=m: m.prefill(ids)) for name, m in methods.items()}, repeats, device)
+    names = list(seen)
     exact = statistics.median(seen["exact"])
     rows = []
     for name in names[1:]:
