@@ -7,7 +7,10 @@ sample whether its answer hit `max_gen_toks` (`cap_hits`, 0 or 1; the rule is `r
 
 `cap_hit_rows` counts them per arm on the items the arm pairs with the reference (the fixed sample set:
 a `*_filled` task's filled samples), per task, RULER task and length (and over all lengths, `all`, where a
-task spans several), with the reference's count on the same items beside it. Counts, not a test: the paper reports them so, as a note on a score's difference.
+task spans several), with the reference's count on the same items beside it; and, as section 4.5 counts
+them, over every item of the task (`ALL_ITEMS`: filled or not, lm-eval's own sum of the samples' flags in
+each run's results, `results_totals`) where both runs scored the same number of items. Counts, not a test:
+the paper reports them so, as a note on a score's difference.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ import pandas as pd
 
 from rf_eval.stats.measures import task_label
 
-__all__ = ["cap_hit_rows", "cap_hit_table"]
+__all__ = ["ALL_ITEMS", "cap_hit_rows", "cap_hit_table", "results_totals"]
+
+#: the row of a task's every item (section 4.5's count), beside the paired rows
+ALL_ITEMS = "every item"
 
 _SAMPLE = ["task", "filter", "doc_id"]
 
@@ -44,13 +50,38 @@ def _label(task: str, filt: str, subtask: Any) -> str:
     return task_label(task, filt, subtask if isinstance(subtask, str) else None)
 
 
-def cap_hit_table(pairs: Mapping[str, pd.DataFrame], reference: str) -> dict[str, Any]:
-    """{"description": what a report says of the table, "rows": `cap_hit_rows`}."""
-    return {"rows": cap_hit_rows(pairs), "description": (
+def results_totals(data: Mapping[str, Any], task: str) -> tuple[int, int] | None:
+    """(items, cap hits) of `task` over every item a run scored: lm-eval's sum of the samples' `cap_hits` in the
+    results file `data` and its effective sample count (None where the task records no cap hits)."""
+    hits = ((data.get("results") or {}).get(task) or {}).get("cap_hits,none")
+    items = ((data.get("n-samples") or {}).get(task) or {}).get("effective")
+    return None if hits is None or items is None else (int(items), int(round(float(hits))))
+
+
+def cap_hit_table(pairs: Mapping[str, pd.DataFrame], reference: str,
+                  totals: Mapping[str, Mapping[str, tuple[int, int]]] | None = None) -> dict[str, Any]:
+    """{"description": what a report says of the table, "rows": `cap_hit_rows` then the every-item rows}.
+    `totals`: each arm's `results_totals` per task."""
+    rows = cap_hit_rows(pairs) + _every_item_rows(pairs, reference, totals or {})
+    return {"rows": rows, "description": (
         "Answers that hit the length cap: max_gen_toks tokens with no stop sequence or EOS met, found by "
         "re-tokenizing each answer with the run's tokenizer (rf_eval.tasks.common.cap_hit; paper sections 4.5, "
         f"4.6). Each arm's count is on the samples it pairs with {reference}, beside {reference}'s count on the "
-        "same samples; counts, with no test.")}
+        f"same samples, and on every item of the task (\"{ALL_ITEMS}\", filled or not, as section 4.5 counts); "
+        "counts, with no test.")}
+
+
+def _every_item_rows(pairs: Mapping[str, pd.DataFrame], reference: str,
+                     totals: Mapping[str, Mapping[str, tuple[int, int]]]) -> list[dict[str, Any]]:
+    """Per task and arm, the cap hits over every item, where the arm and the reference scored as many."""
+    rows = []
+    for arm in pairs:
+        for task, (items, hits) in (totals.get(arm) or {}).items():
+            ref = (totals.get(reference) or {}).get(task)
+            if ref is not None and ref[0] == items:
+                rows.append({"task": task, "length": ALL_ITEMS, "arm": arm, "n": items, "arm_hits": hits,
+                             "ref_hits": ref[1]})
+    return rows
 
 
 def cap_hit_rows(pairs: Mapping[str, pd.DataFrame]) -> list[dict[str, Any]]:

@@ -24,13 +24,9 @@ length from the metric's name; otherwise the length is the doc's `max_length`
 the subtask its `ruler_task` (pooled `ruler_filled`): the facts of the
 bootstrap strata (`rf_eval.stats.strata`). Accuracy-like metrics (higher is
 better, all in [0, 1]) are put in points (x100, section 3.4).
-Per-sample facts (`ITEM_FIELDS`: the length-cap flag `cap_hits` of the
-generation tasks, keytoken_nll's `copyable_share`) and per-item cost, as
-rf-eval's tasks record them beside their metrics
-(`rf_eval.cost.prefill_cost.COST_FIELDS`: the arm's and exact's prefill MACs, their
-ratio, the measured `prefill_seconds`, the budget and its knob's value, the
-cache entries, ...), become columns of the same rows; an arm run without them
-(another lm-eval model, or an older rf-eval) has them empty.
+Per-sample facts (`ITEM_FIELDS`: `cap_hits`, `copyable_share`) and per-item cost
+(`rf_eval.cost.prefill_cost.COST_FIELDS`), as rf-eval's tasks record them beside their
+metrics, become columns of the same rows; an arm run without them has them empty.
 Every samples file is checked against the seal its run wrote (`rf_eval.integrity.seal`): one edited, truncated or
 removed since is refused, and so is an rf-eval run without its own seal unless `allow_unsealed` (`unsealed_note`).
 An arm run with `reference=exact` records its engine floor in the results'
@@ -52,6 +48,7 @@ from rf_eval.cost.prefill_cost import COST_FIELDS
 from rf_eval.integrity.seal import check as check_seal
 from rf_eval.integrity.seal import unsealed_note
 from rf_eval.stats.arms import name_arms, naming_args, parse_model_args
+from rf_eval.stats.cap_hits import results_totals
 from rf_eval.stats.contrasts import is_loss_metric
 from rf_eval.stats.metric_choice import RULER_SCORE, doc_length, number, task_metrics
 from rf_eval.stats.provenance import (
@@ -98,6 +95,8 @@ class ArmRun:
     model_identity: dict[str, Any] = field(default_factory=dict)
     #: per task, the config fields of `rf_eval.stats.provenance.PROTOCOL_FIELDS` its run recorded
     task_protocol: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: per task, (items, cap hits) over every item its run scored (`rf_eval.stats.cap_hits.results_totals`)
+    cap_hits: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def model_args_text(self) -> str:
@@ -297,6 +296,7 @@ def _arm_run(name: str, key: tuple[str, str], used: list[tuple[str, _ResultsFile
         ledger_heads=tuple(h for h in (ledger_head(rf) for rf in files) if h is not None),
         engine_floor=engine_floor(files), model_identity=model_identity(name, files),
         task_protocol={t: task_protocol(rf, t) for t, rf in used},
+        cap_hits={t: n for t, rf in used if (n := results_totals(rf.data, t)) is not None},
     )
 
 

@@ -168,9 +168,12 @@ def test_cap_hits_per_arm_beside_the_reference_in_every_format(tmp_path, lmeval_
     _cwe_run(lmeval_format, tmp_path / "ridge", "ridge", 1.8e9)
     assert _report(tmp_path) == 0
     rows = json.loads((tmp_path / "r.json").read_text())["cap_hits"]["rows"]
+    hits = [sum(c[i] for c in CAPS.values()) for i in (0, 1)]
     assert [(r["task"], r["length"], r["arm"], r["n"], r["arm_hits"], r["ref_hits"]) for r in rows] == [
         *[("ruler_cwe_filled", n, "ridge", 20, *CAPS[n]) for n in LENGTHS],
-        ("ruler_cwe_filled", "all", "ridge", 40, sum(c[0] for c in CAPS.values()), sum(c[1] for c in CAPS.values()))]
+        ("ruler_cwe_filled", "all", "ridge", 40, *hits),
+        # every item, as section 4.5 counts (#55 item 7): the two excluded samples hit the cap in both arms
+        ("ruler_cwe_filled", "every item", "ridge", 42, hits[0] + 2, hits[1] + 2)]
     md = (tmp_path / "r.md").read_text()
     assert "### Length-cap hits" in md and "| task | length | arm | n | cap hits | exact |" in md
     for n in LENGTHS:
@@ -180,6 +183,8 @@ def test_cap_hits_per_arm_beside_the_reference_in_every_format(tmp_path, lmeval_
     assert f"<td>{LENGTHS[0]:,}</td><td class=\"text\">ridge</td><td>20</td><td>12</td><td>8</td>" in html
     tex = (tmp_path / "r.tex").read_text()
     assert "Length-cap hits" in tex and f"ruler\\_cwe\\_filled & {LENGTHS[1]:,} & ridge & 20 & 7 & 4 \\\\" in tex
+    assert f"| ruler_cwe_filled | every item | ridge | 42 | {hits[0] + 2} | {hits[1] + 2} |" in md
+    assert f"<td>every item</td><td class=\"text\">ridge</td><td>42</td>" in html and "every item & ridge & 42" in tex
 
 
 def test_no_cap_table_without_cap_flags(tmp_path, lmeval_format):

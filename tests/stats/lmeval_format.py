@@ -81,6 +81,8 @@ def write_run(
             **(task_extra or {}),
         }
         results[task] = {"alias": task, **{f"{m},none": 0.0 for m in metrics}}
+        if any("cap_hits" in s for s in samples):  # lm-eval sums the samples' flags (the task's `sum` metric)
+            results[task]["cap_hits,none"] = float(sum(s.get("cap_hits") or 0 for s in samples))
         with open(folder / f"samples_{task}_{date_id}.jsonl", "w", encoding="utf-8") as fh:
             for s in samples:
                 fh.write(json.dumps(s, ensure_ascii=False) + "\n")
