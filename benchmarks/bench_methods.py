@@ -82,13 +82,15 @@ def main() -> None:
     path = resolve_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, a.dtype)).to(a.device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    rows = [row for n in a.lengths for row in measure(model, tokenizer, n, a.repeats, a.device)]
     print(f"{path}: {a.device}, {torch.get_num_threads()} threads, {a.repeats} rounds after a warm-up")
-    print(f"{'method':<10} {'length':>6} {'measured':>9} {'ceiling':>8} {'share':>6} {'spread':>13}")
-    for r in rows:
-        lo, hi = r["spread"]
-        print(f"{r['method']:<10} {r['length']:>6} {r['measured']:>8.2f}x {r['ceiling']:>7.2f}x {r['share']:>6.2f} "
-              f"[{lo:.2f}, {hi:.2f}] {r['flag']}")
+    print(f"{'method':<10} {'length':>6} {'measured':>9} {'ceiling':>8} {'share':>6} {'spread':>13}", flush=True)
+    rows = []
+    for n in a.lengths:  # each length's rows as they come: a long length on a CPU takes minutes
+        rows += measure(model, tokenizer, n, a.repeats, a.device)
+        for r in rows[-len(ARMS):]:
+            lo, hi = r["spread"]
+            print(f"{r['method']:<10} {r['length']:>6} {r['measured']:>8.2f}x {r['ceiling']:>7.2f}x {r['share']:>6.2f} "
+                  f"[{lo:.2f}, {hi:.2f}] {r['flag']}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": a.device, "threads": torch.get_num_threads(), "rows": rows}, f, indent=1)

@@ -60,7 +60,7 @@ class InFlight:
         rec["finished"] = bool(result.last)  # the chunk with finish_reason came (else cut after the first token)
         last = result.last or {}
         timings = last.get("rf_timings") or {}
-        rec["server"] = {k: timings[k] for k in ("queue_seconds", "prefill_seconds", "prompt_seconds")
+        rec["server"] = {k: timings[k] for k in ("queue_seconds", "prefill_seconds", "prompt_seconds", "source_seconds")
                          if isinstance(timings.get(k), (int, float))} or None
         rec["batch"] = last.get("rf_batch") if isinstance(last.get("rf_batch"), dict) else None
         rec["status"] = "completed"

@@ -8,7 +8,9 @@ identical arrival trace). Each request is sent from its own thread at its
 scheduled arrival, so arrivals never wait for responses. TTFT is wall clock:
 the arrival of the first streamed chunk that carries a token minus the
 request's *scheduled* arrival (queueing, prefill and any lateness of the client
-in sending all count). The first `discard` requests of a sweep (by arrival)
+in sending all count), and beside it the same less the time the server spent in a second model's prefill
+(`source_seconds`: RaReCache's source, which the paper's section 4.6 measurement assumes already ran; 0 for
+every other method), both reported. The first `discard` requests of a sweep (by arrival)
 are left out of its statistics, the paper's warm-up of the queue; the median
 and the 99th percentile of the rest are numpy's `percentile` with
 `method="linear"` (numpy's default). A sweep ends when every request has its
@@ -112,9 +114,12 @@ def sweep(server: Server, body: dict[str, Any], rate: float, n: int, discard: in
     for rec in records:
         if rec["status"] == "completed":
             rec["ttft"] = rec["first_token"] - rec["scheduled"]
+            rec["ttft_without_source"] = rec["ttft"] - float((rec.get("server") or {}).get("source_seconds") or 0.0)
     counts = {s: sum(r["status"] == s for r in records) for s in ("completed", "cut", "failed", "unsent")}
     cut = cut or counts["unsent"] > 0  # the deadline came before the last arrival, or before the last answer
     stats = ttft_stats([r.get("ttft") for r in records], discard)
+    without = ttft_stats([r.get("ttft_without_source") for r in records], discard)
+    stats.update({f"{k}_without_source": without[k] for k in ("median_seconds", "p99_seconds", "mean_seconds")})
     kept_batches = {r["batch"]["id"]: r["batch"]["size"] for r in records[discard:]
                     if r["status"] == "completed" and r.get("batch")}
     return {"rate": rate, "requests": n, "discard": discard, "sent": n - counts["unsent"], **counts,
@@ -235,6 +240,7 @@ class _LoadRun:
             self.sweeps.append({"length": length, "arm": side, "name": arm.name, "rf_arm": arm.fields, **result})
             row[side] = {k: result[k] for k in ("sent", "completed", "cut", "failed", "unsent", "n",
                                                 "median_seconds", "p99_seconds", "mean_seconds",
+                                                "median_seconds_without_source", "p99_seconds_without_source",
                                                 "mean_batch_size", "cut_at_deadline")}
             self.say(f"N={length} rate={rate:g} {arm.name}: {result['completed']}/{result['sent']} completed, median "
                      f"{_ms(result['median_seconds'])} ms, p99 {_ms(result['p99_seconds'])} ms"
@@ -255,6 +261,11 @@ class _LoadRun:
                 "protocol": {"arrivals": "homogeneous Poisson: cumulative exponential gaps, "
                                          "numpy.random.default_rng(seed).exponential(1.0, requests) / rate",
                              "ttft": "first streamed token (client clock) minus the scheduled arrival",
+                             "ttft_without_source": "the same less the server's source_seconds (a second model's "
+                                                    "prefill, RaReCache's, which its section 4.6 assumes ran)",
+                             "batching": "as the server batches: exact prompts of one length share one forward; "
+                                         "a method with per-prompt parts (RaReCache, the droppers, row selectors) "
+                                         "prefills its batch's prompts one after another (rf_batch records it)",
                              "statistics": f"after the first `discard` requests by arrival, completed requests only; "
                                            f"numpy.percentile(method={PERCENTILE_METHOD!r}) at 50 and 99",
                              "ratio": "arm A / arm B (> 1: B is faster)",
@@ -290,6 +301,13 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"{r['length']:>7} {r['rate']:>8g} {u:>6} {done(r['a']):>9} {_ms(r['a']['median_seconds']):>9} "
                      f"{_ms(r['a']['p99_seconds']):>9} {done(r['b']):>9} {_ms(r['b']['median_seconds']):>9} "
                      f"{_ms(r['b']['p99_seconds']):>9} {times(r['ratio_median']):>8} {times(r['ratio_p99']):>8}")
+    for r in result["rows"]:
+        for side in "ab":
+            own, less = r[side].get("median_seconds"), r[side].get("median_seconds_without_source")
+            if own is not None and less is not None and less < own:
+                lines.append(f"{side.upper()} at N={r['length']}, rate {r['rate']:g}: without the source model's "
+                             f"prefill (section 4.6's TTFT) median {_ms(less)} ms, p99 "
+                             f"{_ms(r[side]['p99_seconds_without_source'])} ms")
     if any(r[s]["cut_at_deadline"] for r in result["rows"] for s in "ab"):
         lines.append("* cut at --max-seconds: statistics over the completed requests only (a lower bound)")
     return "\n".join(lines)

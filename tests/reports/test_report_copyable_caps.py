@@ -184,7 +184,7 @@ def test_cap_hits_per_arm_beside_the_reference_in_every_format(tmp_path, lmeval_
     tex = (tmp_path / "r.tex").read_text()
     assert "Length-cap hits" in tex and f"ruler\\_cwe\\_filled & {LENGTHS[1]:,} & ridge & 20 & 7 & 4 \\\\" in tex
     assert f"| ruler_cwe_filled | every item | ridge | 42 | {hits[0] + 2} | {hits[1] + 2} |" in md
-    assert f"<td>every item</td><td class=\"text\">ridge</td><td>42</td>" in html and "every item & ridge & 42" in tex
+    assert "<td>every item</td><td class=\"text\">ridge</td><td>42</td>" in html and "every item & ridge & 42" in tex
 
 
 def test_no_cap_table_without_cap_flags(tmp_path, lmeval_format):

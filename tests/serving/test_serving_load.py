@@ -205,9 +205,12 @@ def test_poisson_sweeps_and_saturation_on_a_tiny_model(batch_server, tmp_path, c
         for r in records:
             assert r["sent"] >= r["scheduled"] - 1e-3 and r["first_token"] > r["sent"] and r["end"] >= r["first_token"]
             assert r["ttft"] == r["first_token"] - r["scheduled"] and 1 <= r["batch"]["size"] <= 4
+            # no second model's prefill in these arms: the TTFT without it is the TTFT (RaReCache's differs)
+            assert r["server"]["source_seconds"] == 0.0 and r["ttft_without_source"] == r["ttft"]
         again = ttft_stats([r["ttft"] for r in records], 2)  # the report's recomputation
         assert (sweep["n"], sweep["median_seconds"], sweep["p99_seconds"]) == (10, again["median_seconds"],
                                                                                again["p99_seconds"])
+        assert sweep["median_seconds_without_source"] == sweep["median_seconds"]
     mu_a = entry["saturation_a"]["mu"]
     for row in result["rows"]:
         a, b = row["a"], row["b"]

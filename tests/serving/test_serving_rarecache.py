@@ -70,6 +70,9 @@ def test_a_rarecache_server_serves_the_adapters_samples(pair, serve_env, tmp_pat
             assert reported == {"method": "rarecache", "selector": "rank", **arm}, name
             assert choice["logprobs"]["token_logprobs"][0] == pytest.approx(logprob, abs=1e-5), name
             first[name] = logprob
+            # the source model's prefill, inside the prompt's time (the load test reports TTFT without it too)
+            timings = out["rf_timings"]
+            assert 0 < timings["source_seconds"] < timings["prompt_seconds"], name
         # the mapped cache matters: the two arms' first tokens are scored differently
         assert abs(first["server's arm"] - first["rf_arm"]) > 1e-4
         status, out = post(url, {**body, "rf_arm": {"fill": "identity"}})
