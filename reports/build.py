@@ -51,7 +51,8 @@ def ttft_speed_rows(paths: Sequence[str]) -> list[dict]:
             raise UserError(f"--ttft {path}: not an `rf-eval ttft` result (not JSON: {err.msg} at line {err.lineno})") from None
         if data.get("kind") != "rf-eval-ttft":
             raise UserError(f"--ttft {path}: not an `rf-eval ttft` result (kind {data.get('kind')!r})")
-        rows.extend(data["speed"])
+        # served timings (`rf-eval ttft`: its rows say client or server clock), none flagged: no interval to do it by
+        rows.extend({"timing": "served", "above_ceiling": False, **row} for row in data["speed"])
     return rows
 
 

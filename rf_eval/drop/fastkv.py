@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from rf_eval import engine
 from rf_eval.cost.mac_model import cache_rows
 from rf_eval.cost.prefill_cost import PrefillCost
 from rf_eval.drop.fastkv_capacity import compress_to_capacity
@@ -50,8 +51,14 @@ class FastKV(PresetMethod):
     budget_knob = "the propagated rows"
 
     def capacity(self, n: int) -> int | None:
-        """The rows per key-value head each layer's cache keeps after an n-token prefill (None: every row)."""
-        return self.arm.selector_obj.capacity_at(n)
+        """The rows per key-value head each layer's cache keeps after an n-token prefill (None: every row). A
+        model with recurrent or sliding-window layers keeps its caches whole under the default capacity (the
+        selector refuses any other on it): the cut reads and rewrites plain full-attention caches only."""
+        return self.arm.selector_obj.capacity_at(n) if self.cuts_caches else None
+
+    @property
+    def cuts_caches(self) -> bool:
+        return engine.rows_can_be_given_back(self.model)
 
     def after_prefill(self, result: PrefillResult, ids: torch.Tensor) -> PrefillResult:
         capacity = self.capacity(ids.shape[1])
@@ -75,4 +82,4 @@ class FastKV(PresetMethod):
         return dataclasses.replace(cost, cache_entries=kept)
 
     def provenance(self) -> dict[str, Any]:
-        return {**super().provenance(), "release": RELEASE}
+        return {**super().provenance(), "release": RELEASE, "capacity_applied": self.cuts_caches}

@@ -8,7 +8,7 @@ keys, softmax of the 1/sqrt(d)-scaled logits over every key (causal among the
 window rows) in fp32; the weight each key before the window receives is summed
 over the window rows, pooled along the tokens (`avg`, or `max` in their current
 scripts; kernel 7, padding 3, the padding counted), and summed over the query
-heads of each key-value head (`window_scores`). The TSP layer ranks rows by these
+heads of each key-value head (`rf_eval.selectors.tsp.window_scores`). The TSP layer ranks rows by these
 scores summed over the key-value heads (`rf_eval.selectors.tsp`). A layer that ran
 at least `capacity` rows keeps, per key-value head, the `capacity - window`
 highest-scoring rows and the window (each head its own rows); a layer that ran
@@ -31,32 +31,12 @@ scoring's dot products are not charged, as no selector's are; scores stay fp32
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from rf_eval.engine import PrefillResult, decoder_layers, extend
 from rf_eval.families import family_for
+from rf_eval.selectors.tsp import window_scores
 
-__all__ = ["POOLINGS", "compress_to_capacity", "window_scores"]
-
-POOLINGS = ("avg", "max")
-
-
-def window_scores(q: torch.Tensor, keys: torch.Tensor, scale: float, kernel: int, pooling: str,
-                  sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """The window's pooled attention on each key before it, per key-value head: (KVH, M - w), fp32.
-
-    `q` (1, H, w, D): the window rows' rotated queries; `keys` (1, KVH, M, D): the layer's keys, the window's
-    the last w; `sinks` (H,): per-head attention-sink logits (GPT-OSS), a softmax column that is dropped."""
-    heads, kv_heads, w, m = q.shape[1], keys.shape[1], q.shape[2], keys.shape[2]
-    group = heads // kv_heads
-    logits = (q[0].float() @ keys[0].float().repeat_interleave(group, 0).transpose(-1, -2)).mul_(scale)  # (H, w, M)
-    logits[..., m - w:].masked_fill_(~torch.ones(w, w, dtype=torch.bool, device=q.device).tril(), float("-inf"))
-    if sinks is not None:
-        logits = torch.cat([logits, sinks.float().to(q.device).view(-1, 1, 1).expand(-1, w, 1)], -1)
-    received = logits.softmax(-1)[..., : m - w].sum(1)  # (H, M - w)
-    pool = F.avg_pool1d if pooling == "avg" else F.max_pool1d
-    pooled = pool(received[:, None], kernel, stride=1, padding=kernel // 2)[:, 0]
-    return pooled.view(kv_heads, group, m - w).sum(1)
+__all__ = ["compress_to_capacity", "window_queries"]
 
 
 @torch.no_grad()

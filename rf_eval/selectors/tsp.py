@@ -8,7 +8,7 @@ fp32 after the 1/sqrt(d) scale, causal among the window rows); the attention
 each key before the window receives is summed over the window rows, smoothed
 along the tokens by a pool of `kernel` (7, padding kernel // 2, the padding
 counted; `pooling` avg, the release's, or max, their current scripts') and
-summed over every query head (`rf_eval.drop.fastkv_capacity.window_scores`);
+summed over every query head (`window_scores`);
 the `keep - window` highest rows propagate with the window rows, in their
 original order and at their original positions. With no more prompt rows than
 `keep`, every row propagates (the authors also skip it below `capacity`; with
@@ -40,13 +40,37 @@ length (`Request.row_budget`, the rows beyond the window).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from rf_eval.drop.fastkv_capacity import POOLINGS, window_scores
 from rf_eval.engine import Selection
 from rf_eval.selectors.attention import selector_layers
 from rf_eval.selectors.base import Request, Selector, top_rows
 
-__all__ = ["TokenSelectivePropagation"]
+__all__ = ["DEFAULT_CAPACITY", "POOLINGS", "TokenSelectivePropagation", "window_scores"]
+
+POOLINGS = ("avg", "max")
+#: the release's per-layer cache capacity (`max_prompt`); a model with other than full-attention layers keeps
+#: its caches whole under it (`rf_eval.drop.fastkv.FastKV.capacity`), and refuses any other capacity
+DEFAULT_CAPACITY = 2048
+
+
+def window_scores(q: torch.Tensor, keys: torch.Tensor, scale: float, kernel: int, pooling: str,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """The window's pooled attention on each key before it, per key-value head: (KVH, M - w), fp32.
+
+    `q` (1, H, w, D): the window rows' rotated queries; `keys` (1, KVH, M, D): the layer's keys, the window's
+    the last w; `sinks` (H,): per-head attention-sink logits (GPT-OSS), a softmax column that is dropped."""
+    heads, kv_heads, w, m = q.shape[1], keys.shape[1], q.shape[2], keys.shape[2]
+    group = heads // kv_heads
+    logits = (q[0].float() @ keys[0].float().repeat_interleave(group, 0).transpose(-1, -2)).mul_(scale)  # (H, w, M)
+    logits[..., m - w:].masked_fill_(~torch.ones(w, w, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+    if sinks is not None:
+        logits = torch.cat([logits, sinks.float().to(q.device).view(-1, 1, 1).expand(-1, w, 1)], -1)
+    received = logits.softmax(-1)[..., : m - w].sum(1)  # (H, M - w)
+    pool = F.avg_pool1d if pooling == "avg" else F.max_pool1d
+    pooled = pool(received[:, None], kernel, stride=1, padding=kernel // 2)[:, 0]
+    return pooled.view(kv_heads, group, m - w).sum(1)
+
 
 
 class TokenSelectivePropagation(Selector):
@@ -56,7 +80,8 @@ class TokenSelectivePropagation(Selector):
     counts_rows = True
 
     def __init__(self, keep: int | None = 2048, keep_share: float | None = None, window: int = 8, kernel: int = 7,
-                 layer: int | None = None, capacity: int | str | None = 2048, capacity_share: float | None = None,
+                 layer: int | None = None, capacity: int | str | None = DEFAULT_CAPACITY,
+                 capacity_share: float | None = None,
                  pooling: str = "avg"):
         if keep_share is not None:
             keep = None
@@ -95,7 +120,7 @@ class TokenSelectivePropagation(Selector):
             raise ValueError(f"tsp reads layer {layer}, a {types[layer]} layer; FastKV's rule needs a full-attention "
                              "layer: choose another split, or name one with layer=")
         other = sorted({t for t in types if t != "full_attention"})
-        if other and (self.capacity is not None or self.capacity_share is not None):
+        if other and (self.capacity not in (None, DEFAULT_CAPACITY) or self.capacity_share is not None):
             raise ValueError(f"tsp's per-layer capacity cuts full-attention caches, and this model has "
                              f"{', '.join(other)} layers: give capacity=none (the propagation alone)")
 

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rf_eval.demo.model import resolve_pretrained
 from rf_eval.errors import UserError
 from rf_eval.files.outputs import stamp_json, write_output
 from rf_eval.study.word_runs import TOKENISATION, shared_id_runs, shared_runs, words_of
@@ -252,8 +253,6 @@ def check_before_fit(calibration: Sequence[str | Path], documents: str | Path, r
 def load_tokenizer(name: str) -> Any:
     """A tokenizer by hub name or local folder (the demo model's for `demo`), or a UserError naming it."""
     from transformers import AutoTokenizer
-
-    from rf_eval.demo.model import resolve_pretrained
 
     try:
         return AutoTokenizer.from_pretrained(resolve_pretrained(name))

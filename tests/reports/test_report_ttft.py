@@ -13,7 +13,7 @@ def test_ttft_rows_are_read_and_other_files_refused(tmp_path):
            "ref_seconds": 0.8, "speedup": 1.6, "ceiling": 1.7, "share": 1.6 / 1.7, "timing": "client"}
     good = tmp_path / "ttft.json"
     good.write_text(json.dumps({"kind": "rf-eval-ttft", "version": 1, "speed": [row]}))
-    assert ttft_speed_rows([str(good), str(good)]) == [row, row]
+    assert ttft_speed_rows([str(good), str(good)]) == [{**row, "above_ceiling": False}] * 2
     bad = tmp_path / "other.json"
     bad.write_text(json.dumps({"kind": "something-else"}))
     with pytest.raises(UserError, match="not an `rf-eval ttft` result"):
