@@ -1,4 +1,4 @@
-"""FastKV's window scores and its per-layer KV capacity: every layer's cache cut to its most attended rows.
+"""FastKV's per-layer KV capacity: every layer's cache cut to the rows its window attends to most.
 
 The authors' rule (dongwonjo/FastKV, `FastKVCluster.update_kv`: the May 2025
 release `baseline/fastkv/fastkv_utils.py`, unchanged in the current
@@ -8,8 +8,8 @@ keys, softmax of the 1/sqrt(d)-scaled logits over every key (causal among the
 window rows) in fp32; the weight each key before the window receives is summed
 over the window rows, pooled along the tokens (`avg`, or `max` in their current
 scripts; kernel 7, padding 3, the padding counted), and summed over the query
-heads of each key-value head (`rf_eval.selectors.tsp.window_scores`). The TSP layer ranks rows by these
-scores summed over the key-value heads (`rf_eval.selectors.tsp`). A layer that ran
+heads of each key-value head (`rf_eval.selectors.tsp.window_scores`, which the
+TSP layer's ranking reads too, summed over the key-value heads). A layer that ran
 at least `capacity` rows keeps, per key-value head, the `capacity - window`
 highest-scoring rows and the window (each head its own rows); a layer that ran
 fewer keeps them all. `capacity` is 2,048 rows in the release's scripts
