@@ -58,7 +58,7 @@ class FastKV(PresetMethod):
 
     @property
     def cuts_caches(self) -> bool:
-        return engine.rows_can_be_given_back(self.model)
+        return engine.rows_can_be_given_back(self.model.config)
 
     def after_prefill(self, result: PrefillResult, ids: torch.Tensor) -> PrefillResult:
         capacity = self.capacity(ids.shape[1])

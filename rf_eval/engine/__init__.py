@@ -241,11 +241,12 @@ def extend(model: nn.Module, result: PrefillResult, tokens: torch.Tensor) -> tor
     return logits
 
 
-def rows_can_be_given_back(model: nn.Module) -> bool:
-    """Whether every layer's cache holds its rows as they are (no recurrent state, no sliding window), so a
-    prefill's last row can be taken back out of it (`without_last_row`)."""
-    family = family_for(model.config)
-    return sliding_window(model.config) is None and not any(family.is_recurrent(x) for x in decoder_layers(model))
+def rows_can_be_given_back(config) -> bool:
+    """Whether a model of `config` holds every layer's cache as its rows (no Gated DeltaNet state, no sliding
+    window): a prefill's last row can be taken back out of it (`without_last_row`), and FastKV's capacity can
+    cut it (`rf_eval.drop.fastkv_capacity`). One rule, read from the config, so an arm is checked before the
+    weights load."""
+    return sliding_window(config) is None and "linear_attention" not in (getattr(config, "layer_types", None) or [])
 
 
 def without_last_row(result: PrefillResult) -> PrefillResult:

@@ -158,7 +158,7 @@ class RidgeFill(Method):
         """Whether a generation prefill reads the whole prompt (then gives back its last row): an arm with a
         row selector, on a model whose every layer's cache can give a row back (no recurrent or
         sliding-window layer)."""
-        return self.arm.selector_obj is not None and engine.rows_can_be_given_back(self.model)
+        return self.arm.selector_obj is not None and engine.rows_can_be_given_back(self.model.config)
 
     def after_prefill(self, result: PrefillResult, ids: torch.Tensor) -> PrefillResult:
         """What the method does to the cache of a prefill of `ids` before it is used (FastKV's capacity)."""

@@ -42,7 +42,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rf_eval.engine import Selection
+from rf_eval.engine import Selection, rows_can_be_given_back
 from rf_eval.selectors.attention import selector_layers
 from rf_eval.selectors.base import Request, Selector, top_rows
 
@@ -119,10 +119,10 @@ class TokenSelectivePropagation(Selector):
         if layer < len(types) and types[layer] != "full_attention":
             raise ValueError(f"tsp reads layer {layer}, a {types[layer]} layer; FastKV's rule needs a full-attention "
                              "layer: choose another split, or name one with layer=")
-        other = sorted({t for t in types if t != "full_attention"})
-        if other and (self.capacity not in (None, DEFAULT_CAPACITY) or self.capacity_share is not None):
-            raise ValueError(f"tsp's per-layer capacity cuts full-attention caches, and this model has "
-                             f"{', '.join(other)} layers: give capacity=none (the propagation alone)")
+        cut = self.capacity not in (None, DEFAULT_CAPACITY) or self.capacity_share is not None
+        if cut and not rows_can_be_given_back(model_config):
+            raise ValueError("tsp's per-layer capacity cuts caches that hold their rows, and this model has "
+                             "sliding-window or recurrent layers: give capacity=none (the propagation alone)")
 
     def layer(self, req: Request) -> list[int]:
         return selector_layers(req, [self.tsp_layer(req.plan.split)])

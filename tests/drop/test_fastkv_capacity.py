@@ -129,3 +129,16 @@ def test_bad_capacity_settings_are_refused(tiny_model, selector, says):
     model, tok = tiny_model("llama")
     with pytest.raises((UserError, ValueError), match=says.replace("(", r"\(").replace(")", r"\)")):
         FastKV(model, tok, selector=selector)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+def test_on_hybrid_models_the_default_keeps_caches_whole_and_another_capacity_is_refused(tiny_model, family):
+    """The cut rewrites caches that hold their rows (`engine.rows_can_be_given_back`, read from the config):
+    a model with Gated DeltaNet layers keeps its caches whole under the default, and says so; a capacity given
+    on purpose is refused there, before any prefill. (Sliding-window models run no FastKV arm at all: its
+    nofill late layers are refused on them.)"""
+    model, tok = tiny_model(family)
+    arm = FastKV(model, tok, selector="tsp(keep=16;layer=1)")
+    assert arm.provenance()["capacity_applied"] is False and arm.capacity(4096) is None
+    with pytest.raises(ValueError, match="sliding-window or recurrent layers: give capacity=none"):
+        FastKV(model, tok, selector="tsp(keep=16;layer=1;capacity=512)")
