@@ -183,30 +183,24 @@ def test_cli_bad_input_names_the_value_and_writes_nothing(tiny_model_dir, corpus
     assert not out.exists()
 
 
-def test_cli_empty_and_missing_calibration(tiny_model_dir, tmp_path, capsys):
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text("\n\n")
-    out = tmp_path / "out"
-    assert main(["fit", "--model", tiny_model_dir("llama"), "--splits", "3", "--calibration", str(empty),
-                 "--out", str(out)]) == 2
-    assert "calibration input is empty" in capsys.readouterr().err
-    assert main(["fit", "--model", tiny_model_dir("llama"), "--splits", "3", "--calibration",
-                 str(tmp_path / "missing.txt"), "--out", str(out)]) == 2
-    assert "missing.txt does not exist" in capsys.readouterr().err
-    assert not out.exists()
-
-
-def test_one_token_documents_are_refused_before_the_model_loads(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    """Documents that give no row (one token each) are refused before the weights load (issue #54, item 5)."""
+@pytest.mark.parametrize("text, message", [
+    ("\n\n", "calibration input is empty"),
+    (None, "missing.txt does not exist"),
+    # documents that give no row (one token each), issue #54, item 5
+    ('{"text": "a"}\n{"text": "b"}\n', "is shorter than 2 tokens under the model's tokenizer"),
+])  # fmt: skip
+def test_calibration_that_gives_no_row_is_refused_before_the_model_loads(tiny_model_dir, tmp_path, capsys,
+                                                                         monkeypatch, text, message):
     from rf_eval.ridgefill import fit_run
 
     monkeypatch.setattr(fit_run, "load_fit_model", lambda *a, **k: pytest.fail("the model loaded"))
-    short = tmp_path / "short.jsonl"
-    short.write_text('{"text": "a"}\n{"text": "b"}\n')
+    calibration = tmp_path / ("missing.txt" if text is None else "calibration.jsonl")
+    if text is not None:
+        calibration.write_text(text)
     out = tmp_path / "out"
-    assert main(["fit", "--model", tiny_model_dir("llama"), "--splits", "3", "--calibration", str(short),
+    assert main(["fit", "--model", tiny_model_dir("llama"), "--splits", "3", "--calibration", str(calibration),
                  "--out", str(out)]) == 2
-    assert "is shorter than 2 tokens under the model's tokenizer" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
     assert not out.exists()
 
 
