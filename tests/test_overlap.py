@@ -250,6 +250,8 @@ def test_runs_of_tokens_under_a_tokenizer_find_what_the_word_rule_cannot(tiny_mo
     cal = [Text("cal", f"A calibration page about gardens. {blob} And the end of it.")]
     ev = [Text("ev", f"An evaluation essay on rivers, quoting {blob} before it goes on.")]
     assert not find_overlap(cal, ev, 50).found
+    same = [Text("same", cal[0].text)]  # whole-text hashes are the word check's: a token check does not repeat them
+    assert len(find_overlap(cal, same, 50).identical) == 1 and find_overlap(cal, same, 50, tok).identical == ()
     tokens = find_overlap(cal, ev, 50, tok)
     shared = len(tok(blob, add_special_tokens=False)["input_ids"])
     (pair,) = tokens.pairs

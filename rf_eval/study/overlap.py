@@ -173,14 +173,11 @@ def find_overlap(calibration: Sequence[Text], evaluation: Sequence[Text], words:
                  tokenizer: Any = None) -> Overlap:
     """Every calibration-evaluation pair with the same sha256 or sharing a run of `words` or more words (module
     docstring), or with `tokenizer` (a `transformers` tokenizer) of that many of its tokens; pairs with the
-    longest run first."""
+    longest run first. The whole-text hashes do not depend on the unit: the word check compares them, a token
+    check does not again."""
     if isinstance(words, bool) or not isinstance(words, int) or words < 1:
         raise OverlapError(f"the run length must be a whole number of words >= 1, not {words!r}")
-    by_hash: dict[str, list[str]] = defaultdict(list)
-    for e in evaluation:
-        by_hash[_sha256(e.text)].append(e.name)
-    identical = tuple(Identical(c.name, name, digest) for c in calibration
-                      for digest in [_sha256(c.text)] for name in by_hash.get(digest, []))
+    identical = _identical(calibration, evaluation) if tokenizer is None else ()
     pairs: list[SharedRun] = []
     if tokenizer is None:
         found, unit = shared_runs([c.text for c in calibration], [e.text for e in evaluation], words), "words"
@@ -259,6 +256,15 @@ def load_tokenizer(name: str) -> Any:
     except (OSError, ValueError) as err:
         raise UserError(f"tokenizer {name!r}: none could be loaded ({str(err).splitlines()[0]}); give a "
                         "local folder, or a hub name on a machine that reaches the hub") from None
+
+
+def _identical(calibration: Sequence[Text], evaluation: Sequence[Text]) -> tuple[Identical, ...]:
+    """Every calibration text with the same sha256 as an evaluation text."""
+    by_hash: dict[str, list[str]] = defaultdict(list)
+    for e in evaluation:
+        by_hash[_sha256(e.text)].append(e.name)
+    return tuple(Identical(c.name, name, digest) for c in calibration
+                 for digest in [_sha256(c.text)] for name in by_hash.get(digest, []))
 
 
 def _sha256(text: str) -> str:
