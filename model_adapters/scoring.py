@@ -219,7 +219,6 @@ class ScoringMixin:
             out["top1_agree"] = (exact.argmax(-1) == arm.argmax(-1)).tolist()
         return out
 
-
     def _exact_goes_first(self) -> bool:
         """Whether the exact prefill runs before the arm's on this request: in turn, so neither side always
         meets the warmer caches."""

@@ -199,7 +199,7 @@ def on_reference_items(pairs: pd.DataFrame, reference_items: pd.DataFrame) -> pd
 
 def by_length(pairs: pd.DataFrame) -> list[tuple[Any, pd.DataFrame]]:
     """(`POOLED`, every item) then (length, its items) for each length, where the items carry two or more."""
-    lengths = [x for x in pairs["length"].dropna().unique()] if "length" in pairs else []
+    lengths = list(pairs["length"].dropna().unique()) if "length" in pairs else []
     if len(lengths) < 2:
         return [(POOLED, pairs)]
     return [(POOLED, pairs), *((int(n), pairs[pairs["length"] == n]) for n in sorted(lengths))]
