@@ -164,11 +164,9 @@ class Attention(Selector):
         return min(int(round(self.share * (n if self.share_of == "prompt" else prefix))), prefix)
 
     def k(self, req: Request) -> int:
-        """round(share * N), or the rows an arm's budget grants (`Request.row_budget`)."""
-        if req.row_budget is not None:
-            return req.row_budget
-        base = req.n if self.share_of == "prompt" else req.prefix_end
-        return int(round(self.share * base))
+        """round(share * N) (at most the prefix: `planned_rows`), or the rows an arm's budget grants
+        (`Request.row_budget`)."""
+        return req.row_budget if req.row_budget is not None else self.planned_rows(req.n, req.prefix_end)
 
     def scores(self, req: Request) -> torch.Tensor:
         start, stop = self.window_rows(req)

@@ -137,11 +137,7 @@ class TokenSelectivePropagation(Selector):
 
     def count(self, req: Request) -> int:
         """Propagated rows beyond the window: the budget's, else keep (or keep_share of N) less the window."""
-        if req.row_budget is not None:
-            rows = req.row_budget
-        else:
-            total = self.keep if self.keep is not None else int(self.keep_share * req.n)
-            rows = total - self.window
+        rows = req.row_budget if req.row_budget is not None else self.planned_rows(req.n, req.prefix_end)
         return max(0, min(rows, req.candidates().numel()))
 
     def capacity_at(self, n: int) -> int | None:
