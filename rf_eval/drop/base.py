@@ -67,6 +67,8 @@ class Dropper(Method):
     budget_sets = ("keep", "keep_share")
     #: renumbered: the kept rows run at positions 0..k-1 (else at their original positions)
     renumbered: ClassVar[bool] = False
+    #: decoding goes on at the prompt's end, position N (else after the last kept row): `DroppedResult`
+    continues_at_prompt_end: ClassVar[bool] = False
     #: the shells hand a generation prefill the whole prompt (the rule reads its last token)
     reads_whole_prompt: ClassVar[bool] = True
     #: what `budget=` turns, by name (`rf_eval.cost.budget.Knob`)
@@ -160,7 +162,7 @@ class Dropper(Method):
                                  position_ids=positions[: rows.numel()][None], logits_to_keep=1)
                 logits = None if for_generation else out.logits[:, -1]
         return DroppedResult(cache=cache, logits=logits, exact_rows=kept, prompt_length=n, kept=kept,
-                             positions=positions, prompt_rows=n)
+                             positions=positions, prompt_rows=n, continues_at_prompt_end=self.continues_at_prompt_end)
 
     def prefill_cost(self, n: int, result: PrefillResult | None = None, plan: PromptPlan | None = None
                      ) -> PrefillCost:

@@ -14,11 +14,13 @@ their mean; the top ceil(keep_share x chunks) chunks (keep_share 0.1 in the
 authors' example) are kept whole, in order. The target prefills those rows
 alone at their original positions. No row is forced in.
 
-Decoding: the authors' scheduler counts all N prompt tokens, so the first
-decoded token sits at position N; here decoding continues after the last
-kept row, which is N exactly when the prompt's last token is kept (its chunk
-holds the question's end and scores high; `DroppedResult.offset`). The
-speculator's look-ahead stops at its end-of-sequence token as theirs does.
+Decoding: the authors' scheduler counts all N prompt tokens as computed
+(`spec_prefill_worker.py`, `_record_and_update_requests`; `input_builder.py`
+numbers a decode step from that count), so the first token is sampled from
+the last kept row's logits and every token after the prompt runs at its own
+position, from N on, whether or not the prompt's last row was kept
+(`continues_at_prompt_end`: continuations scored and generated tokens alike).
+The speculator's look-ahead stops at its end-of-sequence token as theirs does.
 The cost charges the speculator's prefill and look-ahead steps and the
 target's prefill of the kept rows (the scoring's dot products are left out,
 as the attention selectors' are).
@@ -54,6 +56,7 @@ class SpeculativePrefill(Dropper):
     budget_knob = "the kept chunks"
     loads = ("source",)
     second_model = "source"
+    continues_at_prompt_end = True
 
     @dataclass(frozen=True, kw_only=True)
     class Arm(DropperArm):

@@ -7,7 +7,8 @@ on those alone. Its cache holds k rows in every layer, at the positions the
 method gives them: renumbered 0..k-1 (GemFilter) or their original positions
 (Speculative Prefill). Whatever follows the prompt (a continuation scored, the
 tokens decoded) runs the stock model over that cache, at the positions after
-the last kept row.
+the last kept row, or from N on where the method's authors count every prompt
+token (Speculative Prefill; `continues_at_prompt_end`, `decoding_positions`).
 
 `DroppedResult` records the kept rows and their positions beside the engine's
 `PrefillResult` fields; `generation_inputs` is the one rule for what
@@ -20,13 +21,15 @@ protocol (`rf_eval.methods.requests`), not in `rf_eval.drop`: every request path
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from rf_eval.engine import PrefillResult, extend
 
-__all__ = ["DroppedResult", "extend_after", "extend_dropped", "generation_inputs"]
+__all__ = ["DroppedResult", "decoding_positions", "extend_after", "extend_dropped", "generation_inputs"]
 
 
 @dataclass
@@ -37,10 +40,16 @@ class DroppedResult(PrefillResult):
     kept: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     positions: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     prompt_rows: int = 0
+    #: the token after the prompt sits at position N, the prompt's own end, not after the last kept row
+    #: (Speculative Prefill: its authors' scheduler counts all N prompt tokens)
+    continues_at_prompt_end: bool = False
 
     @property
     def offset(self) -> int:
-        """The position of the token at sequence index i >= N is i + offset (after the last kept row)."""
+        """The position of the token at sequence index i >= N is i + offset: after the last kept row, or at i
+        itself (`continues_at_prompt_end`)."""
+        if self.continues_at_prompt_end:
+            return 0
         return int(self.positions[-1]) + 1 - self.prompt_rows if self.positions.numel() else -self.prompt_rows
 
 
@@ -62,6 +71,34 @@ def generation_inputs(result: PrefillResult | None, prompt: list[int]) -> tuple[
     positions = result.positions.tolist() + list(range(result.prompt_rows + result.offset,
                                                        len(prompt) + result.offset))
     return [prompt[i] for i in kept] + after, positions
+
+
+@contextmanager
+def decoding_positions(model: Any, result: PrefillResult | None, prompt: list[int], positions: list[int] | None):
+    """Around `model.generate` handed `positions` (`generation_inputs`) after `result`: generate numbers each
+    token it decodes after the last position handed to it, which for a dropper whose decoding continues at the
+    prompt's end (`continues_at_prompt_end`) and whose last prompt row was not kept is too early. The tokens
+    past the last handed position are moved to where the method puts them (len(prompt) + offset on); every
+    other generation is left as it is."""
+    gap = 0
+    if isinstance(result, DroppedResult) and positions:
+        gap = len(prompt) + result.offset - (positions[-1] + 1)
+    if not gap:
+        yield
+        return
+    last = positions[-1]
+
+    def shift(_module, args, kwargs):
+        given = kwargs.get("position_ids")
+        if given is not None:
+            kwargs["position_ids"] = torch.where(given > last, given + gap, given)
+        return args, kwargs
+
+    handle = model.register_forward_pre_hook(shift, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @torch.no_grad()

@@ -40,7 +40,7 @@ from rf_eval.fills import FILL_OFF
 from rf_eval.fills.base import replaced_forward
 from rf_eval.fills.loading_report import check_loaded, recording_missing_keys
 from rf_eval.integrity.tokenizers import check_tokenizers
-from rf_eval.methods.dropped import generation_inputs
+from rf_eval.methods.dropped import decoding_positions, generation_inputs
 from rf_eval.prefill_timer import Stopwatch
 
 
@@ -251,7 +251,8 @@ def generate_after(method: Any, prompt: list[int], result: PrefillResult | None,
     """The one generation loop: `model.generate` after `prompt` over `result`, the method's cache of it (None:
     generate prefills the whole prompt itself, as the stock generation). A dropper's cache holds its kept rows:
     generate is handed the kept tokens at their positions, then what follows them
-    (`rf_eval.methods.dropped.generation_inputs`). `max_length` counts `prompt`'s tokens; `criteria(k)`: the
+    (`rf_eval.methods.dropped.generation_inputs`), and decodes where the method puts the tokens after the prompt
+    (`decoding_positions`). `max_length` counts `prompt`'s tokens; `criteria(k)`: the
     stopping criteria of a generation handed k input tokens. Runs inside the caller's forward context; returns
     (generate's output, how many input tokens it was handed)."""
     device = input_device(method.model)
@@ -272,7 +273,8 @@ def generate_after(method: Any, prompt: list[int], result: PrefillResult | None,
         kwargs["max_length"] = max_length - len(prompt) + len(fed)
     if criteria is not None:
         kwargs["stopping_criteria"] = criteria(len(fed))
-    out = method.model.generate(input_ids=ids, **cache, **kwargs)
+    with decoding_positions(method.model, result, prompt, positions):
+        out = method.model.generate(input_ids=ids, **cache, **kwargs)
     if result is not None:
         sequences = out if isinstance(out, torch.Tensor) else out.sequences
         result.prompt_length = len(prompt) + sequences.shape[1] - len(fed) - 1  # generate's last token is not run

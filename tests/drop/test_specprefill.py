@@ -1,5 +1,5 @@
 """Speculative Prefill (issue #40, item 3): its rows are the authors' rule recomputed here from the speculator,
-the target prefills them at their original positions, decoding continues after the last kept row, keeping
+the target prefills them at their original positions, the tokens after the prompt run from position N, keeping
 every row is the exact model bitwise, and its MACs (the speculator's included) are a count written here."""
 
 from __future__ import annotations
@@ -70,20 +70,29 @@ def test_the_kept_rows_are_the_authors_rule_at_their_positions(pair):
     assert torch.equal(result.logits, stock)
 
 
-def test_decoding_continues_after_the_last_kept_row(pair):
+def test_every_token_after_the_prompt_runs_from_position_n(pair):
+    """The authors' scheduler counts all N prompt tokens as computed (`spec_prefill_worker.py`,
+    `_record_and_update_requests`; `input_builder.py` numbers a decode step from that count): the first token
+    comes from the last kept row's logits and the tokens after the prompt run at N, N+1, ... The prompt is
+    one whose last row is not kept, where "after the last kept row" would differ."""
     target = pair[0]
     ids, cont = prompt(), prompt(4, seed=9)
     sp = method(pair, keep_share=0.3)
     result = sp.prefill(ids)
     kept = result.kept.tolist()
-    after = list(range(kept[-1] + 1, kept[-1] + 5))
+    assert kept[-1] < N - 1  # the case that tells the two rules apart
+    after = list(range(N, N + 4))
     with torch.no_grad():
         want = target(input_ids=torch.cat([ids[:, kept], cont], 1), position_ids=torch.tensor([kept + after])).logits
     torch.testing.assert_close(sp.extend(result, cont), want[:, len(kept):], rtol=0, atol=1e-5)
-    out = sp.generate(ids, max_new_tokens=5, do_sample=False)
-    reference = target.generate(ids[:, kept], position_ids=torch.tensor([kept]), attention_mask=torch.ones(1, len(kept), dtype=torch.long),
-                                max_new_tokens=5, do_sample=False)
-    assert out[0, N:].tolist() == reference[0, len(kept):].tolist()
+    out = sp.generate(ids, max_new_tokens=5, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():  # greedy decoding written out: the kept rows at their positions, then N, N+1, ...
+        seq, positions, steps = ids[:, kept], kept, []
+        for step in range(5):
+            steps.append(target(input_ids=seq, position_ids=torch.tensor([positions])).logits[:, -1])
+            seq, positions = torch.cat([seq, steps[-1].argmax(-1, keepdim=True)], 1), positions + [N + step]
+    assert out.sequences[0, N:].tolist() == seq[0, len(kept):].tolist()
+    torch.testing.assert_close(torch.stack(out.logits), torch.stack(steps), rtol=0, atol=1e-5)
 
 
 def test_keeping_every_row_is_the_exact_model_bitwise(pair):
