@@ -54,6 +54,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="measure each arm's saturation throughput mu first (eq. 10: 5 x the server's max batch "
                         "requests at once; mu = 3 x max batch / the server's time for three consecutive full "
                         "batches); prints u = lambda / mu(A). Needs `rf-eval serve`")
+    p.add_argument("--unequal-batching", action="store_true",
+                   help="compare arms that batch differently (exact's prompts share a forward, RaReCache's, the "
+                        "droppers' and row selectors' run one by one) on a server batching several requests, as "
+                        "the server runs them; refused without it (serve with --max-batch 1 to compare both "
+                        "unbatched)")
     p.add_argument("--warmup", type=nonnegative_int, default=1,
                    help="untimed requests of each arm per length, one at a time, first (default 1)")
     p.add_argument("--max-tokens", type=positive_int, default=1, help="tokens generated per request (default 1)")
@@ -103,5 +108,5 @@ def run(args: argparse.Namespace) -> int:
     settings = load.LoadSettings(rates=tuple(args.rates), requests=args.requests, discard=args.discard,
                                  max_seconds=args.max_seconds, seed=args.seed, warmup=args.warmup,
                                  max_tokens=args.max_tokens, model=args.model, arm_field=args.arm_field,
-                                 with_saturation=args.saturation)
+                                 with_saturation=args.saturation, unequal_batching=args.unequal_batching)
     return measure_and_write(args, load, settings, text, sorted(args.lengths), prompt_record)

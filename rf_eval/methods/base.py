@@ -268,6 +268,11 @@ class Method:
         method's rows are the same for every prompt; one prefill each by default)."""
         return [self.prefill(row[None], for_generation=for_generation, plan=plan) for row in input_ids]
 
+    def prefills_together(self, n: int) -> bool:
+        """Whether a batch's n-token prompts share one forward (`prefill_batch`'s engine call, or the stock
+        model's for plain prompts) rather than prefill one after another: what a load test compares."""
+        return self.plan(n).plain
+
     def prefill_cost(self, n: int, result: PrefillResult | None = None, plan: PromptPlan | None = None
                      ) -> PrefillCost:
         """What prefilling an n-token prompt cost against exact prefill (`rf_eval.cost.prefill_cost`), at the

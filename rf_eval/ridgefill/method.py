@@ -164,6 +164,9 @@ class RidgeFill(Method):
         """What the method does to the cache of a prefill of `ids` before it is used (FastKV's capacity)."""
         return result
 
+    def prefills_together(self, n: int) -> bool:
+        return self.arm.batches or self.plan(n).plain
+
     def prefill_batch(self, input_ids: torch.Tensor, *, for_generation: bool = False,
                       plan: PromptPlan | None = None) -> list[PrefillResult]:
         """One engine call when the arm has no per-prompt part (`RidgeFillArm.batches`) and the prompts have

@@ -64,7 +64,9 @@ class Answer:
         """The response's rf-eval fields: `rf_arm`, `rf_timings`, `rf_batch` (and `rf_chat_template` for chat)."""
         arm, req = self.arm, self.req
         ceilings = arm.method.speedup_ceilings(n_prompt)  # the method's own (RidgeFill's 1/r, RaReCache's eq. 11)
-        out = {"rf_arm": arm.info, "rf_timings": {**timings, "prompt_tokens": n_prompt, **ceilings}, "rf_batch": batch}
+        out = {"rf_arm": arm.info, "rf_timings": {**timings, "prompt_tokens": n_prompt, **ceilings,
+                                                  "prefills_together": arm.method.prefills_together(n_prompt)},
+               "rf_batch": batch}
         return {**out, "rf_chat_template": self.backend.chat_template} if req.chat else out
 
     def complete(self) -> dict[str, Any]:

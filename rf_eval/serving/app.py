@@ -5,7 +5,8 @@ Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both also under
 `GET /rf/info`, `GET /health`. Each response carries `rf_arm` (the arm that
 ran: fill, split, tail, layers) and `rf_timings` (server seconds: queue,
 prefill, prompt = to the first generated token, decode, total; and the
-prompt's speedup ceilings); `usage.prompt_time_ms` is the prompt time too.
+prompt's speedup ceilings, and `prefills_together`: whether a batch's prompts of
+its length share one forward); `usage.prompt_time_ms` is the prompt time too.
 Chat responses and `/rf/info` also carry `rf_chat_template`, the record
 `--model ridgefill` keeps as `rf_eval.chat_template` (`rf_eval.harness.chat`), so a
 served arm shows it rendered messages as the adapter arm it pairs with.

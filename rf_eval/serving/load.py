@@ -181,6 +181,30 @@ class LoadSettings:
     model: str | None = None
     arm_field: str = "rf_arm"  # the body field the arms are sent in
     with_saturation: bool = False
+    unequal_batching: bool = False  # time arms that batch differently as the server runs them (else refused)
+
+
+def check_batching(arms: tuple[TimedArm, TimedArm], together: dict[str, Any], max_batch: int | None, length: int,
+                   allowed: bool) -> dict[str, str]:
+    """Each arm's batching on this server ("together": a batch's prompts share one forward; "one by one";
+    "unbatched" on a server of max batch 1), from the warm-up's `rf_timings.prefills_together`. On a server batching more than one request, arms that batch
+    differently time the server's batching rather than their prefills (exact's prompts share a forward while
+    RaReCache's, the droppers' and row selectors' run one after another): refused unless `allowed`, naming the
+    fair comparison, both arms unbatched (`rf-eval serve --max-batch 1`). Why unbatched rather than batched:
+    those methods choose rows per prompt, so a batch of them has a different causal pattern per prompt, which
+    the engine's one batched forward does not carry."""
+    if max_batch == 1:
+        return {"a": "unbatched", "b": "unbatched"}
+    said = {side: ("together" if flag else "one by one") if isinstance(flag, bool) else "unknown"
+            for side, flag in together.items()}
+    if isinstance(max_batch, int) and max_batch > 1 and len(set(said.values())) > 1 and not allowed:
+        names = {side: arm.name for side, arm in zip("ab", arms)}
+        raise ServerError(
+            f"at {length:,} tokens arm A ({names['a']}) prefills a batch's prompts {said['a']} and arm B "
+            f"({names['b']}) {said['b']}: on this server (max batch {max_batch}) the load test would time the "
+            "batching, not the two prefills. Restart the server with `rf-eval serve ... --max-batch 1` (both arms "
+            "unbatched), or pass --unequal-batching to time them as the server runs them")
+    return said
 
 
 def measure(server: Server, arms: tuple[TimedArm, TimedArm], prompts: dict[int, list[int]], settings: LoadSettings,
@@ -212,10 +236,14 @@ class _LoadRun:
         server, arms, settings = self.server, self.arms, self.settings
         bodies = {side: request_body(arm, ids, settings.max_tokens, settings.model, settings.arm_field)
                   for side, arm in zip("ab", arms)}
-        for side in "ab":
-            for _ in range(settings.warmup):
-                server.stream_completion(bodies[side])
-        entry: dict[str, Any] = {"length": length, "prompt_tokens": len(ids)}
+        together: dict[str, Any] = {}
+        for side in "ab":  # the warm-up, and at least one request that says how the arm batches
+            for _ in range(max(settings.warmup, 1 if isinstance(max_batch, int) else 0)):
+                last = server.stream_completion(bodies[side]).last or {}
+                together[side] = (last.get("rf_timings") or {}).get("prefills_together")
+        entry: dict[str, Any] = {"length": length, "prompt_tokens": len(ids),
+                                 "batching": check_batching(arms, together, max_batch, length,
+                                                            settings.unequal_batching)}
         if settings.with_saturation:
             for side, arm in zip("ab", arms):
                 wait_idle(server, settings.max_seconds)
@@ -265,7 +293,10 @@ class _LoadRun:
                                                     "prefill, RaReCache's, which its section 4.6 assumes ran)",
                              "batching": "as the server batches: exact prompts of one length share one forward; "
                                          "a method with per-prompt parts (RaReCache, the droppers, row selectors) "
-                                         "prefills its batch's prompts one after another (rf_batch records it)",
+                                         "prefills its batch's prompts one after another (rf_batch records it). "
+                                         "Arms that batch differently are compared only on a server of max "
+                                         "batch 1 (both unbatched) unless unequal_batching",
+                             "unequal_batching": settings.unequal_batching,
                              "statistics": f"after the first `discard` requests by arrival, completed requests only; "
                                            f"numpy.percentile(method={PERCENTILE_METHOD!r}) at 50 and 99",
                              "ratio": "arm A / arm B (> 1: B is faster)",
@@ -290,6 +321,10 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [f"A = {a}   B = {b}   ({result['requests']} requests per sweep, first {result['discard']} discarded; "
              f"TTFT = first token - scheduled arrival; percentiles: numpy {PERCENTILE_METHOD!r})"]
     for entry in result["lengths"]:
+        batching = entry.get("batching") or {}
+        if len(set(batching.values())) > 1:
+            lines.append(f"batching, N={entry['length']}: A prefills a batch's prompts {batching['a']}, B "
+                         f"{batching['b']} (--unequal-batching: the times include the server's batching)")
         if "saturation_a" in entry:
             mus = [entry[f"saturation_{s}"]["mu"] for s in "ab"]
             lines.append(f"saturation (eq. 10), N={entry['length']}: mu(A) = "

@@ -218,6 +218,28 @@ def test_poisson_sweeps_and_saturation_on_a_tiny_model(batch_server, tmp_path, c
         assert row["ratio_p99"] == a["p99_seconds"] / b["p99_seconds"]
         assert row["u"] == (row["rate"] / mu_a if mu_a else None)
     assert "A/B med" in printed and "fill=identity,tail=64" in printed
+    assert entry["batching"] == {"a": "together", "b": "together"} and "batching, N=" not in printed
+
+
+SELECTOR_ARM = '{"fill": "identity", "tail": 64, "selector": "attention(layers=0)"}'  # rows chosen per prompt: one by one
+
+
+def test_arms_that_batch_differently_are_refused_on_a_batching_server(batch_server, tmp_path, capsys):
+    """Issue #55 item 4: exact's prompts share one forward in a batch while a selector arm's run one by one; on
+    a server of max batch 4 that compares the batching, not the prefills. Refused after the warm-up, before any
+    sweep, naming the fair comparison (both unbatched: --max-batch 1) and the flag that times them as served."""
+    out = tmp_path / "load.json"
+    code = main(["load", "--base-url", batch_server.url, "--arm-b", SELECTOR_ARM, "--lengths", "512", "--rates",
+                 "30", "--requests", "4", "--discard", "0", "--out", str(out), "--quiet"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(err) == 1 and not out.exists()
+    assert "arm A (fill=exact) prefills a batch's prompts together and arm B" in err[0]
+    assert "one by one" in err[0] and "--max-batch 1" in err[0] and "--unequal-batching" in err[0]
+    result = run_load(batch_server, out, "--arm-b", SELECTOR_ARM, "--lengths", "512", "--rates", "30",
+                      "--requests", "4", "--discard", "0", "--unequal-batching")
+    assert result["lengths"][0]["batching"] == {"a": "together", "b": "one by one"}
+    assert result["protocol"]["unequal_batching"] is True
+    assert "batching, N=512: A prefills a batch's prompts together, B one by one" in capsys.readouterr().out
 
 
 def test_a_sweep_past_max_seconds_is_cut_and_the_server_drops_what_queued(batch_server, tmp_path):
