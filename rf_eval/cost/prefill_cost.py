@@ -15,8 +15,9 @@ speedup ceiling), 1/r of section 2.5 where it applies, the late-layer exact rows
 (tail + selected), the cache entries the prompt leaves (rows x attention
 layers: a method that drops rows keeps fewer), the measured prefill seconds
 (`rf_eval.prefill_timer`: the device synchronised on CUDA; a wall-clock time on
-a shared CPU, as the run's provenance says) and, for an arm set by a budget, the budget
-and the value its knob took (`rf_eval.cost.budget`).
+a shared CPU, as the run's provenance says), for an arm set by a budget, the budget
+and the value its knob took (`rf_eval.cost.budget`), and for a sparse-attention
+prefill the share of the causal attention it computed (`attention_density`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ MEASURED_FIELDS = ("prefill_seconds", "exact_prefill_seconds")
 #: The per-sample fields of a cost record, in the order tasks declare them (all numbers, or None).
 COST_FIELDS = ("prompt_tokens", "prefill_macs", "exact_macs", "macs_fraction", "mac_speedup",
                "layer_pass_speedup", "exact_rows", "cache_entries", "cache_fraction", "prefill_seconds",
-               "exact_prefill_seconds", "budget", "knob_value")
+               "exact_prefill_seconds", "budget", "knob_value", "attention_density")
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ class PrefillCost:
     #: measured seconds of the exact prefill of the same prompt in the same process, beside the arm's (the
     #: `reference=exact` pass, interleaved): the reference a measured speedup is paired in time with
     exact_prefill_seconds: float | None = None
+    #: a sparse-attention prefill's share of the causal triangle's (query, key) pairs computed, over the layers
+    #: it makes sparse (`rf_eval.sparse`); None for a method that computes every pair it keeps
+    attention_density: float | None = None
 
     @property
     def macs_fraction(self) -> float:
@@ -78,7 +82,7 @@ class PrefillCost:
             "layer_pass_speedup": self.layer_pass_speedup, "exact_rows": self.exact_rows,
             "cache_entries": self.cache_entries, "cache_fraction": self.cache_entries / self.exact_cache_entries,
             "prefill_seconds": self.prefill_seconds, "exact_prefill_seconds": self.exact_prefill_seconds,
-            "budget": self.budget, "knob_value": self.knob_value,
+            "budget": self.budget, "knob_value": self.knob_value, "attention_density": self.attention_density,
         }  # fmt: skip
 
 

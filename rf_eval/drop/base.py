@@ -30,7 +30,7 @@ from rf_eval.cost.mac_model import cache_rows, prefill_macs
 from rf_eval.cost.prefill_cost import PrefillCost
 from rf_eval.engine import PrefillResult, new_cache, plain_prefill
 from rf_eval.fields import ArmError
-from rf_eval.methods.base import Method, ModelSource, PromptPlan
+from rf_eval.methods.base import Method, ModelSource, PromptPlan, meta_model
 from rf_eval.methods.dropped import DroppedResult
 from rf_eval.methods.requests import check_prompt
 
@@ -88,14 +88,9 @@ class Dropper(Method):
     def prepare(cls, arm: Any, source: ModelSource) -> tuple[Any, dict[str, Any]]:
         """The method built once over models on the meta device (no weights): its rules for this model (a
         filter layer, a budget's reach, a speculator's layers), before anything loads."""
-        from transformers import AutoModelForCausalLM
-
         second = cls.check_loads(arm, source)
-        trust = {k: v for k, v in source.remote.items() if k == "trust_remote_code"}
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(source.config, **trust)
-            parts = {cls.second_model: AutoModelForCausalLM.from_config(second, **trust)} if second else {}
-        cls(model, None, arm, **parts)
+        parts = {cls.second_model: meta_model(source, second)} if second else {}
+        cls(meta_model(source), None, arm, **parts)
         return arm, {}
 
     # -- what a method provides ---------------------------------------------------------

@@ -38,6 +38,7 @@ EXAMPLES = {
     "rarecache": ({"rho": 0.3}, ("source", "maps")),
     "gemfilter": ({"keep": 6, "filter_layer": 1}, ()),
     "specprefill": ({"keep_share": 0.25, "chunk": 4}, ("source",)),
+    "sinkwindow": ({"block": 16, "sink": 0, "window": 0}, ()),
 }
 #: the methods whose every prompt is plain (the stock model's prefill)
 PLAIN = ("exact",)
@@ -66,11 +67,12 @@ def pair(tmp_path_factory):
     return {"target": target, "tokenizer": tokenizer, "source": source, "maps": maps}
 
 
-def test_the_built_in_methods_are_seven_each_one_class_registered_as_a_third_party_s():
+def test_the_built_in_methods_are_eight_each_one_class_registered_as_a_third_party_s():
     from importlib.metadata import entry_points
 
     built_in = {e.name: e.value for e in entry_points(group="rf_eval.methods")}
-    assert sorted(built_in) == ["exact", "fastkv", "gemfilter", "pop", "rarecache", "ridgefill", "specprefill"]
+    assert sorted(built_in) == ["exact", "fastkv", "gemfilter", "pop", "rarecache", "ridgefill", "sinkwindow",
+                              "specprefill"]
     for name, target in built_in.items():
         cls = METHODS[name]
         assert issubclass(cls, Method) and f"{cls.__module__}:{cls.__qualname__}" == target

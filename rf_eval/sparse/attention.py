@@ -1,0 +1,89 @@
+"""The block-sparse prefill attention, hooked in through `transformers`' attention interface.
+
+`sparse_prefill(model, choose)` runs a forward of the model with its attention implementation set to
+`IMPLEMENTATION` (registered once with `AttentionInterface`, its masks built as SDPA's), so every family
+rf-eval serves runs it with no per-family code. In that forward, each attention call of a prompt's
+prefill (as many queries as keys: an empty cache) asks `choose(layer, query, key)` for the layer's
+pattern (`rf_eval.sparse.blocks`): None, or a pattern that keeps every causal block, runs the stock SDPA
+call, bitwise; any other runs PyTorch's FlexAttention, compiled (`torch.compile`, dynamic shapes: one
+compilation per model shape, not per length), over a `BlockMask` of the kept blocks, so the skipped blocks
+are never computed. Every other call (a decoding step, a cache that holds rows) is the stock one: the
+sparse pattern is the prefill's only.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from rf_eval.sparse.blocks import block_mask, causal_blocks, with_diagonal
+
+__all__ = ["IMPLEMENTATION", "Chooser", "sparse_prefill"]
+
+IMPLEMENTATION = "rf_eval_block_sparse"
+#: (layer index, post-RoPE queries (1, H, n, D), keys (1, Hkv, n, D)) -> (pattern (H, blocks, blocks), block)
+#: or None (the layer runs the stock attention)
+Chooser = Callable[[int, torch.Tensor, torch.Tensor], "tuple[torch.Tensor, int] | None"]
+
+_choose: ContextVar[Chooser | None] = ContextVar("rf_eval_sparse_choose", default=None)
+
+
+@functools.cache
+def _flex() -> Callable[..., torch.Tensor]:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=True)
+
+
+def block_sparse_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                           **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """The attention interface's function: the layer's pattern through FlexAttention in a prefill, else SDPA."""
+    choose = _choose.get()
+    chosen = None
+    if choose is not None and query.shape[2] == key.shape[2] > 1 and kwargs.get("sliding_window") is None:
+        chosen = choose(int(module.layer_idx), query, key)
+    if chosen is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    keep, block = chosen
+    n = query.shape[2]
+    keep = with_diagonal(keep.to(query.device))
+    if bool(keep.eq(causal_blocks(n, block, keep.device)).all()):  # every block kept: the stock call, bitwise
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    if attention_mask is not None:
+        raise RuntimeError("the block-sparse prefill reads one unpadded prompt (no attention mask); got a mask of "
+                           f"shape {tuple(attention_mask.shape)}")
+    out = _flex()(query, key, value, block_mask=block_mask(keep, n, block), scale=scaling,
+                  enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+@functools.cache
+def _register() -> None:
+    AttentionInterface.register(IMPLEMENTATION, block_sparse_attention)
+    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+
+
+@contextmanager
+def sparse_prefill(model: Any, choose: Chooser) -> Iterator[None]:
+    """Inside: the model's attention asks `choose` for each layer's pattern of a prompt's prefill (see the
+    module docstring); the model's own implementation is restored on the way out."""
+    _register()
+    before = model.config._attn_implementation
+    token = _choose.set(choose)
+    model.config._attn_implementation = IMPLEMENTATION
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = before
+        _choose.reset(token)

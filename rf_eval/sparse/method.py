@@ -1,0 +1,194 @@
+"""What every sparse-attention prefill shares: the prefill protocol around one rule, "which key blocks each
+query block of a layer computes".
+
+The third family of prefill approximations (DESIGN section 3): every row keeps its cache entry and every
+layer runs, but in the prompt's prefill each query block of a full-attention layer attends to a chosen set
+of key blocks (`rf_eval.sparse.blocks`), computed by FlexAttention so the skipped blocks cost nothing
+(`rf_eval.sparse.attention`). Sliding-window layers keep their own pattern and linear-attention layers
+their recurrence (both run stock); decoding over the full cache is the stock model. A method subclasses
+`SparsePrefill` in a file of its own, with an `Arm` that extends `SparseArm`, and says
+- `pattern(layer, query, key, plan)`: the layer's kept blocks (heads, blocks, blocks) for one prompt;
+- `estimate_macs(n)`: its estimation pass's MACs per sparse layer (0 for a fixed pattern);
+- `planned_pairs(n, plan)`: where the pattern does not depend on the prompt, the pairs each layer computes
+  (a preview and the served ceilings read it; None: known only once the prompt ran).
+
+Cost (issue #56 item 5): exact prefill's MACs less each sparse layer's attention over the pairs it skipped
+(`blocks.computed_pairs`, averaged over heads), plus the estimation pass; `attention_density` is the
+fraction of the causal triangle computed, over the sparse layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from rf_eval.cost.budget import check_budget
+from rf_eval.cost.mac_model import cache_rows, causal_pairs, layer_costs, prefill_macs
+from rf_eval.cost.prefill_cost import PrefillCost
+from rf_eval.engine import PrefillResult, new_cache, plain_prefill, rows_can_be_given_back, without_last_row
+from rf_eval.families import family_class_for
+from rf_eval.families.base import Family
+from rf_eval.fields import ArmError
+from rf_eval.methods.base import Method, ModelSource, PromptPlan, meta_model
+from rf_eval.methods.requests import check_prompt
+from rf_eval.sparse.attention import sparse_prefill
+from rf_eval.sparse.blocks import computed_pairs
+
+__all__ = ["SparseArm", "SparsePrefill", "SparseResult", "sparse_layers"]
+
+#: the authors' block (FlexPrefill's and XAttention's default)
+DEFAULT_BLOCK = 128
+
+
+@dataclass(frozen=True, kw_only=True)
+class SparseArm:
+    """`block`: rows per query and key block (128, the authors'; smaller for tests); `budget`: a share of exact
+    prefill's MACs the prompt's prefill may not exceed."""
+
+    block: int = DEFAULT_BLOCK
+    budget: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.block < 16 or self.block & (self.block - 1):
+            raise ArmError(f"block={self.block}: give a power of two >= 16 (FlexAttention's blocks; 128 is the "
+                           "authors')")
+        check_budget(self.budget)
+
+
+@dataclass
+class SparseResult(PrefillResult):
+    """A sparse prefill: beside the cache, the pairs each sparse layer computed (mean over heads) and the
+    estimation pass's MACs."""
+
+    pairs: dict[int, float] = field(default_factory=dict)
+    estimate: int = 0
+
+
+def sparse_layers(config: Any) -> list[int]:
+    """The layers a sparse pattern applies to: full attention (no sliding window, not linear attention)."""
+    return [c.index for c in layer_costs(config) if c.kind == "attention" and c.window is None]
+
+
+class SparsePrefill(Method):
+    """A sparse-attention prefill method over one model; see the module docstring."""
+
+    Arm: ClassVar[type] = SparseArm
+
+    @classmethod
+    def check_config(cls, config: Any) -> None:
+        """Refuse, by name, a model the block pattern cannot apply to."""
+        family = family_class_for(config)
+        if family.attention_sinks is not Family.attention_sinks:
+            raise ArmError(f"method={cls.name}: {family.__name__} attention has per-head sinks (a softmax column "
+                           "outside the prompt's blocks), which the block-sparse prefill does not carry")
+        if not sparse_layers(config):
+            raise ArmError(f"method={cls.name}: this model has no full-attention layer (only sliding-window or "
+                           "linear-attention layers, which keep their own pattern): nothing to make sparse")
+
+    @classmethod
+    def prepare(cls, arm: Any, source: ModelSource) -> tuple[Any, dict[str, Any]]:
+        """The method built once over the model on the meta device: its family refused by name, a budget
+        below its cheapest pattern refused, before the weights load."""
+        arm, parts = super().prepare(arm, source)
+        cls(meta_model(source), None, arm)
+        return arm, parts
+
+    def __init__(self, model: Any, tokenizer: Any = None, arm: Any = None, **given: Any):
+        super().__init__(model, tokenizer, arm, **given)
+        self.check_config(model.config)
+        self.layers = sparse_layers(model.config)
+        self.costs = {c.index: c for c in layer_costs(model.config)}
+
+    # -- what a method provides ---------------------------------------------------------
+    def pattern(self, layer: int, query: torch.Tensor, key: torch.Tensor, plan: PromptPlan) -> torch.Tensor:
+        """The kept blocks (heads, blocks, blocks) of one layer's prefill of a prompt."""
+        raise NotImplementedError
+
+    def estimate_macs(self, n: int) -> int:
+        """MACs of the estimation pass of one sparse layer on an n-token prompt."""
+        return 0
+
+    def planned_pairs(self, n: int, plan: PromptPlan) -> dict[int, float] | None:
+        """Each sparse layer's computed pairs where the pattern does not depend on the prompt, else None."""
+        return None
+
+    # -- the protocol ---------------------------------------------------------------------
+    def plan(self, n: int) -> PromptPlan:
+        """Plain for a prompt of one block (nothing to skip)."""
+        plain = n <= self.arm.block
+        return PromptPlan(n, plain, n if plain else 0)
+
+    @property
+    def reads_whole_prompt(self) -> bool:
+        """A generation prefill reads the whole prompt (the pattern reads its last block), then gives back the
+        last row, where every layer's cache can (`rows_can_be_given_back`)."""
+        return rows_can_be_given_back(self.model.config)
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, *, for_generation: bool = False, held_back: int = 0,
+                plan: PromptPlan | None = None) -> PrefillResult:
+        if held_back:
+            raise ValueError(f"held_back={held_back}: {self.name} chooses its blocks from the whole prompt")
+        ids = check_prompt(input_ids, self.model).to(self.device)
+        whole = for_generation and self.reads_whole_prompt
+        run = ids if whole or not for_generation else ids[:, :-1]
+        n = run.shape[1]
+        plan = plan if plan is not None else self.plan(ids.shape[1])
+        with self.forward_context():
+            if plan.plain or n <= self.arm.block:
+                return plain_prefill(self.model, ids[:, :-1] if for_generation else ids)
+            pairs: dict[int, float] = {}
+
+            def choose(layer: int, query: torch.Tensor, key: torch.Tensor):
+                if layer not in self.layers:
+                    return None
+                keep = self.pattern(layer, query, key, plan)
+                pairs[layer] = float(computed_pairs(keep, n, self.arm.block).mean())
+                return keep, self.arm.block
+
+            cache = new_cache(self.model)
+            with sparse_prefill(self.model, choose):
+                out = self.model(input_ids=run, cache=cache, use_cache=True, logits_to_keep=1)
+        result = SparseResult(cache, out.logits[:, -1], torch.arange(n, device=ids.device), prompt_length=n,
+                              pairs=pairs, estimate=len(pairs) * self.estimate_macs(n))
+        return without_last_row(result) if whole else result
+
+    def macs(self, n: int, pairs: dict[int, float], estimate: int) -> int:
+        """Exact prefill's MACs less the attention each sparse layer skipped, plus the estimation pass."""
+        skipped = sum(self.costs[i].attn_per_key * (causal_pairs(0, n) - p) for i, p in pairs.items())
+        return prefill_macs(self.model.config, n) - round(skipped) + estimate
+
+    def attention_density(self, n: int, pairs: dict[int, float]) -> float:
+        return sum(pairs.values()) / (len(pairs) * causal_pairs(0, n)) if pairs else 1.0
+
+    def prefill_cost(self, n: int, result: PrefillResult | None = None, plan: PromptPlan | None = None
+                     ) -> PrefillCost:
+        """The prompt's MACs at the pairs its prefill computed (`result`), else at the planned pairs (a fixed
+        pattern), else exact's plus the estimation pass, the most it can cost; cache and rows are exact's."""
+        plan = plan if plan is not None else self.plan(n)
+        config = self.model.config
+        exact, rows = prefill_macs(config, n), cache_rows(config, n)
+        if plan.plain or (isinstance(result, PrefillResult) and not isinstance(result, SparseResult)):
+            return PrefillCost(n, exact, exact, n, rows, rows, None, attention_density=1.0)
+        if isinstance(result, SparseResult):
+            pairs, estimate = result.pairs, result.estimate
+        else:
+            pairs = self.planned_pairs(n, plan)
+            estimate = len(self.layers) * self.estimate_macs(n)
+            if pairs is None:
+                pairs = {i: float(causal_pairs(0, n)) for i in self.layers}
+        knob = {"budget": self.arm.budget, "knob_value": plan.knob_value} if self.arm.budget is not None else {}
+        return PrefillCost(n, self.macs(n, pairs, estimate), exact, n, rows, rows, None,
+                           attention_density=self.attention_density(n, pairs), **knob)
+
+    def speedup_ceilings(self, n: int, plan: PromptPlan | None = None) -> dict[str, float]:
+        """The MAC ceiling where the pattern is known before the prompt runs; none for an adaptive one."""
+        plan = plan if plan is not None else self.plan(n)
+        if not plan.plain and self.planned_pairs(n, plan) is None:
+            return {}
+        return super().speedup_ceilings(n, plan)
+
+    def provenance(self) -> dict[str, Any]:
+        return {**super().provenance(), "sparse_layers": self.layers}

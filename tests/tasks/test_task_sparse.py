@@ -1,0 +1,74 @@
+"""`--model prefill --model_args method=sinkwindow` (issue #56): the sparse family's control through lm-eval's
+evaluator on the tiny Llama and Qwen3, on the needle task and keytoken_nll, each sample recording its attention
+density and MACs; its bad settings refused before any weights load."""
+
+from __future__ import annotations
+
+import pytest
+
+OPTS = {"score_tokens": 64, "key_context": 256, "max_seq_lengths": [512], "tail": 64}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from rf_eval.testing import make_tiny_model
+
+    return {family: str(make_tiny_model(family, tmp_path_factory.mktemp(f"sparse_{family}"), seed=0))
+            for family in ("llama", "qwen3")}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("args", [{"window": 4}, {"budget": 0.95}])
+def test_sinkwindow_runs_through_lm_eval(family, args, models, task_data, th):
+    from lm_eval import simple_evaluate
+
+    from rf_eval.model_adapters import prefill_lm
+    lm = prefill_lm.prefill(pretrained=models[family], device="cpu", reference="exact", method="sinkwindow",
+                            block=32, **args)
+    meta = {**OPTS, "pretrained": models[family], "essay_haystack": str(task_data["essays"]),
+            "docs": str(task_data["docs"]), "reference": "exact"}
+    out = simple_evaluate(model=lm, tasks=["niah_single_1_filled", "keytoken_nll"], task_manager=th.task_manager(meta),
+                          log_samples=True, bootstrap_iters=0, verbosity="WARNING", limit=2)
+    for task, samples in out["samples"].items():
+        for s in samples:
+            assert 0 < s["attention_density"] < 1 and s["macs_fraction"] < 1, (task, s["attention_density"])
+            assert s["cache_fraction"] == 1.0 and s["exact_rows"] == s["prompt_tokens"]
+            if "budget" in args:
+                assert s["macs_fraction"] <= 0.95 and s["budget"] == 0.95
+        if task == "keytoken_nll":
+            assert all(s["kl"] is not None and s["kl"] >= 0 and s["nll_all"] > 0 for s in samples)
+        else:
+            assert all(s["acc_all"] in (0.0, 1.0) for s in samples)
+    info = out["config"]["rf_eval"]
+    assert info["method"] == "sinkwindow" and info["block"] == 32 and info["sparse_layers"]
+
+
+@pytest.mark.parametrize("args, says", [
+    ({"block": 48}, "block=48: give a power of two >= 16"),
+    ({"block": 8}, "block=8: give a power of two >= 16"),
+    ({"sink": -1}, "sink and window count blocks"),
+    ({"window": 2, "budget": 0.5}, "give window or budget, not both"),
+    ({"budget": 1.5}, "0 < budget <= 1"),
+    ({"budget": 0.01}, "budget=0.01 is below the cheapest"),
+    ({"gamma": 0.9}, "gamma"),
+])
+def test_bad_sparse_settings_are_refused_before_the_weights_load(args, says, models, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from rf_eval.model_adapters import prefill_lm
+    from rf_eval.model_adapters.config import ModelArgsError
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    with pytest.raises(ModelArgsError, match=says):
+        prefill_lm.prefill(pretrained=models["llama"], device="cpu", method="sinkwindow", **args)
+
+
+def test_a_family_with_attention_sinks_is_refused_by_name(tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from rf_eval.model_adapters import prefill_lm
+    from rf_eval.model_adapters.config import ModelArgsError
+    from rf_eval.testing import make_tiny_model
+    folder = make_tiny_model("gpt_oss", tmp_path, seed=0)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    with pytest.raises(ModelArgsError, match="GptOss.* attention has per-head sinks"):
+        prefill_lm.prefill(pretrained=str(folder), device="cpu", method="sinkwindow")
