@@ -7,8 +7,9 @@ of key blocks (`rf_eval.sparse.blocks`), computed by FlexAttention so the skippe
 (`rf_eval.sparse.attention`). Sliding-window layers keep their own pattern and linear-attention layers
 their recurrence (both run stock); decoding over the full cache is the stock model. A method subclasses
 `SparsePrefill` in a file of its own, with an `Arm` that extends `SparseArm`, and says
-- `pattern(layer, query, key, plan)`: the layer's kept blocks (heads, blocks, blocks) for one prompt;
-- `estimate_macs(n)`: its estimation pass's MACs per sparse layer (0 for a fixed pattern);
+- `pattern(layer, query, key, plan)`: the layer's kept blocks (heads, blocks, blocks) for one prompt, and
+  the MACs of the estimation pass that chose them (0 for a fixed pattern);
+- `estimate_macs(n)`: the most its estimation pass costs per sparse layer (a preview's count);
 - `planned_pairs(n, plan)`: where the pattern does not depend on the prompt, the pairs each layer computes
   (a preview and the served ceilings read it; None: known only once the prompt ran).
 
@@ -102,12 +103,14 @@ class SparsePrefill(Method):
         self.costs = {c.index: c for c in layer_costs(model.config)}
 
     # -- what a method provides ---------------------------------------------------------
-    def pattern(self, layer: int, query: torch.Tensor, key: torch.Tensor, plan: PromptPlan) -> torch.Tensor:
-        """The kept blocks (heads, blocks, blocks) of one layer's prefill of a prompt."""
+    def pattern(self, layer: int, query: torch.Tensor, key: torch.Tensor, plan: PromptPlan
+                ) -> tuple[torch.Tensor, int]:
+        """(the kept blocks (heads, blocks, blocks) of one layer's prefill of a prompt, the MACs of the
+        estimation pass that chose them)."""
         raise NotImplementedError
 
     def estimate_macs(self, n: int) -> int:
-        """MACs of the estimation pass of one sparse layer on an n-token prompt."""
+        """The most the estimation pass of one sparse layer costs on an n-token prompt (a preview's count)."""
         return 0
 
     def planned_pairs(self, n: int, plan: PromptPlan) -> dict[int, float] | None:
@@ -140,19 +143,21 @@ class SparsePrefill(Method):
             if plan.plain or n <= self.arm.block:
                 return plain_prefill(self.model, ids[:, :-1] if for_generation else ids)
             pairs: dict[int, float] = {}
+            estimate = [0]
 
             def choose(layer: int, query: torch.Tensor, key: torch.Tensor):
                 if layer not in self.layers:
                     return None
-                keep = self.pattern(layer, query, key, plan)
+                keep, macs = self.pattern(layer, query, key, plan)
                 pairs[layer] = float(computed_pairs(keep, n, self.arm.block).mean())
+                estimate[0] += macs
                 return keep, self.arm.block
 
             cache = new_cache(self.model)
             with sparse_prefill(self.model, choose):
                 out = self.model(input_ids=run, cache=cache, use_cache=True, logits_to_keep=1)
         result = SparseResult(cache, out.logits[:, -1], torch.arange(n, device=ids.device), prompt_length=n,
-                              pairs=pairs, estimate=len(pairs) * self.estimate_macs(n))
+                              pairs=pairs, estimate=estimate[0])
         return without_last_row(result) if whole else result
 
     def macs(self, n: int, pairs: dict[int, float], estimate: int) -> int:

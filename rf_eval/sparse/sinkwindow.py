@@ -82,9 +82,10 @@ class SinkWindow(SparsePrefill):
         plain = blocks <= 1 or window >= blocks - 1 or self.arm.sink >= blocks - 1
         return PromptPlan(n, plain, n if plain else 0, window, window if self.knob is not None else None)
 
-    def pattern(self, layer: int, query: torch.Tensor, key: torch.Tensor, plan: PromptPlan) -> torch.Tensor:
+    def pattern(self, layer: int, query: torch.Tensor, key: torch.Tensor, plan: PromptPlan
+                ) -> tuple[torch.Tensor, int]:
         return sink_window(query.shape[2], self.arm.block, self.arm.sink, plan.setting,
-                           query.shape[1]).to(query.device)
+                           query.shape[1]).to(query.device), 0
 
     def planned_pairs(self, n: int, plan: PromptPlan) -> dict[int, float] | None:
         return self.pairs(n, plan.setting)

@@ -29,7 +29,7 @@ from rf_eval.methods import (
 )
 from rf_eval.methods.requests import generate
 
-N = 24  # prompt tokens: longer than every example arm's exact tail or kept rows
+N = 40  # prompt tokens: longer than every example arm's exact tail or kept rows, and than two 16-row blocks
 #: name -> (arm fields, parts the adapter would load: "source" a smaller model, "maps" fitted transfer maps)
 EXAMPLES = {
     "ridgefill": ({"fill": "identity", "split": 2, "tail": 4}, ()),
@@ -39,6 +39,8 @@ EXAMPLES = {
     "gemfilter": ({"keep": 6, "filter_layer": 1}, ()),
     "specprefill": ({"keep_share": 0.25, "chunk": 4}, ("source",)),
     "sinkwindow": ({"block": 16, "sink": 0, "window": 0}, ()),
+    "flexprefill": ({"block": 16, "min_budget": 16}, ()),
+    "xattention": ({"block": 16, "stride": 4, "threshold": 0.5}, ()),
 }
 #: the methods whose every prompt is plain (the stock model's prefill)
 PLAIN = ("exact",)
@@ -67,12 +69,12 @@ def pair(tmp_path_factory):
     return {"target": target, "tokenizer": tokenizer, "source": source, "maps": maps}
 
 
-def test_the_built_in_methods_are_eight_each_one_class_registered_as_a_third_party_s():
+def test_the_built_in_methods_are_ten_each_one_class_registered_as_a_third_party_s():
     from importlib.metadata import entry_points
 
     built_in = {e.name: e.value for e in entry_points(group="rf_eval.methods")}
-    assert sorted(built_in) == ["exact", "fastkv", "gemfilter", "pop", "rarecache", "ridgefill", "sinkwindow",
-                              "specprefill"]
+    assert sorted(built_in) == ["exact", "fastkv", "flexprefill", "gemfilter", "pop", "rarecache", "ridgefill",
+                              "sinkwindow", "specprefill", "xattention"]
     for name, target in built_in.items():
         cls = METHODS[name]
         assert issubclass(cls, Method) and f"{cls.__module__}:{cls.__qualname__}" == target
