@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
-__all__ = ["block_count", "block_mask", "causal_blocks", "computed_pairs", "density", "with_diagonal"]
+__all__ = ["block_count", "block_mask", "block_pairs", "causal_blocks", "computed_pairs", "density", "forced_blocks",
+           "with_diagonal", "within_pairs"]
 
 
 def block_count(n: int, block: int) -> int:
@@ -44,14 +45,39 @@ def _block_rows(n: int, block: int, device: torch.device | str) -> torch.Tensor:
     return torch.clamp(n - starts, max=block)
 
 
+def block_pairs(n: int, block: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(blocks, blocks) float64: the causal pairs each block holds (whole below the diagonal, the causal half
+    on it, none above)."""
+    rows = _block_rows(n, block, device).to(torch.float64)
+    return torch.outer(rows, rows).tril(-1) + torch.diag(rows * (rows + 1) / 2)
+
+
 def computed_pairs(keep: torch.Tensor, n: int, block: int) -> torch.Tensor:
     """Per head, the causal (query, key) pairs inside the kept blocks (diagonal blocks counted as their causal
     half): what the attention computes, in pairs (heads,)."""
+    return (with_diagonal(keep).to(torch.float64) * block_pairs(n, block, keep.device)).sum((-1, -2))
+
+
+def forced_blocks(blocks: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(blocks, blocks): the first key block and the diagonal, which every adaptive rule keeps."""
+    forced = torch.eye(blocks, dtype=torch.bool, device=device)
+    forced[:, 0] = True
+    return forced
+
+
+def within_pairs(keep: torch.Tensor, priority: torch.Tensor, n: int, block: int, cap: float) -> torch.Tensor:
+    """`keep` cut, per head, to at most `cap` causal pairs (a budget's share): the forced blocks, then the
+    other kept blocks by descending `priority` (the rule's own block scores) while their pairs fit."""
     keep = with_diagonal(keep)
-    rows = _block_rows(n, block, keep.device).to(torch.float64)
-    below = torch.outer(rows, rows).tril(-1)  # whole blocks under the diagonal
-    diagonal = rows * (rows + 1) / 2
-    return (keep.to(torch.float64) * below).sum((-1, -2)) + diagonal.sum()
+    heads, blocks, _ = keep.shape
+    forced = forced_blocks(blocks, keep.device) & causal_blocks(n, block, keep.device)
+    sizes = block_pairs(n, block, keep.device)
+    others = keep & ~forced
+    ranked, order = priority.double().masked_fill(~others, float("-inf")).flatten(1).sort(-1, descending=True)
+    spent = (forced * sizes).sum() + (sizes.flatten()[order] * ranked.isfinite()).cumsum(-1)
+    taken = torch.zeros(heads, blocks * blocks, dtype=torch.bool, device=keep.device).scatter(
+        -1, order, ranked.isfinite() & (spent <= cap))
+    return forced.expand_as(keep) | taken.view(heads, blocks, blocks)
 
 
 def density(keep: torch.Tensor, n: int, block: int) -> float:

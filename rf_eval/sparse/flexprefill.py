@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from rf_eval.fields import ArmError
 from rf_eval.methods.base import PromptPlan
 from rf_eval.sparse.blocks import block_count, causal_blocks
-from rf_eval.sparse.method import SparseArm, SparsePrefill
+from rf_eval.sparse.method import Choice, SparseArm, SparsePrefill
 
 __all__ = ["FlexPrefill", "active_blocks"]
 
@@ -76,8 +76,10 @@ def diagonal_means(probs: torch.Tensor) -> torch.Tensor:
 
 
 def active_blocks(query: torch.Tensor, key: torch.Tensor, block: int, gamma: float, tau: float,
-                  min_blocks: int, max_blocks: int) -> tuple[torch.Tensor, int]:
-    """Steps 1-5 for one layer: (kept blocks (H, blocks, blocks), query-aware heads)."""
+                  min_blocks: int, max_blocks: int) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """Steps 1-5 for one layer: (kept blocks (H, blocks, blocks), query-aware heads, each block's estimated
+    attention (H, blocks, blocks): its key block's vertical mass plus its diagonal's slash mass, or a
+    query-aware head's pooled score; what a budget ranks the blocks by)."""
     heads, n, dim = query.shape[1], query.shape[2], query.shape[3]
     key = key[0].repeat_interleave(heads // key.shape[1], 0).float()
     blocks = block_count(n, block)
@@ -96,26 +98,29 @@ def active_blocks(query: torch.Tensor, key: torch.Tensor, block: int, gamma: flo
     aware = sqrt_js(estimate, vertical) < tau
     counts_v[aware] = min_blocks
     counts_s[aware] = min_blocks
-    vertical[:, 0] = slash[:, -1] = float("inf")  # the first key block, the main diagonal
     rank = torch.arange(blocks, device=scores.device)
+    i, j = rank[:, None], rank[None, :]
+    offsets = ((blocks - 1) - (i - j)).clamp(0, blocks - 1).expand(heads, -1, -1).flatten(1)
+    priority = vertical[:, None, :] + slash.gather(-1, offsets).view(heads, blocks, blocks)
+    vertical[:, 0] = slash[:, -1] = float("inf")  # the first key block, the main diagonal
     top_v = vertical.argsort(dim=-1, descending=True, stable=True)
     top_s = slash.argsort(dim=-1, descending=True, stable=True)
     columns = torch.zeros(heads, blocks, dtype=torch.bool, device=scores.device).scatter(
         -1, top_v, rank[None] < counts_v[:, None])
     distances = torch.zeros_like(columns).scatter(-1, (blocks - 1) - top_s, rank[None] < counts_s[:, None])
-    i, j = rank[:, None], rank[None, :]
     keep = columns[:, None, :] | distances.gather(-1, (i - j).clamp(min=0).expand(heads, -1, -1).flatten(1)
                                                   ).view(heads, blocks, blocks)
     keep &= causal_blocks(n, block, keep.device)
     for h in aware.nonzero().flatten().tolist():
         means = block_means(query[0, h : h + 1].float(), block)[0] / math.sqrt(dim)
         table = (means @ mean_keys[h].T).masked_fill(~causal_blocks(n, block, keep.device), float("-inf"))
-        flat = table.softmax(-1).flatten()
-        ordered, order = flat.sort(descending=True)
+        probs = table.softmax(-1)
+        ordered, order = probs.flatten().sort(descending=True)
         chosen = order[ordered.cumsum(0) <= gamma * blocks]
         keep[h].view(-1)[chosen] = True
         keep[h, 0, 0] = True
-    return keep, int(aware.sum())
+        priority[h] = probs
+    return keep, int(aware.sum()), priority
 
 
 class FlexPrefill(SparsePrefill):
@@ -143,14 +148,11 @@ class FlexPrefill(SparsePrefill):
             if self.min_budget < 1 or (self.max_budget is not None and self.max_budget < self.min_budget):
                 raise ArmError(f"min_budget={self.min_budget}, max_budget={self.max_budget}: give 1 <= min_budget "
                                "<= max_budget (tokens)")
-            if self.budget is not None:
-                raise ArmError("method=flexprefill takes no budget yet: gamma sets the blocks")
 
-    def plan(self, n: int) -> PromptPlan:
-        """Dense (plain) for a prompt of at most max(2 blocks, the min budget), as the authors'."""
+    def dense(self, n: int) -> bool:
+        """A prompt of at most max(2 blocks, the min budget) runs dense, as the authors'."""
         block = self.arm.block
-        plain = n <= max(2 * block, -(-self.arm.min_budget // block) * block)
-        return PromptPlan(n, plain, n if plain else 0)
+        return n <= max(2 * block, -(-self.arm.min_budget // block) * block)
 
     def _dims(self) -> tuple[int, int]:
         config = self.model.config
@@ -163,10 +165,9 @@ class FlexPrefill(SparsePrefill):
         aware = heads if aware is None else aware
         return heads * (self.arm.block * n + blocks) * dim + aware * blocks * blocks * dim
 
-    def pattern(self, layer: int, query: torch.Tensor, key: torch.Tensor, plan: PromptPlan
-                ) -> tuple[torch.Tensor, int]:
+    def pattern(self, layer: int, query: torch.Tensor, key: torch.Tensor, plan: PromptPlan) -> Choice:
         block, n = self.arm.block, query.shape[2]
         most = block_count(n, block) if self.arm.max_budget is None else -(-self.arm.max_budget // block)
-        keep, aware = active_blocks(query, key, block, self.arm.gamma, self.arm.tau,
-                                    -(-self.arm.min_budget // block), most)
-        return keep, self.estimate_macs(n, aware)
+        keep, aware, scores = active_blocks(query, key, block, self.arm.gamma, self.arm.tau,
+                                            -(-self.arm.min_budget // block), most)
+        return Choice(keep, self.estimate_macs(n, aware), scores)

@@ -7,25 +7,31 @@ of key blocks (`rf_eval.sparse.blocks`), computed by FlexAttention so the skippe
 (`rf_eval.sparse.attention`). Sliding-window layers keep their own pattern and linear-attention layers
 their recurrence (both run stock); decoding over the full cache is the stock model. A method subclasses
 `SparsePrefill` in a file of its own, with an `Arm` that extends `SparseArm`, and says
-- `pattern(layer, query, key, plan)`: the layer's kept blocks (heads, blocks, blocks) for one prompt, and
-  the MACs of the estimation pass that chose them (0 for a fixed pattern);
+- `pattern(layer, query, key, plan)`: a `Choice`: the layer's kept blocks (heads, blocks, blocks) for one
+  prompt, the MACs of the estimation pass that chose them (0 for a fixed pattern), and the rule's own block
+  scores, which rank the blocks when a budget caps them;
+- `dense(n)`: whether the method runs an n-token prompt dense (the authors' short-prompt rule);
 - `estimate_macs(n)`: the most its estimation pass costs per sparse layer (a preview's count);
 - `planned_pairs(n, plan)`: where the pattern does not depend on the prompt, the pairs each layer computes
   (a preview and the served ceilings read it; None: known only once the prompt ran).
 
 Cost (issue #56 item 5): exact prefill's MACs less each sparse layer's attention over the pairs it skipped
 (`blocks.computed_pairs`, averaged over heads), plus the estimation pass; `attention_density` is the
-fraction of the causal triangle computed, over the sparse layers.
+fraction of the causal triangle computed, over the sparse layers. `budget=F` caps, per prompt length, the
+share of each layer's causal pairs every head may compute, the largest whose MACs (with the estimation pass
+at its most) stay within F of exact's; the method's rule chooses its blocks, and those past the cap go,
+lowest score first, keeping the first key block and the diagonal (`blocks.within_pairs`). A budget below the
+cost of those forced blocks and the estimation pass is refused before the weights load.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
-from rf_eval.cost.budget import check_budget
+from rf_eval.cost.budget import BudgetError, Knob, check_budget
 from rf_eval.cost.mac_model import cache_rows, causal_pairs, layer_costs, prefill_macs
 from rf_eval.cost.prefill_cost import PrefillCost
 from rf_eval.engine import PrefillResult, new_cache, plain_prefill, rows_can_be_given_back, without_last_row
@@ -35,9 +41,9 @@ from rf_eval.fields import ArmError
 from rf_eval.methods.base import Method, ModelSource, PromptPlan, meta_model
 from rf_eval.methods.requests import check_prompt
 from rf_eval.sparse.attention import sparse_prefill
-from rf_eval.sparse.blocks import computed_pairs
+from rf_eval.sparse.blocks import block_count, block_pairs, computed_pairs, forced_blocks, within_pairs
 
-__all__ = ["SparseArm", "SparsePrefill", "SparseResult", "sparse_layers"]
+__all__ = ["Choice", "SparseArm", "SparsePrefill", "SparseResult", "sparse_layers"]
 
 #: the authors' block (FlexPrefill's and XAttention's default)
 DEFAULT_BLOCK = 128
@@ -67,6 +73,15 @@ class SparseResult(PrefillResult):
     estimate: int = 0
 
 
+class Choice(NamedTuple):
+    """One layer's pattern for one prompt: its kept blocks, the estimation's MACs, the rule's block scores
+    (None: a pattern a budget does not cut, the fixed control's)."""
+
+    keep: torch.Tensor
+    macs: int = 0
+    priority: torch.Tensor | None = None
+
+
 def sparse_layers(config: Any) -> list[int]:
     """The layers a sparse pattern applies to: full attention (no sliding window, not linear attention)."""
     return [c.index for c in layer_costs(config) if c.kind == "attention" and c.window is None]
@@ -76,6 +91,7 @@ class SparsePrefill(Method):
     """A sparse-attention prefill method over one model; see the module docstring."""
 
     Arm: ClassVar[type] = SparseArm
+    budget_knob = "the share of each layer's causal pairs a head's blocks may hold"
 
     @classmethod
     def check_config(cls, config: Any) -> None:
@@ -101,13 +117,33 @@ class SparsePrefill(Method):
         self.check_config(model.config)
         self.layers = sparse_layers(model.config)
         self.costs = {c.index: c for c in layer_costs(model.config)}
+        self.knob = self.budget_knob_for(model.config) if self.arm.budget is not None else None
+        if self.knob is not None:
+            self.knob.check_reachable()
+
+    def budget_knob_for(self, config: Any) -> Knob:
+        """The budget's knob: the share (in thousandths) of each layer's causal pairs, from the forced blocks'
+        share up, the estimation pass charged at its most."""
+        def macs(n: int, share: int) -> int:
+            return self.macs(n, dict.fromkeys(self.layers, share / 1000 * causal_pairs(0, n)),
+                             len(self.layers) * self.estimate_macs(n))
+
+        def lowest(n: int) -> int:
+            forced = forced_blocks(block_count(n, self.arm.block)) * block_pairs(n, self.arm.block)
+            return -(-int(1000 * float(forced.sum())) // causal_pairs(0, n))
+
+        positions = getattr(config, "max_position_embeddings", None) or 1 << 20
+        return Knob("share", float(self.arm.budget), macs, lambda n: prefill_macs(config, n), lowest,
+                    lambda n: 1000, max_length=int(positions))
 
     # -- what a method provides ---------------------------------------------------------
-    def pattern(self, layer: int, query: torch.Tensor, key: torch.Tensor, plan: PromptPlan
-                ) -> tuple[torch.Tensor, int]:
-        """(the kept blocks (heads, blocks, blocks) of one layer's prefill of a prompt, the MACs of the
-        estimation pass that chose them)."""
+    def pattern(self, layer: int, query: torch.Tensor, key: torch.Tensor, plan: PromptPlan) -> Choice:
+        """One layer's `Choice` for a prompt's prefill."""
         raise NotImplementedError
+
+    def dense(self, n: int) -> bool:
+        """Whether an n-token prompt runs dense: one block, nothing to skip."""
+        return n <= self.arm.block
 
     def estimate_macs(self, n: int) -> int:
         """The most the estimation pass of one sparse layer costs on an n-token prompt (a preview's count)."""
@@ -119,9 +155,17 @@ class SparsePrefill(Method):
 
     # -- the protocol ---------------------------------------------------------------------
     def plan(self, n: int) -> PromptPlan:
-        """Plain for a prompt of one block (nothing to skip)."""
-        plain = n <= self.arm.block
-        return PromptPlan(n, plain, n if plain else 0)
+        """Plain where the method runs dense; with a budget, the cap on each head's pairs (`setting`) and
+        its share of the causal pairs (`knob_value`)."""
+        if self.dense(n):
+            if self.knob is not None:
+                raise BudgetError(f"budget={self.arm.budget:g}: method={self.name} runs a {n:,}-token prompt "
+                                  "dense, at all of exact prefill's MACs; give longer prompts, or no budget")
+            return PromptPlan(n, True, n)
+        if self.knob is None:
+            return PromptPlan(n, False, 0)
+        share = self.knob.setting(n) / 1000
+        return PromptPlan(n, False, 0, share * causal_pairs(0, n), share)
 
     @property
     def reads_whole_prompt(self) -> bool:
@@ -140,7 +184,7 @@ class SparsePrefill(Method):
         n = run.shape[1]
         plan = plan if plan is not None else self.plan(ids.shape[1])
         with self.forward_context():
-            if plan.plain or n <= self.arm.block:
+            if plan.plain or self.dense(n):
                 return plain_prefill(self.model, ids[:, :-1] if for_generation else ids)
             pairs: dict[int, float] = {}
             estimate = [0]
@@ -148,7 +192,9 @@ class SparsePrefill(Method):
             def choose(layer: int, query: torch.Tensor, key: torch.Tensor):
                 if layer not in self.layers:
                     return None
-                keep, macs = self.pattern(layer, query, key, plan)
+                keep, macs, priority = self.pattern(layer, query, key, plan)
+                if self.knob is not None and priority is not None:  # the budget's cap, the rule's order
+                    keep = within_pairs(keep, priority, n, self.arm.block, plan.knob_value * causal_pairs(0, n))
                 pairs[layer] = float(computed_pairs(keep, n, self.arm.block).mean())
                 estimate[0] += macs
                 return keep, self.arm.block
@@ -171,7 +217,8 @@ class SparsePrefill(Method):
     def prefill_cost(self, n: int, result: PrefillResult | None = None, plan: PromptPlan | None = None
                      ) -> PrefillCost:
         """The prompt's MACs at the pairs its prefill computed (`result`), else at the planned pairs (a fixed
-        pattern), else exact's plus the estimation pass, the most it can cost; cache and rows are exact's."""
+        pattern), else at the most it can cost (the budget's cap or every pair, and the estimation pass at its
+        most); cache and rows are exact's."""
         plan = plan if plan is not None else self.plan(n)
         config = self.model.config
         exact, rows = prefill_macs(config, n), cache_rows(config, n)
@@ -182,9 +229,10 @@ class SparsePrefill(Method):
         else:
             pairs = self.planned_pairs(n, plan)
             estimate = len(self.layers) * self.estimate_macs(n)
-            if pairs is None:
-                pairs = {i: float(causal_pairs(0, n)) for i in self.layers}
-        knob = {"budget": self.arm.budget, "knob_value": plan.knob_value} if self.arm.budget is not None else {}
+            if pairs is None:  # the most the prompt can cost: its budget's cap, else every pair
+                share = plan.knob_value if self.knob is not None else 1.0
+                pairs = dict.fromkeys(self.layers, share * causal_pairs(0, n))
+        knob = {"budget": self.knob.budget, "knob_value": plan.knob_value} if self.knob is not None else {}
         return PrefillCost(n, self.macs(n, pairs, estimate), exact, n, rows, rows, None,
                            attention_density=self.attention_density(n, pairs), **knob)
 

@@ -21,7 +21,7 @@ from rf_eval.cost.mac_model import prefill_macs
 from rf_eval.fields import ArmError
 from rf_eval.methods.base import PromptPlan
 from rf_eval.sparse.blocks import block_count, computed_pairs
-from rf_eval.sparse.method import SparseArm, SparsePrefill
+from rf_eval.sparse.method import Choice, SparseArm, SparsePrefill
 
 __all__ = ["SinkWindow"]
 
@@ -60,15 +60,12 @@ class SinkWindow(SparsePrefill):
     #: the window without a budget
     DEFAULT_WINDOW: ClassVar[int] = 8
 
-    def __init__(self, model: Any, tokenizer: Any = None, arm: Any = None, **given: Any):
-        super().__init__(model, tokenizer, arm, **given)
-        positions = getattr(model.config, "max_position_embeddings", None) or 1 << 20
-        self.knob = None if self.arm.budget is None else Knob(
-            "window", float(self.arm.budget), lambda n, w: self.macs(n, self.pairs(n, w), 0),
-            lambda n: prefill_macs(model.config, n), lambda n: 0, lambda n: block_count(n, self.arm.block),
-            max_length=int(positions))
-        if self.knob is not None:
-            self.knob.check_reachable()
+    def budget_knob_for(self, config: Any) -> Knob:
+        """The window, from none (the sink and diagonal blocks alone) to every block."""
+        positions = getattr(config, "max_position_embeddings", None) or 1 << 20
+        return Knob("window", float(self.arm.budget), lambda n, w: self.macs(n, self.pairs(n, w), 0),
+                    lambda n: prefill_macs(config, n), lambda n: 0, lambda n: block_count(n, self.arm.block),
+                    max_length=int(positions))
 
     def pairs(self, n: int, window: int) -> dict[int, float]:
         keep = sink_window(n, self.arm.block, self.arm.sink, window)
@@ -82,10 +79,9 @@ class SinkWindow(SparsePrefill):
         plain = blocks <= 1 or window >= blocks - 1 or self.arm.sink >= blocks - 1
         return PromptPlan(n, plain, n if plain else 0, window, window if self.knob is not None else None)
 
-    def pattern(self, layer: int, query: torch.Tensor, key: torch.Tensor, plan: PromptPlan
-                ) -> tuple[torch.Tensor, int]:
-        return sink_window(query.shape[2], self.arm.block, self.arm.sink, plan.setting,
-                           query.shape[1]).to(query.device), 0
+    def pattern(self, layer: int, query: torch.Tensor, key: torch.Tensor, plan: PromptPlan) -> Choice:
+        return Choice(sink_window(query.shape[2], self.arm.block, self.arm.sink, plan.setting,
+                                  query.shape[1]).to(query.device))
 
     def planned_pairs(self, n: int, plan: PromptPlan) -> dict[int, float] | None:
         return self.pairs(n, plan.setting)

@@ -30,7 +30,7 @@ from rf_eval.cost.mac_model import causal_pairs
 from rf_eval.fields import ArmError
 from rf_eval.methods.base import PromptPlan
 from rf_eval.sparse.blocks import block_count
-from rf_eval.sparse.method import SparseArm, SparsePrefill
+from rf_eval.sparse.method import Choice, SparseArm, SparsePrefill
 
 __all__ = ["XAttention", "block_scores", "fewest_blocks"]
 
@@ -83,7 +83,7 @@ class XAttention(SparsePrefill):
     @dataclass(frozen=True, kw_only=True)
     class Arm(SparseArm):
         """`threshold` of each query block's estimated attention its key blocks reach (0.9), `stride` of the
-        antidiagonals (16)."""
+        antidiagonals (16); `budget` caps the blocks, the lowest block scores cut first."""
 
         threshold: float = 0.9
         stride: int = 16
@@ -96,8 +96,6 @@ class XAttention(SparsePrefill):
             if self.stride < 1 or self.block % self.stride:
                 raise ArmError(f"stride={self.stride}: give a stride >= 1 that divides block={self.block} (a block "
                                "holds whole antidiagonals)")
-            if self.budget is not None:
-                raise ArmError("method=xattention takes no budget yet: its threshold sets the blocks")
 
     def estimate_macs(self, n: int) -> int:
         config = self.model.config
@@ -105,7 +103,6 @@ class XAttention(SparsePrefill):
         dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         return heads * causal_pairs(0, -(-n // self.arm.stride)) * self.arm.stride * dim
 
-    def pattern(self, layer: int, query: torch.Tensor, key: torch.Tensor, plan: PromptPlan
-                ) -> tuple[torch.Tensor, int]:
+    def pattern(self, layer: int, query: torch.Tensor, key: torch.Tensor, plan: PromptPlan) -> Choice:
         scores = block_scores(query, key, self.arm.stride, self.arm.block)
-        return fewest_blocks(scores, self.arm.threshold), self.estimate_macs(query.shape[2])
+        return Choice(fewest_blocks(scores, self.arm.threshold), self.estimate_macs(query.shape[2]), scores)

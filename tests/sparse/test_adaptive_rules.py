@@ -134,7 +134,7 @@ def flexprefill_rule(q, k, gamma, tau, min_blocks, max_blocks):
 ])
 def test_flexprefill_keeps_its_authors_blocks(n, gamma, tau, min_blocks, max_blocks):
     q, k = qk(n, 7)
-    got, aware = active_blocks(q, k, BLOCK, gamma, tau, min_blocks, max_blocks)
+    got, aware, _ = active_blocks(q, k, BLOCK, gamma, tau, min_blocks, max_blocks)
     want, want_aware = flexprefill_rule(q, k, gamma, tau, min_blocks, min(max_blocks, -(-n // BLOCK)))
     assert aware == want_aware
     assert torch.equal(got, want)
@@ -164,10 +164,10 @@ def test_each_adaptive_arm_costs_a_count_written_here(method, tiny, monkeypatch)
         choose = flexprefill.active_blocks
 
         def spy(*a):
-            keep, count = choose(*a)
+            keep, count, scores = choose(*a)
             kept.append(keep)
             aware.append(count)
-            return keep, count
+            return keep, count, scores
 
         monkeypatch.setattr(flexprefill, "active_blocks", spy)
     result = arm.prefill(ids)
@@ -186,3 +186,52 @@ def test_each_adaptive_arm_costs_a_count_written_here(method, tiny, monkeypatch)
     cost = arm.prefill_cost(n, result)
     assert cost.prefill_macs == prefill_macs(cfg, n) - round(2 * heads * dim * skipped) + estimate
     assert cost.attention_density == pytest.approx(1 - skipped / cfg.num_hidden_layers / (n * (n + 1) / 2))
+
+
+def test_a_budget_cuts_each_heads_blocks_lowest_score_first():
+    """`within_pairs`, written out: per head the first key block and the diagonal, then the other kept blocks
+    by descending score while the pairs taken stay within the cap."""
+    from rf_eval.sparse.blocks import within_pairs
+
+    n = 90
+    blocks = -(-n // BLOCK)
+    g = torch.Generator().manual_seed(5)
+    keep = (torch.rand(H, blocks, blocks, generator=g) < 0.7).tril()
+    scores = torch.rand(H, blocks, blocks, generator=g)
+
+    def pairs(i, j):
+        rows = [min(BLOCK, n - b * BLOCK) for b in range(blocks)]
+        return rows[i] * (rows[i] + 1) // 2 if i == j else rows[i] * rows[j]
+
+    cap = 0.5 * n * (n + 1) / 2
+    got = within_pairs(keep, scores, n, BLOCK, cap)
+    for h in range(H):
+        taken = {(i, j) for i in range(blocks) for j in range(i + 1) if j == 0 or j == i}
+        spent = sum(pairs(i, j) for i, j in taken)
+        others = [(a, b) for a in range(blocks) for b in range(a + 1) if keep[h, a, b] and (a, b) not in taken]
+        for a, b in sorted(others, key=lambda x: -float(scores[h, x[0], x[1]])):
+            if spent + pairs(a, b) > cap:
+                break
+            taken.add((a, b))
+            spent += pairs(a, b)
+        assert {(i, j) for i in range(blocks) for j in range(blocks) if got[h, i, j]} == taken, h
+
+
+@pytest.mark.parametrize("method", ["xattention", "flexprefill", "sinkwindow"])
+def test_a_budget_keeps_every_sparse_arm_within_it(method, tiny):
+    """At budget 0.9 each arm's recorded MACs are at most 0.9 of exact's, its knob value recorded; XAttention at
+    threshold 1 (every block without a budget) is cut to the cap by its own scores."""
+    from rf_eval.sparse.sinkwindow import SinkWindow
+
+    model = tiny["llama"][0]
+    n = 300
+    ids = torch.randint(0, 250, (1, n), generator=torch.Generator().manual_seed(2))
+    arm = {"xattention": lambda: XAttention(model, None, block=BLOCK, stride=4, threshold=1.0, budget=0.9),
+           "flexprefill": lambda: FlexPrefill(model, None, block=BLOCK, min_budget=16, budget=0.9),
+           "sinkwindow": lambda: SinkWindow(model, None, block=BLOCK, budget=0.9)}[method]()
+    plan = arm.plan(n)
+    cost = arm.prefill_cost(n, arm.prefill(ids, plan=plan), plan)
+    assert cost.macs_fraction <= 0.9 and cost.budget == 0.9 and cost.knob_value == plan.knob_value
+    if method == "xattention":
+        free = XAttention(model, None, block=BLOCK, stride=4, threshold=1.0)
+        assert free.prefill_cost(n, free.prefill(ids)).macs_fraction > 0.9  # the cap did the cutting
