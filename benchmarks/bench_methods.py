@@ -1,8 +1,8 @@
 """Every method's measured prefill speedup against its MAC ceiling, side by side in one process (#55 item 6).
 
 On the embedded SmolLM2-135M-Instruct (or `--model PATH`), for each prompt length (1,024, 4,096 and 8,192
-tokens by default) and each method that runs on a model alone (the droppers and presets at their defaults,
-and RidgeFill's fills at a quarter tail): the exact prefill and every method's prefill of one word-like
+tokens by default) and each method that runs on a model alone (the droppers, presets and sparse-attention
+methods at their defaults, and RidgeFill's fills at a quarter tail; `--methods` picks some): the exact prefill and every method's prefill of one word-like
 prompt are timed round-robin (one warm-up each, then `--repeats` rounds, the order rotated each round), so
 load from other processes falls on all of them alike. Per method and length it prints the measured speedup
 (the median of exact's times over the median of the method's), the MAC model's ceiling for the rows the
@@ -11,7 +11,8 @@ rounds (each round's exact time over the same round's method time, min and max).
 (a measured speedup the MAC count does not allow: the cost model or the exact path is off), and one below
 0.85 in every round (the method's time goes somewhere its MACs do not say).
 
-  python benchmarks/bench_methods.py [--lengths 1024 4096 8192] [--repeats 3] [--device cpu] [--json FILE]
+  python benchmarks/bench_methods.py [--lengths 1024 4096 8192] [--repeats 3] [--methods ...] [--device cpu]
+      [--json FILE]
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ ARMS = [
     ("pop", "pop", lambda n: {}),
     ("fastkv", "fastkv", lambda n: {}),
     ("gemfilter", "gemfilter", lambda n: {}),
+    ("flexprefill", "flexprefill", lambda n: {}),
+    ("xattention", "xattention", lambda n: {}),
+    ("sinkwindow", "sinkwindow", lambda n: {}),
 ]
 LOW_SHARE = 0.85
 
@@ -46,11 +50,13 @@ def prompt_ids(tokenizer: Any, n: int) -> torch.Tensor:
     return ids
 
 
-def measure(model: Any, tokenizer: Any, n: int, repeats: int, device: str) -> list[dict[str, Any]]:
+def measure(model: Any, tokenizer: Any, n: int, repeats: int, device: str, names: list[str]
+            ) -> list[dict[str, Any]]:
     ids = prompt_ids(tokenizer, n).to(device)
     methods = {"exact": method_class("exact")(model, tokenizer)}
     for name, method, fields in ARMS:
-        methods[name] = method_class(method)(model, tokenizer, **fields(n))
+        if name in names:
+            methods[name] = method_class(method)(model, tokenizer, **fields(n))
     ceilings = {name: m.prefill_cost(n, m.prefill(ids)).mac_speedup for name, m in methods.items() if name != "exact"}
     seen = round_robin_times({name: (lambda m=m: m.prefill(ids)) for name, m in methods.items()}, repeats, device)
     names = list(seen)
@@ -75,6 +81,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--methods", nargs="+", default=None, choices=[name for name, _, _ in ARMS],
+                        help="the methods timed beside exact (default: all)")
     a = parser.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -86,9 +94,10 @@ def main() -> None:
     print(f"{path}: {a.device}, {torch.get_num_threads()} threads, {a.repeats} rounds after a warm-up")
     print(f"{'method':<10} {'length':>6} {'measured':>9} {'ceiling':>8} {'share':>6} {'spread':>13}", flush=True)
     rows = []
+    names = a.methods or [name for name, _, _ in ARMS]
     for n in a.lengths:  # each length's rows as they come: a long length on a CPU takes minutes
-        rows += measure(model, tokenizer, n, a.repeats, a.device)
-        for r in rows[-len(ARMS):]:
+        rows += measure(model, tokenizer, n, a.repeats, a.device, names)
+        for r in rows[-len(names):]:
             lo, hi = r["spread"]
             print(f"{r['method']:<10} {r['length']:>6} {r['measured']:>8.2f}x {r['ceiling']:>7.2f}x {r['share']:>6.2f} "
                   f"[{lo:.2f}, {hi:.2f}] {r['flag']}", flush=True)
