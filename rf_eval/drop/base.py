@@ -30,9 +30,9 @@ from rf_eval.cost.mac_model import cache_rows, prefill_macs
 from rf_eval.cost.prefill_cost import PrefillCost
 from rf_eval.engine import PrefillResult, new_cache, plain_prefill
 from rf_eval.fields import ArmError
-from rf_eval.methods.base import Method, ModelSource, PromptPlan, meta_model
+from rf_eval.methods.base import Method, ModelSource, PromptPlan
 from rf_eval.methods.dropped import DroppedResult
-from rf_eval.methods.requests import check_prompt
+from rf_eval.methods.requests import check_prompt, meta_model
 
 __all__ = ["Dropper", "DropperArm"]
 

@@ -53,7 +53,7 @@ from rf_eval.integrity.weights import weights_fingerprint
 from rf_eval.methods import requests
 from rf_eval.methods.dropped import extend_after
 
-__all__ = ["Method", "ModelSource", "NoSettings", "PromptPlan", "MapsSplit", "meta_model"]
+__all__ = ["Method", "ModelSource", "NoSettings", "PromptPlan", "MapsSplit"]
 
 
 @dataclass(frozen=True)
@@ -92,16 +92,6 @@ class ModelSource:
     tokenizer: str
     remote: dict[str, Any] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
-
-
-def meta_model(source: ModelSource, config: Any = None) -> Any:
-    """A model of `config` (the source's own by default) on the meta device: no weights, its shapes and
-    modules, for the checks a method makes before the weights load."""
-    from transformers import AutoModelForCausalLM
-
-    trust = {k: v for k, v in source.remote.items() if k == "trust_remote_code"}
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config if config is not None else source.config, **trust)
 
 
 #: the split of maps not read yet, given the arm's own split (None where nothing says): a study's preview

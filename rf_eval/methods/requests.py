@@ -307,3 +307,13 @@ def sampling_seed(seed: int, prompt: list[int]) -> int:
     """The torch seed of one sampled request: sha256 of (run seed, prompt tokens)."""
     digest = hashlib.sha256(json.dumps([int(seed), list(prompt)]).encode()).digest()
     return int.from_bytes(digest[:4], "little")
+
+
+def meta_model(source: Any, config: Any = None) -> Any:
+    """A model of `config` (the `ModelSource`'s own by default) on the meta device: no weights, its shapes
+    and modules, for the checks a method makes before the weights load."""
+    from transformers import AutoModelForCausalLM
+
+    trust = {k: v for k, v in source.remote.items() if k == "trust_remote_code"}
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config if config is not None else source.config, **trust)

@@ -38,8 +38,8 @@ from rf_eval.engine import PrefillResult, new_cache, plain_prefill, rows_can_be_
 from rf_eval.families import family_class_for
 from rf_eval.families.base import Family
 from rf_eval.fields import ArmError
-from rf_eval.methods.base import Method, ModelSource, PromptPlan, meta_model
-from rf_eval.methods.requests import check_prompt
+from rf_eval.methods.base import Method, ModelSource, PromptPlan
+from rf_eval.methods.requests import check_prompt, meta_model
 from rf_eval.sparse.attention import sparse_prefill
 from rf_eval.sparse.blocks import block_count, block_pairs, computed_pairs, forced_blocks, within_pairs
 
