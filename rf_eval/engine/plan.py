@@ -123,3 +123,7 @@ class PrefillResult:
     ragged: bool = False
     #: the plan that ran (a selector may lengthen the tail: the longer-tail control)
     plan: Plan | None = None
+    #: a sparse-attention prefill's causal (query, key) pairs computed per layer it made sparse (mean over heads),
+    #: and its estimation pass's MACs (`rf_eval.sparse`); empty and 0 for every other prefill
+    attention_pairs: dict[int, float] = field(default_factory=dict)
+    estimate_macs: int = 0

@@ -26,7 +26,9 @@ cost of those forced blocks and the estimation pass is refused before the weight
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -43,7 +45,7 @@ from rf_eval.methods.requests import check_prompt, meta_model
 from rf_eval.sparse.attention import sparse_prefill
 from rf_eval.sparse.blocks import block_count, block_pairs, computed_pairs, forced_blocks, within_pairs
 
-__all__ = ["Choice", "SparseArm", "SparsePrefill", "SparseResult", "sparse_layers"]
+__all__ = ["Choice", "Record", "SparseArm", "SparsePrefill", "attention_density", "sparse_layers", "sparse_savings"]
 
 #: the authors' block (FlexPrefill's and XAttention's default)
 DEFAULT_BLOCK = 128
@@ -64,15 +66,6 @@ class SparseArm:
         check_budget(self.budget)
 
 
-@dataclass
-class SparseResult(PrefillResult):
-    """A sparse prefill: beside the cache, the pairs each sparse layer computed (mean over heads) and the
-    estimation pass's MACs."""
-
-    pairs: dict[int, float] = field(default_factory=dict)
-    estimate: int = 0
-
-
 class Choice(NamedTuple):
     """One layer's pattern for one prompt: its kept blocks, the estimation's MACs, the rule's block scores
     (None: a pattern a budget does not cut, the fixed control's)."""
@@ -80,6 +73,27 @@ class Choice(NamedTuple):
     keep: torch.Tensor
     macs: int = 0
     priority: torch.Tensor | None = None
+
+
+@dataclass
+class Record:
+    """What a sparse prefill computed: each sparse layer's causal pairs (mean over heads), the estimation's
+    MACs."""
+
+    pairs: dict[int, float]
+    estimate: int
+
+
+def sparse_savings(config: Any, n: int, pairs: dict[int, float], estimate: int) -> int:
+    """The MACs an n-token prefill saves against exact: the attention over the pairs each sparse layer
+    skipped, less the estimation pass."""
+    costs = {c.index: c for c in layer_costs(config)}
+    return round(sum(costs[i].attn_per_key * (causal_pairs(0, n) - p) for i, p in pairs.items())) - estimate
+
+
+def attention_density(n: int, pairs: dict[int, float]) -> float:
+    """The share of the causal pairs computed over the sparse layers (1.0 with none)."""
+    return sum(pairs.values()) / (len(pairs) * causal_pairs(0, n)) if pairs else 1.0
 
 
 def sparse_layers(config: Any) -> list[int]:
@@ -116,7 +130,6 @@ class SparsePrefill(Method):
         super().__init__(model, tokenizer, arm, **given)
         self.check_config(model.config)
         self.layers = sparse_layers(model.config)
-        self.costs = {c.index: c for c in layer_costs(model.config)}
         self.knob = self.budget_knob_for(model.config) if self.arm.budget is not None else None
         if self.knob is not None:
             self.knob.check_reachable()
@@ -186,33 +199,35 @@ class SparsePrefill(Method):
         with self.forward_context():
             if plan.plain or self.dense(n):
                 return plain_prefill(self.model, ids[:, :-1] if for_generation else ids)
-            pairs: dict[int, float] = {}
-            estimate = [0]
-
-            def choose(layer: int, query: torch.Tensor, key: torch.Tensor):
-                if layer not in self.layers:
-                    return None
-                keep, macs, priority = self.pattern(layer, query, key, plan)
-                if self.knob is not None and priority is not None:  # the budget's cap, the rule's order
-                    keep = within_pairs(keep, priority, n, self.arm.block, plan.knob_value * causal_pairs(0, n))
-                pairs[layer] = float(computed_pairs(keep, n, self.arm.block).mean())
-                estimate[0] += macs
-                return keep, self.arm.block
-
             cache = new_cache(self.model)
-            with sparse_prefill(self.model, choose):
+            with self.sparse_attention(n, plan) as record:
                 out = self.model(input_ids=run, cache=cache, use_cache=True, logits_to_keep=1)
-        result = SparseResult(cache, out.logits[:, -1], torch.arange(n, device=ids.device), prompt_length=n,
-                              pairs=pairs, estimate=estimate[0])
+        result = PrefillResult(cache, out.logits[:, -1], torch.arange(n, device=ids.device), prompt_length=n,
+                               attention_pairs=record.pairs, estimate_macs=record.estimate)
         return without_last_row(result) if whole else result
+
+    @contextmanager
+    def sparse_attention(self, n: int, plan: PromptPlan, below: int | None = None) -> Iterator[Record]:
+        """Inside: the model's prefill of n rows runs this method's pattern in its sparse layers (those below
+        layer `below` alone, where given: a RidgeFill arm's lower layers); the record fills as they run."""
+        record = Record({}, 0)
+
+        def choose(layer: int, query: torch.Tensor, key: torch.Tensor):
+            if layer not in self.layers or (below is not None and layer >= below):
+                return None
+            keep, macs, priority = self.pattern(layer, query, key, plan)
+            if self.knob is not None and priority is not None:  # the budget's cap, the rule's order
+                keep = within_pairs(keep, priority, n, self.arm.block, plan.knob_value * causal_pairs(0, n))
+            record.pairs[layer] = float(computed_pairs(keep, n, self.arm.block).mean())
+            record.estimate += macs
+            return keep, self.arm.block
+
+        with sparse_prefill(self.model, choose):
+            yield record
 
     def macs(self, n: int, pairs: dict[int, float], estimate: int) -> int:
         """Exact prefill's MACs less the attention each sparse layer skipped, plus the estimation pass."""
-        skipped = sum(self.costs[i].attn_per_key * (causal_pairs(0, n) - p) for i, p in pairs.items())
-        return prefill_macs(self.model.config, n) - round(skipped) + estimate
-
-    def attention_density(self, n: int, pairs: dict[int, float]) -> float:
-        return sum(pairs.values()) / (len(pairs) * causal_pairs(0, n)) if pairs else 1.0
+        return prefill_macs(self.model.config, n) - sparse_savings(self.model.config, n, pairs, estimate)
 
     def prefill_cost(self, n: int, result: PrefillResult | None = None, plan: PromptPlan | None = None
                      ) -> PrefillCost:
@@ -222,10 +237,10 @@ class SparsePrefill(Method):
         plan = plan if plan is not None else self.plan(n)
         config = self.model.config
         exact, rows = prefill_macs(config, n), cache_rows(config, n)
-        if plan.plain or (isinstance(result, PrefillResult) and not isinstance(result, SparseResult)):
+        if plan.plain or (result is not None and not result.attention_pairs):
             return PrefillCost(n, exact, exact, n, rows, rows, None, attention_density=1.0)
-        if isinstance(result, SparseResult):
-            pairs, estimate = result.pairs, result.estimate
+        if result is not None:
+            pairs, estimate = result.attention_pairs, result.estimate_macs
         else:
             pairs = self.planned_pairs(n, plan)
             estimate = len(self.layers) * self.estimate_macs(n)
@@ -234,7 +249,7 @@ class SparsePrefill(Method):
                 pairs = dict.fromkeys(self.layers, share * causal_pairs(0, n))
         knob = {"budget": self.knob.budget, "knob_value": plan.knob_value} if self.knob is not None else {}
         return PrefillCost(n, self.macs(n, pairs, estimate), exact, n, rows, rows, None,
-                           attention_density=self.attention_density(n, pairs), **knob)
+                           attention_density=attention_density(n, pairs), **knob)
 
     def speedup_ceilings(self, n: int, plan: PromptPlan | None = None) -> dict[str, float]:
         """The MAC ceiling where the pattern is known before the prompt runs; none for an adaptive one."""
