@@ -11,6 +11,7 @@ requests still carry theirs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rf_eval.cost.prefill_cost import PrefillCost, request_key
@@ -25,11 +26,16 @@ class ItemCosts:
     def __init__(self) -> None:
         self._fields: dict[str, dict[str, Any]] = {}
         self.db: Any = None  # lm-eval's request database (a SqliteDict), once the run has one
+        #: called on each record: the adapter publishes itself as the one whose records the tasks read next
+        #: (`rf_eval.harness.run_context`), so of two adapters built in one process the one running is read
+        self.publish: Callable[[], None] | None = None
 
     def record(self, prompt: Any, cost: PrefillCost | None) -> None:
         """Keep `cost` as the cost of the request whose first argument is `prompt` (nothing for None)."""
         if cost is None or prompt is None:
             return
+        if self.publish is not None:
+            self.publish()
         key = request_key(prompt)
         fields = cost.fields()
         self._fields[key] = fields

@@ -46,6 +46,7 @@ lm-eval's --use_cache database as they finish (`request_cache`).
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +94,9 @@ class PrefillLM(RequestCacheMixin, ScoringMixin, GenerationMixin, HFLM):
             self.enable_thinking = False
         self.method = self.build_method(settings)
         self.exact = Exact(self.model, self.tokenizer)  # the `reference=exact` pass, over the same weights
-        run_context.publish(self, self.run_facts())
+        facts, me = self.run_facts(), weakref.ref(self)
+        run_context.publish(self, facts)
+        self.item_costs.publish = lambda: run_context.publish(me(), facts)
         self.engine_floor = (measure_engine_floor(self.model, self.exact, self.method.floor_split(), self.max_length,
                                                   self.input_device)
                              if settings.reference == "exact" else None)

@@ -17,8 +17,10 @@ rf-eval adapters publish here what a task needs beyond that dict:
 tasks and metadata of the run before it builds the model, so an adapter can refuse tasks that its arm cannot
 score before its weights load.
 
-Only the newest adapter still alive counts (a weak reference: a model that was
-freed publishes nothing). `prompt_cost` asks that adapter for the prefill cost
+Only the adapter that published last and is still alive counts (a weak reference:
+a model that was freed publishes nothing); an adapter publishes when it is built and
+again whenever it records a prompt's cost, so of two adapters built in one process
+the tasks read the one that ran. `prompt_cost` asks that adapter for the prefill cost
 it recorded for a prompt (`rf_eval.model_adapters.item_costs`).
 """
 
