@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -123,7 +124,6 @@ class PrefillResult:
     ragged: bool = False
     #: the plan that ran (a selector may lengthen the tail: the longer-tail control)
     plan: Plan | None = None
-    #: a sparse-attention prefill's causal (query, key) pairs computed per layer it made sparse (mean over heads),
-    #: and its estimation pass's MACs (`rf_eval.sparse`); empty and 0 for every other prefill
-    attention_pairs: dict[int, float] = field(default_factory=dict)
-    estimate_macs: int = 0
+    #: a sparse-attention prefill's record (`rf_eval.sparse.method.Record`: the causal pairs computed per layer it
+    #: made sparse, the estimation pass's MACs), set after the prefill; None for every other prefill
+    attention: Any = field(default=None, init=False)

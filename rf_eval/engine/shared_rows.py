@@ -66,6 +66,18 @@ def active() -> bool:
     return bool(_ACTIVE)
 
 
+@contextmanager
+def unshared() -> Iterator[None]:
+    """Inside, the current block keeps and reads back nothing: a forward that is not the stock model's runs (a
+    sparse attention pattern, `rf_eval.sparse.attention`), whose rows and passes no stock arm may read."""
+    saved = _ACTIVE[:]
+    _ACTIVE.clear()
+    try:
+        yield
+    finally:
+        _ACTIVE[:] = saved
+
+
 def model_key(model: nn.Module, device: Any) -> tuple | None:
     """What, beside the tokens, fixes an entry's bits, in the current block: the weights' sha256 (taken once per
     model object in the block, for it reads every byte: the arms of a block load their models and leave the

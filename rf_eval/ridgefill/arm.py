@@ -6,6 +6,7 @@ parsed once; `prefill_arm` wires them into the engine for one prompt:
   `(PrefillContext) -> rows` as before;
 - corrections: value/key rescale, terminal-state correction (`rf_eval.ridgefill.corrections`);
 - splice: keys | values | both, from an exact reference prefill of the same prompt;
+- sparse: a sparse-attention method's pattern in the lower layers (`rf_eval.sparse.lower`);
 - cost_match: the compute-matched `nofill` control (paper section 3.3): the
   tail is lengthened, per prompt length N, to the longest tail whose MAC
   count (`rf_eval.cost.mac_model`) does not exceed the matched arm's. The matched arm
@@ -32,9 +33,11 @@ from rf_eval.engine.rowfill import RowFill
 from rf_eval.fields import ArmError
 from rf_eval.fills import FILLS, Fill, fill_named, registered_fills
 from rf_eval.fills.ridge import Ridge
+from rf_eval.ridgefill.arm_cost import knob_name
 from rf_eval.ridgefill.corrections import build_hooks, corrections_from
 from rf_eval.selectors import selector_from
 from rf_eval.selectors.base import Request, Selector
+from rf_eval.sparse.lower import sparse_from
 
 
 @dataclass(frozen=True)
@@ -115,16 +118,41 @@ def prefill_arm(model: nn.Module, tokenizer: Any, arm: Any, input_ids: torch.Ten
 
 
 def arm_parts(arm: Any) -> dict[str, Any]:
-    """A `RidgeFillArm`'s selector, corrections and cost match parsed once, by their own registries (an ArmError
-    naming the key)."""
+    """A `RidgeFillArm`'s selector, corrections, cost match and sparse part parsed once, by their own registries
+    (an ArmError naming the key)."""
     def selector(value):
         return selector_from(value) if isinstance(value, (str, dict)) else value
 
     out: dict[str, Any] = {}
-    for name, parse in (("selector", selector), ("corrections", corrections_from), ("cost_match", cost_match_from)):
+    for name, parse in (("selector", selector), ("corrections", corrections_from), ("cost_match", cost_match_from),
+                        ("sparse", sparse_from)):
         value = getattr(arm, name)
         try:
             out[name] = parse(value)
         except (ValueError, TypeError, OSError) as err:
             raise ArmError(f"{name}={value!r}: {err}") from err
     return out
+
+
+def describe_arm(arm: Any) -> dict[str, Any]:
+    """What results record about a `RidgeFillArm` (parts by name and parameters)."""
+    sel = arm.selector_obj
+    knob = knob_name(arm.preset, sel) if arm.budget is not None else None
+    # a budget that turns the tail sets it per prompt (each sample's `knob_value`); the given tail then
+    # only bounds the filled region the tasks score (`rf_eval.tasks.common.filled_tail`), and says so
+    tail = {"tail": None, "scored_tail": arm.tail} if knob == "tail" else {"tail": arm.tail}
+    return {
+        "fill": arm.fill,
+        "split": arm.split,
+        **tail,
+        "chunk_size": arm.chunk_size,
+        "map_split": arm.map_split,
+        **({"maps_device": arm.maps_device} if arm.maps_device != "model" else {}),
+        "selector": sel.describe() if hasattr(sel, "describe") else None,
+        "corrections": [c.describe() for c in arm.correction_objs],
+        "splice": arm.splice,
+        "cost_match": arm.cost_match_obj.describe() if arm.cost_match_obj else None,
+        **({"sparse": arm.sparse_obj.describe()} if arm.sparse_obj is not None else {}),
+        **({"preset": arm.preset} if arm.preset else {}),
+        **({"budget": arm.budget, "knob": knob} if arm.budget is not None else {}),
+    }

@@ -19,7 +19,8 @@ those objects; nothing looks a plug-in up by name after this module.
 Arms (RidgeFill paper, table 3 and section 3.3): `fill` exact | nofill |
 identity | ridge; `split` S; `tail` T; optional exact prefix rows from a
 `selector` (section 2.4), `corrections` (section 2.3), a `splice` (section
-6.6) and, on a `nofill` control, `cost_match` (the tail lengthened to the
+6.6), a `sparse` attention pattern in the lower layers (`rf_eval.sparse.lower`)
+and, on a `nofill` control, `cost_match` (the tail lengthened to the
 MAC cost of the named arm), or a `preset` that sets fill, tail and split
 together (`rf_eval.ridgefill.presets`: `pop`). `map_split` (default false,
 `rf_eval.engine.plan.DEFAULT_MAP_SPLIT`): filled rows of layer S read x_S,
@@ -41,9 +42,10 @@ from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, DEFAULT_TAIL, Plan, check_row
 from rf_eval.fields import ArmError, build
 from rf_eval.fills import FILL_OFF, absent_fills, arm_fills, fill_named, predicting_fills
 from rf_eval.ridge.maps import config_hash
-from rf_eval.ridgefill.arm import arm_parts
+from rf_eval.ridgefill.arm import arm_parts, describe_arm
 from rf_eval.ridgefill.arm_cost import knob_name, ridgefill_knob
 from rf_eval.ridgefill.presets import PRESET_FIELDS, preset
+from rf_eval.sparse.lower import check_fill
 
 SPLICES = ("keys", "values", "both")
 MAPS_DEVICES = ("model", "cpu")
@@ -63,6 +65,7 @@ class RidgeFillArm:
     corrections: Any = None  # `value_rescale(c=512)+terminal_state(path=F)`, or a list of specs/objects
     splice: str | None = None
     cost_match: Any = None  # `ridge(tail=4096;exact_share=0.1)`, a dict or a CostMatch
+    sparse: Any = None  # the lower layers' sparse attention: `flexprefill(gamma=0.9)` (`rf_eval.sparse.lower`)
     unigram: str | None = None  # the protected-token selectors' table (default: beside the maps)
     map_split: bool = DEFAULT_MAP_SPLIT  # True: layer S's filled rows read the map's x̂_S (paper's release), not x_S
     #: use maps fitted on other weights (a deliberate transfer); by default `resolve` refuses them
@@ -99,6 +102,7 @@ class RidgeFillArm:
             raise ArmError(f"unigram={self.unigram!r}: no such file")
         parts = arm_parts(self)
         object.__setattr__(self, "_parts", parts)
+        check_fill(parts["sparse"], self.fill_obj)
         if (parts["corrections"] or self.splice) and not (self.fill_obj and self.fill_obj.supports_corrections):
             raise ArmError(f"corrections and splice change filled rows: they need a fill from predicted inputs "
                            f"({', '.join(predicting_fills())}), not fill={self.fill}")
@@ -194,6 +198,11 @@ class RidgeFillArm:
         return self._parts["cost_match"]
 
     @property
+    def sparse_obj(self) -> Any:
+        """The lower layers' sparse-attention part (`rf_eval.sparse.lower.SparsePart`), or None."""
+        return self._parts["sparse"]
+
+    @property
     def fills_rows(self) -> bool:
         """False for the exact arm (whose every prompt runs the plain model)."""
         return self.fill != FILL_OFF
@@ -217,7 +226,8 @@ class RidgeFillArm:
     def batches(self) -> bool:
         """True when prompts of one length can share an engine call: no part of the arm is per prompt
         (a selector's rows, a correction's or splice's reference)."""
-        return self.selector_obj is None and not self.correction_objs and self.splice is None
+        return (self.selector_obj is None and not self.correction_objs and self.splice is None
+                and self.sparse_obj is None)
 
     def plan_at(self, n: int) -> tuple[Plan, int | None, int | None]:
         """(the engine plan of an n-token prompt, the selected rows a budget grants it (None: the selector
@@ -325,23 +335,5 @@ class RidgeFillArm:
         return ridgefill_knob(self, model_config)
 
     def describe(self) -> dict[str, Any]:
-        """What results record about the arm (parts by name and parameters)."""
-        sel = self.selector_obj
-        knob = knob_name(self.preset, sel) if self.budget is not None else None
-        # a budget that turns the tail sets it per prompt (each sample's `knob_value`); the given tail then
-        # only bounds the filled region the tasks score (`rf_eval.tasks.common.filled_tail`), and says so
-        tail = {"tail": None, "scored_tail": self.tail} if knob == "tail" else {"tail": self.tail}
-        return {
-            "fill": self.fill,
-            "split": self.split,
-            **tail,
-            "chunk_size": self.chunk_size,
-            "map_split": self.map_split,
-            **({"maps_device": self.maps_device} if self.maps_device != "model" else {}),
-            "selector": sel.describe() if hasattr(sel, "describe") else None,
-            "corrections": [c.describe() for c in self.correction_objs],
-            "splice": self.splice,
-            "cost_match": self.cost_match_obj.describe() if self.cost_match_obj else None,
-            **({"preset": self.preset} if self.preset else {}),
-            **({"budget": self.budget, "knob": knob} if self.budget is not None else {}),
-        }
+        """What results record about the arm (parts by name and parameters): `describe_arm`."""
+        return describe_arm(self)

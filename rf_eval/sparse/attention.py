@@ -8,7 +8,8 @@ pattern (`rf_eval.sparse.blocks`): None, or a pattern that keeps every causal bl
 call, bitwise; any other runs PyTorch's FlexAttention, compiled (`torch.compile`, dynamic shapes: one
 compilation per model shape, not per length), over a `BlockMask` of the kept blocks, so the skipped blocks
 are never computed. Every other call (a decoding step, a cache that holds rows) is the stock one: the
-sparse pattern is the prefill's only.
+sparse pattern is the prefill's only. Inside, a block of arms sharing stock passes (`rf-eval demo`)
+keeps and reads nothing (`rf_eval.engine.shared_rows.unshared`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from rf_eval.engine.shared_rows import unshared
 from rf_eval.sparse.blocks import block_mask, causal_blocks, with_diagonal
 
 __all__ = ["IMPLEMENTATION", "Chooser", "sparse_prefill"]
@@ -83,7 +85,8 @@ def sparse_prefill(model: Any, choose: Chooser) -> Iterator[None]:
     token = _choose.set(choose)
     model.config._attn_implementation = IMPLEMENTATION
     try:
-        yield
+        with unshared():  # no stock pass or rows kept from this forward, none read into it
+            yield
     finally:
         model.config._attn_implementation = before
         _choose.reset(token)

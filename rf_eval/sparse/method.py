@@ -202,8 +202,8 @@ class SparsePrefill(Method):
             cache = new_cache(self.model)
             with self.sparse_attention(n, plan) as record:
                 out = self.model(input_ids=run, cache=cache, use_cache=True, logits_to_keep=1)
-        result = PrefillResult(cache, out.logits[:, -1], torch.arange(n, device=ids.device), prompt_length=n,
-                               attention_pairs=record.pairs, estimate_macs=record.estimate)
+        result = PrefillResult(cache, out.logits[:, -1], torch.arange(n, device=ids.device), prompt_length=n)
+        result.attention = record
         return without_last_row(result) if whole else result
 
     @contextmanager
@@ -237,10 +237,11 @@ class SparsePrefill(Method):
         plan = plan if plan is not None else self.plan(n)
         config = self.model.config
         exact, rows = prefill_macs(config, n), cache_rows(config, n)
-        if plan.plain or (result is not None and not result.attention_pairs):
+        record = None if result is None else result.attention
+        if plan.plain or (result is not None and (record is None or not record.pairs)):
             return PrefillCost(n, exact, exact, n, rows, rows, None, attention_density=1.0)
-        if result is not None:
-            pairs, estimate = result.attention_pairs, result.estimate_macs
+        if record is not None:
+            pairs, estimate = record.pairs, record.estimate
         else:
             pairs = self.planned_pairs(n, plan)
             estimate = len(self.layers) * self.estimate_macs(n)

@@ -38,7 +38,7 @@ def test_the_prefill_is_the_model_under_a_dense_mask_of_the_rule(family, tiny, m
     method = SinkWindow(model, None, block=BLOCK, sink=1, window=2)
     sparse = method.prefill(ids)
     types = getattr(model.config, "layer_types", None) or ["full_attention"] * model.config.num_hidden_layers
-    assert sorted(sparse.attention_pairs) == [i for i, kind in enumerate(types) if kind == "full_attention"]
+    assert sorted(sparse.attention.pairs) == [i for i, kind in enumerate(types) if kind == "full_attention"]
     keep = rule(N, 1, 2)
 
     def dense(q, k, v, block_mask, scale, enable_gqa):

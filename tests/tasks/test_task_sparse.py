@@ -84,3 +84,24 @@ def test_a_family_with_attention_sinks_is_refused_by_name(tmp_path, monkeypatch)
     for method in ("sinkwindow", "flexprefill", "xattention"):
         with pytest.raises(ModelArgsError, match=f"method={method}: GptOss.* attention has per-head sinks"):
             prefill_lm.prefill(pretrained=str(folder), device="cpu", method=method)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_fill_with_sparse_lower_layers_runs_through_lm_eval(family, models, task_data, th):
+    """`--model ridgefill --model_args fill=identity,...,sparse=flexprefill(...)`: one arm, both savings."""
+    from lm_eval import simple_evaluate
+
+    from rf_eval.model_adapters import prefill_lm
+    args = {"fill": "identity", "split": 3, "tail": 64, "reference": "exact"}
+    meta = {**OPTS, "pretrained": models[family], "essay_haystack": str(task_data["essays"]),
+            "docs": str(task_data["docs"]), "reference": "exact"}
+    # both adapters built first: each run's samples carry its own adapter's costs (the one that recorded them)
+    adapters = [prefill_lm.ridgefill(pretrained=models[family], device="cpu", **args, **sparse)
+                for sparse in ({"sparse": "flexprefill(block=32;min_budget=64)"}, {})]
+    runs = [simple_evaluate(model=lm, tasks=["keytoken_nll"], task_manager=th.task_manager(meta), log_samples=True,
+                            bootstrap_iters=0, verbosity="WARNING", limit=2) for lm in adapters]
+    (samples,), (fill_only,) = (list(out["samples"].values()) for out in runs)
+    for s, f in zip(samples, fill_only):
+        assert 0 < s["attention_density"] < 1 and f["attention_density"] is None
+        assert s["prefill_macs"] < f["prefill_macs"] and s["exact_rows"] == f["exact_rows"]
+    assert runs[0]["config"]["rf_eval"]["sparse"] == {"name": "flexprefill", "block": 32, "min_budget": 64}
