@@ -206,14 +206,14 @@ class RidgeFill(Method):
 
     def speedup_ceilings(self, n: int, plan: PromptPlan | None = None) -> dict[str, float]:
         """`ceiling`, 1/r of layer passes, and `mac_ceiling`, the MAC model's (where it knows the family), at
-        the exact rows the prompt runs (tail and selected rows); none where the selected rows depend on the
-        text (`RidgeFillArm.planned_rows`)."""
+        the exact rows the prompt runs (tail and selected rows); none where the selected rows or the lower
+        layers' sparse pattern depend on the text (`RidgeFillArm.planned_rows`, `sparse=`)."""
         plan = plan if plan is not None else self.plan(n)
         if plan.plain:
             return {"ceiling": 1.0, "mac_ceiling": 1.0}
         engine_plan, _ = plan.setting
         selected = planned_rows(self.arm, n)
-        if selected is None:
+        if selected is None or self.sparse is not None:
             return {}
         exact_rows = min(engine_plan.tail + selected, n)
         out = {"ceiling": 1.0 / ceiling_r(len(engine.decoder_layers(self.model)), engine_plan.split, exact_rows, n)}

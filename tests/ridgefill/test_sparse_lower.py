@@ -60,6 +60,7 @@ def test_its_macs_are_the_fills_less_the_lower_layers_skipped_pairs(model):
     assert cost.prefill_macs == fill_cost.prefill_macs - SPLIT * per_pair * (N * (N + 1) // 2 - computed)
     assert cost.attention_density == pytest.approx(computed / (N * (N + 1) / 2))
     assert fill_cost.attention_density is None and cost.exact_rows == fill_cost.exact_rows
+    assert arm.speedup_ceilings(N) == {} and plain.speedup_ceilings(N)  # the pattern is known once the prompt ran
 
 
 def test_a_shared_lower_pass_is_not_read_across_sparse_and_stock_arms(model):
