@@ -146,7 +146,7 @@ class SparsePrefill(Method):
             return -(-int(1000 * float(forced.sum())) // causal_pairs(0, n))
 
         positions = getattr(config, "max_position_embeddings", None) or 1 << 20
-        return Knob("share", float(self.arm.budget), macs, lambda n: prefill_macs(config, n), lowest,
+        return Knob("pairs per mille", float(self.arm.budget), macs, lambda n: prefill_macs(config, n), lowest,
                     lambda n: 1000, max_length=int(positions))
 
     # -- what a method provides ---------------------------------------------------------
