@@ -20,6 +20,7 @@ from rf_eval.arm_string import parse_parts
 from rf_eval.cost.prefill_cost import PrefillCost
 from rf_eval.engine import PrefillResult
 from rf_eval.fields import ArmError
+from rf_eval.methods import METHODS, method_class
 from rf_eval.sparse.method import Record, SparsePrefill, attention_density, sparse_savings
 
 __all__ = ["SparsePart", "lower_layers_sparse", "sparse_from", "with_lower_savings"]
@@ -37,14 +38,10 @@ class SparsePart:
 
     def bind(self, model: Any, tokenizer: Any = None) -> SparsePrefill:
         """The method over `model`, made once per arm."""
-        from rf_eval.methods import method_class
-
         return method_class(self.method)(model, tokenizer, **self.params)
 
 
 def sparse_methods() -> list[str]:
-    from rf_eval.methods import METHODS
-
     return sorted(name for name in METHODS if issubclass(METHODS[name], SparsePrefill))
 
 
@@ -64,8 +61,6 @@ def sparse_from(spec: str | dict | SparsePart | None) -> SparsePart | None:
         raise ValueError(f"{name!r} is not a sparse-attention method; valid: {', '.join(sparse_methods())}")
     if "budget" in params:
         raise ValueError("the sparse part takes no budget: the arm's own budget= sets its fill's knob")
-    from rf_eval.methods import method_class
-
     method_class(name).parse_arm(params, what=f"sparse={name}")
     return SparsePart(name, params)
 

@@ -118,7 +118,8 @@ def test_probe_with_a_maps_folder_serves(serve_model_dir, serve_env, tmp_path):
 BAD_STARTS = [
     ([], "needs a model: --model DIR"),
     (["--model", "{model}", "--model-args", "method=nope"], "method='nope' is not a prefill method; valid: exact, "
-                                                            "fastkv, gemfilter, pop, rarecache, ridgefill, specprefill"),
+                                                            "fastkv, flexprefill, gemfilter, pop, rarecache, ridgefill, "
+                                                            "sinkwindow, specprefill, xattention"),
     (["--model", "{model}", "--model-args", "method=drop"], "method='drop' is not a prefill method (--model drop is "
                                                             "an lm-eval model name; its method is gemfilter)"),
     (["--model", "{model}", "--model-args", "method=rarecache"], "source"),
