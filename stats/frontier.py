@@ -99,16 +99,18 @@ def _prompts(frame: pd.DataFrame, keys: tuple[str, ...] = ("task", "doc_id")) ->
 
 
 def cost_of(frame: pd.DataFrame, suffix: str = "") -> dict[str, Any]:
-    """MAC fraction and speedup, cache fraction and prompt count of the prompts in `frame` (item rows, or
-    paired rows with `suffix` `_arm`); None for what no prompt recorded."""
+    """MAC fraction and speedup, cache fraction, attention density (a sparse prefill's) and prompt count of the
+    prompts in `frame` (item rows, or paired rows with `suffix` `_arm`); None for what no prompt recorded."""
     prompts = _prompts(frame)
     macs, exact = prompts[f"prefill_macs{suffix}"], prompts[f"exact_macs{suffix}"]
     known = macs.notna() & exact.notna()
     fraction = float(macs[known].sum() / exact[known].sum()) if known.any() else None
     cache = prompts[f"cache_fraction{suffix}"].dropna()
+    density = prompts[f"attention_density{suffix}"].dropna() if f"attention_density{suffix}" in prompts else ()
     return {"n_prompts": int(known.sum()), "macs_fraction": fraction,
             "mac_speedup": 1 / fraction if fraction else None,
-            "cache_fraction": float(cache.mean()) if len(cache) else None}
+            "cache_fraction": float(cache.mean()) if len(cache) else None,
+            "attention_density": float(density.mean()) if len(density) else None}
 
 
 def measured_speedup(pairs: pd.DataFrame) -> float | None:
@@ -162,7 +164,8 @@ def frontier(items: pd.DataFrame, pairs: dict[str, pd.DataFrame], reference: str
         arms.append({"arm": arm, "budget": arm_budget(items, arm), "is_reference": arm == reference,
                      "lengths": lengths})
     _mark_pareto(arms, measures)
-    return {"measures": [m.as_dict() for m in measures], "arms": arms}
+    attention = any(e["attention_density"] is not None for a in arms for e in a["lengths"])
+    return {"measures": [m.as_dict() for m in measures], "arms": arms, "attention": attention}
 
 
 def _mark_pareto(arms: list[dict[str, Any]], measures: list[PrimaryMeasure]) -> None:

@@ -47,4 +47,9 @@ def test_sparse_arms_run_side_by_side_at_one_budget(tmp_path, tiny_model_dir, ke
         samples = [json.loads(line) for f in (out / "arms" / name).rglob("samples_keytoken_nll_*.jsonl")
                    for line in f.read_text().splitlines()]
         assert samples and all(0 < s["attention_density"] < 1 for s in samples), name
-    assert "### Methods at budget 0.9" in (out / "report.md").read_text()
+    md = (out / "report.md").read_text()
+    assert "### Methods at budget 0.9" in md and "| attention computed |" in md  # the sparse arms' own column
+    front = {a["arm"]: a for a in summary["frontier"]["arms"]}
+    assert summary["frontier"]["attention"] is True
+    assert all(0 < e["attention_density"] < 1 for name in arms for e in front[name]["lengths"])
+    assert all(e["attention_density"] is None for e in front["exact"]["lengths"])
