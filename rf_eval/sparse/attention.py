@@ -28,7 +28,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from rf_eval.engine.shared_rows import unshared
 from rf_eval.sparse.blocks import block_mask, causal_blocks, with_diagonal
 
-__all__ = ["IMPLEMENTATION", "Chooser", "sparse_prefill"]
+__all__ = ["IMPLEMENTATION", "Chooser", "sparse_prefill", "warm"]
 
 IMPLEMENTATION = "rf_eval_block_sparse"
 #: (layer index, post-RoPE queries (1, H, n, D), keys (1, Hkv, n, D)) -> (pattern (H, blocks, blocks), block)
@@ -65,9 +65,22 @@ def block_sparse_attention(module: torch.nn.Module, query: torch.Tensor, key: to
     if attention_mask is not None:
         raise RuntimeError("the block-sparse prefill reads one unpadded prompt (no attention mask); got a mask of "
                            f"shape {tuple(attention_mask.shape)}")
-    out = _flex()(query, key, value, block_mask=block_mask(keep, n, block), scale=scaling,
-                  enable_gqa=query.shape[1] != key.shape[1])
+    # contiguous: one compiled kernel whatever layout a family's projections leave (`warm` compiles that one)
+    out = _flex()(query.contiguous(), key.contiguous(), value.contiguous(), block_mask=block_mask(keep, n, block),
+                  scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous(), None
+
+
+@torch.no_grad()  # as a prefill runs (grad mode is one of the compiled kernel's guards)
+def warm(attn: torch.nn.Module, heads: int, kv_heads: int, dim: int, block: int) -> None:
+    """Compile the kernel for this attention's shape, dtype and device now, so no prompt's timed prefill pays
+    for it (the first call takes seconds; later lengths reuse it: `dynamic=True`)."""
+    weight = next(attn.parameters())
+    n = 2 * block + 1
+    q, k, v = (torch.zeros(1, h, n, dim, dtype=weight.dtype, device=weight.device) for h in (heads, kv_heads, kv_heads))
+    keep = causal_blocks(n, block, weight.device).expand(heads, -1, -1).clone()
+    keep[:, -1, 0] = False
+    _flex()(q, k, v, block_mask=block_mask(keep, n, block), scale=attn.scaling, enable_gqa=heads != kv_heads)
 
 
 @functools.cache

@@ -36,13 +36,20 @@ import torch
 from rf_eval.cost.budget import BudgetError, Knob, check_budget
 from rf_eval.cost.mac_model import cache_rows, causal_pairs, layer_costs, prefill_macs
 from rf_eval.cost.prefill_cost import PrefillCost
-from rf_eval.engine import PrefillResult, new_cache, plain_prefill, rows_can_be_given_back, without_last_row
+from rf_eval.engine import (
+    PrefillResult,
+    decoder_layers,
+    new_cache,
+    plain_prefill,
+    rows_can_be_given_back,
+    without_last_row,
+)
 from rf_eval.families import family_class_for
 from rf_eval.families.base import Family
 from rf_eval.fields import ArmError
 from rf_eval.methods.base import Method, ModelSource, PromptPlan
 from rf_eval.methods.requests import check_prompt, meta_model
-from rf_eval.sparse.attention import sparse_prefill
+from rf_eval.sparse.attention import sparse_prefill, warm
 from rf_eval.sparse.blocks import block_count, block_pairs, computed_pairs, forced_blocks, within_pairs
 
 __all__ = ["Choice", "Record", "SparseArm", "SparsePrefill", "attention_density", "sparse_layers", "sparse_savings"]
@@ -130,6 +137,12 @@ class SparsePrefill(Method):
         super().__init__(model, tokenizer, arm, **given)
         self.check_config(model.config)
         self.layers = sparse_layers(model.config)
+        attn = decoder_layers(model)[self.layers[0]].self_attn
+        if next(attn.parameters()).device.type != "meta":  # a loaded model: its kernel compiled before any timing
+            config = model.config
+            heads = config.num_attention_heads
+            warm(attn, heads, getattr(config, "num_key_value_heads", None) or heads,
+                 getattr(config, "head_dim", None) or config.hidden_size // heads, self.arm.block)
         self.knob = self.budget_knob_for(model.config) if self.arm.budget is not None else None
         if self.knob is not None:
             self.knob.check_reachable()

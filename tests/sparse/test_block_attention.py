@@ -87,3 +87,17 @@ def test_every_block_kept_is_the_stock_model_bitwise(family, tiny):
     for a, b in zip(sparse.cache.layers, stock.cache.layers):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
     assert model.config._attn_implementation == "sdpa"  # restored
+
+
+def test_no_prompt_pays_for_the_kernels_compilation(tiny):
+    """The method compiles its kernel when it is built (`attention.warm`), so a timed prefill at any length
+    compiles nothing: the measured speedup of a run's first item is not a compilation's."""
+    from torch._dynamo.utils import counters
+
+    from rf_eval.sparse.xattention import XAttention
+
+    method = XAttention(tiny["llama"][0], None, block=BLOCK, stride=4, threshold=0.5)
+    graphs = counters["stats"]["unique_graphs"]
+    for n in (150, 233, 97):
+        method.prefill(torch.randint(0, 250, (1, n), generator=torch.Generator().manual_seed(n)))
+    assert counters["stats"]["unique_graphs"] == graphs
