@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from rf_eval.cost.budget import largest_within
 from rf_eval.engine.plan import DEFAULT_MAP_SPLIT, check_split
-from rf_eval.families import family_class_for
+from rf_eval.families import attention_shape, family_class_for
 from rf_eval.fills import FILL_OFF, Fill, fill_named
 from rf_eval.fills.nofill import NoFill
 
@@ -71,9 +71,7 @@ def _mlp_macs(config, layer_index: int, moe: bool) -> int:
 def layer_costs(config) -> list[LayerCost]:
     family = family_class_for(config)
     d = config.hidden_size
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", heads) or heads
-    head_dim = getattr(config, "head_dim", None) or d // heads
+    heads, kv_heads, head_dim = attention_shape(config)
     gated = family.gated_attention
     types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
     windows = _windows(config, types)

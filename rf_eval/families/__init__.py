@@ -113,8 +113,16 @@ def sliding_window(config) -> int | None:
     return None if limit is not None and window >= limit else int(window)
 
 
+def attention_shape(config) -> tuple[int, int, int]:
+    """(query heads, key-value heads, head dim) of a config's attention layers."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return heads, kv_heads, getattr(config, "head_dim", None) or config.hidden_size // heads
+
+
 __all__ = [
-    "FAMILIES", "FAMILY_PATH_ENV", "Family", "execution_device", "family_class", "family_class_for", "family_for",
+    "FAMILIES", "FAMILY_PATH_ENV", "Family", "attention_shape", "execution_device", "family_class",
+    "family_class_for", "family_for",
     "register_family", "registered_families", "sliding_window", "supported_model_types", "unregister_family",
 ]  # fmt: skip
 

@@ -22,6 +22,7 @@ from transformers import DynamicCache
 from rf_eval.engine import new_cache
 from rf_eval.families import (
     Family,
+    attention_shape,
     family_class,
     family_class_for,
     family_for,
@@ -114,7 +115,5 @@ def cache_entries(model: nn.Module, family: Family, cache: DynamicCache, n: int 
 
 def kv_shape(config) -> tuple[int, int]:
     """(n_kv heads, head dim) of a config."""
-    heads_ = config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads_
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads_
-    return kv, head_dim
+    _, kv_heads, head_dim = attention_shape(config)
+    return kv_heads, head_dim

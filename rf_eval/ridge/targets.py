@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rf_eval.families import Family
+from rf_eval.families import Family, attention_shape
 
 TARGETS = ("inputs", "kv")
 
@@ -51,6 +51,5 @@ def target_width(config, layer: int, target: str) -> int:
 
 def kv_width(config) -> int:
     """2 * kv_heads * head_dim of a model config (the width of a `kv` target)."""
-    heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-    return 2 * heads * head_dim
+    _, kv_heads, head_dim = attention_shape(config)
+    return 2 * int(kv_heads) * int(head_dim)

@@ -168,7 +168,8 @@ class RidgeFill(Method):
         return result
 
     def prefills_together(self, n: int) -> bool:
-        return self.arm.batches or self.plan(n).plain
+        """Plain prompts, as every method's, and an arm with no per-prompt part (`RidgeFillArm.batches`)."""
+        return self.arm.batches or super().prefills_together(n)
 
     def prefill_batch(self, input_ids: torch.Tensor, *, for_generation: bool = False,
                       plan: PromptPlan | None = None) -> list[PrefillResult]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
-__all__ = ["block_count", "block_mask", "block_pairs", "causal_blocks", "computed_pairs", "density", "forced_blocks",
+__all__ = ["block_count", "block_mask", "block_pairs", "block_rows", "causal_blocks", "computed_pairs", "density", "forced_blocks",
            "with_diagonal", "within_pairs"]
 
 
@@ -39,7 +39,7 @@ def with_diagonal(keep: torch.Tensor) -> torch.Tensor:
     return (keep | eye) & torch.ones_like(eye).tril()
 
 
-def _block_rows(n: int, block: int, device: torch.device | str) -> torch.Tensor:
+def block_rows(n: int, block: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Rows in each block (the last one short)."""
     starts = torch.arange(0, n, block, device=device)
     return torch.clamp(n - starts, max=block)
@@ -48,7 +48,7 @@ def _block_rows(n: int, block: int, device: torch.device | str) -> torch.Tensor:
 def block_pairs(n: int, block: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """(blocks, blocks) float64: the causal pairs each block holds (whole below the diagonal, the causal half
     on it, none above)."""
-    rows = _block_rows(n, block, device).to(torch.float64)
+    rows = block_rows(n, block, device).to(torch.float64)
     return torch.outer(rows, rows).tril(-1) + torch.diag(rows * (rows + 1) / 2)
 
 

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from rf_eval.fields import ArmError
 from rf_eval.methods.base import PromptPlan
-from rf_eval.sparse.blocks import block_count, causal_blocks
+from rf_eval.sparse.blocks import block_count, block_rows, causal_blocks
 from rf_eval.sparse.method import Choice, SparseArm, SparsePrefill
 
 __all__ = ["FlexPrefill", "active_blocks"]
@@ -55,8 +55,7 @@ def block_means(x: torch.Tensor, block: int) -> torch.Tensor:
     """Means of `x` (H, n, D) over blocks of rows, over the rows a block holds (H, blocks, D)."""
     n = x.shape[1]
     sums = F.pad(x, (0, 0, 0, block_count(n, block) * block - n)).unflatten(1, (-1, block)).sum(2)
-    rows = torch.clamp(n - torch.arange(0, n, block, device=x.device), max=block)
-    return sums / rows[None, :, None]
+    return sums / block_rows(n, block, x.device)[None, :, None]
 
 
 def sqrt_js(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -154,13 +153,8 @@ class FlexPrefill(SparsePrefill):
         block = self.arm.block
         return n <= max(2 * block, -(-self.arm.min_budget // block) * block)
 
-    def _dims(self) -> tuple[int, int]:
-        config = self.model.config
-        heads = config.num_attention_heads
-        return heads, getattr(config, "head_dim", None) or config.hidden_size // heads
-
     def estimate_macs(self, n: int, aware: int | None = None) -> int:
-        heads, dim = self._dims()
+        heads, _, dim = self.shape
         blocks = block_count(n, self.arm.block)
         aware = heads if aware is None else aware
         return heads * (self.arm.block * n + blocks) * dim + aware * blocks * blocks * dim

@@ -44,7 +44,7 @@ from rf_eval.engine import (
     rows_can_be_given_back,
     without_last_row,
 )
-from rf_eval.families import family_class_for
+from rf_eval.families import attention_shape, family_class_for
 from rf_eval.families.base import Family
 from rf_eval.fields import ArmError
 from rf_eval.methods.base import Method, ModelSource, PromptPlan
@@ -137,12 +137,11 @@ class SparsePrefill(Method):
         super().__init__(model, tokenizer, arm, **given)
         self.check_config(model.config)
         self.layers = sparse_layers(model.config)
+        #: (query heads, key-value heads, head dim) of the attention the pattern runs in
+        self.shape = attention_shape(model.config)
         attn = decoder_layers(model)[self.layers[0]].self_attn
         if next(attn.parameters()).device.type != "meta":  # a loaded model: its kernel compiled before any timing
-            config = model.config
-            heads = config.num_attention_heads
-            warm(attn, heads, getattr(config, "num_key_value_heads", None) or heads,
-                 getattr(config, "head_dim", None) or config.hidden_size // heads, self.arm.block)
+            warm(attn, *self.shape, self.arm.block)
         self.knob = self.budget_knob_for(model.config) if self.arm.budget is not None else None
         if self.knob is not None:
             self.knob.check_reachable()

@@ -98,9 +98,7 @@ class XAttention(SparsePrefill):
                                "holds whole antidiagonals)")
 
     def estimate_macs(self, n: int) -> int:
-        config = self.model.config
-        heads = config.num_attention_heads
-        dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        heads, _, dim = self.shape
         return heads * causal_pairs(0, -(-n // self.arm.stride)) * self.arm.stride * dim
 
     def pattern(self, layer: int, query: torch.Tensor, key: torch.Tensor, plan: PromptPlan) -> Choice:
