@@ -2,14 +2,15 @@
 
 On the embedded SmolLM2-135M-Instruct (or `--model PATH`), for each prompt length (1,024, 4,096 and 8,192
 tokens by default) and each method that runs on a model alone (the droppers, presets and sparse-attention
-methods at their defaults, and RidgeFill's fills at a quarter tail; `--methods` picks some): the exact prefill and every method's prefill of one word-like
-prompt are timed round-robin (one warm-up each, then `--repeats` rounds, the order rotated each round), so
-load from other processes falls on all of them alike. Per method and length it prints the measured speedup
-(the median of exact's times over the median of the method's), the MAC model's ceiling for the rows the
-prefill ran (`Method.prefill_cost`), their ratio (the share of the ceiling reached) and its spread over the
-rounds (each round's exact time over the same round's method time, min and max). A share above 1 in every round is flagged
-(a measured speedup the MAC count does not allow: the cost model or the exact path is off), and one below
-0.85 in every round (the method's time goes somewhere its MACs do not say).
+methods at their defaults, and RidgeFill's fills at a quarter tail; `--methods` picks some): the exact
+prefill and every method's prefill of one word-like prompt are timed round-robin (one warm-up each, then
+`--repeats` rounds, the order rotated each round), so load from other processes falls on all of them alike.
+Per method and length it prints the measured speedup (the median of exact's times over the median of the
+method's), the MAC model's ceiling for the rows the prefill ran (`Method.prefill_cost`), their ratio (the
+share of the ceiling reached) and its spread over the rounds (each round's exact time over the same round's
+method time, min and max). A share above 1 in every round is flagged (a measured speedup the MAC count does
+not allow: the cost model or the exact path is off), and one below 0.85 in every round (the method's time
+goes somewhere its MACs do not say).
 
   python benchmarks/bench_methods.py [--lengths 1024 4096 8192] [--repeats 3] [--methods ...] [--device cpu]
       [--json FILE]

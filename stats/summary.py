@@ -139,7 +139,8 @@ def study_summary(
         "loss_forest": loss_forest(losses, measures),
         "speed": study.speed(), "controls": study.controls(o.controls or {}),
         "has_ledger": ledger is not None, "ledger_head": None, "notes": notes, "cross_model": labels, "strata_rule": RULE,
-        "metrics": _metrics_used(tasks, losses), "cap_hits": cap_hit_table(study.pairs, reference, {a.name: a.cap_hits for a in study.runs.arms}),
+        "metrics": _metrics_used(tasks, losses),
+        "cap_hits": cap_hit_table(study.pairs, reference, {a.name: a.cap_hits for a in study.runs.arms}),
         "copyable": copyable_tables(study.runs.items, study.pairs, reference, edges, study.measure_row)
         if COPYABLE in o.strata else None,
     }  # fmt: skip

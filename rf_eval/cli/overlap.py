@@ -49,4 +49,3 @@ def run(args: argparse.Namespace) -> int:
     for result in results:
         print(result.line())
     return 1 if any(r.found for r in results) else 0
-

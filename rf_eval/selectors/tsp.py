@@ -72,7 +72,6 @@ def window_scores(q: torch.Tensor, keys: torch.Tensor, scale: float, kernel: int
     return pooled.view(kv_heads, group, m - w).sum(1)
 
 
-
 class TokenSelectivePropagation(Selector):
     """FastKV's TSP rule at layer S - 1; see the module docstring."""
 

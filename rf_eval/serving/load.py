@@ -187,12 +187,12 @@ class LoadSettings:
 def check_batching(arms: tuple[TimedArm, TimedArm], together: dict[str, Any], max_batch: int | None, length: int,
                    allowed: bool) -> dict[str, str]:
     """Each arm's batching on this server ("together": a batch's prompts share one forward; "one by one";
-    "unbatched" on a server of max batch 1), from the warm-up's `rf_timings.prefills_together`. On a server batching more than one request, arms that batch
-    differently time the server's batching rather than their prefills (exact's prompts share a forward while
-    RaReCache's, the droppers' and row selectors' run one after another): refused unless `allowed`, naming the
-    fair comparison, both arms unbatched (`rf-eval serve --max-batch 1`). Why unbatched rather than batched:
-    those methods choose rows per prompt, so a batch of them has a different causal pattern per prompt, which
-    the engine's one batched forward does not carry."""
+    "unbatched" on a server of max batch 1), from the warm-up's `rf_timings.prefills_together`. On a server
+    batching more than one request, arms that batch differently time the server's batching rather than their
+    prefills (exact's prompts share a forward while RaReCache's, the droppers' and row selectors' run one after
+    another): refused unless `allowed`, naming the fair comparison, both arms unbatched (`rf-eval serve
+    --max-batch 1`). Why unbatched rather than batched: those methods choose rows per prompt, so a batch of them
+    has a different causal pattern per prompt, which the engine's one batched forward does not carry."""
     if max_batch == 1:
         return {"a": "unbatched", "b": "unbatched"}
     said = {side: ("together" if flag else "one by one") if isinstance(flag, bool) else "unknown"
