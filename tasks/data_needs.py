@@ -169,11 +169,13 @@ def check_filled_region(tasks: Iterable[str], metadata: dict[str, Any], run: dic
     if given in (None, ""):
         given = (run.get("task_defaults") or {}).get("max_seq_lengths") or list(DEFAULT_SEQ_LENGTHS)
     lengths, tail = as_lengths(given), filled_tail(metadata, run)
-    where = "model_args or --metadata" if metadata.get("tail") not in (None, "") else "the arm's"
+    own = metadata.get("tail") not in (None, "") or bool(run.get("fills_rows"))
+    where = ("model_args or --metadata" if metadata.get("tail") not in (None, "") else "the arm's" if own
+             else "the default: this method has no tail of its own")
     problems = []
     for task in filled:
         try:
-            refuse_unfilled(task, lengths, tail, where)
+            refuse_unfilled(task, lengths, tail, where, own)
         except UserError as err:
             problems.append(str(err))
     if problems:

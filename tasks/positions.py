@@ -50,15 +50,19 @@ def refuse_beyond(task: str, lengths: Iterable[int], max_length: int | None, whe
             "model's position encoding holds it")
 
 
-def refuse_unfilled(task: str, lengths: Iterable[int], tail: int, where: str) -> None:
+def refuse_unfilled(task: str, lengths: Iterable[int], tail: int, where: str, own_tail: bool = True) -> None:
     """A UserError where every length is within the tail: no needle can lie in the filled region (the rows
-    before the exact tail), so `acc_filled` would be empty (NaN) while the run exits 0."""
+    before the exact tail), so `acc_filled` would be empty (NaN) while the run exits 0. `own_tail`: whether
+    the tail is one the run set (an arm's, or given); else the default, for a method with no tail of its own
+    (a dropper, a sparse prefill), whose fix is the subset's tail, not a `tail=` it would refuse."""
     lengths = list(lengths)
     if lengths and all(n <= tail for n in lengths):
+        smaller = ("a smaller tail= in --model_args" if own_tail else
+                   f"the rows the task counts as exact: --metadata '{{\"subset_tail\": {min(lengths) // 4}}}'")
         raise UserError(
             f"{task}: every max_seq_lengths entry ({', '.join(map(str, lengths))}) is within the exact tail "
             f"of {tail:,} rows ({where}), so no item has a filled region to score. Give lengths above the tail "
-            f"(--metadata '{{\"max_seq_lengths\": [{2 * tail}]}}') or a smaller tail= in --model_args")
+            f"(--metadata '{{\"max_seq_lengths\": [{2 * tail}]}}') or {smaller}")
 
 
 def config_max_length(metadata: dict[str, Any]) -> tuple[int | None, str]:

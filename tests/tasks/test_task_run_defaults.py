@@ -150,6 +150,21 @@ def test_a_run_with_no_filled_item_is_refused_before_the_weights_load(monkeypatc
         run_context.clear()
 
 
+def test_a_method_with_no_tail_is_told_the_subset_tail_not_a_tail_it_would_refuse():
+    """A dropper or sparse prefill off the demo has no tail: the refusal names the default it met and the fix
+    that method takes (`subset_tail`), which then passes; an arm with a tail is still told `tail=`."""
+    from rf_eval.errors import UserError
+    from rf_eval.tasks.data_needs import check_filled_region
+
+    with pytest.raises(UserError) as err:
+        check_filled_region(["niah_single_1_filled"], {"max_seq_lengths": [512]}, {"adapter": "prefill"})
+    assert "(the default: this method has no tail of its own)" in str(err.value)
+    assert """--metadata '{"subset_tail": 128}'""" in str(err.value) and "tail= in --model_args" not in str(err.value)
+    check_filled_region(["niah_single_1_filled"], {"max_seq_lengths": [512], "subset_tail": 128}, {"adapter": "prefill"})
+    with pytest.raises(UserError, match="a smaller tail= in --model_args"):
+        check_filled_region(["niah_single_1_filled"], {"max_seq_lengths": [512]}, {"fills_rows": True, "tail": 4096})
+
+
 def test_another_models_run_is_checked_on_the_tasks_defaults():
     from rf_eval.errors import UserError
     from rf_eval.tasks.data_needs import check_filled_region
