@@ -6,7 +6,7 @@ The adapter is an `HFLM` subclass, so every key lm-eval's `hf` model takes
 is passed on to `from_pretrained`) works as it does for `--model hf`.
 `parse_model_args` finds the method (`method=`, else the lm-eval name's
 default), takes out its keys (`ADAPTER_KEYS`: `pretrained`, `method`,
-`reference`, `seed`, `name`, the arm's name in reports, a label; what the method
+`reference`, `paired_timing`, `seed`, `name`, the arm's name in reports, a label; what the method
 `loads`; its arm's fields), refuses a key that looks like a typo of a known one
 or belongs to another method, and has the method check its arm against the
 model's config and tokenizer (`Method.prepare`), all before anything loads.
@@ -70,7 +70,7 @@ def merge_lm_eval_flags(args: dict[str, Any], flags: dict[str, Any] | None) -> d
 
 
 #: the adapter's own keys beside a method's `loads` and arm fields
-ADAPTER_KEYS = ("pretrained", "method", "reference", "seed", "name")
+ADAPTER_KEYS = ("pretrained", "method", "reference", "paired_timing", "seed", "name")
 
 
 def method_keys(cls: type[Method]) -> tuple[str, ...]:
@@ -170,6 +170,23 @@ def check_reference(value: Any) -> None:
         raise ModelArgsError(f"reference={value!r} is not valid; valid: {', '.join(REFERENCES)}")
 
 
+def paired_timing(mine: dict[str, Any]) -> bool:
+    """Whether a `reference=exact` run times the exact prefill of each scored prompt beside the arm's (the
+    measured speedup paired in time, #55 item 6): on unless `paired_timing=false`, which leaves the reference's
+    scores as they are and saves one exact prefill per prompt (a quality study's, whose speed is measured
+    elsewhere); the report then times the arm against the exact arm's own prefills, unpaired."""
+    value = mine.get("paired_timing")
+    if value is None:
+        return True
+    flag = {"true": True, "false": False}.get(str(value).strip().lower())
+    if flag is None:
+        raise ModelArgsError(f"paired_timing={value!r} is not valid; valid: true, false")
+    if mine.get("reference") != "exact":
+        raise ModelArgsError(f"paired_timing={value!r} times the reference=exact pass; give reference=exact, "
+                             "or leave paired_timing out")
+    return flag
+
+
 def model_config(pretrained: str, hf: dict[str, Any]):
     """The checkpoint's config (no weights), loaded as `hf` loads it; a clear error when it cannot be found,
     its family is not rf-eval's, its tokenizer does not load, or a key nothing takes is given
@@ -231,6 +248,7 @@ class RunSettings:
     reference: str | None = None
     seed: int | None = None  # sampled generation: a torch seed from (seed, prompt tokens) per request
     demo: bool = False  # the embedded demo model (no pretrained, or pretrained=demo)
+    paired_timing: bool = True  # with reference=exact: each scored prompt's exact prefill timed beside the arm's
 
     @property
     def pretrained(self) -> str:
@@ -252,6 +270,7 @@ def own_args(args: dict[str, Any], model: str, *, demo: bool = True
     mine, hf = split_model_args(args, cls)
     required(mine, ("pretrained", *cls.missing_fields(mine)), method_keys(cls))
     check_reference(mine.get("reference"))
+    paired_timing(mine)
     seed = mine.get("seed")
     if seed is not None and not str(seed).lstrip("-").isdigit():
         raise ModelArgsError(f"seed={seed!r} is not an integer")
@@ -282,7 +301,7 @@ def parse_model_args(args: dict[str, Any], model: str = "prefill") -> tuple[RunS
     except UserError as err:
         raise ModelArgsError(f"method={cls.name}: {err}") from err
     seed = None if mine.get("seed") is None else int(mine["seed"])
-    return RunSettings(cls, arm, parts, source, mine.get("reference"), seed, demo), hf
+    return RunSettings(cls, arm, parts, source, mine.get("reference"), seed, demo, paired_timing(mine)), hf
 
 
 def preflight(args: dict[str, Any], model: str) -> Any:

@@ -27,6 +27,7 @@ or contradictory keys fail before any weights load):
   reference    `exact`: also run the exact method on the same inputs (token_logprobs, multiturn_generate)
                and record the engine floor (the partial path with every row exact against the stock model,
                RidgeFill paper sections 4.3 and 9) as `rf_eval.engine_floor`
+  paired_timing `false`: no exact prefill timed beside each scored prompt's (on by default with reference=exact)
   seed         sampled generation draws from a torch seed made of (seed, prompt tokens), per request
   name         the arm's name in reports (a label)
   every other key: as for lm-eval's `hf` model

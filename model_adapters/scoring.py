@@ -192,7 +192,7 @@ class ScoringMixin:
             raise ValueError("token_logprobs: empty continuation")
         target = torch.tensor(cont, device=self.input_device)
         plan = self.method.plan(len(kept))  # the request's one decision
-        paired = self.settings.reference == "exact" and not plan.plain
+        paired = self.settings.reference == "exact" and self.settings.paired_timing and not plan.plain
         exact_first = paired and self._exact_goes_first()
         exact_seconds = self._exact_prefill_seconds(kept) if exact_first else None
         with self.method.forward_context():

@@ -37,6 +37,8 @@ def test_values_are_typed_and_lm_eval_flags_merge(tiny_model_dir):
         ("fill=exact,tail=abc", "tail='abc' has the wrong type; expected int"),
         ("fill=exact,dtype=float8", "dtype='float8' is not valid"),
         ("fill=exact,reference=ridge", "reference='ridge' is not valid; valid: exact"),
+        ("fill=exact,reference=exact,paired_timing=maybe", "paired_timing='maybe' is not valid; valid: true, false"),
+        ("fill=exact,paired_timing=false", "paired_timing=False times the reference=exact pass; give reference=exact"),
         ("fill=exact,batch_size=lots", "batch_size='lots'"),
         ("fill=exact,max_gen_toks=0", "max_gen_toks=0: give an integer >= 1"),
         ("fill=exact,max_gen_toks=-3", "max_gen_toks=-3: give an integer >= 1"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -135,6 +136,27 @@ def test_token_logprobs_one_pass_with_exact_reference(tiny_model_dir, monkeypatc
     (ll,) = filled.loglikelihood([req("loglikelihood", CONTEXT, " and then again")])
     assert sum(res["logprobs"]) == pytest.approx(ll[0], abs=1e-4)
 
+
+def _counted(calls: list, function, *args):
+    calls.append(args)
+    return function(*args)
+
+
+def test_paired_timing_off_skips_the_timed_exact_prefill_and_keeps_every_score(tiny_model_dir):
+    """`paired_timing=false`: no exact prefill timed beside the arm's (its seconds left out of the item's cost),
+    and the arm's and the reference's scores bit for bit those of the paired run."""
+    path = tiny_model_dir("llama")
+    runs = {}
+    for flag in (True, False):
+        model = lm(path, fill="identity", tail=4, reference="exact", paired_timing=flag)
+        timed: list = []
+        model._exact_prefill_seconds = functools.partial(_counted, timed, model._exact_prefill_seconds)
+        (res,) = model.token_logprobs([req("token_logprobs", CONTEXT, " and then again")])
+        runs[flag] = res, len(timed), model.item_costs.fields(CONTEXT)["exact_prefill_seconds"]
+    (paired, n_paired, seconds), (alone, n_alone, none) = runs[True], runs[False]
+    assert n_paired == 1 and seconds > 0
+    assert n_alone == 0 and none is None
+    assert alone == paired
 
 @pytest.mark.parametrize(("family", "batch_size"), [("llama", 1), *((f, 2) for f in FAMILIES)])
 def test_plain_scoring_keeps_the_full_forwards_rows(tiny_model_dir, family, batch_size):
