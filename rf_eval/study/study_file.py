@@ -53,7 +53,7 @@ import yaml
 from rf_eval.cost.budget import budget_name, check_budget
 from rf_eval.errors import UserError
 from rf_eval.fields import ArmError
-from rf_eval.methods import method_for_arm
+from rf_eval.methods import METHODS, MODELS, method_for_arm
 from rf_eval.study.spec import Study, StudyArm, StudyError
 
 #: an arm's model when it names none
@@ -189,6 +189,9 @@ def _read_arms(name: str, given: dict[str, Any], nodes: dict[str, yaml.Node]) ->
         _check(where, entry, _key_nodes(nodes[arm_name]), _ARM, nodes[arm_name])
         model = entry.get("model", DEFAULT_MODEL)
         args = dict(entry.get("args") or {})
+        if model not in MODELS and model in METHODS:  # else taken for another lm-eval model, run without the study's
+            raise StudyError(f"{where}: model: {model} names an rf-eval method, not an lm-eval model; give "
+                             f"model: prefill and args.method: {model} ({_line(nodes[arm_name])})")
         try:
             chosen = method_for_arm(model, args)
         except UserError as err:  # e.g. a preset beside a field it sets: named with the arm and its line

@@ -22,6 +22,9 @@ from rf_eval.study.study_file import StudyError, load_study
         (("tasks:", "tasks: 3\nx:"), "tasks must be list"),
         (("  pretrained: {model}\n", ""), "model: missing key(s) pretrained"),
         (("exact: {{args: {{fill: exact}}}}", "exact: {{args: {{fill: exact}}, modle: hf}}"), "arms.exact: unknown key 'modle'"),
+        (("exact: {{args: {{fill: exact}}}}", "exact: {{model: flexprefill}}"),
+         "arms.exact: model: flexprefill names an rf-eval method, not an lm-eval model; give model: prefill and "
+         "args.method: flexprefill"),
         (("  nofill:", "  exact: {{args: {{fill: identity}}}}\n  nofill:"), "arms.exact is given twice (line 7 and line 9)"),
         (("margin: 5.0", "margin: 5.0\nmargin: 2.0"), "margin is given twice (line 11 and line 12)"),
         (("{{args: {{fill: exact}}}}", "{{args: {{fill: exact, tail: 4, tail: 8}}}}"), "arms.exact.args.tail is given twice"),
