@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 from torch import nn
 from transformers import DynamicCache
@@ -9,7 +13,7 @@ from transformers import DynamicCache
 from rf_eval.engine.lower import decoder_layers
 from rf_eval.engine.plan import LayerInputs, Plan
 from rf_eval.engine.rowfill import RowFill
-from rf_eval.engine.step import LayerStep, Rows
+from rf_eval.engine.step import AttendFn, LayerStep, Rows
 from rf_eval.families import Family, execution_device
 
 
@@ -61,9 +65,25 @@ def late_layers(
     fill: RowFill,
 ) -> torch.Tensor:
     """Run layers S..L-1 with exact rows `exact`; every other row is filled by `fill` (or absent: `AbsentRows`).
+    The exact rows attend as the engine does, or inside `late_attention(fn)` through `fn`.
 
     Returns the last layer's output for the exact rows, (1, |exact|, d).
     """
     rows = Rows.of(inputs.x_split.shape[1], exact, fill.absent)
-    step = LayerStep(family, decoder_layers(model), plan, inputs, rows, cache)
+    step = LayerStep(family, decoder_layers(model), plan, inputs, rows, cache, _LATE_ATTENTION.get())
     return run_layers(step, fill, inputs.x_split[:, exact])
+
+
+_LATE_ATTENTION: ContextVar[AttendFn | None] = ContextVar("rf_eval_late_attention", default=None)
+
+
+@contextmanager
+def late_attention(attend: AttendFn | None) -> Iterator[None]:
+    """Inside: the late layers of a prefill (`late_layers`) attend their exact rows through `attend` (None:
+    the engine's own); a sparse-attention part of a fill arm (`rf_eval.sparse.fill_part`) sets it, as its lower
+    layers' pattern is set through the attention interface (`rf_eval.sparse.attention.sparse_prefill`)."""
+    token = _LATE_ATTENTION.set(attend)
+    try:
+        yield
+    finally:
+        _LATE_ATTENTION.reset(token)

@@ -155,6 +155,11 @@ class LayerStep:
         """
         if self.attend is not None:
             return self.attend(self, q, keys, values, attn.scaling, attn)
+        return self.engine_attention(q, keys, values, attn)
+
+    def engine_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, attn: nn.Module
+                         ) -> torch.Tensor:
+        """`attention` without the sweep's `attend`: the engine's own (an `attend` falls back to it)."""
         window, sinks = self.family.sliding_window(attn), self.family.attention_sinks(attn)
         if self.every_row_exact:
             extra = {k: v for k, v in (("sliding_window", window), ("s_aux", sinks)) if v is not None}

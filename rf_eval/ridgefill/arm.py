@@ -6,7 +6,7 @@ parsed once; `prefill_arm` wires them into the engine for one prompt:
   `(PrefillContext) -> rows` as before;
 - corrections: value/key rescale, terminal-state correction (`rf_eval.ridgefill.corrections`);
 - splice: keys | values | both, from an exact reference prefill of the same prompt;
-- sparse: a sparse-attention method's pattern in the lower layers (`rf_eval.sparse.lower`);
+- sparse: a sparse-attention method's pattern in the exact layers (`rf_eval.sparse.fill_part`);
 - cost_match: the compute-matched `nofill` control (paper section 3.3): the
   tail is lengthened, per prompt length N, to the longest tail whose MAC
   count (`rf_eval.cost.mac_model`) does not exceed the matched arm's. The matched arm
@@ -37,7 +37,7 @@ from rf_eval.ridgefill.arm_cost import knob_name
 from rf_eval.ridgefill.corrections import build_hooks, corrections_from
 from rf_eval.selectors import selector_from
 from rf_eval.selectors.base import Request, Selector
-from rf_eval.sparse.lower import sparse_from
+from rf_eval.sparse.fill_part import sparse_from
 
 
 @dataclass(frozen=True)

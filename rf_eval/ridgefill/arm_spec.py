@@ -19,7 +19,7 @@ those objects; nothing looks a plug-in up by name after this module.
 Arms (RidgeFill paper, table 3 and section 3.3): `fill` exact | nofill |
 identity | ridge; `split` S; `tail` T; optional exact prefix rows from a
 `selector` (section 2.4), `corrections` (section 2.3), a `splice` (section
-6.6), a `sparse` attention pattern in the lower layers (`rf_eval.sparse.lower`)
+6.6), a `sparse` attention pattern in the exact layers (`rf_eval.sparse.fill_part`)
 and, on a `nofill` control, `cost_match` (the tail lengthened to the
 MAC cost of the named arm), or a `preset` that sets fill, tail and split
 together (`rf_eval.ridgefill.presets`: `pop`). `map_split` (default false,
@@ -45,7 +45,7 @@ from rf_eval.ridge.maps import config_hash
 from rf_eval.ridgefill.arm import arm_parts, describe_arm
 from rf_eval.ridgefill.arm_cost import knob_name, ridgefill_knob
 from rf_eval.ridgefill.presets import PRESET_FIELDS, preset
-from rf_eval.sparse.lower import check_fill
+from rf_eval.sparse.fill_part import check_fill
 
 SPLICES = ("keys", "values", "both")
 MAPS_DEVICES = ("model", "cpu")
@@ -65,7 +65,7 @@ class RidgeFillArm:
     corrections: Any = None  # `value_rescale(c=512)+terminal_state(path=F)`, or a list of specs/objects
     splice: str | None = None
     cost_match: Any = None  # `ridge(tail=4096;exact_share=0.1)`, a dict or a CostMatch
-    sparse: Any = None  # the lower layers' sparse attention: `flexprefill(gamma=0.9)` (`rf_eval.sparse.lower`)
+    sparse: Any = None  # the exact layers' sparse attention: `flexprefill(gamma=0.9)` (`rf_eval.sparse.fill_part`)
     unigram: str | None = None  # the protected-token selectors' table (default: beside the maps)
     map_split: bool = DEFAULT_MAP_SPLIT  # True: layer S's filled rows read the map's x̂_S (paper's release), not x_S
     #: use maps fitted on other weights (a deliberate transfer); by default `resolve` refuses them
@@ -199,7 +199,7 @@ class RidgeFillArm:
 
     @property
     def sparse_obj(self) -> Any:
-        """The lower layers' sparse-attention part (`rf_eval.sparse.lower.SparsePart`), or None."""
+        """The exact layers' sparse-attention part (`rf_eval.sparse.fill_part.SparsePart`), or None."""
         return self._parts["sparse"]
 
     @property

@@ -41,7 +41,7 @@ from rf_eval.ridgefill.arm import prefill_arm
 from rf_eval.ridgefill.arm_cost import planned_rows, ridgefill_prefill_cost, selector_probe_rows
 from rf_eval.ridgefill.arm_spec import RidgeFillArm
 from rf_eval.ridgefill.presets import PRESET_FIELDS, Preset
-from rf_eval.sparse.lower import lower_layers_sparse, with_lower_savings
+from rf_eval.sparse.fill_part import exact_layers_sparse, with_sparse_savings
 
 
 class RidgeFill(Method):
@@ -78,7 +78,7 @@ class RidgeFill(Method):
             raise ArmError(str(err)) from None
         self.resources = {"unigram": arm.unigram} if arm.unigram else {}
         self.forward_fill = arm.fill
-        #: the lower layers' sparse-attention method, made once (`rf_eval.sparse.lower`)
+        #: the exact layers' sparse-attention method, made once (`rf_eval.sparse.fill_part`)
         self.sparse = None if arm.sparse_obj is None else arm.sparse_obj.bind(model, tokenizer)
 
     # -- before the weights --------------------------------------------------------------------
@@ -199,7 +199,7 @@ class RidgeFill(Method):
     def _run(self, input_ids: torch.Tensor, plan: PromptPlan) -> PrefillResult:
         """One engine call: the arm's parts and its row-fill strategy, both bound once."""
         engine_plan, rows = plan.setting
-        with lower_layers_sparse(self.sparse, input_ids.shape[1], engine_plan.split) as record:
+        with exact_layers_sparse(self.sparse, input_ids.shape[1], engine_plan.split) as record:
             result = prefill_arm(self.model, self.tokenizer, self.arm, input_ids, engine_plan, self.row_fill,
                                  resources=self.resources, row_budget=rows)
         result.attention = record if record.pairs else None
@@ -242,7 +242,7 @@ class RidgeFill(Method):
         cost = ridgefill_prefill_cost(self.model.config, n, split=ran.split, tail=tail, selected=selected,
                                       fill=self._cost_fill, map_split=ran.map_split,
                                       probe_rows=selector_probe_rows(self.arm.selector_obj))
-        cost = with_lower_savings(cost, self.model.config, result)  # the lower layers' `sparse=` attention
+        cost = with_sparse_savings(cost, self.model.config, result)  # the lower layers' `sparse=` attention
         if self.arm.budget is None:
             return cost
         return dataclasses.replace(cost, budget=self.arm.budget, knob_value=plan.knob_value)

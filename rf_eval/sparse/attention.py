@@ -21,6 +21,7 @@ from contextvars import ContextVar
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -28,7 +29,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from rf_eval.engine.shared_rows import unshared
 from rf_eval.sparse.blocks import block_mask, causal_blocks, with_diagonal
 
-__all__ = ["IMPLEMENTATION", "Chooser", "sparse_prefill", "warm"]
+__all__ = ["IMPLEMENTATION", "Chooser", "attend_kept_blocks", "sparse_prefill", "warm"]
 
 IMPLEMENTATION = "rf_eval_block_sparse"
 #: (layer index, post-RoPE queries (1, H, n, D), keys (1, Hkv, n, D)) -> (pattern (H, blocks, blocks), block)
@@ -103,3 +104,31 @@ def sparse_prefill(model: Any, choose: Chooser) -> Iterator[None]:
     finally:
         model.config._attn_implementation = before
         _choose.reset(token)
+
+
+def attend_kept_blocks(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, positions: torch.Tensor,
+                       keep: torch.Tensor, block: int, scale: float) -> tuple[torch.Tensor, float]:
+    """Causal attention of some of a prompt's rows (queries (1, H, m, D) at sorted `positions`) over every row's
+    keys (1, Hkv, n, D), each query reading only the key blocks its own block keeps in `keep` (H, blocks,
+    blocks; the diagonal always): a fill's exact rows in a late layer, whose other rows have no query. Per
+    query block and head, one SDPA call over the gathered kept blocks, so the work follows the pattern.
+    Returns ((1, m, H*D), the causal pairs computed, mean over heads)."""
+    heads, kv_heads = query.shape[1], key.shape[1]
+    keep = with_diagonal(keep.to(query.device))
+    out = query.new_empty(query.shape)
+    offsets = torch.arange(block, device=query.device)
+    owner = positions // block
+    pairs = 0
+    for b in torch.unique(owner).tolist():
+        rows = (owner == b).nonzero().squeeze(1)
+        at = positions[rows]
+        for h in range(heads):
+            keys_at = (keep[h, b].nonzero() * block + offsets).flatten()
+            keys_at = keys_at[keys_at <= at[-1]]  # the diagonal block up to its last query; none past n
+            visible = keys_at[None, :] <= at[:, None]
+            pairs += int(visible.sum())
+            kv = h * kv_heads // heads
+            out[:, h, rows] = F.scaled_dot_product_attention(
+                query[:, h : h + 1, rows], key[:, kv : kv + 1, keys_at], value[:, kv : kv + 1, keys_at],
+                attn_mask=visible, scale=scale)[:, 0]
+    return out.transpose(1, 2).reshape(1, query.shape[2], -1), pairs / heads

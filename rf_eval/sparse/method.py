@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -85,22 +85,32 @@ class Choice(NamedTuple):
 @dataclass
 class Record:
     """What a sparse prefill computed: each sparse layer's causal pairs (mean over heads), the estimation's
-    MACs."""
+    MACs, and for a layer whose queries were some rows only (a fill's late layers) the causal pairs those
+    rows read densely (`causal`; a layer not in it: the prompt's whole triangle)."""
 
     pairs: dict[int, float]
     estimate: int
+    causal: dict[int, float] = field(default_factory=dict)
+
+    def dense(self, n: int) -> dict[int, float]:
+        """Each sparse layer's causal pairs of the rows it ran, in an n-row prompt."""
+        return {i: self.causal.get(i, causal_pairs(0, n)) for i in self.pairs}
 
 
-def sparse_savings(config: Any, n: int, pairs: dict[int, float], estimate: int) -> int:
+def sparse_savings(config: Any, n: int, pairs: dict[int, float], estimate: int,
+                   dense: dict[int, float] | None = None) -> int:
     """The MACs an n-token prefill saves against exact: the attention over the pairs each sparse layer
-    skipped, less the estimation pass."""
+    skipped (of `dense`, each layer's causal pairs; default the whole triangle), less the estimation pass."""
     costs = {c.index: c for c in layer_costs(config)}
-    return round(sum(costs[i].attn_per_key * (causal_pairs(0, n) - p) for i, p in pairs.items())) - estimate
+    dense = dense or {}
+    return round(sum(costs[i].attn_per_key * (dense.get(i, causal_pairs(0, n)) - p) for i, p in pairs.items())
+                 ) - estimate
 
 
-def attention_density(n: int, pairs: dict[int, float]) -> float:
+def attention_density(n: int, pairs: dict[int, float], dense: dict[int, float] | None = None) -> float:
     """The share of the causal pairs computed over the sparse layers (1.0 with none)."""
-    return sum(pairs.values()) / (len(pairs) * causal_pairs(0, n)) if pairs else 1.0
+    dense = dense or {}
+    return sum(pairs.values()) / sum(dense.get(i, causal_pairs(0, n)) for i in pairs) if pairs else 1.0
 
 
 def sparse_layers(config: Any) -> list[int]:
