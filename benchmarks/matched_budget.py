@@ -109,12 +109,13 @@ def run(out: Path) -> dict:
     return json.loads((out / "report.json").read_text())
 
 
-def write_readme(readme: Path, block: str) -> None:
+def write_readme(readme: Path, block: str, begin: str = BEGIN, end: str = END) -> None:
+    """`block` between the README's `begin` and `end` lines."""
     text = readme.read_text(encoding="utf-8")
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{readme} has no block for this table: add the lines\n{BEGIN}\n{END}")
-    head, rest = text.split(BEGIN, 1)
-    readme.write_text(f"{head}{BEGIN}\n{block.rstrip()}\n{END}{rest.split(END, 1)[1]}", encoding="utf-8")
+    if begin not in text or end not in text:
+        raise SystemExit(f"{readme} has no block for this table: add the lines\n{begin}\n{end}")
+    head, rest = text.split(begin, 1)
+    readme.write_text(f"{head}{begin}\n{block.rstrip()}\n{end}{rest.split(end, 1)[1]}", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
