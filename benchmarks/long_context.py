@@ -42,7 +42,7 @@ RECORDS = ROOT / "benchmarks" / "demo"
 BEGIN = "<!-- tables written by `python benchmarks/long_context.py --readme README.md`; do not edit -->"
 END = "<!-- end of `python benchmarks/long_context.py` tables -->"
 #: per length: the two budgets, the needle samples and the report documents
-SIZES = {2048: ((0.8, 0.9), 6, 6), 4096: ((0.7, 0.85), 4, 4), 8192: ((0.65, 0.8), 2, 2)}
+SIZES = {2048: ((0.85, 0.9), 6, 6), 4096: ((0.7, 0.85), 4, 4), 8192: ((0.65, 0.8), 2, 2)}
 SCORED = 256  # keytoken's scored tokens, its key-token cut and the needles' excluded tail
 STUDY = """\
 name: every family at {length} tokens
@@ -107,7 +107,10 @@ def run_length(out: Path, length: int) -> dict:
     run_study(study, folder, InProcessLauncher(), report=False)
     if write_report(study, folder, folder / "ledger.jsonl") != 0:
         raise SystemExit(f"rf-eval report failed for {length} tokens")
-    return json.loads((folder / "report.json").read_text())
+    report = json.loads((folder / "report.json").read_text())
+    arms = json.loads((folder / "study.json").read_text())["arms"].values()
+    report["run"] = {"arm_seconds": round(sum(a.get("seconds") or 0 for a in arms)), "cpu_cores": os.cpu_count()}
+    return report
 
 
 def winners(report: dict, budget: float) -> str:
@@ -119,6 +122,8 @@ def winners(report: dict, budget: float) -> str:
 
     def best(values: dict, low: bool) -> str:
         top = min(values.values()) if low else max(values.values())
+        if len(set(values.values())) == 1:
+            return "every arm alike"
         return ", ".join(a.removesuffix(tag) for a, v in values.items() if v == top)
 
     figures = {name: {a: c[name]["difference"] for a, c in cells.items() if c.get(name)}
@@ -128,16 +133,32 @@ def winners(report: dict, budget: float) -> str:
             f"{best(figures['novel'], low=True)}; lowest KL {best(figures['kl'], low=True)}")
 
 
+def frontier(report: dict) -> str:
+    """Per frontier measure, the arms its report places on the quality-cost Pareto frontier (realised MACs)."""
+    out = []
+    for measure in report["frontier"]["measures"]:
+        key = measure["key"]
+        arms = [a["arm"] for a in report["frontier"]["arms"]
+                if any(c["measures"].get(key, {}).get("pareto") for c in a["lengths"])]
+        out.append(f"{measure['label']} against realised MACs: {', '.join(arms) or 'none'}")
+    return "On the frontier (the report's chart): " + "; ".join(out) + "."
+
+
 def render(reports: dict[int, dict]) -> str:
-    from reports.render import render_demo_table
+    from rf_eval.reports.render import render_demo_table
 
     parts = []
     for length, report in sorted(reports.items()):
         budgets, needles, docs = SIZES[length]
+        (kt,) = [m for m in report["measures"] if m["task"] == "keytoken_nll"]
+        with_key = max((r["cells"].get("key") or {}).get("n", 0) for r in kt["rows"])
+        run = report.get("run") or {}
+        took = (f"; its arms ran {run['arm_seconds'] / 60:.0f} min on {run['cpu_cores']} CPU cores"
+                if run.get("arm_seconds") else "")
         parts.append(f"**{length:,} tokens** ({needles} needle prompts, {docs} report documents of "
-                     f"{length - SCORED:,} context tokens and {SCORED} scored; budgets "
-                     f"{' and '.join(f'{b:g}' for b in budgets)}):\n\n{render_demo_table(report)}\n"
-                     + "; ".join(winners(report, b) for b in budgets) + ".\n")
+                     f"{length - SCORED:,} context tokens and {SCORED} scored, {with_key} of them with key tokens; budgets "
+                     f"{' and '.join(f'{b:g}' for b in budgets)}{took}):\n\n{render_demo_table(report)}\n"
+                     + "; ".join(winners(report, b) for b in budgets) + ". " + frontier(report) + "\n")
     return "\n".join(parts)
 
 
