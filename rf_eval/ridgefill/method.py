@@ -242,7 +242,7 @@ class RidgeFill(Method):
         cost = ridgefill_prefill_cost(self.model.config, n, split=ran.split, tail=tail, selected=selected,
                                       fill=self._cost_fill, map_split=ran.map_split,
                                       probe_rows=selector_probe_rows(self.arm.selector_obj))
-        cost = with_sparse_savings(cost, self.model.config, result)  # the lower layers' `sparse=` attention
+        cost = with_sparse_savings(cost, self.model.config, result)  # the exact layers' `sparse=` attention
         if self.arm.budget is None:
             return cost
         return dataclasses.replace(cost, budget=self.arm.budget, knob_value=plan.knob_value)

@@ -94,7 +94,7 @@ def exact_layers_sparse(method: SparsePrefill | None, n: int, split: int) -> Ite
 
 def late_rows_attention(method: SparsePrefill, plan: PromptPlan, record: Record) -> AttendFn:
     """A late layer's attention of the exact rows under `method`'s pattern of that layer (see the module
-    docstring); the engine's own where the layer is not sparse, a row has no key (a dropper's cache) or the
+    docstring); the engine's own where the layer is not sparse, a row has no key (nofill's absent rows) or the
     pattern keeps every block (bitwise the fill alone)."""
 
     def attend(step: Any, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, attn: Any):
