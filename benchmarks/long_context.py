@@ -8,21 +8,22 @@ Issue #56 item 7. One study per length on the embedded SmolLM2-135M-Instruct (it
 the study runner and `rf-eval report` as any study (each report has its own frontier chart): exact; the
 fills identity, ridge and nofill (their tail set by the budget; the quick demo's maps, split 18); FastKV
 (`preset=fastkv`) and GemFilter (`--model drop`); FlexPrefill, XAttention and the fixed sink-and-window
-pattern (`--model prefill` with `method=flexprefill` ...: their blocks capped by the budget); and ridge with FlexPrefill in its lower
-layers (`fill=ridge,sparse=flexprefill`). Each length's two budgets are chosen so that every arm can meet them
-(attention is 25% of exact's MACs at 2K, 40% at 4K, 57% at 8K, and a sparse arm can cut nothing else).
+pattern (`--model prefill` with `method=flexprefill` ...: their blocks capped by the budget); and ridge with
+FlexPrefill in every exact layer (`fill=ridge,sparse=flexprefill`). Each length's lower budget sits just above
+the sparse methods' floor at its shortest prompt (a sparse arm cuts only attention, a growing share of the
+MACs as prompts grow; each method's budget knob gives the floor), the other one above it.
 
 Measures: needles of `niah_single_1_filled` on the filled region (the last 256 rows excluded, as the
 quick demo's), and `keytoken_nll` on the corpus's report documents read as their first N - 256 tokens with the
 last 256 scored (key tokens: those whose exact loss rises by 2 nats when the context is cut to 256 tokens):
 key-token and novel-token dNLL and KL(exact||arm), paired with exact by document. The report documents are few
-at these lengths (the standard library's docstrings hold about 30K tokens of them), so the intervals are wide;
-the table says how many. `paired_timing: false`: the runs measure quality; the speed benchmark is
+at these lengths, so the intervals are wide; the tables say how many, and how long each length's arms ran
+(about an hour in all on 2 cores). `paired_timing: false`: the runs measure quality; the speed benchmark is
 `benchmarks/bench_methods.py`.
 
 Each length's report is kept as benchmarks/demo/long_context_<N>.json; tests/demo/test_long_context.py renders the
 README block from them again and compares. A killed run resumes (the study runner skips finished arms) when given
-the same `--out`.
+the same `--out`; a changed study (other sizes or budgets) needs a new one.
 """
 
 from __future__ import annotations
