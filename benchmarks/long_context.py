@@ -37,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from matched_budget import write_readme  # noqa: E402
+from matched_budget import best_arms, keytoken_cells, write_readme  # noqa: E402
 
 RECORDS = ROOT / "benchmarks" / "demo"
 BEGIN = "<!-- tables written by `python benchmarks/long_context.py --readme README.md`; do not edit -->"
@@ -115,23 +115,10 @@ def run_length(out: Path, length: int) -> dict:
 
 
 def winners(report: dict, budget: float) -> str:
-    """Per measure, the arms of one budget that do best (ties named together), from the report's figures."""
-    tag = f"@{budget:g}"
-    mine = {r["arm"]: r for r in report["overall"] if r["arm"].endswith(tag)}
-    (kt,) = [m for m in report["measures"] if m["task"] == "keytoken_nll"]
-    cells = {r["arm"]: r["cells"] for r in kt["rows"] if r["arm"].endswith(tag)}
-
-    def best(values: dict, low: bool) -> str:
-        top = min(values.values()) if low else max(values.values())
-        if len(set(values.values())) == 1:
-            return "every arm alike"
-        return ", ".join(a.removesuffix(tag) for a, v in values.items() if v == top)
-
-    figures = {name: {a: c[name]["difference"] for a, c in cells.items() if c.get(name)}
-               for name in ("key", "novel", "kl")}
-    return (f"budget {budget:g}: most needles {best({a: r['arm_score'] for a, r in mine.items()}, low=False)}; "
-            f"lowest key-token ΔNLL {best(figures['key'], low=True)}; lowest novel-token ΔNLL "
-            f"{best(figures['novel'], low=True)}; lowest KL {best(figures['kl'], low=True)}")
+    """Per measure, the arms of one budget that do best (`best_arms`)."""
+    best = best_arms(report, f"@{budget:g}")
+    return (f"budget {budget:g}: most needles {best['needles']}; lowest key-token ΔNLL {best['key']}; "
+            f"lowest novel-token ΔNLL {best['novel']}; lowest KL {best['kl']}")
 
 
 def frontier(report: dict) -> str:
@@ -151,8 +138,7 @@ def render(reports: dict[int, dict]) -> str:
     parts = []
     for length, report in sorted(reports.items()):
         budgets, needles, docs = SIZES[length]
-        (kt,) = [m for m in report["measures"] if m["task"] == "keytoken_nll"]
-        with_key = max((r["cells"].get("key") or {}).get("n", 0) for r in kt["rows"])
+        with_key = max((c.get("key") or {}).get("n", 0) for c in keytoken_cells(report).values())
         run = report.get("run") or {}
         took = (f"; its arms ran {run['arm_seconds'] / 60:.0f} min on {run['cpu_cores']} CPU cores"
                 if run.get("arm_seconds") else "")

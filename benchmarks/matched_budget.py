@@ -58,21 +58,34 @@ def caption(budget: float) -> str:
             "filled region (the last 256 rows excluded, for every arm).")
 
 
-def winners(report: dict) -> str:
-    """Which arm does best on each measure, from the report's own figures (ties named together)."""
+def keytoken_cells(report: dict, tag: str = "") -> dict[str, dict]:
+    """Each arm's keytoken_nll cells (key, novel, kl, ...) in the report, of the arms named `...tag`."""
     (kt,) = [m for m in report["measures"] if m["task"] == "keytoken_nll"]
-    cells = {r["arm"]: r["cells"] for r in kt["rows"]}
-    needles = {r["arm"]: r["arm_score"] for r in report["overall"]}
+    return {r["arm"]: r["cells"] for r in kt["rows"] if r["arm"].endswith(tag)}
+
+
+def best_arms(report: dict, tag: str = "") -> dict[str, str]:
+    """Per measure (`needles`, `key`, `novel`, `kl`), the arms named `...tag` that do best, from the report's own
+    figures: ties named together (without the tag), "every arm alike" where all tie."""
+    figures = {"needles": {r["arm"]: r["arm_score"] for r in report["overall"] if r["arm"].endswith(tag)}}
+    cells = keytoken_cells(report, tag)
+    figures |= {name: {a: c[name]["difference"] for a, c in cells.items() if c.get(name)}
+                for name in ("key", "novel", "kl")}
 
     def best(values: dict, low: bool) -> str:
+        if len(set(values.values())) == 1:
+            return "every arm alike"
         top = min(values.values()) if low else max(values.values())
-        return ", ".join(a for a, v in values.items() if v == top)
+        return ", ".join(a.removesuffix(tag) for a, v in values.items() if v == top)
 
-    key = {a: c["key"]["difference"] for a, c in cells.items() if c.get("key")}
-    novel = {a: c["novel"]["difference"] for a, c in cells.items() if c.get("novel")}
-    kl = {a: c["kl"]["difference"] for a, c in cells.items() if c.get("kl")}
-    return (f"At this budget: most filled-region needles: {best(needles, low=False)}; lowest key-token ΔNLL: "
-            f"{best(key, low=True)}; lowest novel-token ΔNLL: {best(novel, low=True)}; lowest KL: {best(kl, low=True)}.")
+    return {name: best(values, low=name != "needles") for name, values in figures.items()}
+
+
+def winners(report: dict) -> str:
+    """Which arm does best on each measure (`best_arms`)."""
+    best = best_arms(report)
+    return (f"At this budget: most filled-region needles: {best['needles']}; lowest key-token ΔNLL: "
+            f"{best['key']}; lowest novel-token ΔNLL: {best['novel']}; lowest KL: {best['kl']}.")
 
 
 def render(report: dict) -> str:
