@@ -169,8 +169,9 @@ def check_filled_region(tasks: Iterable[str], metadata: dict[str, Any], run: dic
     if given in (None, ""):
         given = (run.get("task_defaults") or {}).get("max_seq_lengths") or list(DEFAULT_SEQ_LENGTHS)
     lengths, tail = as_lengths(given), filled_tail(metadata, run)
-    own = metadata.get("tail") not in (None, "") or bool(run.get("fills_rows"))
-    where = ("model_args or --metadata" if metadata.get("tail") not in (None, "") else "the arm's" if own
+    given = metadata.get("tail") not in (None, "")
+    own = given or bool(run.get("fills_rows"))
+    where = ("model_args or --metadata" if given else "the arm's" if own
              else "the default: this method has no tail of its own")
     problems = []
     for task in filled:

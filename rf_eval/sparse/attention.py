@@ -27,7 +27,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rf_eval.engine.shared_rows import unshared
-from rf_eval.sparse.blocks import block_mask, causal_blocks, with_diagonal
+from rf_eval.sparse.blocks import block_mask, causal_blocks, keeps_every_block, with_diagonal
 
 __all__ = ["IMPLEMENTATION", "Chooser", "attend_kept_blocks", "sparse_prefill", "warm"]
 
@@ -60,7 +60,7 @@ def block_sparse_attention(module: torch.nn.Module, query: torch.Tensor, key: to
     keep, block = chosen
     n = query.shape[2]
     keep = with_diagonal(keep.to(query.device))
-    if bool(keep.eq(causal_blocks(n, block, keep.device)).all()):  # every block kept: the stock call, bitwise
+    if keeps_every_block(keep, n, block):  # every block kept: the stock call, bitwise
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     if attention_mask is not None:

@@ -19,7 +19,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 __all__ = ["block_count", "block_mask", "block_pairs", "block_rows", "causal_blocks", "computed_pairs", "density", "forced_blocks",
-           "with_diagonal", "within_pairs"]
+           "keeps_every_block", "with_diagonal", "within_pairs"]
 
 
 def block_count(n: int, block: int) -> int:
@@ -37,6 +37,11 @@ def with_diagonal(keep: torch.Tensor) -> torch.Tensor:
     b = keep.shape[-1]
     eye = torch.eye(b, dtype=torch.bool, device=keep.device)
     return (keep | eye) & torch.ones_like(eye).tril()
+
+
+def keeps_every_block(keep: torch.Tensor, n: int, block: int) -> bool:
+    """Whether pattern `keep` computes the whole causal triangle of an n-row prompt (the stock attention's)."""
+    return bool(with_diagonal(keep).eq(causal_blocks(n, block, keep.device)).all())
 
 
 def block_rows(n: int, block: int, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -30,7 +30,7 @@ from rf_eval.fields import ArmError
 from rf_eval.methods import METHODS, method_class
 from rf_eval.methods.base import PromptPlan
 from rf_eval.sparse.attention import attend_kept_blocks
-from rf_eval.sparse.blocks import causal_blocks, with_diagonal
+from rf_eval.sparse.blocks import keeps_every_block
 from rf_eval.sparse.method import Record, SparsePrefill, attention_density, sparse_savings
 
 __all__ = ["SparsePart", "exact_layers_sparse", "sparse_from", "with_sparse_savings"]
@@ -105,13 +105,12 @@ def late_rows_attention(method: SparsePrefill, plan: PromptPlan, record: Record)
         queries = q.new_zeros(*q.shape[:2], n, q.shape[3])
         queries[:, :, exact] = q
         keep, macs, _ = method.pattern(layer, queries, keys, plan)
-        keep = with_diagonal(keep.to(q.device))
         record.estimate += macs
-        if bool(keep.eq(causal_blocks(n, block, keep.device)).all()):
-            record.pairs[layer] = record.causal[layer] = float((exact + 1).sum())
+        record.causal[layer] = float((exact + 1).sum())  # the pairs the exact rows read densely
+        if keeps_every_block(keep.to(q.device), n, block):
+            record.pairs[layer] = record.causal[layer]
             return step.engine_attention(q, keys, values, attn)
-        out, pairs = attend_kept_blocks(q, keys, values, exact, keep, block, scale)
-        record.pairs[layer], record.causal[layer] = pairs, float((exact + 1).sum())
+        out, record.pairs[layer] = attend_kept_blocks(q, keys, values, exact, keep, block, scale)
         return out
 
     return attend
@@ -125,10 +124,9 @@ def with_sparse_savings(cost: PrefillCost, config: Any, result: PrefillResult | 
     if record is None or not record.pairs:
         return cost
     rows = result.prompt_length + int(bool((result.exact_rows == result.prompt_length).any()))
-    dense = record.dense(rows)
-    saved = sparse_savings(config, rows, record.pairs, record.estimate, dense)
+    saved = sparse_savings(config, rows, record.pairs, record.estimate, record.causal)
     return dataclasses.replace(cost, prefill_macs=cost.prefill_macs - saved,
-                               attention_density=attention_density(rows, record.pairs, dense))
+                               attention_density=attention_density(rows, record.pairs, record.causal))
 
 
 def check_fill(part: SparsePart | None, fill: Any) -> None:

@@ -92,25 +92,24 @@ class Record:
     estimate: int
     causal: dict[int, float] = field(default_factory=dict)
 
-    def dense(self, n: int) -> dict[int, float]:
-        """Each sparse layer's causal pairs of the rows it ran, in an n-row prompt."""
-        return {i: self.causal.get(i, causal_pairs(0, n)) for i in self.pairs}
+def dense_pairs(n: int, pairs: dict[int, float], causal: dict[int, float] | None = None) -> dict[int, float]:
+    """Each sparse layer's causal pairs of the rows it ran in an n-row prompt: `causal`'s where given (a fill's
+    late layers, some rows only), else the whole triangle."""
+    return {i: (causal or {}).get(i, causal_pairs(0, n)) for i in pairs}
 
 
 def sparse_savings(config: Any, n: int, pairs: dict[int, float], estimate: int,
-                   dense: dict[int, float] | None = None) -> int:
+                   causal: dict[int, float] | None = None) -> int:
     """The MACs an n-token prefill saves against exact: the attention over the pairs each sparse layer
-    skipped (of `dense`, each layer's causal pairs; default the whole triangle), less the estimation pass."""
+    skipped (of its `dense_pairs`), less the estimation pass."""
     costs = {c.index: c for c in layer_costs(config)}
-    dense = dense or {}
-    return round(sum(costs[i].attn_per_key * (dense.get(i, causal_pairs(0, n)) - p) for i, p in pairs.items())
-                 ) - estimate
+    dense = dense_pairs(n, pairs, causal)
+    return round(sum(costs[i].attn_per_key * (dense[i] - p) for i, p in pairs.items())) - estimate
 
 
-def attention_density(n: int, pairs: dict[int, float], dense: dict[int, float] | None = None) -> float:
-    """The share of the causal pairs computed over the sparse layers (1.0 with none)."""
-    dense = dense or {}
-    return sum(pairs.values()) / sum(dense.get(i, causal_pairs(0, n)) for i in pairs) if pairs else 1.0
+def attention_density(n: int, pairs: dict[int, float], causal: dict[int, float] | None = None) -> float:
+    """The share of the causal pairs (`dense_pairs`) computed over the sparse layers (1.0 with none)."""
+    return sum(pairs.values()) / sum(dense_pairs(n, pairs, causal).values()) if pairs else 1.0
 
 
 def sparse_layers(config: Any) -> list[int]:
