@@ -88,10 +88,14 @@ class Dropper(Method):
     def prepare(cls, arm: Any, source: ModelSource) -> tuple[Any, dict[str, Any]]:
         """The method built once over models on the meta device (no weights): its rules for this model (a
         filter layer, a budget's reach, a speculator's layers), before anything loads."""
+        cls.on_meta(arm, source)
+        return arm, {}
+
+    @classmethod
+    def on_meta(cls, arm: Any, source: ModelSource) -> Dropper:
         second = cls.check_loads(arm, source)
         parts = {cls.second_model: meta_model(source, second)} if second else {}
-        cls(meta_model(source), None, arm, **parts)
-        return arm, {}
+        return cls(meta_model(source), None, arm, **parts)
 
     # -- what a method provides ---------------------------------------------------------
     def bind_model(self) -> None:

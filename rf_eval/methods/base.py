@@ -10,9 +10,8 @@ the stock model reading the cache it wrote. One class says all of it:
   maps; `second_model`, the one naming a second model of the target's
   tokenizer: a source, a speculator), each required unless `required_loads`
   says otherwise;
-- `budget_knob`: what `budget=` turns, and `budget_sets`: the arm fields it
-  sets in their place (a study's budgets leave them out of the arms they
-  make); whether an arm takes a budget at all is `budget_refusal`'s one rule;
+- `budget_knob`: what `budget=` turns, `budget_sets`: the arm fields it sets
+  in their place; whether an arm takes a budget is `budget_refusal`'s rule;
 - before any weights load, `prepare(arm, source)`: the arm checked against the
   model's config and tokenizer, and what it reads then (maps), as parts; after
   them, `load(arm, source, model)`: what it loads beside the model (the second
@@ -340,5 +339,10 @@ class Method:
     @classmethod
     def check_budget(cls, model_args: Mapping[str, Any], arm: Any, lengths: Sequence[int] | None, *,
                      maps_split: MapsSplit) -> None:
-        """Refuse, before a study runs anything, a budget the arm cannot meet at some length (a
-        `BudgetError`). The default leaves it to the run, which refuses it before its first prompt."""
+        """Refuse, before a study runs, a budget the arm cannot meet at one of `lengths` (a `BudgetError`): by
+        default the method built on the meta device (`on_meta`) plans each length; else the run refuses it."""
+        requests.plan_on_meta(cls, model_args, arm, lengths)
+
+    @classmethod
+    def on_meta(cls, arm: Any, source: ModelSource) -> Method | None:
+        """The method over the model on the meta device, where its rules need no weights; else None."""

@@ -24,7 +24,7 @@ import itertools
 import json
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
 from typing import Any
@@ -317,3 +317,27 @@ def meta_model(source: Any, config: Any = None) -> Any:
     trust = {k: v for k, v in source.remote.items() if k == "trust_remote_code"}
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config if config is not None else source.config, **trust)
+
+
+def plan_on_meta(cls: Any, model_args: Mapping[str, Any], arm: Any, lengths: Sequence[int] | None) -> None:
+    """Plan each of `lengths` under `arm` with the method built on the meta device (`Method.on_meta`), so a
+    budget it cannot meet at one is refused before a study runs (the `BudgetError` names the length); nothing
+    where the arm has no budget, no lengths are given, the config is not readable here or the method cannot
+    be built so (its run checks)."""
+    from transformers import AutoConfig
+
+    from rf_eval.methods.base import ModelSource
+
+    if not lengths or getattr(arm, "budget", None) is None:
+        return
+    remote = {k: model_args[k] for k in ("revision", "trust_remote_code", "subfolder") if model_args.get(k)}
+    pretrained = str(model_args["pretrained"])
+    try:
+        config = AutoConfig.from_pretrained(pretrained, **remote)
+    except OSError:
+        return
+    files = {k: str(model_args[k]) for k in cls.loads if model_args.get(k) is not None}
+    source = ModelSource(pretrained, config, str(model_args.get("tokenizer") or pretrained), remote, files)
+    method = cls.on_meta(arm, source)
+    for n in sorted({int(n) for n in lengths}) if method is not None else ():
+        method.plan(n)

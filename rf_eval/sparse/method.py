@@ -139,8 +139,12 @@ class SparsePrefill(Method):
         """The method built once over the model on the meta device: its family refused by name, a budget
         below its cheapest pattern refused, before the weights load."""
         arm, parts = super().prepare(arm, source)
-        cls(meta_model(source), None, arm)
+        cls.on_meta(arm, source)
         return arm, parts
+
+    @classmethod
+    def on_meta(cls, arm: Any, source: ModelSource) -> SparsePrefill:
+        return cls(meta_model(source), None, arm)
 
     def __init__(self, model: Any, tokenizer: Any = None, arm: Any = None, **given: Any):
         super().__init__(model, tokenizer, arm, **given)

@@ -68,14 +68,58 @@ def check_arm_args(study: Study, arm) -> None:
         raise StudyError(f"{study.path.name}: arms.{arm.name}: {err}") from None
 
 
-def check_budget(study: Study, arm, args: dict, spec) -> None:
-    """A budget the arm meets at every study length (every length the model takes, without `lengths`): its
-    method's `check_budget` raises a `BudgetError` naming the length and the cheapest fraction otherwise,
-    before anything runs."""
+def check_budget(study: Study, arm, args: dict, spec, lengths: list[int] | None = None) -> None:
+    """A budget the arm meets at every one of `lengths` (the study's lengths by default; without them, every
+    length the model takes): its method's `check_budget` raises a `BudgetError` naming the length and the
+    cheapest fraction otherwise, before anything runs."""
     chosen = method_for_arm(arm.model, args)
     if chosen is not None:
-        chosen[0].check_budget(chosen[1], spec, list(study.lengths) or None,
+        chosen[0].check_budget(chosen[1], spec, lengths or list(study.lengths) or None,
                                maps_split=lambda split: maps_split(study, split))
+
+
+def check_built_budgets(study: Study, arms: list, tasks: dict) -> None:
+    """The budgets of `arms` (of one data setting) at the token counts of the prompts the study built: a
+    RULER prompt runs shorter than its length (its template and the generation's reserve), so a budget met at
+    the length can fail at the prompt, in the arm's own run, after the arms before it ran. A StudyError names
+    the arm and the prompts' range."""
+    from rf_eval.model_adapters.config import preflight as parse_arm
+
+    budgeted = []
+    for arm in arms:
+        args = model_args(study, arm, study.maps)
+        spec = parse_arm(args, arm.model) if arm.model in ADAPTERS else None
+        if getattr(spec, "budget", None) is not None:
+            budgeted.append((arm, args, spec))
+    lengths = built_prompt_lengths(study, tasks, budgeted[0][1]) if budgeted else []
+    for arm, args, spec in budgeted if lengths else ():
+        try:
+            check_budget(study, arm, args, spec, lengths)
+        except (UserError, ValueError) as err:
+            raise StudyError(f"{study.path.name}: arms.{arm.name}: the study's prompts run {lengths[0]:,} to "
+                             f"{lengths[-1]:,} tokens: {err}") from None
+
+
+def built_prompt_lengths(study: Study, tasks: dict, args: dict) -> list[int]:
+    """The distinct token counts of the prompts the study's generation and loglikelihood requests give the
+    arm's prefill (the context, after the chat template where the study applies it), by the arm's tokenizer;
+    other request types (rolling, rf-eval's own) are left to the run."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(args.get("tokenizer") or args["pretrained"]))
+
+    def chat(history: list, add_generation_prompt: bool = True) -> str:  # `HFLM.apply_chat_template`'s
+        return tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             continue_final_message=not add_generation_prompt)
+
+    counts = set()
+    for name, task in tasks["tasks"].items():
+        task.build_all_requests(limit=study.limit, samples=(study.samples or {}).get(name), rank=0, world_size=1,
+                                apply_chat_template=study.apply_chat_template, chat_template=chat,
+                                tokenizer_name=tokenizer.name_or_path)
+        counts |= {len(tokenizer(i.args[0], add_special_tokens=False).input_ids) for i in task.instances
+                   if i.request_type in ("generate_until", "loglikelihood")}
+    return sorted(counts)
 
 
 def check_paths(args: dict) -> None:
@@ -143,22 +187,26 @@ def build_task_data(study: Study) -> int:
     """
     from lm_eval.tasks import TaskManager
 
+    def data_key(arm) -> str:
+        args = model_args(study, arm, study.maps)
+        return json.dumps([args.get("pretrained"), args.get("tokenizer"), task_metadata(study)], sort_keys=True,
+                          default=str)
+
     built: set[str] = set()
     for arm in study.arms.values():
-        args = model_args(study, arm, study.maps)
-        metadata = {**args, **task_metadata(study)}  # the lengths too: the samples the arms will read
-        key = json.dumps([args.get("pretrained"), args.get("tokenizer"), task_metadata(study)], sort_keys=True,
-                         default=str)
+        metadata = {**model_args(study, arm, study.maps), **task_metadata(study)}  # the samples the arms read
+        key = data_key(arm)
         if key in built:
             continue
         built.add(key)
         with _study_caches():
             manager = TaskManager(include_path=study.include_path, metadata=metadata)
             try:
-                manager.load(list(study.tasks))
+                tasks = manager.load(list(study.tasks))
             except UserError as err:
                 raise StudyError(f"arm {arm.name}: building the data of {', '.join(study.tasks)}: {err}") from None
             except Exception as err:  # lm-eval's and the generators' own errors, of many types
                 raise StudyError(f"arm {arm.name}: building the data of {', '.join(study.tasks)} failed: "
                                  f"{type(err).__name__}: {err}") from None
+            check_built_budgets(study, [a for a in study.arms.values() if data_key(a) == key], tasks)
     return len(built)

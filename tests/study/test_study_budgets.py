@@ -179,3 +179,75 @@ def test_fills_and_drops_run_side_by_side_at_one_budget(tmp_path, tiny_model_dir
     assert len({(r["arm"], r["versus"]) for r in matched["contrasts"]}) == 6  # every pair of the four
     md = (out / "report.md").read_text()
     assert "### Methods at budget 0.6" in md and md.count("@0.6 |") >= 6
+
+
+RULER_STUDY = """\
+model:
+  pretrained: {model}
+  args: {{dtype: float32, device: cpu}}
+tasks: [niah_single_1_filled]
+lengths: [512]
+limit: 2
+metadata: {{docs: {docs}}}
+arms:
+  exact: {{args: {{fill: exact}}}}
+  sparse: {{model: prefill, args: {{method: {method}, block: 16, reference: exact}}}}
+reference: exact
+budgets: [{budget}]
+"""
+
+
+def ruler_study(tmp_path: Path, model: str, method: str, budget: float):
+    docs = tmp_path / "docs"
+    docs.mkdir(exist_ok=True)
+    (docs / "a.txt").write_text("the river ran by the old mill and the miller sang " * 40)
+    path = tmp_path / "study.yaml"
+    path.write_text(RULER_STUDY.format(model=model, docs=docs, method=method, budget=budget))
+    return load_study(path)
+
+
+@pytest.mark.parametrize("method, budget", [("sinkwindow", 0.5), ("xattention", 0.5), ("flexprefill", 0.5)])
+def test_a_sparse_budget_unmet_at_a_study_length_is_refused_before_anything_runs(method, budget, tmp_path,
+                                                                                tiny_model_dir):
+    """A sparse-attention arm (and any method whose budget knob is built with the method) is built on the meta
+    device and plans each study length, so `study plan` refuses a budget it cannot meet at 512 tokens; its
+    run would refuse it only before its own first prompt, after the arms before it ran."""
+    from rf_eval.study.preflight import check_study
+
+    study = ruler_study(tmp_path, tiny_model_dir("llama"), method, budget)
+    with pytest.raises(StudyError, match=rf"arms.sparse@{budget}: budget={budget}: .*a 512-token prompt"):
+        check_study(study)
+
+
+def test_a_budget_unmet_at_the_built_prompts_is_refused_before_the_study_registers_anything(tmp_path, tiny_model_dir):
+    """A RULER prompt runs shorter than its length (the template and the generation's reserve): the sink-and-
+    window control at budget 0.6 meets it at 512 tokens but not at the prompts the study builds (each under 512
+    tokens, the shortest beyond the budget), so `build_task_data` refuses it, naming the prompts' range; at 0.65
+    it meets both and the data builds."""
+    from lm_eval.tasks import TaskManager
+    from transformers import AutoConfig
+
+    from rf_eval.cost.budget import BudgetError
+    from rf_eval.methods import method_class
+    from rf_eval.methods.base import ModelSource
+    from rf_eval.study.preflight import build_task_data, built_prompt_lengths, check_study
+    from rf_eval.study.runner import model_args, task_metadata
+
+    model = tiny_model_dir("llama")
+    low = ruler_study(tmp_path, model, "sinkwindow", 0.6)
+    check_study(low)  # met at the study's length
+    with pytest.raises(StudyError, match=r"arms.sparse@0.6: the study's prompts run [\d,]+ to [\d,]+ tokens: "
+                                         r"budget=0.6: a [\d,]+-token prompt costs at least"):
+        build_task_data(low)
+    assert build_task_data(ruler_study(tmp_path, model, "sinkwindow", 0.65)) == 1
+    # the lengths checked are the built prompts' own token counts, and the shortest one is what fails 0.6
+    args = model_args(low, low.arms["sparse@0.6"], None)
+    tasks = TaskManager(metadata={**args, **task_metadata(low)}).load(["niah_single_1_filled"])
+    lengths = built_prompt_lengths(low, tasks, args)
+    assert len(lengths) >= 1 and all(n < 512 for n in lengths)
+    cls = method_class("sinkwindow")
+    method = cls.on_meta(cls.parse_arm({"block": 16, "budget": 0.6}),
+                         ModelSource(model, AutoConfig.from_pretrained(model), model))
+    method.plan(512)
+    with pytest.raises(BudgetError):
+        method.plan(lengths[0])
