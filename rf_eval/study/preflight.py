@@ -91,7 +91,11 @@ def check_built_budgets(study: Study, arms: list, tasks: dict) -> None:
         spec = parse_arm(args, arm.model) if arm.model in ADAPTERS else None
         if getattr(spec, "budget", None) is not None:
             budgeted.append((arm, args, spec))
-    lengths = built_prompt_lengths(study, tasks, budgeted[0][1]) if budgeted else []
+    try:
+        lengths = built_prompt_lengths(study, tasks, budgeted[0][1]) if budgeted else []
+    except Exception as err:  # a tokenizer without a chat template, a task's own prompt error: its run's too
+        raise StudyError(f"{study.path.name}: arms.{budgeted[0][0].name}: building the study's prompts to check "
+                         f"its budget failed: {type(err).__name__}: {err}") from None
     for arm, args, spec in budgeted if lengths else ():
         try:
             check_budget(study, arm, args, spec, lengths)

@@ -193,3 +193,32 @@ def test_the_gpu_benchmark_writes_every_field_at_toy_size(tmp_path):
     table = (tmp_path / "gpu.md").read_text()
     assert table.count("| 256 |") == 5 and table.count("| 512 |") == 5 and "greedy tokens flipped" in table
     assert "Batch 8 at N=256" in table
+
+
+def test_the_mac_rate_fit_recovers_known_rates_and_its_counts_sum_to_the_mac_model():
+    """bench_mac_rates: the row and pair counts add up to the MAC model's exact prefill, and the least-squares
+    fit recovers the per-MAC seconds that made a set of timings (w = b / a = 1.3 here), bit-for-bit enough."""
+    from bench_mac_rates import fit_rates, mac_counts
+    from transformers import LlamaConfig
+
+    from rf_eval.cost.mac_model import prefill_macs
+
+    config = LlamaConfig(num_hidden_layers=4, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=100)
+    lengths = [128, 256, 512, 1024]
+    counts = [mac_counts(config, n) for n in lengths]
+    assert [rows + pairs for rows, pairs in counts] == [prefill_macs(config, n) for n in lengths]
+    assert counts[-1][1] > 3 * counts[0][1] * 4  # pairs grow as n^2: the two columns can be told apart
+    a, b = 2e-11, 2.6e-11
+    row, pair = fit_rates(counts, [a * rows + b * pairs for rows, pairs in counts])
+    assert row == pytest.approx(a, rel=1e-9) and pair == pytest.approx(b, rel=1e-9)
+
+
+def test_the_mac_rate_benchmark_runs_at_toy_size(tmp_path, tiny_model_dir):
+    done = run_argv([sys.executable, str(BENCH / "bench_mac_rates.py"), "--model", tiny_model_dir("llama"),
+                     "--lengths", "32", "64", "--repeats", "1"], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert [line.split()[0] for line in lines[2:4]] == ["32", "64"] and lines[-1].startswith("fit: a row MAC")
+    bad = run_argv([sys.executable, str(BENCH / "bench_mac_rates.py"), "--lengths", "64"], timeout=300)
+    assert bad.returncode == 2 and "give two lengths or more" in bad.stderr

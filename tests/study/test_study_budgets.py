@@ -3,6 +3,7 @@ arms of one budget side by side, in the frontier and in a matched-budget table, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -245,6 +246,8 @@ def test_a_budget_unmet_at_the_built_prompts_is_refused_before_the_study_registe
     tasks = TaskManager(metadata={**args, **task_metadata(low)}).load(["niah_single_1_filled"])
     lengths = built_prompt_lengths(low, tasks, args)
     assert len(lengths) >= 1 and all(n < 512 for n in lengths)
+    chat = built_prompt_lengths(dataclasses.replace(low, apply_chat_template=True), tasks, args)
+    assert len(chat) == len(lengths) and all(c > n for c, n in zip(chat, lengths))  # the template's tokens too
     cls = method_class("sinkwindow")
     method = cls.on_meta(cls.parse_arm({"block": 16, "budget": 0.6}),
                          ModelSource(model, AutoConfig.from_pretrained(model), model))
