@@ -2,9 +2,10 @@
 
 On the embedded SmolLM2-135M-Instruct (or `--model PATH`), for each prompt length (1,024, 4,096 and 8,192
 tokens by default) and each method that runs on a model alone (the droppers, presets and sparse-attention
-methods at their defaults, and RidgeFill's fills at a quarter tail; `--methods` picks some): the exact
-prefill and every method's prefill of one word-like prompt are timed round-robin (one warm-up each, then
-`--repeats` rounds, the order rotated each round), so load from other processes falls on all of them alike.
+methods at their defaults, RidgeFill's fills at a quarter tail, and the identity fill with FlexPrefill in its
+exact layers; `--methods` picks some): the exact prefill and every method's prefill of one word-like prompt
+are timed round-robin (one warm-up each, then `--repeats` rounds, the order rotated each round), so load from
+other processes falls on all of them alike.
 Per method and length it prints the measured speedup (the median of exact's times over the median of the
 method's), the MAC model's ceiling for the rows the prefill ran (`Method.prefill_cost`), their ratio (the
 share of the ceiling reached) and its spread over the rounds (each round's exact time over the same round's
@@ -38,6 +39,8 @@ ARMS = [
     ("flexprefill", "flexprefill", lambda n: {}),
     ("xattention", "xattention", lambda n: {}),
     ("sinkwindow", "sinkwindow", lambda n: {}),
+    # a fill with a sparse part: the pattern in the lower layers' every row and the late layers' tail rows
+    ("identity+flexprefill", "ridgefill", lambda n: {"fill": "identity", "tail": n // 4, "sparse": "flexprefill"}),
 ]
 LOW_SHARE = 0.85
 
@@ -93,14 +96,14 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, a.dtype)).to(a.device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     print(f"{path}: {a.device}, {torch.get_num_threads()} threads, {a.repeats} rounds after a warm-up")
-    print(f"{'method':<10} {'length':>6} {'measured':>9} {'ceiling':>8} {'share':>6} {'spread':>13}", flush=True)
+    print(f"{'method':<20} {'length':>6} {'measured':>9} {'ceiling':>8} {'share':>6} {'spread':>13}", flush=True)
     rows = []
     names = a.methods or [name for name, _, _ in ARMS]
     for n in a.lengths:  # each length's rows as they come: a long length on a CPU takes minutes
         rows += measure(model, tokenizer, n, a.repeats, a.device, names)
         for r in rows[-len(names):]:
             lo, hi = r["spread"]
-            print(f"{r['method']:<10} {r['length']:>6} {r['measured']:>8.2f}x {r['ceiling']:>7.2f}x {r['share']:>6.2f} "
+            print(f"{r['method']:<20} {r['length']:>6} {r['measured']:>8.2f}x {r['ceiling']:>7.2f}x {r['share']:>6.2f} "
                   f"[{lo:.2f}, {hi:.2f}] {r['flag']}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
