@@ -7,8 +7,9 @@ the layers above, whose caches hold only them. In RidgeFill's engine that is
 the arm of `preset=fastkv` (`rf_eval.ridgefill.presets`): fill `nofill`, split
 L/2, tail 8 (the window), the row rule `selector=tsp(...)`
 (`rf_eval.selectors.tsp`, where the authors' code is cited); `budget=` turns
-the propagated rows. After the prefill every layer's cache is cut to the
-selector's capacity (2,048 rows per key-value head, `capacity=none` for the
+the propagated rows. A prompt of at most `keep` rows runs the plain model
+(every row propagates: the authors skip the selection). After the prefill every
+layer's cache is cut to the selector's capacity (2,048 rows per key-value head, `capacity=none` for the
 propagation alone: `rf_eval.drop.fastkv_capacity`). The defaults are the
 authors' May 2025 release's (`RELEASE`); their current scripts' max pooling and
 proportional mode are the selector's `pooling=max`, `keep_share=0.2` and
@@ -59,6 +60,15 @@ class FastKV(PresetMethod):
     @property
     def cuts_caches(self) -> bool:
         return engine.rows_can_be_given_back(self.model.config)
+
+    def plan(self, n: int) -> PromptPlan:
+        """RidgeFill's plan: plain where every row propagates (at most `keep` rows: the authors skip the
+        selection), unless the capacity cuts the caches of such a prompt too."""
+        plan = super().plan(n)
+        capacity = self.capacity(n)
+        if plan.plain and capacity is not None and capacity < n:
+            return dataclasses.replace(plan, plain=False, exact_tail=min(plan.setting[0].tail, n))
+        return plan
 
     def after_prefill(self, result: PrefillResult, ids: torch.Tensor) -> PrefillResult:
         capacity = self.capacity(ids.shape[1])

@@ -7,11 +7,9 @@ or its fields as keyword arguments (`fill=`, `split=`, `tail=`, ...). `maps`: a
 before the weights load when a shell prepares it (`prepare`), else here; with
 the weights in, only the maps' weights fingerprint is checked. Its fill is
 bound to the model once: every prompt runs the same row-fill strategy
-(`rf_eval.engine.rowfill.RowFill`).
-
-Per prompt, `plan(n)` decides once what runs (`PromptPlan.setting`: the engine
-plan at n, a budget's tail or rows, a cost-matched control's tail); `prefill`
-and `prefill_cost` read it.
+(`rf_eval.engine.rowfill.RowFill`). Per prompt, `plan(n)` decides once what
+runs (`PromptPlan.setting`: the engine plan at n, a budget's tail or rows, a
+cost-matched control's tail); `prefill` and `prefill_cost` read it.
 """
 
 from __future__ import annotations
@@ -129,10 +127,12 @@ class RidgeFill(Method):
 
     # -- per prompt ----------------------------------------------------------------------------
     def plan(self, n: int) -> PromptPlan:
-        """The engine plan at n tokens (a budget's or a cost-matched control's tail, a budget's rows), plain
-        when no row is filled and no selector may lengthen the tail."""
+        """The engine plan at n tokens (a budget's or a cost-matched control's tail, a budget's rows), plain when
+        no row is filled: the tail covers the prompt, or a selector's count takes every prefix row (FastKV)."""
         plan, rows, knob = self.arm.plan_at(n)
-        plain = plan.fills_no_row(n) and plan.chunk_size is None and self.arm.selector_obj is None
+        selector, chosen = self.arm.selector_obj, planned_rows(self.arm, n)
+        plain = plan.chunk_size is None and (plan.fills_no_row(n) if selector is None else chosen is not None
+                                             and chosen >= n - min(plan.tail, n) and self.arm.sparse_obj is None)
         return PromptPlan(n, plain, n if plain else min(plan.tail, n), (plan, rows), knob)
 
     def prefill(self, input_ids: torch.Tensor, *, for_generation: bool = False, held_back: int = 0,

@@ -142,3 +142,28 @@ def test_on_hybrid_models_the_default_keeps_caches_whole_and_another_capacity_is
     assert arm.provenance()["capacity_applied"] is False and arm.capacity(4096) is None
     with pytest.raises(ValueError, match="sliding-window or recurrent layers: give capacity=none"):
         FastKV(model, tok, selector="tsp(keep=16;layer=1;capacity=512)")
+
+
+@pytest.mark.parametrize("selector, n, plain", [
+    ("tsp(keep=64)", 64, True),  # every row propagates and the capacity (64) keeps every row: the stock model
+    ("tsp(keep=32)", 64, False),  # 24 of the 56 prefix rows propagate
+    ("tsp(keep=64;capacity=32)", 64, False),  # every row propagates, but the caches are cut to 32 rows
+    ("tsp(keep=64;capacity=none)", 64, True),
+])  # fmt: skip
+def test_a_prompt_whose_every_row_propagates_runs_the_stock_model(tiny_model, selector, n, plain):
+    """Every row propagates on a prompt of at most `keep` rows, and the authors skip the selection on a prompt
+    within the capacity (dongwonjo/FastKV, `baseline/fastkv/fastkv_utils.py`; the defaults keep = capacity =
+    2,048 agree), so such a prompt runs the plain model, bit for bit: its logits and every layer's cache, at
+    exact's MACs. A capacity that still cuts it keeps the engine's path."""
+    from rf_eval.methods.exact import Exact
+
+    model, tok = tiny_model("llama")
+    method, ids = FastKV(model, tok, selector=selector), prompt(n)
+    assert method.plan(n).plain is plain
+    result, exact = method.prefill(ids), Exact(model, tok).prefill(ids)
+    if plain:
+        assert torch.equal(result.logits, exact.logits)
+        assert all(torch.equal(layer.keys, exact.cache.layers[i].keys) for i, layer in enumerate(result.cache.layers))
+        assert method.prefill_cost(n).macs_fraction == 1.0
+    else:
+        assert result.exact_rows.numel() < n or any(layer.keys.shape[2] < n for layer in result.cache.layers)
