@@ -24,9 +24,8 @@ length from the metric's name; otherwise the length is the doc's `max_length`
 the subtask its `ruler_task` (pooled `ruler_filled`): the facts of the
 bootstrap strata (`rf_eval.stats.strata`). Accuracy-like metrics (higher is
 better, all in [0, 1]) are put in points (x100, section 3.4).
-Per-sample facts (`ITEM_FIELDS`: `cap_hits`, `copyable_share`) and per-item cost
-(`rf_eval.cost.prefill_cost.COST_FIELDS`), as rf-eval's tasks record them beside their
-metrics, become columns of the same rows; an arm run without them has them empty.
+Per-sample facts (`ITEM_FIELDS`: `cap_hits`, `copyable_share`) and per-item cost (`COST_FIELDS`), as
+rf-eval's tasks record them beside their metrics, become columns of the same rows (empty without them).
 Every samples file is checked against the seal its run wrote (`rf_eval.integrity.seal`): one edited, truncated or
 removed since is refused, and so is an rf-eval run without its own seal unless `allow_unsealed` (`unsealed_note`).
 An arm run with `reference=exact` records its engine floor in the results'
