@@ -37,7 +37,7 @@ import functools
 import os
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -51,6 +51,7 @@ from rf_eval.fills.loading_report import recording_missing_keys
 from rf_eval.integrity.weights import weights_fingerprint
 from rf_eval.methods import requests
 from rf_eval.methods.dropped import extend_after
+from rf_eval.methods.source import ModelSource
 
 __all__ = ["Method", "ModelSource", "NoSettings", "PromptPlan", "MapsSplit"]
 
@@ -76,21 +77,6 @@ class PromptPlan:
     exact_tail: int = 0
     setting: Any = None
     knob_value: Any = None
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Where a run's model comes from, before its weights load: what `Method.prepare` checks an arm against.
-
-    `pretrained` and its `config`; `tokenizer`: the name or folder its tokenizer loads from; `remote`: the
-    `from_pretrained` keys every load shares (revision, trust_remote_code, subfolder); `files`: the values of
-    the method's `loads` that the run gave (a maps path, a source model)."""
-
-    pretrained: str
-    config: Any
-    tokenizer: str
-    remote: dict[str, Any] = field(default_factory=dict)
-    files: dict[str, str] = field(default_factory=dict)
 
 
 #: the split of maps not read yet, given the arm's own split (None where nothing says): a study's preview

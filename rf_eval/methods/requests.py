@@ -41,6 +41,7 @@ from rf_eval.fills.base import replaced_forward
 from rf_eval.fills.loading_report import check_loaded, recording_missing_keys
 from rf_eval.integrity.tokenizers import check_tokenizers
 from rf_eval.methods.dropped import decoding_positions, generation_inputs
+from rf_eval.methods.source import ModelSource
 from rf_eval.prefill_timer import Stopwatch
 
 
@@ -325,8 +326,6 @@ def plan_on_meta(cls: Any, model_args: Mapping[str, Any], arm: Any, lengths: Seq
     where the arm has no budget, no lengths are given, the config is not readable here or the method cannot
     be built so (its run checks)."""
     from transformers import AutoConfig
-
-    from rf_eval.methods.base import ModelSource
 
     if not lengths or getattr(arm, "budget", None) is None:
         return
