@@ -61,14 +61,11 @@ class FastKV(PresetMethod):
     def cuts_caches(self) -> bool:
         return engine.rows_can_be_given_back(self.model.config)
 
-    def plan(self, n: int) -> PromptPlan:
-        """RidgeFill's plan: plain where every row propagates (at most `keep` rows: the authors skip the
-        selection), unless the capacity cuts the caches of such a prompt too."""
-        plan = super().plan(n)
+    def cuts_cache(self, n: int) -> bool:
+        """A capacity under the prompt's rows cuts its caches, so a prompt whose every row propagates (at most
+        `keep` rows, where the authors skip the selection) is plain only within the capacity."""
         capacity = self.capacity(n)
-        if plan.plain and capacity is not None and capacity < n:
-            return dataclasses.replace(plan, plain=False, exact_tail=min(plan.setting[0].tail, n))
-        return plan
+        return capacity is not None and capacity < n
 
     def after_prefill(self, result: PrefillResult, ids: torch.Tensor) -> PrefillResult:
         capacity = self.capacity(ids.shape[1])

@@ -1,15 +1,12 @@
 """`RidgeFill`: late layers' filled rows predicted from a split layer's states (RidgeFill paper, section 2).
 
-The arm is a `RidgeFillArm` (`rf_eval.ridgefill.arm_spec`): give it as `arm=`,
-or its fields as keyword arguments (`fill=`, `split=`, `tail=`, ...). `maps`: a
-`RidgeMaps`, or a folder or file written by `rf-eval fit` (needed for fill
-`ridge`). The arm is resolved against the model's config and the maps once:
-before the weights load when a shell prepares it (`prepare`), else here; with
-the weights in, only the maps' weights fingerprint is checked. Its fill is
-bound to the model once: every prompt runs the same row-fill strategy
-(`rf_eval.engine.rowfill.RowFill`). Per prompt, `plan(n)` decides once what
-runs (`PromptPlan.setting`: the engine plan at n, a budget's tail or rows, a
-cost-matched control's tail); `prefill` and `prefill_cost` read it.
+The arm is a `RidgeFillArm` (`rf_eval.ridgefill.arm_spec`): give it as `arm=`, or its fields as keyword
+arguments (`fill=`, `split=`, `tail=`, ...). `maps`: a `RidgeMaps`, or a folder or file written by `rf-eval
+fit` (needed for fill `ridge`). The arm is resolved against the model's config and the maps once: before the
+weights load when a shell prepares it (`prepare`), else here; with the weights in, only the maps' weights
+fingerprint is checked. Its fill is bound to the model once: every prompt runs the same row-fill strategy
+(`rf_eval.engine.rowfill.RowFill`). Per prompt, `plan(n)` decides once what runs (`PromptPlan.setting`: the
+engine plan at n, a budget's tail or rows, a cost-matched control's tail); `prefill` and `prefill_cost` read it.
 """
 
 from __future__ import annotations
@@ -131,8 +128,8 @@ class RidgeFill(Method):
         no row is filled: the tail covers the prompt, or a selector's count takes every prefix row (FastKV)."""
         plan, rows, knob = self.arm.plan_at(n)
         selector, chosen = self.arm.selector_obj, planned_rows(self.arm, n)
-        plain = plan.chunk_size is None and (plan.fills_no_row(n) if selector is None else chosen is not None
-                                             and chosen >= n - min(plan.tail, n) and self.arm.sparse_obj is None)
+        plain = plan.chunk_size is None and not self.cuts_cache(n) and (plan.fills_no_row(n) if selector is None
+                 else chosen is not None and chosen >= n - min(plan.tail, n) and self.arm.sparse_obj is None)
         return PromptPlan(n, plain, n if plain else min(plan.tail, n), (plan, rows), knob)
 
     def prefill(self, input_ids: torch.Tensor, *, for_generation: bool = False, held_back: int = 0,
@@ -158,14 +155,17 @@ class RidgeFill(Method):
 
     @property
     def reads_whole_prompt(self) -> bool:
-        """Whether a generation prefill reads the whole prompt (then gives back its last row): an arm with a
-        row selector, on a model whose every layer's cache can give a row back (no recurrent or
-        sliding-window layer)."""
+        """Whether a generation prefill reads the whole prompt (then gives back its last row): an arm with a row
+        selector, on a model whose every layer's cache can give a row back (no recurrent or sliding layer)."""
         return self.arm.selector_obj is not None and engine.rows_can_be_given_back(self.model.config)
 
     def after_prefill(self, result: PrefillResult, ids: torch.Tensor) -> PrefillResult:
         """What the method does to the cache of a prefill of `ids` before it is used (FastKV's capacity)."""
         return result
+
+    def cuts_cache(self, n: int) -> bool:
+        """Whether `after_prefill` changes an n-token prompt's cache (FastKV's capacity): never a plain prompt."""
+        return False
 
     def prefills_together(self, n: int) -> bool:
         """Plain prompts, as every method's, and an arm with no per-prompt part (`RidgeFillArm.batches`)."""
