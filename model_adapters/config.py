@@ -30,6 +30,7 @@ from rf_eval.errors import UserError
 from rf_eval.families import family_class_for
 from rf_eval.fields import ArmError, close_to
 from rf_eval.methods import METHODS, Method, ModelSource, chosen_method
+from rf_eval.methods.source import REMOTE_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ def model_config(pretrained: str, hf: dict[str, Any]):
     (`check_unknown_hf_keys`)."""
     from transformers import AutoConfig
 
-    remote = {k: hf[k] for k in ("revision", "trust_remote_code", "subfolder") if hf.get(k) is not None}
+    remote = {k: hf[k] for k in REMOTE_KEYS if hf.get(k) is not None}
     if not str(pretrained).strip():
         raise ModelArgsError("pretrained='' names no model; give pretrained=<hub id or local folder>")
     try:
@@ -293,7 +294,7 @@ def parse_model_args(args: dict[str, Any], model: str = "prefill") -> tuple[RunS
     arm = arm_of(cls, mine)
     config = model_config(mine["pretrained"], hf)
     tokenizer = hf.get("tokenizer") if isinstance(hf.get("tokenizer"), str) else str(mine["pretrained"])
-    remote = {k: hf[k] for k in ("revision", "trust_remote_code", "subfolder") if hf.get(k) is not None}
+    remote = {k: hf[k] for k in REMOTE_KEYS if hf.get(k) is not None}
     files = {k: str(mine[k]) for k in cls.loads if mine.get(k) is not None}
     source = ModelSource(str(mine["pretrained"]), config, tokenizer, remote, files)
     try:

@@ -20,6 +20,7 @@ import torch
 
 from rf_eval.engine import engine_floor
 from rf_eval.harness import chat
+from rf_eval.methods.source import REMOTE_KEYS
 from rf_eval.model_adapters.config import ModelArgsError
 from rf_eval.stats.ledger import LedgerError, ledger_from_env
 
@@ -70,7 +71,7 @@ class ChatRendering:
         if chat.template_args(hf_args, None)[0].get(chat.THINKING) is None or not pretrained:
             return
         source = hf_args.get("tokenizer") if isinstance(hf_args.get("tokenizer"), str) else pretrained
-        remote = {k: hf_args[k] for k in ("revision", "trust_remote_code", "subfolder") if hf_args.get(k) is not None}
+        remote = {k: hf_args[k] for k in REMOTE_KEYS if hf_args.get(k) is not None}
         try:
             from transformers import AutoTokenizer
 

@@ -41,7 +41,7 @@ from rf_eval.fills.base import replaced_forward
 from rf_eval.fills.loading_report import check_loaded, recording_missing_keys
 from rf_eval.integrity.tokenizers import check_tokenizers
 from rf_eval.methods.dropped import decoding_positions, generation_inputs
-from rf_eval.methods.source import ModelSource
+from rf_eval.methods.source import REMOTE_KEYS, ModelSource
 from rf_eval.prefill_timer import Stopwatch
 
 
@@ -329,7 +329,7 @@ def plan_on_meta(cls: Any, model_args: Mapping[str, Any], arm: Any, lengths: Seq
 
     if not lengths or getattr(arm, "budget", None) is None:
         return
-    remote = {k: model_args[k] for k in ("revision", "trust_remote_code", "subfolder") if model_args.get(k)}
+    remote = {k: model_args[k] for k in REMOTE_KEYS if model_args.get(k)}
     pretrained = str(model_args["pretrained"])
     try:
         config = AutoConfig.from_pretrained(pretrained, **remote)

@@ -6,7 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ModelSource"]
+__all__ = ["REMOTE_KEYS", "ModelSource"]
+
+#: the `from_pretrained` keys every load of a run shares (its model, config, tokenizer and second model)
+REMOTE_KEYS = ("revision", "trust_remote_code", "subfolder")
 
 
 @dataclass(frozen=True)
